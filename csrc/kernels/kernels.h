@@ -1,0 +1,51 @@
+// Reduction kernels: the arithmetic of the reducer, nothing else.
+//
+// A chunk is reduced in a fixed order of contributions (rank 0, 1, ..., W-1):
+//   init(acc, x0); accumulate(acc, x1); ...; accumulate(acc, x_{W-1}); finalize(out, acc, W)
+// so results are bit-identical whatever order the contributions arrived in.
+//
+// The accumulator has the element type acc_type(dtype): float32 for float16 and
+// bfloat16 (rounded once, to nearest even, in finalize), the dtype itself otherwise.
+// For dtypes whose accumulator is the dtype itself, acc may alias x0 (init is then
+// skipped by the caller) and finalize may run in place (out == acc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+
+namespace rs {
+
+enum class DType : uint8_t { F32 = 0, F64 = 1, F16 = 2, BF16 = 3, I32 = 4, I64 = 5 };
+enum class Op : uint8_t { Sum = 0, Avg = 1, Min = 2, Max = 3 };
+
+constexpr int kNumDTypes = 6;
+constexpr int kNumOps = 4;
+
+bool valid_dtype(uint8_t v);
+bool valid_op(uint8_t v);
+size_t dtype_size(DType t);          // bytes per element on the wire
+size_t acc_elem_size(DType t);       // bytes per accumulator element
+bool acc_is_wire_type(DType t);      // acc_elem_size == dtype_size and same representation
+const char* dtype_name(DType t);     // "float32", "float64", "float16", "bfloat16", "int32", "int64"
+const char* op_name(Op o);           // "sum", "avg", "min", "max"
+bool parse_dtype(const std::string& s, DType* out);
+bool parse_op(const std::string& s, Op* out);
+
+namespace kernels {
+
+// acc[i] = (acc type) x[i]        n elements
+void init(DType t, void* acc, const void* x, size_t n);
+// acc[i] = op(acc[i], x[i])       (Sum and Avg both add here)
+void accumulate(DType t, Op op, void* acc, const void* x, size_t n);
+// out[i] = (dtype) finalize(acc[i]); Avg divides by count (integers: truncating division).
+// out may equal acc when acc_is_wire_type(t).
+void finalize(DType t, Op op, void* out, const void* acc, size_t n, uint32_t count);
+
+// Name of the instruction set chosen at run time for the hot kernels ("avx512", "avx2", "scalar").
+const char* isa_name();
+// Force a lower ISA (for tests/benchmarks): "scalar", "avx2", "avx512" or "auto". Returns false if unsupported here.
+bool set_isa(const std::string& name);
+
+}  // namespace kernels
+}  // namespace rs

@@ -1,0 +1,1 @@
+"""Command-line interface: argument parsing only; the logic lives in the library."""

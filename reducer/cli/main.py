@@ -1,0 +1,57 @@
+"""`reduction-server` entry point: dispatches to one module per subcommand.
+
+Each subcommand module in reducer/cli/ exposes
+    register(subparsers) -> None   # adds its parser and sets `func=run`
+    run(args) -> int               # the exit status
+and is listed in SUBCOMMANDS. Modules are imported lazily so that one
+subcommand's optional dependencies never slow down or break another.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from typing import List, Optional
+
+# (name, module) in the order `--help` shows them.
+SUBCOMMANDS = [
+    ("serve", "reducer.cli.serve"),
+    ("launch", "reducer.cli.launch"),
+    ("bench", "reducer.cli.bench"),
+    ("plan", "reducer.cli.plan"),
+    ("vertex-job", "reducer.cli.vertex_job"),
+]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="reduction-server",
+        description="Reduction server: a faster all-reduce for data-parallel training.",
+    )
+    parser.add_argument("--log-level", default=None,
+                        help="logging level (default: $RS_LOG_LEVEL or INFO)")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+    for _name, module in SUBCOMMANDS:
+        try:
+            mod = importlib.import_module(module)
+        except ModuleNotFoundError as exc:  # a subcommand not built into this install
+            if exc.name == module:
+                continue
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from reducer.config import setup_logging
+
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    setup_logging(args.log_level)
+    return int(args.func(args) or 0)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

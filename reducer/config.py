@@ -1,0 +1,130 @@
+"""Every setting of reduction-server, its RS_* environment variable and default, in one table.
+
+Rule everywhere: an explicit argument wins, then the RS_* variable, then the default.
+docs/configuration.md is the human-readable copy of SETTINGS (a test checks they agree).
+"""
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional
+
+from .errors import ConfigError
+
+
+@dataclass(frozen=True)
+class Setting:
+    name: str            # argument name in the Python API
+    env: str             # environment variable
+    default: Any
+    parse: Callable[[str], Any]
+    doc: str
+
+
+def _bool(text: str) -> bool:
+    v = text.strip().lower()
+    if v in ("1", "true", "yes", "on"):
+        return True
+    if v in ("0", "false", "no", "off", ""):
+        return False
+    raise ValueError(f"not a boolean: {text!r}")
+
+
+def _opt_int(text: str) -> Optional[int]:
+    return None if text.strip() == "" else int(text)
+
+
+def _size(text: str) -> int:
+    """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
+    t = text.strip().upper().rstrip("B").rstrip("I")
+    mult = 1
+    if t and t[-1] in "KMGT":
+        mult = 1024 ** ("KMGT".index(t[-1]) + 1)
+        t = t[:-1]
+    value = float(t) * mult
+    if value < 0 or value != int(value):
+        raise ValueError(f"not a size in bytes: {text!r}")
+    return int(value)
+
+
+_TABLE = [
+    # -- worker client ---------------------------------------------------------
+    Setting("reducers", "RS_REDUCERS", None, lambda s: [a.strip() for a in s.split(",") if a.strip()],
+            "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no CLUSTER_SPEC/TF_CONFIG is set."),
+    Setting("rank", "RS_RANK", None, int, "This worker's global rank (with RS_REDUCERS)."),
+    Setting("world_size", "RS_WORLD_SIZE", None, int, "Number of worker processes in the group (with RS_REDUCERS)."),
+    Setting("group", "RS_GROUP", "default", str, "Group name: workers with the same job id and group reduce together."),
+    Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
+    Setting("timeout", "RS_TIMEOUT", 30.0, float, "Seconds without progress before an operation fails (also bounds connect retries)."),
+    Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
+    Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size, "Pipeline chunk size in bytes (all workers of a group must agree)."),
+    Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
+    Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
+    Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
+    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "A partly filled fused buffer is sent after this many milliseconds."),
+    Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
+    Setting("local_rank", "LOCAL_RANK", None, int, "Rank of this process on its node (set by torchrun / the launcher)."),
+    Setting("local_world_size", "LOCAL_WORLD_SIZE", None, int, "Processes per node (set by torchrun / the launcher)."),
+    # -- reducer node ----------------------------------------------------------
+    Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
+    Setting("port", "RS_PORT", None, _opt_int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
+    Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
+    # -- general ---------------------------------------------------------------
+    Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
+]
+
+SETTINGS: Dict[str, Setting] = {s.name: s for s in _TABLE}
+
+
+def get(name: str, override: Any = None) -> Any:
+    """Value of a setting: `override` if not None, else its environment variable, else the default."""
+    setting = SETTINGS[name]
+    if override is not None:
+        return override
+    raw = os.environ.get(setting.env)
+    if raw is None:
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
+
+
+def parse_size(text: str) -> int:
+    """Parse '64M' / '4K' / '1048576' into bytes."""
+    try:
+        return _size(text)
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+
+
+def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = None) -> Optional[str]:
+    """The shared secret: an explicit token, a token file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE, else None."""
+    if token is not None:
+        return token
+    path = token_file if token_file is not None else None
+    if path is None:
+        env_token = os.environ.get(SETTINGS["auth_token"].env)
+        if env_token:
+            return env_token
+        path = os.environ.get(SETTINGS["auth_token_file"].env) or None
+    if path is None:
+        return None
+    try:
+        with open(path, "r", encoding="utf-8") as fh:
+            secret = fh.read().strip()
+    except OSError as exc:
+        raise ConfigError(f"cannot read auth token file {path!r}: {exc.strerror}") from None
+    if not secret:
+        raise ConfigError(f"auth token file {path!r} is empty")
+    return secret
+
+
+def setup_logging(level: Optional[str] = None) -> None:
+    """Configure the root logger for command-line use (the library itself never calls this)."""
+    name = (level or get("log_level")).upper()
+    numeric = getattr(logging, name, None)
+    if not isinstance(numeric, int):
+        raise ConfigError(f"unknown log level {name!r}")
+    logging.basicConfig(level=numeric, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -1,0 +1,23 @@
+"""Build the C++ core (reducer._core).
+
+Everything in csrc/ is compiled into one extension module. Nothing here uses
+-march=native: SIMD kernels are compiled per target with function attributes
+and picked at run time (see csrc/kernels/dispatch.cc).
+"""
+from glob import glob
+
+from pybind11.setup_helpers import Pybind11Extension, build_ext
+from setuptools import setup
+
+sources = sorted(glob("csrc/**/*.cc", recursive=True))
+
+ext = Pybind11Extension(
+    "reducer._core",
+    sources,
+    include_dirs=["csrc"],
+    cxx_std=17,
+    extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_link_args=["-pthread"],
+)
+
+setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
