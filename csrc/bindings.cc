@@ -8,7 +8,13 @@
 #include <string>
 #include <vector>
 
+#include "client/client.h"
+#include "common/error.h"
+#include "common/log.h"
 #include "kernels/kernels.h"
+#include "protocol/hmac.h"
+#include "protocol/wire.h"
+#include "server/server.h"
 
 namespace py = pybind11;
 
@@ -78,10 +84,154 @@ void kernels_accumulate(const std::string& dtype, const std::string& op, py::buf
   rs::kernels::accumulate(t, o, const_cast<void*>(av.ptr), xv.ptr, n);
 }
 
+// ---- logging: C++ log lines go to Python's logging module ("reducer.core") ----
+py::object* g_log_fn = nullptr;  // a Python callable (level, message), owned by the module
+
+void py_log_sink(rs::LogLevel level, const std::string& msg) {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  if (!g_log_fn || g_log_fn->is_none()) return;
+  try {
+    (*g_log_fn)(int(level), msg);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("reducer log sink");
+  }
+}
+
+void set_log_callback(py::object fn) {
+  static py::object holder;  // kept alive for the module's lifetime
+  holder = std::move(fn);
+  g_log_fn = &holder;
+  rs::set_log_sink(holder.is_none() ? nullptr : &py_log_sink);
+}
+
+py::dict server_stats(const rs::server::Server& s) {
+  rs::server::ServerStats st = s.stats();
+  py::dict d;
+  d["bytes_received"] = st.bytes_received;
+  d["bytes_sent"] = st.bytes_sent;
+  d["rounds_completed"] = st.rounds_completed;
+  d["chunks_reduced"] = st.chunks_reduced;
+  d["connections"] = st.connections;
+  d["connected_workers"] = st.connected_workers;
+  d["groups"] = st.groups;
+  d["errors"] = st.errors;
+  d["rejected"] = st.rejected;
+  d["memory_bytes"] = st.memory_bytes;
+  return d;
+}
+
+void client_allreduce(rs::client::Client& c, py::buffer buf, const std::string& dtype, const std::string& op,
+                      uint64_t tag) {
+  BufView v = view_of(buf, true);
+  rs::DType t = dtype_arg(dtype);
+  rs::Op o = op_arg(op);
+  py::gil_scoped_release release;
+  c.allreduce(const_cast<void*>(v.ptr), v.nbytes, t, o, tag);
+}
+
+void client_allreduce_ptr(rs::client::Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype,
+                          const std::string& op, uint64_t tag) {
+  rs::DType t = dtype_arg(dtype);
+  rs::Op o = op_arg(op);
+  if (ptr == 0 && nbytes) throw py::value_error("null pointer");
+  py::gil_scoped_release release;
+  c.allreduce(reinterpret_cast<void*>(ptr), nbytes, t, o, tag);
+}
+
 }  // namespace
 
 PYBIND11_MODULE(_core, m) {
   m.doc() = "reduction-server C++ core";
+
+  // Exceptions: the classes come from reducer.errors so Python and C++ raise the same types.
+  py::module_ errors = py::module_::import("reducer.errors");
+  static py::object cls[8];
+  const char* names[8] = {"ConfigError", "ConnectError", "AuthError", "ProtocolError",
+                          "PeerLostError", "MismatchError", "ReductionTimeout", "ReductionError"};
+  for (int i = 0; i < 8; ++i) cls[i] = errors.attr(names[i]);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const rs::Error& e) {
+      int idx = 7;
+      switch (e.kind()) {
+        case rs::ErrorKind::Config: idx = 0; break;
+        case rs::ErrorKind::Connect: idx = 1; break;
+        case rs::ErrorKind::Auth: idx = 2; break;
+        case rs::ErrorKind::Protocol: idx = 3; break;
+        case rs::ErrorKind::PeerLost: idx = 4; break;
+        case rs::ErrorKind::Mismatch: idx = 5; break;
+        case rs::ErrorKind::Timeout: idx = 6; break;
+        case rs::ErrorKind::Internal: idx = 7; break;
+      }
+      PyErr_SetString(cls[idx].ptr(), e.what());
+    }
+  });
+
+  m.def("set_log_callback", &set_log_callback, py::arg("fn"),
+        "Route C++ log lines to fn(level: int, message: str); None restores stderr.");
+  m.def("hmac_sha256", [](const std::string& key, const std::string& msg) {
+    rs::proto::Digest d = rs::proto::hmac_sha256(key, msg);
+    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+  }, py::arg("key"), py::arg("message"));
+  m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
+
+  py::class_<rs::server::Server>(m, "Server")
+      .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int window,
+                       double handshake_timeout) {
+             rs::server::ServerOptions o;
+             o.host = host;
+             o.port = port;
+             o.threads = threads;
+             o.auth_token = token;
+             o.window = window;
+             o.handshake_timeout = handshake_timeout;
+             return std::make_unique<rs::server::Server>(o);
+           }),
+           py::arg("host"), py::arg("port"), py::arg("threads") = 0, py::arg("auth_token") = "",
+           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0)
+      .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
+      .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("port", &rs::server::Server::port)
+      .def_property_readonly("running", &rs::server::Server::running)
+      .def("stats", &server_stats);
+
+  py::class_<rs::client::Client>(m, "Client")
+      .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
+                       const std::string& job, double timeout, double connect_timeout, const std::string& token,
+                       int streams, uint32_t chunk) {
+             rs::client::ClientOptions o;
+             o.reducers = reducers;
+             o.rank = rank;
+             o.world_size = world;
+             o.group = group;
+             o.job_id = job;
+             o.timeout = timeout;
+             o.connect_timeout = connect_timeout;
+             o.auth_token = token;
+             o.streams = streams;
+             o.chunk_bytes = chunk;
+             py::gil_scoped_release release;
+             return std::make_unique<rs::client::Client>(o);
+           }),
+           py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
+           py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
+           py::arg("chunk_bytes"))
+      .def("allreduce", &client_allreduce, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("allreduce_ptr", &client_allreduce_ptr, py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"),
+           py::arg("tag") = 0)
+      .def("close", &rs::client::Client::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("connected", &rs::client::Client::connected)
+      .def("stats", [](const rs::client::Client& c) {
+        rs::client::ClientStats st = c.stats();
+        py::dict d;
+        d["bytes_sent"] = st.bytes_sent;
+        d["bytes_received"] = st.bytes_received;
+        d["rounds"] = st.rounds;
+        d["reconnects"] = st.reconnects;
+        return d;
+      });
 
   m.def("kernels_reduce", &kernels_reduce, py::arg("dtype"), py::arg("op"), py::arg("inputs"), py::arg("out"),
         "Reduce inputs (in rank order) into out with the reducer's kernels.");

@@ -57,6 +57,8 @@ _TABLE = [
     Setting("group", "RS_GROUP", "default", str, "Group name: workers with the same job id and group reduce together."),
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
     Setting("timeout", "RS_TIMEOUT", 30.0, float, "Seconds without progress before an operation fails (also bounds connect retries)."),
+    Setting("connect_timeout", "RS_CONNECT_TIMEOUT", 300.0, float,
+            "Seconds to wait for the reducers to accept and for every worker of the group to connect."),
     Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
     Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size, "Pipeline chunk size in bytes (all workers of a group must agree)."),
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),

@@ -1,0 +1,259 @@
+#include "net/socket.h"
+
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <cstring>
+#include <thread>
+
+#include "common/error.h"
+
+namespace rs::net {
+
+void Fd::reset(int fd) {
+  if (fd_ >= 0) ::close(fd_);
+  fd_ = fd;
+}
+
+std::string HostPort::str() const {
+  if (host.find(':') != std::string::npos) return "[" + host + "]:" + std::to_string(port);
+  return host + ":" + std::to_string(port);
+}
+
+HostPort parse_host_port(const std::string& text) {
+  HostPort hp;
+  std::string port_text;
+  if (!text.empty() && text[0] == '[') {
+    size_t close = text.find(']');
+    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
+      throw Error(ErrorKind::Config, "bad address '" + text + "': expected [ipv6]:port");
+    hp.host = text.substr(1, close - 1);
+    port_text = text.substr(close + 2);
+  } else {
+    size_t colon = text.rfind(':');
+    if (colon == std::string::npos) throw Error(ErrorKind::Config, "bad address '" + text + "': expected host:port");
+    hp.host = text.substr(0, colon);
+    port_text = text.substr(colon + 1);
+    if (hp.host.find(':') != std::string::npos)
+      throw Error(ErrorKind::Config, "bad address '" + text + "': write IPv6 addresses as [addr]:port");
+  }
+  if (hp.host.empty()) throw Error(ErrorKind::Config, "bad address '" + text + "': empty host");
+  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
+    throw Error(ErrorKind::Config, "bad address '" + text + "': port must be a number");
+  long port = std::stol(port_text);
+  if (port < 1 || port > 65535) throw Error(ErrorKind::Config, "bad address '" + text + "': port out of range 1..65535");
+  hp.port = uint16_t(port);
+  return hp;
+}
+
+void tune_socket(int fd, int buffer_bytes) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  if (buffer_bytes > 0) {
+    setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
+    setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
+  }
+}
+
+void set_nonblocking(int fd, bool on) {
+  int flags = fcntl(fd, F_GETFL, 0);
+  if (flags < 0) return;
+  fcntl(fd, F_SETFL, on ? (flags | O_NONBLOCK) : (flags & ~O_NONBLOCK));
+}
+
+namespace {
+
+struct AddrInfo {
+  addrinfo* ai = nullptr;
+  ~AddrInfo() {
+    if (ai) freeaddrinfo(ai);
+  }
+};
+
+int resolve(const std::string& host, uint16_t port, bool passive, AddrInfo* out) {
+  addrinfo hints{};
+  hints.ai_family = AF_UNSPEC;
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = passive ? AI_PASSIVE : 0;
+  std::string service = std::to_string(port);
+  return getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->ai);
+}
+
+}  // namespace
+
+Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
+  AddrInfo res;
+  std::string h = host;
+  if (h.size() > 2 && h.front() == '[' && h.back() == ']') h = h.substr(1, h.size() - 2);
+  int rc = resolve(h, port, true, &res);
+  if (rc != 0) throw Error(ErrorKind::Config, "cannot resolve listen address '" + host + "': " + gai_strerror(rc));
+  std::string last;
+  for (addrinfo* a = res.ai; a; a = a->ai_next) {
+    Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+    if (!fd.valid()) {
+      last = errno_text(errno);
+      continue;
+    }
+    int one = 1;
+    setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
+      last = errno_text(errno);
+      continue;
+    }
+    sockaddr_storage ss{};
+    socklen_t len = sizeof ss;
+    getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+    *bound_port = ss.ss_family == AF_INET6 ? ntohs(reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port)
+                                           : ntohs(reinterpret_cast<sockaddr_in*>(&ss)->sin_port);
+    return fd;
+  }
+  throw Error(ErrorKind::Config, "cannot listen on " + host + ":" + std::to_string(port) + ": " + last);
+}
+
+Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
+  std::string last = "no attempt";
+  auto backoff = std::chrono::milliseconds(20);
+  int attempts = 0;
+  for (;;) {
+    ++attempts;
+    AddrInfo res;
+    int rc = resolve(addr.host, addr.port, false, &res);
+    if (rc != 0) {
+      last = std::string("cannot resolve host: ") + gai_strerror(rc);
+    } else {
+      for (addrinfo* a = res.ai; a; a = a->ai_next) {
+        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
+        if (!fd.valid()) {
+          last = errno_text(errno);
+          continue;
+        }
+        set_nonblocking(fd.get(), true);
+        int r = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
+        if (r != 0 && errno == EINPROGRESS) {
+          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+          pollfd p{fd.get(), POLLOUT, 0};
+          int pr = ::poll(&p, 1, int(std::max<long>(1, std::min<long>(left, 5000))));
+          if (pr == 1) {
+            int err = 0;
+            socklen_t len = sizeof err;
+            getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
+            r = err == 0 ? 0 : -1;
+            errno = err;
+          } else {
+            r = -1;
+            errno = ETIMEDOUT;
+          }
+        }
+        if (r == 0) {
+          set_nonblocking(fd.get(), false);
+          return fd;
+        }
+        last = errno_text(errno);
+      }
+    }
+    auto now = Clock::now();
+    if (now + backoff >= deadline)
+      throw Error(ErrorKind::Connect, "cannot connect to reducer " + addr.str() + " after " + std::to_string(attempts) +
+                                          " attempts: " + last);
+    std::this_thread::sleep_for(backoff);
+    backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
+  }
+}
+
+static int ms_left(Clock::time_point deadline) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return ms < 0 ? 0 : int(std::min<long long>(ms, 1 << 30));
+}
+
+void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer) {
+  const auto* p = static_cast<const uint8_t*>(data);
+  while (len > 0) {
+    pollfd pfd{fd, POLLOUT, 0};
+    int pr = ::poll(&pfd, 1, ms_left(deadline));
+    if (pr == 0) throw Error(ErrorKind::Timeout, "timed out sending to " + peer);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorKind::PeerLost, "poll failed for " + peer + ": " + errno_text(errno));
+    }
+    ssize_t n = ::send(fd, p, len, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
+    }
+    p += n;
+    len -= size_t(n);
+  }
+}
+
+void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer) {
+  auto* p = static_cast<uint8_t*>(data);
+  while (len > 0) {
+    pollfd pfd{fd, POLLIN, 0};
+    int pr = ::poll(&pfd, 1, ms_left(deadline));
+    if (pr == 0) throw Error(ErrorKind::Timeout, "timed out waiting for " + peer);
+    if (pr < 0) {
+      if (errno == EINTR) continue;
+      throw Error(ErrorKind::PeerLost, "poll failed for " + peer + ": " + errno_text(errno));
+    }
+    ssize_t n = ::recv(fd, p, len, MSG_DONTWAIT);
+    if (n == 0) throw Error(ErrorKind::PeerLost, peer + " closed the connection");
+    if (n < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) continue;
+      throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
+    }
+    p += n;
+    len -= size_t(n);
+  }
+}
+
+ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = size_t(iovcnt);
+  for (;;) {
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    if (n >= 0) return n;
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+    throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
+  }
+}
+
+ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer) {
+  for (;;) {
+    ssize_t n = ::recv(fd, data, len, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) throw Error(ErrorKind::PeerLost, peer + " closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+    throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
+  }
+}
+
+std::string peer_name(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "?";
+  char host[INET6_ADDRSTRLEN] = "?";
+  uint16_t port = 0;
+  if (ss.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&ss);
+    inet_ntop(AF_INET, &s->sin_addr, host, sizeof host);
+    port = ntohs(s->sin_port);
+    return std::string(host) + ":" + std::to_string(port);
+  }
+  auto* s = reinterpret_cast<sockaddr_in6*>(&ss);
+  inet_ntop(AF_INET6, &s->sin6_addr, host, sizeof host);
+  port = ntohs(s->sin6_port);
+  return "[" + std::string(host) + "]:" + std::to_string(port);
+}
+
+}  // namespace rs::net

@@ -1,0 +1,70 @@
+// Sockets: RAII file descriptors, address parsing/resolution, listen, connect with
+// bounded retries, and deadline-bounded blocking I/O for handshakes.
+#pragma once
+
+#include <sys/uio.h>
+
+#include <chrono>
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace rs::net {
+
+using Clock = std::chrono::steady_clock;
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(o.release()) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) reset(o.release());
+    return *this;
+  }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  int get() const { return fd_; }
+  bool valid() const { return fd_ >= 0; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset(int fd = -1);
+
+ private:
+  int fd_ = -1;
+};
+
+struct HostPort {
+  std::string host;  // without brackets
+  uint16_t port = 0;
+  std::string str() const;  // "host:port" or "[v6]:port"
+};
+
+// "host:port", "1.2.3.4:5", "[::1]:5". Throws Error(Config) on junk.
+HostPort parse_host_port(const std::string& text);
+
+// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive.
+void tune_socket(int fd, int buffer_bytes);
+void set_nonblocking(int fd, bool on);
+
+// Listening socket on host:port (port 0 = any); returns the fd and the bound port.
+Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port);
+
+// Connect to addr, retrying refused/unreachable connections with backoff until
+// `deadline`; throws Error(Connect) naming the address and the last cause.
+Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline);
+
+// Blocking (poll-based) I/O with a deadline: throws Error(Timeout / PeerLost).
+void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer);
+void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer);
+
+// Non-blocking I/O helpers: bytes moved (>= 0), or -1 for "would block".
+// Throw Error(PeerLost) on EOF/reset with the peer's name.
+ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer);
+ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer);
+
+// Name of the remote end of a connected socket, "host:port".
+std::string peer_name(int fd);
+
+}  // namespace rs::net

@@ -1,0 +1,162 @@
+#include "protocol/wire.h"
+
+#include <cstring>
+
+#include "kernels/kernels.h"
+
+namespace rs::proto {
+
+void encode(const Challenge& c, uint8_t out[kChallengeBytes]) {
+  std::memset(out, 0, kChallengeBytes);
+  put_u32(out + 0, kMagic);
+  put_u16(out + 4, c.version);
+  put_u8(out + 6, c.auth_required);
+  put_u8(out + 7, 0);
+  put_u32(out + 8, c.max_chunk_bytes);
+  put_u32(out + 12, 0);
+  std::memcpy(out + 16, c.nonce.data(), kNonceBytes);
+}
+
+std::string decode(const uint8_t in[kChallengeBytes], Challenge* c) {
+  if (get_u32(in) != kMagic) return "not a reduction-server reducer (bad magic in challenge)";
+  c->version = get_u16(in + 4);
+  c->auth_required = in[6];
+  c->max_chunk_bytes = get_u32(in + 8);
+  std::memcpy(c->nonce.data(), in + 16, kNonceBytes);
+  return "";
+}
+
+static void encode_hello_fixed(const Hello& h, uint8_t* out, bool zero_mac) {
+  std::memset(out, 0, kHelloFixedBytes);
+  put_u32(out + 0, kMagic);
+  put_u16(out + 4, h.version);
+  put_u16(out + 6, h.flags);
+  put_u32(out + 8, h.world_size);
+  put_u32(out + 12, h.rank);
+  put_u16(out + 16, h.stream_index);
+  put_u16(out + 18, h.num_streams);
+  put_u32(out + 20, h.chunk_bytes);
+  put_u16(out + 24, uint16_t(h.job_id.size()));
+  put_u16(out + 26, uint16_t(h.group.size()));
+  put_u32(out + 28, 0);
+  if (!zero_mac) std::memcpy(out + 32, h.mac.data(), kMacBytes);
+}
+
+std::string encode(const Hello& h) {
+  std::string out(kHelloFixedBytes + h.job_id.size() + h.group.size(), '\0');
+  encode_hello_fixed(h, reinterpret_cast<uint8_t*>(&out[0]), false);
+  std::memcpy(&out[kHelloFixedBytes], h.job_id.data(), h.job_id.size());
+  std::memcpy(&out[kHelloFixedBytes + h.job_id.size()], h.group.data(), h.group.size());
+  return out;
+}
+
+std::string mac_input(const Hello& h, const std::array<uint8_t, kNonceBytes>& nonce) {
+  std::string out(kNonceBytes + kHelloFixedBytes, '\0');
+  std::memcpy(&out[0], nonce.data(), kNonceBytes);
+  encode_hello_fixed(h, reinterpret_cast<uint8_t*>(&out[kNonceBytes]), true);
+  out += h.job_id;
+  out += h.group;
+  return out;
+}
+
+std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* job_len, size_t* group_len) {
+  if (get_u32(in) != kMagic) return "bad magic in hello (not a reduction-server worker)";
+  h->version = get_u16(in + 4);
+  h->flags = get_u16(in + 6);
+  h->world_size = get_u32(in + 8);
+  h->rank = get_u32(in + 12);
+  h->stream_index = get_u16(in + 16);
+  h->num_streams = get_u16(in + 18);
+  h->chunk_bytes = get_u32(in + 20);
+  *job_len = get_u16(in + 24);
+  *group_len = get_u16(in + 26);
+  std::memcpy(h->mac.data(), in + 32, kMacBytes);
+  if (h->version != kVersion) return "";  // the caller reports the version mismatch first
+  if (*job_len > kMaxNameBytes || *group_len > kMaxNameBytes) return "job id or group name longer than 256 bytes";
+  if (h->world_size == 0 || h->world_size > kMaxWorldSize) return "world size " + std::to_string(h->world_size) + " out of range 1..65536";
+  if (h->rank >= h->world_size)
+    return "rank " + std::to_string(h->rank) + " out of range for world size " + std::to_string(h->world_size);
+  if (h->num_streams == 0 || h->num_streams > kMaxStreams) return "streams " + std::to_string(h->num_streams) + " out of range 1..64";
+  if (h->stream_index >= h->num_streams) return "stream index out of range";
+  if (h->chunk_bytes < kMinChunkBytes || h->chunk_bytes > kMaxChunkBytes || h->chunk_bytes % 8)
+    return "chunk size " + std::to_string(h->chunk_bytes) + " must be a multiple of 8 in 64..64 MiB";
+  return "";
+}
+
+std::string encode_reply(Status s, const std::string& message) {
+  std::string msg = message.substr(0, kMaxMessageBytes);
+  std::string out(kReplyFixedBytes + msg.size(), '\0');
+  auto* p = reinterpret_cast<uint8_t*>(&out[0]);
+  put_u32(p, kMagic);
+  put_u16(p + 4, uint16_t(s));
+  put_u16(p + 6, uint16_t(msg.size()));
+  std::memcpy(p + kReplyFixedBytes, msg.data(), msg.size());
+  return out;
+}
+
+std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Status* s, size_t* msg_len) {
+  if (get_u32(in) != kMagic) return "bad magic in reply";
+  *s = Status(get_u16(in + 4));
+  *msg_len = get_u16(in + 6);
+  if (*msg_len > kMaxMessageBytes) return "reply message too long";
+  return "";
+}
+
+const char* status_name(Status s) {
+  switch (s) {
+    case Status::Ok: return "ok";
+    case Status::BadVersion: return "protocol version mismatch";
+    case Status::AuthFailed: return "authentication failed";
+    case Status::BadHello: return "bad hello";
+    case Status::GroupConflict: return "group conflict";
+    case Status::RankTaken: return "rank already connected";
+    case Status::ShuttingDown: return "reducer shutting down";
+  }
+  return "unknown status";
+}
+
+void encode(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]) {
+  put_u8(out + 0, uint8_t(h.type));
+  put_u8(out + 1, h.dtype);
+  put_u8(out + 2, h.op);
+  put_u8(out + 3, h.flags);
+  put_u32(out + 4, h.length);
+  put_u64(out + 8, h.round);
+  put_u64(out + 16, h.total_bytes);
+  put_u64(out + 24, h.shard_bytes);
+  put_u64(out + 32, h.offset);
+  put_u64(out + 40, h.tag);
+}
+
+std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t max_payload) {
+  uint8_t type = in[0];
+  if (type < 1 || type > 4) return "unknown frame type " + std::to_string(type);
+  h->type = FrameType(type);
+  h->dtype = in[1];
+  h->op = in[2];
+  h->flags = in[3];
+  h->length = get_u32(in + 4);
+  h->round = get_u64(in + 8);
+  h->total_bytes = get_u64(in + 16);
+  h->shard_bytes = get_u64(in + 24);
+  h->offset = get_u64(in + 32);
+  h->tag = get_u64(in + 40);
+  if (h->type == FrameType::Error || h->type == FrameType::Bye) {
+    if (h->length > kMaxMessageBytes) return "error message length " + std::to_string(h->length) + " exceeds 4096";
+    return "";
+  }
+  if (!valid_dtype(h->dtype)) return "unknown dtype code " + std::to_string(h->dtype);
+  if (!valid_op(h->op)) return "unknown op code " + std::to_string(h->op);
+  if (h->length > max_payload)
+    return "payload length " + std::to_string(h->length) + " exceeds the chunk size " + std::to_string(max_payload);
+  size_t es = dtype_size(DType(h->dtype));
+  if (h->length == 0 || h->length % es) return "payload length " + std::to_string(h->length) + " is not a positive multiple of the element size";
+  if (h->shard_bytes > h->total_bytes) return "shard larger than the whole buffer";
+  if (h->offset > h->shard_bytes || h->length > h->shard_bytes - h->offset)
+    return "payload [" + std::to_string(h->offset) + ", +" + std::to_string(h->length) + ") outside the shard of " +
+           std::to_string(h->shard_bytes) + " bytes";
+  if (h->offset % es) return "offset not aligned to the element size";
+  return "";
+}
+
+}  // namespace rs::proto

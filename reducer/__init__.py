@@ -1,0 +1,61 @@
+"""reduction-server: a faster all-reduce for data-parallel training.
+
+Workers send each gradient buffer once, split across CPU-only reducer nodes that
+sum the shards of all workers and send the sums back.
+
+    import reducer
+    comm = reducer.init()                 # or reducer.Communicator(reducers=[...], rank=r, world_size=W)
+    comm.allreduce(grad)                  # in place, sum over all workers
+
+The C++ core is loaded on first use, so the pure-Python parts (cluster discovery,
+deployment helpers) work without a compiler toolchain.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .errors import (
+    AuthError,
+    ConfigError,
+    ConnectError,
+    MismatchError,
+    PeerLostError,
+    ProtocolError,
+    ReductionError,
+    ReductionTimeout,
+)
+
+__version__ = "0.1.0"
+
+_LAZY = {
+    "ReducerServer": ("reducer.server", "ReducerServer"),
+    "Communicator": ("reducer.communicator", "Communicator"),
+    "init": ("reducer.communicator", "init"),
+    "Handle": ("reducer.fusion", "Handle"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _LAZY:
+        import importlib
+
+        module, attr = _LAZY[name]
+        value = getattr(importlib.import_module(module), attr)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'reducer' has no attribute {name!r}")
+
+
+__all__ = [
+    "ReducerServer",
+    "Communicator",
+    "init",
+    "ReductionError",
+    "ConfigError",
+    "ConnectError",
+    "AuthError",
+    "ProtocolError",
+    "PeerLostError",
+    "MismatchError",
+    "ReductionTimeout",
+]

@@ -1,0 +1,46 @@
+"""`reduction-server plan`: how many reducers the workers' bandwidth needs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from reducer.errors import ConfigError
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    from reducer.deploy.planner import DEFAULT_REDUCER_MACHINE
+
+    p = subparsers.add_parser(
+        "plan",
+        help="size the reducer pool from the workers' network bandwidth",
+        description="Prints how many reducers are needed so that their total egress bandwidth "
+                    "is at least the workers' total bandwidth: ceil(workers * worker_gbps / "
+                    "reducer_gbps), then the machine types the planner knows.",
+    )
+    p.add_argument("--workers", type=int, required=True, help="number of worker machines (nodes)")
+    p.add_argument("--worker-gbps", type=float, required=True,
+                   help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100)")
+    group = p.add_argument_group("reducer bandwidth (default: %s)" % DEFAULT_REDUCER_MACHINE)
+    group.add_argument("--reducer-machine", default=None,
+                       help=f"reducer machine type from the table (default {DEFAULT_REDUCER_MACHINE})")
+    group.add_argument("--reducer-gbps", type=float, default=None,
+                       help="egress bandwidth of one reducer, Gbps (overrides the table)")
+    group.add_argument("--tier1", action="store_true",
+                       help="reducers use per-VM Tier_1 networking (N2 with >= 30 vCPUs)")
+    p.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from reducer.deploy.planner import format_machine_table, format_plan, plan_reducers
+
+    try:
+        plan = plan_reducers(args.workers, args.worker_gbps, reducer_machine=args.reducer_machine,
+                             reducer_gbps=args.reducer_gbps, tier1=args.tier1)
+    except ConfigError as exc:
+        print(f"reduction-server plan: error: {exc}", file=sys.stderr)
+        return 2
+    print(format_plan(plan))
+    print()
+    print("known reducer machine types (per-VM egress caps):")
+    print(format_machine_table())
+    return 0

@@ -1,0 +1,549 @@
+"""Cluster discovery: who am I, who are the reducers, who are the workers.
+
+Sources, first match wins (docs/configuration.md, "Cluster discovery"):
+
+1. ``CLUSTER_SPEC`` (Vertex AI): workers are ``workerpool0`` then ``workerpool1`` (node rank 0 is
+   the primary, 1 + i is worker i), reducers are ``workerpool2``, ``workerpool3`` (evaluators) is
+   never part of the all-reduce group.
+2. ``TF_CONFIG``: ``chief`` (or ``master``) then ``worker`` are workers, ``ps`` are the reducers,
+   ``evaluator`` is excluded.
+3. ``RS_REDUCERS`` + ``RS_RANK`` + ``RS_WORLD_SIZE`` (or the matching arguments). Here the rank
+   and world size are already *global* (per process, not per node).
+
+Several processes per node: with (1) and (2) the global rank is
+``node_rank * local_world_size + local_rank`` where ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` come
+from torchrun (or the arguments). An explicit argument always wins over the environment.
+The port workers use to reach the reducers is ``reducer_port``, else ``RS_PORT`` (the port the
+reducers bind), else the port of the pool-2 / ``ps`` entries.
+"""
+from __future__ import annotations
+
+import ipaddress
+import json
+import logging
+import os
+from dataclasses import dataclass
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+
+from . import config
+from .errors import ConfigError
+
+logger = logging.getLogger(__name__)
+
+__all__ = [
+    "ClusterInfo",
+    "discover",
+    "discover_worker",
+    "discover_reducer",
+    "parse_address",
+    "format_address",
+]
+
+WORKER = "worker"
+REDUCER = "reducer"
+EVALUATOR = "evaluator"
+
+_VERTEX_ROLES = {
+    "workerpool0": WORKER,
+    "workerpool1": WORKER,
+    "workerpool2": REDUCER,
+    "workerpool3": EVALUATOR,
+}
+_VERTEX_POOL_NAMES = {
+    "workerpool0": "primary",
+    "workerpool1": "workers",
+    "workerpool2": "reducers",
+    "workerpool3": "evaluators",
+}
+_TF_POOL_NAMES = {
+    "chief": "primary",
+    "master": "primary",
+    "worker": "workers",
+    "ps": "reducers",
+    "evaluator": "evaluators",
+}
+_TF_ROLES = {
+    "chief": WORKER,
+    "master": WORKER,
+    "worker": WORKER,
+    "ps": REDUCER,
+    "evaluator": EVALUATOR,
+}
+
+_NO_CLUSTER = (
+    "no cluster found: set CLUSTER_SPEC (Vertex AI), TF_CONFIG, or RS_REDUCERS with RS_RANK and "
+    "RS_WORLD_SIZE (or pass reducers=, rank= and world_size=)"
+)
+
+Reducers = Union[str, Sequence[str], None]
+
+
+@dataclass(frozen=True)
+class ClusterInfo:
+    """What this process learned about the cluster.
+
+    ``rank`` and ``world_size`` are meaningful for workers only (-1 and 0 otherwise).
+    ``bind_port`` is set for reducers only: the port it should listen on (RS_PORT if set, else the
+    port of its own entry in the cluster description).
+    """
+
+    role: str                # "worker", "reducer", "evaluator"
+    reducers: List[str]      # "host:port" addresses of the reducers, in pool order
+    workers: List[str]       # worker node addresses (pool0 then pool1); [] in RS_REDUCERS mode
+    node_rank: int           # index among worker nodes (reducer: index in the reducer pool)
+    num_nodes: int           # number of worker nodes (reducer: size of the reducer pool)
+    local_rank: int
+    local_world_size: int
+    rank: int                # global rank = node_rank * local_world_size + local_rank (workers only)
+    world_size: int          # num_nodes * local_world_size (workers only)
+    job_id: str
+    source: str              # "CLUSTER_SPEC", "TF_CONFIG" or "RS_REDUCERS"
+    bind_port: Optional[int] = None
+    task_type: str = ""      # as written in the description: "workerpool2", "ps", ... ("" for RS_REDUCERS)
+
+    @property
+    def is_worker(self) -> bool:
+        return self.role == WORKER
+
+    @property
+    def num_reducers(self) -> int:
+        return len(self.reducers)
+
+
+# -- addresses ---------------------------------------------------------------------------------
+
+
+def parse_address(addr: str) -> Tuple[str, int]:
+    """Split ``"host:port"``, ``"1.2.3.4:5"`` or ``"[::1]:5"`` into ``(host, port)``.
+
+    IPv6 hosts come back without brackets. Raises ConfigError on anything else.
+    """
+    if not isinstance(addr, str):
+        raise ConfigError(f"address must be a string 'host:port', found {type(addr).__name__} {addr!r}")
+    text = addr.strip()
+    if not text:
+        raise ConfigError("empty address: expected 'host:port' (IPv6 as '[addr]:port')")
+    if any(c.isspace() for c in text):
+        raise ConfigError(f"address {addr!r} contains whitespace: expected 'host:port'")
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise ConfigError(f"address {addr!r} has '[' without ']': expected '[ipv6]:port'")
+        host = text[1:close]
+        rest = text[close + 1:]
+        if not rest.startswith(":"):
+            raise ConfigError(f"address {addr!r} has no port: expected '[{host}]:port'")
+        port_text = rest[1:]
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise ConfigError(f"address {addr!r}: {host!r} inside [] is not an IPv6 address") from None
+    else:
+        if text.count(":") > 1:
+            raise ConfigError(
+                f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'"
+            )
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
+        if "[" in host or "]" in host:
+            raise ConfigError(f"address {addr!r} is malformed: expected 'host:port' or '[ipv6]:port'")
+    if not host:
+        raise ConfigError(f"address {addr!r} has no host: expected 'host:port'")
+    if not port_text:
+        raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
+    if not port_text.isdigit() or not port_text.isascii():
+        raise ConfigError(f"address {addr!r}: port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= 65535:
+        raise ConfigError(f"address {addr!r}: port {port} is out of range 1-65535")
+    return host, port
+
+
+def format_address(host: str, port: int) -> str:
+    """Inverse of parse_address: brackets IPv6 hosts."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def _check_port(port: int, what: str) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
+        raise ConfigError(f"{what}={port!r} is not a port number 1-65535")
+    return port
+
+
+# -- settings read from an explicit environment mapping ---------------------------------------
+
+
+def _setting(name: str, override: Any, env: Mapping[str, str]) -> Any:
+    """config.get, but reading `env` instead of os.environ (explicit argument > env > default)."""
+    setting = config.SETTINGS[name]
+    if override is not None:
+        return override
+    raw = env.get(setting.env)
+    if raw is None or raw.strip() == "":
+        return setting.default
+    try:
+        return setting.parse(raw)
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
+
+
+def _job_id(explicit: Optional[str], env: Mapping[str, str]) -> str:
+    value = _setting("job_id", explicit or None, env)
+    if value:
+        return str(value)
+    return env.get("CLOUD_ML_JOB_ID") or "local"
+
+
+def _local(local_rank: Optional[int], local_world_size: Optional[int],
+           env: Mapping[str, str]) -> Tuple[int, int]:
+    lr = _setting("local_rank", local_rank, env)
+    lws = _setting("local_world_size", local_world_size, env)
+    lws_env = config.SETTINGS["local_world_size"].env
+    lr_env = config.SETTINGS["local_rank"].env
+    if lws is None:
+        if lr is not None and lr > 0:
+            raise ConfigError(
+                f"{lr_env}={lr} but {lws_env} (processes per node) is not set: set {lws_env} "
+                f"or pass local_world_size="
+            )
+        lws = 1
+    if lr is None:
+        lr = 0
+    if lws < 1:
+        raise ConfigError(f"{lws_env}={lws} is not valid: need at least 1 process per node")
+    if lr < 0:
+        raise ConfigError(f"{lr_env}={lr} is not valid: must be >= 0")
+    if lr >= lws:
+        raise ConfigError(
+            f"{lr_env}={lr} is out of range for {lws_env}={lws}: local rank must be < local world size"
+        )
+    return int(lr), int(lws)
+
+
+def _explicit_reducers(reducers: Reducers) -> Optional[List[str]]:
+    if reducers is None:
+        return None
+    if isinstance(reducers, str):
+        return [a.strip() for a in reducers.split(",") if a.strip()]
+    return [str(a).strip() for a in reducers]
+
+
+def _check_reducers(addrs: List[str], where: str) -> List[str]:
+    if not addrs:
+        raise ConfigError(f"{where}: the reducer pool is empty; at least one reducer address is needed")
+    seen: Dict[Tuple[str, int], str] = {}
+    for a in addrs:
+        try:
+            key = parse_address(a)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: bad reducer address: {exc}") from None
+        if key in seen:
+            raise ConfigError(f"{where}: reducer address {a!r} is listed twice")
+        seen[key] = a
+    return list(addrs)
+
+
+def _with_port(addrs: List[str], port: Optional[int], where: str) -> List[str]:
+    out = []
+    for a in addrs:
+        try:
+            host, own = parse_address(a)
+        except ConfigError as exc:
+            raise ConfigError(f"{where}: bad reducer address: {exc}") from None
+        out.append(format_address(host, port if port is not None else own))
+    return out
+
+
+# -- parsing of CLUSTER_SPEC / TF_CONFIG --------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Spec:
+    source: str
+    task_type: str
+    index: int
+    pools: Dict[str, List[str]]
+
+
+def _load_json(source: str, text: str) -> Dict[str, Any]:
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as exc:
+        snippet = text.strip()[:80]
+        raise ConfigError(f"{source} is not valid JSON ({exc.msg} at position {exc.pos}): {snippet!r}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source} must be a JSON object with 'cluster' and 'task', found {type(data).__name__}")
+    return data
+
+
+def _parse_spec(source: str, text: str, known: Mapping[str, str]) -> _Spec:
+    data = _load_json(source, text)
+    missing = [k for k in ("cluster", "task") if k not in data]
+    if missing:
+        raise ConfigError(
+            f"{source} has no {' or '.join(repr(k) for k in missing)} key: found keys "
+            f"{', '.join(sorted(data)) or '(none)'}"
+        )
+    cluster = data["cluster"]
+    task = data["task"]
+    if not isinstance(cluster, dict):
+        raise ConfigError(f"{source} 'cluster' must be an object of pool name -> address list, found {cluster!r}")
+    if not isinstance(task, dict):
+        raise ConfigError(f"{source} 'task' must be an object with 'type' and 'index', found {task!r}")
+    pools: Dict[str, List[str]] = {}
+    for name, addrs in cluster.items():
+        if addrs is None:
+            addrs = []
+        if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
+            raise ConfigError(f"{source} pool {name!r} must be a list of 'host:port' strings, found {addrs!r}")
+        pools[name] = list(addrs)
+    task_type = task.get("type")
+    if task_type is None:
+        raise ConfigError(f"{source} 'task' has no 'type': found {task!r}")
+    if task_type not in known:
+        expected = ", ".join(f"{k} ({v})" for k, v in known.items())
+        raise ConfigError(f"{source} task type {task_type!r} is unknown: expected one of {expected}")
+    index = task.get("index", 0)
+    if isinstance(index, str) and index.strip().isdigit():
+        index = int(index)
+    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
+        raise ConfigError(f"{source} task index {index!r} is not a non-negative integer")
+    own = pools.get(task_type)
+    # TF_CONFIG never lists evaluators in its cluster; Vertex may omit them too.
+    if known[task_type] != "evaluators" or own:
+        if not own:
+            raise ConfigError(
+                f"{source} task type is {task_type!r} but the cluster has no {task_type!r} pool: found "
+                f"pools {_pool_list(pools)}"
+            )
+        if index >= len(own):
+            raise ConfigError(
+                f"{source} task index {index} is out of range: pool {task_type!r} has {len(own)} "
+                f"entr{'y' if len(own) == 1 else 'ies'}"
+            )
+    return _Spec(source=source, task_type=task_type, index=index, pools=pools)
+
+
+def _pool_list(pools: Mapping[str, List[str]]) -> str:
+    names = [n for n, a in pools.items() if a]
+    return ", ".join(sorted(names)) if names else "(none)"
+
+
+# -- discovery ----------------------------------------------------------------------------------
+
+
+def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank: Optional[int],
+               world_size: Optional[int], local_rank: Optional[int], local_world_size: Optional[int],
+               reducer_port: Optional[int], job_id: Optional[str]) -> ClusterInfo:
+    pools = spec.pools
+    src = spec.source
+    if src == "CLUSTER_SPEC":
+        roles = _VERTEX_ROLES
+        worker_pools = ["workerpool0", "workerpool1"]
+        reducer_pool = "workerpool2"
+    else:
+        roles = _TF_ROLES
+        if pools.get("chief") and pools.get("master"):
+            raise ConfigError("TF_CONFIG has both a 'chief' and a 'master' pool: expected only one of them")
+        worker_pools = ["chief", "master", "worker"]
+        reducer_pool = "ps"
+    role = roles[spec.task_type]
+
+    workers: List[str] = []
+    for p in worker_pools:
+        workers.extend(pools.get(p, []))
+
+    port = reducer_port if reducer_port is not None else _setting("port", None, env)
+    if port is not None:
+        port = _check_port(port, "reducer_port" if reducer_port is not None else config.SETTINGS["port"].env)
+
+    explicit = _explicit_reducers(reducers)
+    pool2 = pools.get(reducer_pool, [])
+    where = src
+    if explicit is not None:
+        if reducer_port is not None:
+            explicit = _with_port(explicit, _check_port(reducer_port, "reducer_port"), "reducers argument")
+        reducer_addrs = _check_reducers(explicit, "reducers argument")
+    else:
+        if role == WORKER and not pool2:
+            if src == "CLUSTER_SPEC":
+                raise ConfigError(
+                    f"CLUSTER_SPEC has no workerpool2 (reducers): found pools {_pool_list(pools)}; add a "
+                    f"reduction-server pool as workerPoolSpecs[2] (or pass reducers=)"
+                )
+            raise ConfigError(
+                f"TF_CONFIG has no 'ps' pool (reducers): found pools {_pool_list(pools)}; add "
+                f"reduction-server replicas as parameter servers (or pass reducers=)"
+            )
+        reducer_addrs = _check_reducers(_with_port(pool2, port, where), where) if pool2 else []
+
+    bind_port: Optional[int] = None
+    if role == WORKER:
+        if src == "CLUSTER_SPEC" and not pools.get("workerpool0"):
+            raise ConfigError(
+                f"CLUSTER_SPEC has no workerpool0 (primary): found pools {_pool_list(pools)}; every "
+                f"Vertex AI job needs workerPoolSpecs[0] with exactly one replica"
+            )
+        offset = 0
+        for p in worker_pools:
+            if p == spec.task_type:
+                break
+            offset += len(pools.get(p, []))
+        node_rank = offset + spec.index
+        num_nodes = len(workers)
+        lr, lws = _local(local_rank, local_world_size, env)
+        g_rank = node_rank * lws + lr if rank is None else rank
+        g_world = num_nodes * lws if world_size is None else world_size
+        _check_rank(g_rank, g_world, "rank", "world_size")
+    else:
+        own = pools.get(spec.task_type, [])
+        node_rank = spec.index
+        num_nodes = max(len(own), spec.index + 1)
+        lr, lws = 0, 1
+        g_rank, g_world = -1, 0
+        if role == REDUCER:
+            _, entry_port = parse_address(own[spec.index])
+            bind_port = port if port is not None else entry_port
+
+    return ClusterInfo(
+        role=role,
+        reducers=reducer_addrs,
+        workers=workers,
+        node_rank=node_rank,
+        num_nodes=num_nodes,
+        local_rank=lr,
+        local_world_size=lws,
+        rank=g_rank,
+        world_size=g_world,
+        job_id=_job_id(job_id, env),
+        source=src,
+        bind_port=bind_port,
+        task_type=spec.task_type,
+    )
+
+
+def _check_rank(rank: Any, world_size: Any, rank_name: str, world_name: str) -> None:
+    for name, value in ((rank_name, rank), (world_name, world_size)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigError(f"{name}={value!r} is not an integer")
+    if world_size < 1:
+        raise ConfigError(f"{world_name}={world_size} is not valid: the group needs at least one worker")
+    if not 0 <= rank < world_size:
+        raise ConfigError(
+            f"{rank_name}={rank} is out of range for {world_name}={world_size}: need 0 <= rank < world size"
+        )
+
+
+def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: Optional[int], world_size: Optional[int],
+             local_rank: Optional[int], local_world_size: Optional[int], reducer_port: Optional[int],
+             job_id: Optional[str]) -> Optional[ClusterInfo]:
+    red_env = config.SETTINGS["reducers"].env
+    rank_env = config.SETTINGS["rank"].env
+    world_env = config.SETTINGS["world_size"].env
+    explicit = _explicit_reducers(reducers)
+    addrs = explicit if explicit is not None else _setting("reducers", None, env)
+    if addrs is None:
+        found = [k for k in (rank_env, world_env) if env.get(k)]
+        if found:
+            raise ConfigError(f"{_NO_CLUSTER}; found {' and '.join(found)} but {red_env} is not set")
+        return None
+    where = "reducers argument" if explicit is not None else red_env
+    if reducer_port is not None:
+        addrs = _with_port(addrs, _check_port(reducer_port, "reducer_port"), where)
+    addrs = _check_reducers(addrs, where)
+    g_rank = _setting("rank", rank, env)
+    g_world = _setting("world_size", world_size, env)
+    missing = [n for n, v in ((rank_env, g_rank), (world_env, g_world)) if v is None]
+    if missing:
+        raise ConfigError(
+            f"{where} gives {len(addrs)} reducer(s) but {' and '.join(missing)} "
+            f"{'is' if len(missing) == 1 else 'are'} not set: set {rank_env} and {world_env} "
+            f"(global: one rank per process) or pass rank= and world_size="
+        )
+    _check_rank(g_rank, g_world, rank_env if rank is None else "rank", world_env if world_size is None else "world_size")
+    lr, lws = _local(local_rank, local_world_size, env)
+    return ClusterInfo(
+        role=WORKER,
+        reducers=addrs,
+        workers=[],
+        node_rank=g_rank // lws,
+        num_nodes=-(-g_world // lws),
+        local_rank=lr,
+        local_world_size=lws,
+        rank=g_rank,
+        world_size=g_world,
+        job_id=_job_id(job_id, env),
+        source="RS_REDUCERS",
+    )
+
+
+def discover(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = None, rank: Optional[int] = None,
+             world_size: Optional[int] = None, local_rank: Optional[int] = None,
+             local_world_size: Optional[int] = None, reducer_port: Optional[int] = None,
+             job_id: Optional[str] = None) -> ClusterInfo:
+    """Discover the cluster from CLUSTER_SPEC, else TF_CONFIG, else RS_REDUCERS/RS_RANK/RS_WORLD_SIZE.
+
+    `env` defaults to os.environ. Explicit arguments override what the environment says; `rank` and
+    `world_size` are global. Returns the info for any role (worker, reducer, evaluator).
+    """
+    env = os.environ if env is None else env
+    kwargs: Dict[str, Any] = dict(reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
+                                  local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
+    info: Optional[ClusterInfo] = None
+    text = env.get("CLUSTER_SPEC", "")
+    if text.strip():
+        info = _from_spec(_parse_spec("CLUSTER_SPEC", text, _VERTEX_POOL_NAMES), env=env, **kwargs)
+    else:
+        text = env.get("TF_CONFIG", "")
+        if text.strip():
+            info = _from_spec(_parse_spec("TF_CONFIG", text, _TF_POOL_NAMES), env=env, **kwargs)
+        else:
+            info = _from_rs(env, **kwargs)
+    if info is None:
+        raise ConfigError(_NO_CLUSTER)
+    logger.debug(
+        "discovered cluster from %s: role=%s node=%d/%d local=%d/%d rank=%d/%d reducers=%s bind_port=%s job_id=%s",
+        info.source, info.role, info.node_rank, info.num_nodes, info.local_rank, info.local_world_size,
+        info.rank, info.world_size, ",".join(info.reducers), info.bind_port, info.job_id,
+    )
+    return info
+
+
+def discover_worker(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = None,
+                    rank: Optional[int] = None, world_size: Optional[int] = None,
+                    local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
+                    reducer_port: Optional[int] = None, job_id: Optional[str] = None) -> ClusterInfo:
+    """Like discover(), but this process must be a worker of the all-reduce group."""
+    env = os.environ if env is None else env
+    info = discover(env, reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
+                    local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
+    if info.role == EVALUATOR:
+        raise ConfigError(
+            f"this process is an evaluator ({info.task_type}) and is not part of the all-reduce group"
+        )
+    if info.role == REDUCER:
+        raise ConfigError(
+            f"this process is a reducer ({info.task_type}, index {info.node_rank}), not a worker: "
+            f"run `reduction-server serve` here instead of the training code"
+        )
+    return info
+
+
+def discover_reducer(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
+    """For `reduction-server serve` without flags: this process must be workerpool2 (Vertex) or ps."""
+    env = os.environ if env is None else env
+    if not env.get("CLUSTER_SPEC", "").strip() and not env.get("TF_CONFIG", "").strip():
+        raise ConfigError(
+            "no cluster description found for a reducer: CLUSTER_SPEC (Vertex AI) and TF_CONFIG are "
+            "not set; pass the listening port explicitly (--port / RS_PORT)"
+        )
+    info = discover(env)
+    if info.role != REDUCER:
+        expected = "workerpool2" if info.source == "CLUSTER_SPEC" else "ps"
+        raise ConfigError(
+            f"this process is {info.task_type} ({'an' if info.role == EVALUATOR else 'a'} {info.role}) in "
+            f"{info.source}, not a reducer: "
+            f"reducers must run as {expected}; pass --port to serve anyway"
+        )
+    return info

@@ -1,0 +1,183 @@
+"""Vertex AI CustomJob spec with a reducer pool (the `reduction-server vertex-job` logic).
+
+Vertex AI's workerPoolSpecs are positional (docs/deploy.md): pool 0 = the primary
+(one replica), pool 1 = the other workers, pool 2 = the reducers. A pool that is
+not used stays in the list as an empty entry `{}` so the later pools keep their
+index. Every replica gets CLUSTER_SPEC from Vertex AI; reducer.cluster reads it.
+"""
+from __future__ import annotations
+
+import copy
+import json
+import logging
+import re
+import shlex
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
+
+from ..errors import ConfigError
+from .planner import DEFAULT_REDUCER_MACHINE, REDUCER_MACHINES, Plan, plan_reducers
+
+logger = logging.getLogger(__name__)
+
+# Per-VM egress caps of GPU worker machines, Gbps (Compute Engine GPU network
+# bandwidth tables; see docs/deploy.md). Machine types not listed need --worker-gbps.
+WORKER_EGRESS_GBPS: Dict[str, float] = {
+    "a2-highgpu-1g": 24.0,
+    "a2-highgpu-2g": 32.0,
+    "a2-highgpu-4g": 50.0,
+    "a2-highgpu-8g": 100.0,
+    "a2-megagpu-16g": 100.0,
+    "a2-ultragpu-1g": 24.0,
+    "a2-ultragpu-2g": 32.0,
+    "a2-ultragpu-4g": 50.0,
+    "a2-ultragpu-8g": 100.0,
+    "a3-highgpu-8g": 200.0,
+}
+
+# N1/N2 machines (e.g. n1-standard-16 + V100/T4): default cap of 2 Gbps per vCPU, 32 at most.
+_GENERAL_PURPOSE = re.compile(r"^(n1|n2)-(standard|highmem|highcpu)-(\d+)$")
+
+KNOWN_ACCELERATORS = (
+    "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4",
+    "NVIDIA_TESLA_T4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4",
+    "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
+)
+
+DEFAULT_PORT = 2222
+
+
+def worker_egress_gbps(machine_type: str) -> Optional[float]:
+    """Known egress cap of a worker machine type, or None if this table does not know it."""
+    if machine_type in WORKER_EGRESS_GBPS:
+        return WORKER_EGRESS_GBPS[machine_type]
+    m = _GENERAL_PURPOSE.match(machine_type)
+    if m:
+        return float(min(2 * int(m.group(3)), 32))
+    return None
+
+
+@dataclass(frozen=True)
+class VertexJob:
+    """A generated CustomJobSpec plus how its reducer count was chosen."""
+
+    spec: Dict[str, Any]          # camelCase CustomJobSpec, as gcloud --config expects
+    reducers: int
+    plan: Optional[Plan]          # None when the reducer count was given explicitly
+
+
+def _machine_spec(machine_type: str, accelerator_type: Optional[str],
+                  accelerator_count: int) -> Dict[str, Any]:
+    spec: Dict[str, Any] = {"machineType": machine_type}
+    if accelerator_type:
+        spec["acceleratorType"] = accelerator_type
+        spec["acceleratorCount"] = accelerator_count
+    return spec
+
+
+def build_custom_job(
+    workers: int,
+    machine_type: str,
+    image: str,
+    reducer_image: str,
+    accelerator_type: Optional[str] = None,
+    accelerator_count: int = 1,
+    reducers: Optional[int] = None,
+    reducer_machine: str = DEFAULT_REDUCER_MACHINE,
+    worker_gbps: Optional[float] = None,
+    args: Optional[Sequence[str]] = None,
+    reducer_gbps: Optional[float] = None,
+) -> VertexJob:
+    """The CustomJobSpec of `workers` GPU workers plus a pool of reducers.
+
+    With `reducers` None the count comes from plan_reducers(); the worker bandwidth is
+    `worker_gbps`, else looked up from the machine type (ConfigError if unknown); the reducer
+    bandwidth is `reducer_gbps`, else the planner's value for `reducer_machine`.
+    """
+    if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
+        raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
+    for flag, value in (("--machine-type", machine_type), ("--image", image),
+                        ("--reducer-image", reducer_image), ("--reducer-machine", reducer_machine)):
+        if not value or not str(value).strip():
+            raise ConfigError(f"{flag} must not be empty")
+    if accelerator_type:
+        if not re.fullmatch(r"[A-Z0-9_]+", accelerator_type):
+            raise ConfigError(
+                f"--accelerator-type {accelerator_type!r} is not a Vertex AI accelerator name "
+                f"(e.g. {', '.join(KNOWN_ACCELERATORS[:5])}, ...)"
+            )
+        if accelerator_type not in KNOWN_ACCELERATORS:
+            logger.warning("accelerator type %s is not in this tool's list; passing it through",
+                           accelerator_type)
+        if isinstance(accelerator_count, bool) or not isinstance(accelerator_count, int) \
+                or accelerator_count < 1:
+            raise ConfigError(f"--accelerator-count must be an integer >= 1, got {accelerator_count!r}")
+
+    plan: Optional[Plan] = None
+    if reducers is None:
+        gbps = worker_gbps if worker_gbps is not None else worker_egress_gbps(machine_type)
+        if gbps is None:
+            raise ConfigError(
+                f"unknown network bandwidth of worker machine {machine_type!r}: pass --worker-gbps "
+                f"(known: {', '.join(WORKER_EGRESS_GBPS)}, n1-*/n2-*) or --reducers"
+            )
+        plan = plan_reducers(workers, gbps, reducer_machine=reducer_machine, reducer_gbps=reducer_gbps)
+        reducers = plan.reducers
+    else:
+        if isinstance(reducers, bool) or not isinstance(reducers, int) or reducers < 1:
+            raise ConfigError(f"--reducers must be an integer >= 1, got {reducers!r}")
+        if reducer_machine not in REDUCER_MACHINES:
+            logger.warning("reducer machine %s is not in the planner's table", reducer_machine)
+
+    worker_container: Dict[str, Any] = {"imageUri": image}
+    if args:
+        worker_container["args"] = list(args)
+    worker_machine = _machine_spec(machine_type, accelerator_type, accelerator_count)
+
+    pools: List[Dict[str, Any]] = [
+        {"machineSpec": dict(worker_machine), "replicaCount": 1,
+         "containerSpec": copy.deepcopy(worker_container)},
+    ]
+    if workers > 1:
+        pools.append({"machineSpec": dict(worker_machine), "replicaCount": workers - 1,
+                      "containerSpec": copy.deepcopy(worker_container)})
+    else:
+        pools.append({})  # keeps the reducers at index 2
+    pools.append({"machineSpec": {"machineType": reducer_machine}, "replicaCount": reducers,
+                  "containerSpec": {"imageUri": reducer_image}})
+    logger.debug("vertex job: %d workers, %d reducers", workers, reducers)
+    return VertexJob(spec={"workerPoolSpecs": pools}, reducers=reducers, plan=plan)
+
+
+def gcloud_command(config_path: str, display_name: str, region: str = "REGION") -> str:
+    """The command that submits a spec written by render_spec()."""
+    return ("gcloud ai custom-jobs create"
+            f" --region={shlex.quote(region)}"
+            f" --display-name={shlex.quote(display_name)}"
+            f" --config={shlex.quote(config_path)}")
+
+
+def render_spec(spec: Dict[str, Any], fmt: str = "yaml",
+                header: Optional[Sequence[str]] = None) -> str:
+    """The spec as YAML (with `header` lines as # comments) or JSON."""
+    if fmt == "json":
+        return json.dumps(spec, indent=2) + "\n"
+    if fmt != "yaml":
+        raise ConfigError(f"unknown format {fmt!r}; use yaml or json")
+    import yaml
+
+    body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
+    lines = [f"# {h}".rstrip() for h in (header or [])]
+    return "\n".join(lines + [body]) if lines else body
+
+
+def to_sdk_spec(spec: Dict[str, Any]) -> Any:
+    """Parse a spec into google.cloud.aiplatform_v1.types.CustomJobSpec (validates it offline)."""
+    try:
+        from google.cloud.aiplatform_v1.types import CustomJobSpec
+    except ImportError as exc:
+        raise ConfigError(
+            "validating a spec needs google-cloud-aiplatform: "
+            "pip install 'reduction-server[vertex]'"
+        ) from exc
+    return CustomJobSpec.from_json(json.dumps(spec))
