@@ -1,0 +1,89 @@
+"""Shared fixtures: reducers in this process, worker processes on loopback."""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import sys
+from concurrent.futures import ProcessPoolExecutor
+from typing import Any, Callable, Dict, List, Sequence
+
+import pytest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+if HERE not in sys.path:
+    sys.path.insert(0, HERE)
+
+MAX_POOL = 5
+
+
+@pytest.fixture(scope="session")
+def pool():
+    """Up to 5 worker processes (spawned once) that run functions from tests/tasks.py."""
+    ctx = mp.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=MAX_POOL, mp_context=ctx) as ex:
+        # Warm every process up (imports numpy and the extension once).
+        list(ex.map(_warm, range(MAX_POOL)))
+        yield ex
+
+
+def _warm(_: int) -> int:
+    import tasks  # noqa: F401
+
+    return os.getpid()
+
+
+def run_ranks(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
+              **kwargs: Any) -> List[Any]:
+    """Run fn(rank=r, world=world, **kwargs) in `world` processes at once; results by rank.
+
+    Exceptions raised in a worker are re-raised here (the first by rank).
+    """
+    assert world <= MAX_POOL
+    futs = [pool.submit(fn, rank=r, world=world, **kwargs) for r in range(world)]
+    results: List[Any] = []
+    errors: Dict[int, BaseException] = {}
+    for r, f in enumerate(futs):
+        try:
+            results.append(f.result(timeout=timeout))
+        except BaseException as exc:  # collect, then raise the first
+            errors[r] = exc
+            results.append(exc)
+    if errors:
+        raise next(iter(errors.values()))
+    return results
+
+
+def run_ranks_collect(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
+                      **kwargs: Any) -> List[Any]:
+    """Like run_ranks, but returns exceptions in place of results instead of raising."""
+    futs = [pool.submit(fn, rank=r, world=world, **kwargs) for r in range(world)]
+    out: List[Any] = []
+    for f in futs:
+        try:
+            out.append(f.result(timeout=timeout))
+        except BaseException as exc:
+            out.append(exc)
+    return out
+
+
+@pytest.fixture
+def reducers(request):
+    """Factory: reducers(n, **kw) -> list of started ReducerServer on 127.0.0.1 (stopped after the test)."""
+    import reducer
+
+    started: List[Any] = []
+
+    def make(n: int = 1, **kw: Any) -> List[Any]:
+        kw.setdefault("host", "127.0.0.1")
+        kw.setdefault("port", 0)
+        servers = [reducer.ReducerServer(**kw).start() for _ in range(n)]
+        started.extend(servers)
+        return servers
+
+    yield make
+    for s in started:
+        s.stop()
+
+
+def addresses(servers: Sequence[Any]) -> List[str]:
+    return [s.address for s in servers]
