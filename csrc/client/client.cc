@@ -58,7 +58,7 @@ struct Client::Link {
 namespace {
 
 [[noreturn]] void throw_reply(const std::string& peer, proto::Status st, const std::string& msg) {
-  std::string text = "reducer " + peer + " refused the connection (" + proto::status_name(st) + "): " + msg;
+  std::string text = peer + " refused the connection (" + proto::status_name(st) + "): " + msg;
   switch (st) {
     case proto::Status::AuthFailed: throw Error(ErrorKind::Auth, text);
     case proto::Status::BadVersion:
@@ -117,19 +117,19 @@ void Client::connect_all() {
       auto l = std::make_unique<Link>();
       l->reducer = i / size_t(S);
       l->stream = int(i % size_t(S));
-      l->peer = addrs_[l->reducer].str() + (S > 1 ? " (stream " + std::to_string(l->stream) + ")" : "");
+      l->peer = "reducer " + addrs_[l->reducer].str() + (S > 1 ? " (stream " + std::to_string(l->stream) + ")" : "");
       l->fd = net::connect_with_retry(addrs_[l->reducer], deadline);
       net::tune_socket(l->fd.get(), opts_.socket_buffer);
       uint8_t chbuf[proto::kChallengeBytes];
-      net::recv_all(l->fd.get(), chbuf, sizeof chbuf, deadline, "reducer " + l->peer);
+      net::recv_all(l->fd.get(), chbuf, sizeof chbuf, deadline, l->peer);
       proto::Challenge ch;
       std::string err = proto::decode(chbuf, &ch);
       if (!err.empty()) throw Error(ErrorKind::Protocol, addrs_[l->reducer].str() + ": " + err);
       if (ch.version != proto::kVersion)
-        throw Error(ErrorKind::Protocol, "reducer " + l->peer + " speaks protocol version " + std::to_string(ch.version) +
+        throw Error(ErrorKind::Protocol, l->peer + " speaks protocol version " + std::to_string(ch.version) +
                                              ", this worker speaks version " + std::to_string(proto::kVersion));
       if (ch.auth_required && opts_.auth_token.empty())
-        log_warn("reducer " + l->peer + " requires authentication but no auth token is set (RS_AUTH_TOKEN)");
+        log_warn(l->peer + " requires authentication but no auth token is set (RS_AUTH_TOKEN)");
       proto::Hello h;
       h.world_size = opts_.world_size;
       h.rank = opts_.rank;
@@ -143,20 +143,20 @@ void Client::connect_all() {
         std::copy(mac.begin(), mac.end(), h.mac.begin());
       }
       std::string bytes = proto::encode(h);
-      net::send_all(l->fd.get(), bytes.data(), bytes.size(), deadline, "reducer " + l->peer);
+      net::send_all(l->fd.get(), bytes.data(), bytes.size(), deadline, l->peer);
       links[i] = std::move(l);
     }
     std::vector<size_t> retry;
     for (size_t i : todo) {
       Link& l = *links[i];
       uint8_t rb[proto::kReplyFixedBytes];
-      net::recv_all(l.fd.get(), rb, sizeof rb, deadline, "reducer " + l.peer + " (waiting for all workers of the group)");
+      net::recv_all(l.fd.get(), rb, sizeof rb, deadline, l.peer + " (waiting for all workers of the group)");
       proto::Status st;
       size_t mlen = 0;
       std::string err = proto::decode_reply_fixed(rb, &st, &mlen);
-      if (!err.empty()) throw Error(ErrorKind::Protocol, "reducer " + l.peer + ": " + err);
+      if (!err.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + err);
       std::string msg(mlen, '\0');
-      if (mlen) net::recv_all(l.fd.get(), &msg[0], mlen, deadline, "reducer " + l.peer);
+      if (mlen) net::recv_all(l.fd.get(), &msg[0], mlen, deadline, l.peer);
       if (st == proto::Status::Ok) continue;
       if (st == proto::Status::RankTaken && Clock::now() < deadline) {
         retry.push_back(i);
@@ -265,7 +265,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
       for (auto& lp : links_)
         if (!lp->done(S)) {
           if (!waiting.empty()) waiting += "; ";
-          waiting += "reducer " + lp->peer + ": sent " + std::to_string(std::min(lp->next_send, lp->nchunks) / S) + "/" +
+          waiting += lp->peer + ": sent " + std::to_string(std::min(lp->next_send, lp->nchunks) / S) + "/" +
                      std::to_string(lp->expected) + " chunks, got " + std::to_string(lp->received) + "/" +
                      std::to_string(lp->expected) + " results";
         }
@@ -312,7 +312,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
           if (l.sent < proto::kFrameHeaderBytes) iov[n++] = {l.hdr_out + l.sent, proto::kFrameHeaderBytes - l.sent};
           size_t poff = l.sent > proto::kFrameHeaderBytes ? l.sent - proto::kFrameHeaderBytes : 0;
           iov[n++] = {l.shard + off + poff, size_t(len - poff)};
-          ssize_t w = net::send_some(l.fd.get(), iov, n, "reducer " + l.peer);
+          ssize_t w = net::send_some(l.fd.get(), iov, n, l.peer);
           if (w < 0) break;
           stats_.bytes_sent += uint64_t(w);
           last_progress = Clock::now();
@@ -329,7 +329,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
         for (;;) {
           if (!l.have_hdr) {
             ssize_t n = net::recv_some(l.fd.get(), l.hdr_in + l.hdr_got, proto::kFrameHeaderBytes - l.hdr_got,
-                                       "reducer " + l.peer);
+                                       l.peer);
             if (n < 0) break;
             stats_.bytes_received += uint64_t(n);
             last_progress = Clock::now();
@@ -351,7 +351,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
                         l.in.length == std::min<uint64_t>(chunk, l.shard_bytes - l.in.offset) && l.received < l.expected &&
                         l.in.offset + l.in.length <= l.next_send * chunk;  // only chunks we already sent
               if (!ok)
-                throw Error(ErrorKind::Protocol, "reducer " + l.peer + " sent a result that does not belong to round " +
+                throw Error(ErrorKind::Protocol, l.peer + " sent a result that does not belong to round " +
                                                      std::to_string(round) + " (offset " + std::to_string(l.in.offset) + ")");
               l.dst = l.shard + l.in.offset;
             }
@@ -359,7 +359,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
             l.dst_got = 0;
           }
           if (l.dst_got < l.in.length) {
-            ssize_t n = net::recv_some(l.fd.get(), l.dst + l.dst_got, l.in.length - l.dst_got, "reducer " + l.peer);
+            ssize_t n = net::recv_some(l.fd.get(), l.dst + l.dst_got, l.in.length - l.dst_got, l.peer);
             if (n < 0) break;
             stats_.bytes_received += uint64_t(n);
             last_progress = Clock::now();

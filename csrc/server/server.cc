@@ -485,7 +485,6 @@ struct Loop {
   void on_header(Conn* c) {
     std::string err = proto::decode(c->hdr, &c->cur, c->group->chunk);
     c->hdr_got = 0;
-    const std::string who = "rank " + std::to_string(c->rank) + " (" + c->peer + ") of group " + c->key.label();
     if (err.empty() && c->cur.type == proto::FrameType::Bye) {
       c->said_bye = true;
       return;
@@ -493,6 +492,7 @@ struct Loop {
     if (err.empty() && c->cur.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
     if (err.empty() && c->cur.round < c->last_round) err = "round number went backwards";
     if (!err.empty()) {
+      const std::string who = "rank " + std::to_string(c->rank) + " (" + c->peer + ") of group " + c->key.label();
       log_warn("protocol error from " + who + ": " + err);
       srv->errors++;
       c->why = "protocol error: " + err;
