@@ -1,0 +1,178 @@
+// dtype/op helpers and the run-time ISA dispatch of the kernels.
+//
+// Three tables of function pointers (scalar, avx2, avx512) are built once, on
+// first use (thread-safe static init); the active one is an atomic pointer so
+// set_isa() can switch it (tests/benchmarks) while other threads keep running.
+#include <atomic>
+#include <cstring>
+
+#include "kernels/impl.h"
+
+namespace rs {
+
+bool valid_dtype(uint8_t v) { return v < kNumDTypes; }
+bool valid_op(uint8_t v) { return v < kNumOps; }
+
+size_t dtype_size(DType t) {
+  switch (t) {
+    case DType::F32: return 4;
+    case DType::F64: return 8;
+    case DType::F16: return 2;
+    case DType::BF16: return 2;
+    case DType::I32: return 4;
+    case DType::I64: return 8;
+  }
+  return 0;
+}
+
+size_t acc_elem_size(DType t) {
+  switch (t) {
+    case DType::F16:
+    case DType::BF16: return 4;
+    default: return dtype_size(t);
+  }
+}
+
+bool acc_is_wire_type(DType t) { return t != DType::F16 && t != DType::BF16 && valid_dtype(static_cast<uint8_t>(t)); }
+
+const char* dtype_name(DType t) {
+  switch (t) {
+    case DType::F32: return "float32";
+    case DType::F64: return "float64";
+    case DType::F16: return "float16";
+    case DType::BF16: return "bfloat16";
+    case DType::I32: return "int32";
+    case DType::I64: return "int64";
+  }
+  return "?";
+}
+
+const char* op_name(Op o) {
+  switch (o) {
+    case Op::Sum: return "sum";
+    case Op::Avg: return "avg";
+    case Op::Min: return "min";
+    case Op::Max: return "max";
+  }
+  return "?";
+}
+
+bool parse_dtype(const std::string& s, DType* out) {
+  static const struct {
+    const char* name;
+    DType t;
+  } kNames[] = {
+      {"float32", DType::F32}, {"f32", DType::F32},     {"fp32", DType::F32},     {"float", DType::F32},
+      {"float64", DType::F64}, {"f64", DType::F64},     {"double", DType::F64},   {"float16", DType::F16},
+      {"fp16", DType::F16},    {"f16", DType::F16},     {"half", DType::F16},     {"bfloat16", DType::BF16},
+      {"bf16", DType::BF16},   {"int32", DType::I32},   {"i32", DType::I32},      {"int", DType::I32},
+      {"int64", DType::I64},   {"i64", DType::I64},     {"long", DType::I64},
+  };
+  for (const auto& e : kNames) {
+    if (s == e.name) {
+      if (out) *out = e.t;
+      return true;
+    }
+  }
+  return false;
+}
+
+bool parse_op(const std::string& s, Op* out) {
+  for (int i = 0; i < kNumOps; ++i) {
+    if (s == op_name(static_cast<Op>(i))) {
+      if (out) *out = static_cast<Op>(i);
+      return true;
+    }
+  }
+  return false;
+}
+
+namespace kernels {
+namespace {
+
+using detail::Table;
+
+struct Tables {
+  Table scalar{}, avx2{}, avx512{};
+  bool has_avx2 = false, has_avx512 = false;
+
+  Tables() {
+    detail::fill_scalar(&scalar);
+    avx2 = scalar;
+    has_avx2 = cpu_avx2() && detail::fill_avx2(&avx2);
+    avx512 = avx2;
+    has_avx512 = has_avx2 && cpu_avx512() && detail::fill_avx512(&avx512);
+  }
+
+  static bool cpu_avx2() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+#else
+    return false;
+#endif
+  }
+  static bool cpu_avx512() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+           __builtin_cpu_supports("avx512vl");
+#else
+    return false;
+#endif
+  }
+
+  const Table* best() const { return has_avx512 ? &avx512 : has_avx2 ? &avx2 : &scalar; }
+};
+
+const Tables& tables() {
+  static const Tables t;  // C++11 magic static: built once, thread-safe
+  return t;
+}
+
+std::atomic<const Table*> g_active{nullptr};
+
+inline const Table& active() {
+  const Table* t = g_active.load(std::memory_order_acquire);
+  if (__builtin_expect(t == nullptr, 0)) {
+    const Table* expected = nullptr;
+    g_active.compare_exchange_strong(expected, tables().best(), std::memory_order_acq_rel);
+    t = g_active.load(std::memory_order_acquire);
+  }
+  return *t;
+}
+
+}  // namespace
+
+void init(DType t, void* acc, const void* x, size_t n) {
+  if (n == 0 || !valid_dtype(static_cast<uint8_t>(t))) return;
+  active().init[detail::di(t)](acc, x, n);
+}
+
+void accumulate(DType t, Op op, void* acc, const void* x, size_t n) {
+  if (n == 0 || !valid_dtype(static_cast<uint8_t>(t)) || !valid_op(static_cast<uint8_t>(op))) return;
+  active().acc[detail::di(t)][detail::oi(op)](acc, x, n);
+}
+
+void finalize(DType t, Op op, void* out, const void* acc, size_t n, uint32_t count) {
+  if (n == 0 || !valid_dtype(static_cast<uint8_t>(t)) || !valid_op(static_cast<uint8_t>(op))) return;
+  if (count == 0) count = 1;  // no contribution: avg degenerates to the accumulator itself
+  active().fin[detail::di(t)][detail::oi(op)](out, acc, n, count);
+}
+
+const char* isa_name() { return active().name; }
+
+bool set_isa(const std::string& name) {
+  const Tables& ts = tables();
+  const Table* t = nullptr;
+  if (name == "auto") t = ts.best();
+  else if (name == "scalar") t = &ts.scalar;
+  else if (name == "avx2" && ts.has_avx2) t = &ts.avx2;
+  else if (name == "avx512" && ts.has_avx512) t = &ts.avx512;
+  if (!t) return false;
+  g_active.store(t, std::memory_order_release);
+  return true;
+}
+
+}  // namespace kernels
+}  // namespace rs
