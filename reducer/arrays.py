@@ -1,7 +1,8 @@
 """Array adapters: turn what a caller passes into host memory the transport can use.
 
-numpy arrays and other C-contiguous buffers are used in place (zero copy).
-Framework tensors (torch, CuPy, DLPack) are handled in reducer.frameworks.
+numpy arrays, torch CPU tensors, CPU DLPack objects and other C-contiguous buffers are used in
+place (zero copy); reducer.frameworks does the per-framework work. Device arrays (torch CUDA,
+CuPy) need staging through host memory: use Communicator.allreduce_async, which stages them.
 """
 from __future__ import annotations
 
@@ -27,13 +28,14 @@ def host_view(array: Any) -> HostView:
     if isinstance(array, np.ndarray):
         arr = array
     else:
-        try:
-            arr = np.asarray(memoryview(array))
-        except TypeError:
+        from .frameworks import host_array
+
+        arr = host_array(array)
+        if arr is None:
             raise ConfigError(
-                f"cannot all-reduce an object of type {type(array).__name__}: pass a numpy array, a buffer, "
-                "or a framework tensor through reducer.frameworks"
-            ) from None
+                f"{type(array).__name__} lives in device memory: use comm.allreduce_async(x).wait(), which stages "
+                "it through pinned host memory"
+            )
     if not arr.flags.c_contiguous:
         raise ConfigError("array must be C-contiguous (use np.ascontiguousarray and copy the result back)")
     if not arr.flags.writeable:

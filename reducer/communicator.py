@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any, List, Optional, Sequence
+import threading
+from typing import Any, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -29,6 +30,11 @@ class Communicator:
     Every argument left as None takes its RS_* environment variable, then its
     default (docs/configuration.md). The constructor returns once every worker of
     the group has connected (bounded by connect_timeout).
+
+    fusion_threshold / cycle_time_ms / compression configure allreduce_async (tensor
+    fusion, docs/worker-library.md): fused buffer size in bytes (0 = fusion off), age in ms
+    after which a partly filled buffer is flushed (inf = only on wait/synchronize), and
+    wire compression of float32 ('bf16', 'fp16' or None).
     """
 
     def __init__(
@@ -43,6 +49,9 @@ class Communicator:
         streams: Optional[int] = None,
         chunk_bytes: Optional[int] = None,
         connect_timeout: Optional[float] = None,
+        fusion_threshold: Union[int, str, None] = None,
+        cycle_time_ms: Optional[float] = None,
+        compression: Optional[str] = None,
     ) -> None:
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
@@ -61,6 +70,18 @@ class Communicator:
         ct = config.get("connect_timeout", connect_timeout)
         self.connect_timeout = float(ct)
         token = config.resolve_auth_token(auth_token)
+        self._auth_token = token or ""
+        ft = config.get("fusion_threshold", fusion_threshold)
+        self.fusion_threshold = config.parse_size(ft) if isinstance(ft, str) else int(ft)
+        if self.fusion_threshold < 0:
+            raise ConfigError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
+        self.cycle_time_ms = float(config.get("cycle_time_ms", cycle_time_ms))
+        self.compression: Optional[str] = config.get("compression", compression)
+        from .fusion import compression_dtype
+
+        compression_dtype(self.compression)  # validate now, not on the first allreduce_async
+        self._engine: Any = None
+        self._engine_lock = threading.Lock()
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
@@ -81,13 +102,73 @@ class Communicator:
 
     def allreduce_raw(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0) -> None:
         """All-reduce `nbytes` of wire dtype `dtype` at address `ptr` (host memory), in place."""
+        if self._engine is not None:
+            # Rounds go to the reducers in program order: finish what allreduce_async queued first.
+            self._engine.synchronize(raise_errors=False)
         self._client.allreduce_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1))
+
+    # -- asynchronous all-reduce with tensor fusion (reducer.fusion) --------------------------
+    def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:
+        """Start reducing `array` in place; returns a reducer.Handle (.wait(), .done()).
+
+        Small arrays are packed into fused buffers per (dtype, op) and sent together
+        (docs/worker-library.md). Every worker must submit the same sequence of arrays
+        (sizes, dtypes, ops, names); a difference raises MismatchError on every worker,
+        naming the first differing tensor. Do not touch `array` until the handle is done.
+        Accepts numpy arrays, torch tensors (CPU and CUDA), CuPy arrays, DLPack objects.
+        """
+        return self._fusion().submit(array, op, name)
+
+    def synchronize(self, timeout: Optional[float] = None) -> None:
+        """Wait for every allreduce_async submitted so far; raises the first error."""
+        if self._engine is not None:
+            self._engine.synchronize(timeout)
+
+    def fusion_stats(self) -> dict:
+        """Counters of the asynchronous path: rounds, probes, fused_rounds, tensors, bytes, flushes."""
+        return dict(self._engine.stats) if self._engine is not None else {}
+
+    def _fusion(self) -> Any:
+        engine = self._engine
+        if engine is None:
+            with self._engine_lock:
+                engine = self._engine
+                if engine is None:
+                    if getattr(self, "_closed", False):
+                        from .errors import ReductionError
+
+                        raise ReductionError("the communicator is closed")
+                    from .fusion import FusionEngine
+
+                    engine = self._engine = FusionEngine(
+                        self._client, threshold=self.fusion_threshold, cycle_time_ms=self.cycle_time_ms,
+                        compression=self.compression, rank=self.rank, timeout=self.timeout,
+                        diag_client=self._diagnostic_client_factory())
+        return engine
+
+    def _diagnostic_client_factory(self) -> Any:
+        """Makes separate connections for the fusion fingerprint check (bounded by the timeout).
+
+        A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
+        import functools
+
+        return functools.partial(core.Client, list(self.reducers), self.rank, self.world_size,
+                                 self.group + "/fusion-check", self.job_id, self.timeout,
+                                 min(self.connect_timeout, self.timeout), self._auth_token, 1, self.chunk_bytes)
 
     def stats(self) -> dict:
         return dict(self._client.stats())
 
     def close(self) -> None:
-        """Say goodbye to the reducers. Idempotent."""
+        """Say goodbye to the reducers. Idempotent. Stops the allreduce_async threads first
+        (handles still pending then fail: call synchronize() before close())."""
+        self._closed = True
+        lock = getattr(self, "_engine_lock", None)
+        if lock is not None:
+            with lock:
+                engine, self._engine = self._engine, None
+            if engine is not None:
+                engine.stop()
         client = getattr(self, "_client", None)
         if client is not None:
             client.close()
@@ -114,7 +195,8 @@ def init(**overrides: Any) -> Communicator:
 
     Keyword arguments override what discovery finds (reducers, rank, world_size,
     local_rank, local_world_size, reducer_port, job_id) and the Communicator's own
-    options (group, timeout, auth_token, streams, chunk_bytes, connect_timeout).
+    options (group, timeout, auth_token, streams, chunk_bytes, connect_timeout,
+    fusion_threshold, cycle_time_ms, compression).
     """
     from .cluster import discover_worker
 
@@ -122,7 +204,8 @@ def init(**overrides: Any) -> Communicator:
     disc = {k: overrides.pop(k) for k in discovery_keys if k in overrides}
     info = discover_worker(**disc)
     comm_kwargs = {k: overrides.pop(k) for k in list(overrides)
-                   if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout")}
+                   if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout",
+                           "fusion_threshold", "cycle_time_ms", "compression")}
     if overrides:
         raise ConfigError(f"unknown arguments to reducer.init(): {', '.join(sorted(overrides))}")
     log.info("rank %d of %d (from %s), %d reducers", info.rank, info.world_size, info.source, len(info.reducers))

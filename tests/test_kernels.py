@@ -4,16 +4,13 @@ The reference reduces in rank order: float32/float64 in their own dtype (the ker
 must be bit-identical), float16/bfloat16 in float32 then ONE rounding (numpy
 astype / ml_dtypes), integers with numpy's wrapping arithmetic and truncating avg.
 """
-import importlib
-import os
 import zlib
 
 import ml_dtypes
 import numpy as np
 import pytest
 
-# REDUCER_CORE_MODULE lets a throwaway build of the kernels run these tests.
-_core = importlib.import_module(os.environ.get("REDUCER_CORE_MODULE", "reducer._core"))
+from reducer import _core
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 DTYPES = {
