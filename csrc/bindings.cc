@@ -180,8 +180,9 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<rs::server::Server>(m, "Server")
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int window,
-                       double handshake_timeout) {
+                       double handshake_timeout, int socket_buffer) {
              rs::server::ServerOptions o;
+             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
              o.host = host;
              o.port = port;
              o.threads = threads;
@@ -191,7 +192,7 @@ PYBIND11_MODULE(_core, m) {
              return std::make_unique<rs::server::Server>(o);
            }),
            py::arg("host"), py::arg("port"), py::arg("threads") = 0, py::arg("auth_token") = "",
-           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0)
+           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0, py::arg("socket_buffer") = -1)
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)
@@ -201,8 +202,9 @@ PYBIND11_MODULE(_core, m) {
   py::class_<rs::client::Client>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
                        const std::string& job, double timeout, double connect_timeout, const std::string& token,
-                       int streams, uint32_t chunk) {
+                       int streams, uint32_t chunk, int socket_buffer) {
              rs::client::ClientOptions o;
+             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
              o.reducers = reducers;
              o.rank = rank;
              o.world_size = world;
@@ -218,7 +220,7 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
-           py::arg("chunk_bytes"))
+           py::arg("chunk_bytes"), py::arg("socket_buffer") = -1)
       .def("allreduce", &client_allreduce, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
       .def("allreduce_ptr", &client_allreduce_ptr, py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"),
            py::arg("tag") = 0)

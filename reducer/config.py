@@ -48,6 +48,10 @@ def _size(text: str) -> int:
     return int(value)
 
 
+def _opt_size(text: str) -> Optional[int]:
+    return None if text.strip() == "" else _size(text)
+
+
 _TABLE = [
     # -- worker client ---------------------------------------------------------
     Setting("reducers", "RS_REDUCERS", None, lambda s: [a.strip() for a in s.split(",") if a.strip()],
@@ -61,6 +65,8 @@ _TABLE = [
             "Seconds to wait for the reducers to accept and for every worker of the group to connect."),
     Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
     Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size, "Pipeline chunk size in bytes (all workers of a group must agree)."),
+    Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _opt_size,
+            "SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: leave to the kernel's autotuning)."),
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
     Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
     Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),

@@ -30,14 +30,17 @@ class ReducerServer:
         auth_token: Optional[str] = None,
         window: int = 4,
         handshake_timeout: float = 10.0,
+        socket_buffer: Optional[int] = None,
     ) -> None:
         self.host: str = config.get("host", host)
         port_value = config.get("port", port)
         self._requested_port: int = 0 if port_value is None else int(port_value)
         self.threads: int = int(config.get("threads", threads) or 0)
         token = config.resolve_auth_token(auth_token)
+        from .communicator import _socket_buffer
+
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "", window,
-                                   handshake_timeout)
+                                   handshake_timeout, _socket_buffer(socket_buffer))
         self._started = False
 
     def start(self) -> "ReducerServer":

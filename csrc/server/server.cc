@@ -69,12 +69,6 @@ class OutQueue {
     head_ = (head_ + 1) % items_.size();
     --count_;
   }
-  // Drops everything except a partly written front item.
-  void drop_unstarted() {
-    size_t keep = (count_ > 0 && front().sent > 0) ? 1 : 0;
-    count_ = keep;
-  }
-
  private:
   void grow() {
     std::vector<OutItem> bigger(items_.size() * 2);
@@ -203,7 +197,7 @@ struct Loop {
     std::string bytes(proto::kFrameHeaderBytes, '\0');
     proto::encode(h, reinterpret_cast<uint8_t*>(&bytes[0]));
     bytes += text;
-    c->out.drop_unstarted();
+    // Results already queued are complete and correct: they go out before the error.
     c->close_after_flush = true;
     send_ctl(c, std::move(bytes));
   }
@@ -431,8 +425,9 @@ struct Loop {
         // Still gathering: the rank is simply free again.
         if (g->joined_ == 0) detach_group(g);
       } else {
+        // Mid-round: a chunk still waits for contributions (results merely being sent do not count).
         bool busy = false;
-        for (Slot& s : g->slots()) busy |= s.seq >= 0;
+        for (Slot& s : g->slots()) busy |= s.seq >= 0 && s.next_rank < g->world;
         if (c->said_bye && !busy) {
           log_info("rank " + std::to_string(c->rank) + " (" + c->peer + ") left group " + g->key.label());
           g->left_ = "rank " + std::to_string(c->rank) + " (" + c->peer + ") has left the group";
