@@ -777,6 +777,8 @@ void Server::stop(double drain_timeout) {
   Impl& s = *impl_;
   if (!s.running.exchange(false)) return;
   s.accepting = false;
+  // No new connections from here on (epoll_ctl is thread-safe; loop 0 stops seeing the listener).
+  if (!s.loops.empty()) epoll_ctl(s.loops[0]->ep.get(), EPOLL_CTL_DEL, s.listener.get(), nullptr);
   if (drain_timeout > 0) {
     auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(drain_timeout * 1000));
     while (s.busy_slots.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
