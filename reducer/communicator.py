@@ -16,6 +16,12 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 
+def _socket_buffer(value: Optional[int]) -> int:
+    """-1 keeps the core's default; 0 leaves buffer sizes to the kernel."""
+    v = config.get("socket_buffer", value)
+    return -1 if v is None else int(v)
+
+
 def _default_job_id() -> str:
     return os.environ.get("CLOUD_ML_JOB_ID") or "local"
 
@@ -52,6 +58,7 @@ class Communicator:
         fusion_threshold: Union[int, str, None] = None,
         cycle_time_ms: Optional[float] = None,
         compression: Optional[str] = None,
+        socket_buffer: Optional[int] = None,
     ) -> None:
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
@@ -85,7 +92,8 @@ class Communicator:
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
-                                   self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes)
+                                   self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
+                                   _socket_buffer(socket_buffer))
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum") -> Any:

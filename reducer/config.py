@@ -70,7 +70,7 @@ _TABLE = [
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
     Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
     Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
-    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "A partly filled fused buffer is sent after this many milliseconds."),
+    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused buffers (cut points never depend on timing)."),
     Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
     Setting("local_rank", "LOCAL_RANK", None, int, "Rank of this process on its node (set by torchrun / the launcher)."),
     Setting("local_world_size", "LOCAL_WORLD_SIZE", None, int, "Processes per node (set by torchrun / the launcher)."),

@@ -1,0 +1,358 @@
+"""Tensor fusion benchmark: one training step's gradients, fusion on vs off.
+
+    python benchmarks/bench_fusion.py                    # ResNet-50, BERT-base, small1000; W=2, R=2, loopback
+    python benchmarks/bench_fusion.py --models resnet50 --steps 15 --thresholds 64M,16M,1M
+
+Every step submits each gradient of the model with ``comm.allreduce_async`` (in backward
+order: last layer first) and calls ``comm.synchronize()``, as a training loop would after its
+backward pass. "fusion on" rows use the given thresholds (default: 64M, the default setting,
+and 4M) with the default 5 ms cycle time; "fusion off" is ``fusion_threshold=0``: one
+all-reduce round per gradient (still pipelined by the background thread). The modes are
+interleaved step by step so that load changes on the machine affect them alike. W worker
+processes and R reducers (ReducerServer in this process) talk over loopback. Printed per
+model and mode: tensors, MB, all-reduce rounds per step (as counted by each worker's client,
+which is also what each reducer counts; agreement probes included), median step time, and
+the speed-up of fusion over fusion off.
+
+The parameter shapes are written out below: ResNet-50 exactly as torchvision's
+``resnet50().named_parameters()`` (161 tensors, 25,557,032 parameters) and BERT-base as
+Hugging Face's ``BertModel`` (embeddings, 12 identical encoder layers of 16 tensors, pooler:
+199 tensors, 109,482,240 parameters). ``small1000`` (1,000 tensors of 1 KiB) shows the case
+fusion is for: many tensors too small to fill the network on their own.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import multiprocessing as mp
+import os
+import statistics
+import sys
+import time
+from typing import Dict, List, Tuple
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if ROOT not in sys.path:
+    sys.path.insert(0, ROOT)
+
+Shapes = List[Tuple[str, Tuple[int, ...]]]
+
+# torchvision.models.resnet50(), named_parameters() order
+RESNET50: Shapes = [
+    ("conv1.weight", (64, 3, 7, 7)),
+    ("bn1.weight", (64,)),
+    ("bn1.bias", (64,)),
+    ("layer1.0.conv1.weight", (64, 64, 1, 1)),
+    ("layer1.0.bn1.weight", (64,)),
+    ("layer1.0.bn1.bias", (64,)),
+    ("layer1.0.conv2.weight", (64, 64, 3, 3)),
+    ("layer1.0.bn2.weight", (64,)),
+    ("layer1.0.bn2.bias", (64,)),
+    ("layer1.0.conv3.weight", (256, 64, 1, 1)),
+    ("layer1.0.bn3.weight", (256,)),
+    ("layer1.0.bn3.bias", (256,)),
+    ("layer1.0.downsample.0.weight", (256, 64, 1, 1)),
+    ("layer1.0.downsample.1.weight", (256,)),
+    ("layer1.0.downsample.1.bias", (256,)),
+    ("layer1.1.conv1.weight", (64, 256, 1, 1)),
+    ("layer1.1.bn1.weight", (64,)),
+    ("layer1.1.bn1.bias", (64,)),
+    ("layer1.1.conv2.weight", (64, 64, 3, 3)),
+    ("layer1.1.bn2.weight", (64,)),
+    ("layer1.1.bn2.bias", (64,)),
+    ("layer1.1.conv3.weight", (256, 64, 1, 1)),
+    ("layer1.1.bn3.weight", (256,)),
+    ("layer1.1.bn3.bias", (256,)),
+    ("layer1.2.conv1.weight", (64, 256, 1, 1)),
+    ("layer1.2.bn1.weight", (64,)),
+    ("layer1.2.bn1.bias", (64,)),
+    ("layer1.2.conv2.weight", (64, 64, 3, 3)),
+    ("layer1.2.bn2.weight", (64,)),
+    ("layer1.2.bn2.bias", (64,)),
+    ("layer1.2.conv3.weight", (256, 64, 1, 1)),
+    ("layer1.2.bn3.weight", (256,)),
+    ("layer1.2.bn3.bias", (256,)),
+    ("layer2.0.conv1.weight", (128, 256, 1, 1)),
+    ("layer2.0.bn1.weight", (128,)),
+    ("layer2.0.bn1.bias", (128,)),
+    ("layer2.0.conv2.weight", (128, 128, 3, 3)),
+    ("layer2.0.bn2.weight", (128,)),
+    ("layer2.0.bn2.bias", (128,)),
+    ("layer2.0.conv3.weight", (512, 128, 1, 1)),
+    ("layer2.0.bn3.weight", (512,)),
+    ("layer2.0.bn3.bias", (512,)),
+    ("layer2.0.downsample.0.weight", (512, 256, 1, 1)),
+    ("layer2.0.downsample.1.weight", (512,)),
+    ("layer2.0.downsample.1.bias", (512,)),
+    ("layer2.1.conv1.weight", (128, 512, 1, 1)),
+    ("layer2.1.bn1.weight", (128,)),
+    ("layer2.1.bn1.bias", (128,)),
+    ("layer2.1.conv2.weight", (128, 128, 3, 3)),
+    ("layer2.1.bn2.weight", (128,)),
+    ("layer2.1.bn2.bias", (128,)),
+    ("layer2.1.conv3.weight", (512, 128, 1, 1)),
+    ("layer2.1.bn3.weight", (512,)),
+    ("layer2.1.bn3.bias", (512,)),
+    ("layer2.2.conv1.weight", (128, 512, 1, 1)),
+    ("layer2.2.bn1.weight", (128,)),
+    ("layer2.2.bn1.bias", (128,)),
+    ("layer2.2.conv2.weight", (128, 128, 3, 3)),
+    ("layer2.2.bn2.weight", (128,)),
+    ("layer2.2.bn2.bias", (128,)),
+    ("layer2.2.conv3.weight", (512, 128, 1, 1)),
+    ("layer2.2.bn3.weight", (512,)),
+    ("layer2.2.bn3.bias", (512,)),
+    ("layer2.3.conv1.weight", (128, 512, 1, 1)),
+    ("layer2.3.bn1.weight", (128,)),
+    ("layer2.3.bn1.bias", (128,)),
+    ("layer2.3.conv2.weight", (128, 128, 3, 3)),
+    ("layer2.3.bn2.weight", (128,)),
+    ("layer2.3.bn2.bias", (128,)),
+    ("layer2.3.conv3.weight", (512, 128, 1, 1)),
+    ("layer2.3.bn3.weight", (512,)),
+    ("layer2.3.bn3.bias", (512,)),
+    ("layer3.0.conv1.weight", (256, 512, 1, 1)),
+    ("layer3.0.bn1.weight", (256,)),
+    ("layer3.0.bn1.bias", (256,)),
+    ("layer3.0.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.0.bn2.weight", (256,)),
+    ("layer3.0.bn2.bias", (256,)),
+    ("layer3.0.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.0.bn3.weight", (1024,)),
+    ("layer3.0.bn3.bias", (1024,)),
+    ("layer3.0.downsample.0.weight", (1024, 512, 1, 1)),
+    ("layer3.0.downsample.1.weight", (1024,)),
+    ("layer3.0.downsample.1.bias", (1024,)),
+    ("layer3.1.conv1.weight", (256, 1024, 1, 1)),
+    ("layer3.1.bn1.weight", (256,)),
+    ("layer3.1.bn1.bias", (256,)),
+    ("layer3.1.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.1.bn2.weight", (256,)),
+    ("layer3.1.bn2.bias", (256,)),
+    ("layer3.1.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.1.bn3.weight", (1024,)),
+    ("layer3.1.bn3.bias", (1024,)),
+    ("layer3.2.conv1.weight", (256, 1024, 1, 1)),
+    ("layer3.2.bn1.weight", (256,)),
+    ("layer3.2.bn1.bias", (256,)),
+    ("layer3.2.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.2.bn2.weight", (256,)),
+    ("layer3.2.bn2.bias", (256,)),
+    ("layer3.2.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.2.bn3.weight", (1024,)),
+    ("layer3.2.bn3.bias", (1024,)),
+    ("layer3.3.conv1.weight", (256, 1024, 1, 1)),
+    ("layer3.3.bn1.weight", (256,)),
+    ("layer3.3.bn1.bias", (256,)),
+    ("layer3.3.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.3.bn2.weight", (256,)),
+    ("layer3.3.bn2.bias", (256,)),
+    ("layer3.3.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.3.bn3.weight", (1024,)),
+    ("layer3.3.bn3.bias", (1024,)),
+    ("layer3.4.conv1.weight", (256, 1024, 1, 1)),
+    ("layer3.4.bn1.weight", (256,)),
+    ("layer3.4.bn1.bias", (256,)),
+    ("layer3.4.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.4.bn2.weight", (256,)),
+    ("layer3.4.bn2.bias", (256,)),
+    ("layer3.4.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.4.bn3.weight", (1024,)),
+    ("layer3.4.bn3.bias", (1024,)),
+    ("layer3.5.conv1.weight", (256, 1024, 1, 1)),
+    ("layer3.5.bn1.weight", (256,)),
+    ("layer3.5.bn1.bias", (256,)),
+    ("layer3.5.conv2.weight", (256, 256, 3, 3)),
+    ("layer3.5.bn2.weight", (256,)),
+    ("layer3.5.bn2.bias", (256,)),
+    ("layer3.5.conv3.weight", (1024, 256, 1, 1)),
+    ("layer3.5.bn3.weight", (1024,)),
+    ("layer3.5.bn3.bias", (1024,)),
+    ("layer4.0.conv1.weight", (512, 1024, 1, 1)),
+    ("layer4.0.bn1.weight", (512,)),
+    ("layer4.0.bn1.bias", (512,)),
+    ("layer4.0.conv2.weight", (512, 512, 3, 3)),
+    ("layer4.0.bn2.weight", (512,)),
+    ("layer4.0.bn2.bias", (512,)),
+    ("layer4.0.conv3.weight", (2048, 512, 1, 1)),
+    ("layer4.0.bn3.weight", (2048,)),
+    ("layer4.0.bn3.bias", (2048,)),
+    ("layer4.0.downsample.0.weight", (2048, 1024, 1, 1)),
+    ("layer4.0.downsample.1.weight", (2048,)),
+    ("layer4.0.downsample.1.bias", (2048,)),
+    ("layer4.1.conv1.weight", (512, 2048, 1, 1)),
+    ("layer4.1.bn1.weight", (512,)),
+    ("layer4.1.bn1.bias", (512,)),
+    ("layer4.1.conv2.weight", (512, 512, 3, 3)),
+    ("layer4.1.bn2.weight", (512,)),
+    ("layer4.1.bn2.bias", (512,)),
+    ("layer4.1.conv3.weight", (2048, 512, 1, 1)),
+    ("layer4.1.bn3.weight", (2048,)),
+    ("layer4.1.bn3.bias", (2048,)),
+    ("layer4.2.conv1.weight", (512, 2048, 1, 1)),
+    ("layer4.2.bn1.weight", (512,)),
+    ("layer4.2.bn1.bias", (512,)),
+    ("layer4.2.conv2.weight", (512, 512, 3, 3)),
+    ("layer4.2.bn2.weight", (512,)),
+    ("layer4.2.bn2.bias", (512,)),
+    ("layer4.2.conv3.weight", (2048, 512, 1, 1)),
+    ("layer4.2.bn3.weight", (2048,)),
+    ("layer4.2.bn3.bias", (2048,)),
+    ("fc.weight", (1000, 2048)),
+    ("fc.bias", (1000,)),
+]
+
+# Hugging Face BertModel (bert-base-uncased: hidden 768, 12 layers, intermediate 3072, vocab 30522)
+BERT_EMBEDDINGS: Shapes = [
+    ("embeddings.word_embeddings.weight", (30522, 768)),
+    ("embeddings.position_embeddings.weight", (512, 768)),
+    ("embeddings.token_type_embeddings.weight", (2, 768)),
+    ("embeddings.LayerNorm.weight", (768,)),
+    ("embeddings.LayerNorm.bias", (768,)),
+]
+BERT_LAYER: Shapes = [  # encoder.layer.{i}.<name>, for i in 0..11
+    ("attention.self.query.weight", (768, 768)),
+    ("attention.self.query.bias", (768,)),
+    ("attention.self.key.weight", (768, 768)),
+    ("attention.self.key.bias", (768,)),
+    ("attention.self.value.weight", (768, 768)),
+    ("attention.self.value.bias", (768,)),
+    ("attention.output.dense.weight", (768, 768)),
+    ("attention.output.dense.bias", (768,)),
+    ("attention.output.LayerNorm.weight", (768,)),
+    ("attention.output.LayerNorm.bias", (768,)),
+    ("intermediate.dense.weight", (3072, 768)),
+    ("intermediate.dense.bias", (3072,)),
+    ("output.dense.weight", (768, 3072)),
+    ("output.dense.bias", (768,)),
+    ("output.LayerNorm.weight", (768,)),
+    ("output.LayerNorm.bias", (768,)),
+]
+BERT_POOLER: Shapes = [
+    ("pooler.dense.weight", (768, 768)),
+    ("pooler.dense.bias", (768,)),
+]
+BERT_BASE: Shapes = BERT_EMBEDDINGS + [(f"encoder.layer.{i}.{n}", s) for i in range(12) for n, s in BERT_LAYER] \
+    + BERT_POOLER
+
+# Not a model: 1,000 tensors of 256 float32 (1 KiB each), where per-round latency dominates (the
+# case tensor fusion exists for, like the biases and norm weights of a large model).
+SMALL1000: Shapes = [(f"small.{i}", (256,)) for i in range(1000)]
+
+MODELS: Dict[str, Shapes] = {"resnet50": RESNET50, "bert-base": BERT_BASE, "small1000": SMALL1000}
+assert len(RESNET50) == 161 and sum(math.prod(s) for _, s in RESNET50) == 25_557_032
+assert len(BERT_BASE) == 199 and sum(math.prod(s) for _, s in BERT_BASE) == 109_482_240
+
+
+def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: List[str], steps: int,
+            queue: "mp.Queue") -> None:
+    import reducer
+
+    try:
+        for model in models:
+            shapes = MODELS[model]
+            grads = [np.full(s, 1.0 + rank, np.float32) for _, s in shapes]
+            comms = {}
+            for mode in modes:  # one communicator (reducer group) per mode, all open at once
+                threshold = 0 if mode == "off" else mode
+                comms[mode] = reducer.Communicator(addrs, rank, world, group=f"bench-{model}-{mode}",
+                                                   fusion_threshold=threshold)
+            times: Dict[str, List[float]] = {m: [] for m in modes}
+            rounds: Dict[str, List[int]] = {m: [] for m in modes}
+            ok = True
+            for step in range(steps + 1):  # step 0 warms up (page faults, fusion buffers)
+                # interleave the modes, rotating their order, so load drift hits them alike
+                for mode in modes[step % len(modes):] + modes[:step % len(modes)]:
+                    comm = comms[mode]
+                    for g in grads:
+                        g.fill(1.0 + rank)
+                    r0 = comm.stats()["rounds"]
+                    t0 = time.perf_counter()
+                    for (name, _), g in zip(reversed(shapes), reversed(grads)):  # backward order
+                        comm.allreduce_async(g, name=name)
+                    comm.synchronize()
+                    dt = time.perf_counter() - t0
+                    expect = sum(1.0 + r for r in range(world))
+                    ok &= all(float(g.flat[0]) == expect and float(g.flat[-1]) == expect for g in grads)
+                    if step:
+                        times[mode].append(dt)
+                        rounds[mode].append(comm.stats()["rounds"] - r0)
+            fstats = {m: comms[m].fusion_stats() for m in modes}
+            for c in comms.values():
+                c.close()
+            queue.put((rank, model, times, rounds, ok, fstats))
+    except BaseException as exc:  # report instead of hanging the parent
+        queue.put((rank, "error", repr(exc), {}, False, {}))
+        raise
+
+
+def main(argv: List[str] = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="resnet50,bert-base,small1000", help="comma-separated: " + ", ".join(MODELS))
+    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--reducers", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=7, help="timed steps per model and mode (after one warm-up)")
+    ap.add_argument("--thresholds", default="64M,4M",
+                    help="fusion thresholds to compare with fusion off (default: 64M, the default setting, and 4M)")
+    args = ap.parse_args(argv)
+
+    import reducer
+
+    models = [m.strip() for m in args.models.split(",") if m.strip()]
+    for m in models:
+        if m not in MODELS:
+            ap.error(f"unknown model {m!r}")
+    modes = [t.strip() for t in args.thresholds.split(",") if t.strip()] + ["off"]
+    servers = [reducer.ReducerServer(host="127.0.0.1", port=0).start() for _ in range(args.reducers)]
+    addrs = [s.address for s in servers]
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_worker, args=(r, args.workers, addrs, models, modes, args.steps, queue))
+             for r in range(args.workers)]
+    print(f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
+          f"load average {os.getloadavg()[0]:.2f}; cycle time {reducer.config.get('cycle_time_ms')} ms; "
+          f"{args.steps} timed steps per row (modes interleaved), median of the slowest worker")
+    t_start = time.time()
+    for p in procs:
+        p.start()
+    results: Dict[str, list] = {}
+    try:
+        for _ in range(len(models) * args.workers):
+            rank, model, times, rounds, ok, fstats = queue.get(timeout=1800)
+            if model == "error":
+                raise SystemExit(f"worker {rank} failed: {times}")
+            if not ok:
+                raise SystemExit(f"worker {rank}: wrong result for {model}")
+            results.setdefault(model, []).append((times, rounds, fstats))
+    finally:
+        for p in procs:
+            p.join(60)
+        red_rounds = [s.stats()["rounds_completed"] for s in servers]
+        for s in servers:
+            s.stop()
+
+    print(f"{'model':<10} {'tensors':>7} {'MB':>6} {'fusion':>10} {'rounds/step':>11} {'probes':>6} "
+          f"{'step (ms)':>9} {'GB/s':>5} {'vs off':>6}")
+    for m in models:
+        shapes = MODELS[m]
+        mb = sum(math.prod(s) for _, s in shapes) * 4 / 1e6
+        per_rank = results[m]
+        med = {}
+        for mode in modes:
+            step_times = [max(ts) for ts in zip(*[t[mode] for t, _, _ in per_rank])]
+            med[mode] = statistics.median(step_times)
+        for mode in modes:
+            rounds = statistics.median(per_rank[0][1][mode])
+            probes = per_rank[0][2][mode].get("probes", 0) / (args.steps + 1)
+            label = "off" if mode == "off" else f"on {mode}"
+            ratio = f"{med['off'] / med[mode]:.2f}x" if mode != "off" else ""
+            print(f"{m:<10} {len(shapes):>7} {mb:>6.1f} {label:>10} {rounds:>11.0f} {probes:>6.1f} "
+                  f"{med[mode] * 1e3:>9.1f} {mb / 1e3 / med[mode]:>5.2f} {ratio:>6}")
+    print(f"# rounds completed per reducer (warm-up included): {red_rounds}; {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
