@@ -6,5 +6,5 @@ cd "$(dirname "$0")/.."
 python3 -m venv .venv
 . .venv/bin/activate
 python -m pip install --quiet --upgrade pip
-python -m pip install --quiet .
+python -m pip install --quiet -e .
 reduction-server launch --workers "${WORKERS:-2}" --reducers "${REDUCERS:-2}" -- python examples/allreduce_numpy.py "$@"

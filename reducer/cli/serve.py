@@ -1,0 +1,246 @@
+"""`reduction-server serve`: run one reducer node until SIGINT/SIGTERM.
+
+Where it listens (docs/deploy.md, "serve"):
+
+- host: ``--host``, else ``RS_HOST``, else ``0.0.0.0`` (all interfaces);
+- port: ``--port``, else from the cluster description: ``CLUSTER_SPEC`` (then ``TF_CONFIG``)
+  must describe this process as a reducer (``workerpool2`` / ``ps``) and the port of its own
+  entry is used (``RS_PORT`` overrides it); with no cluster description at all, ``RS_PORT``, else
+  2222 (the port Vertex AI uses everywhere).
+
+With ``--port`` the cluster description is optional: it is only logged.
+On SIGINT/SIGTERM the reducer stops accepting, lets rounds in flight finish for up to
+``--drain-timeout`` seconds, closes everything and exits 0 (a second signal exits at once).
+"""
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, List, Mapping, Optional
+
+from reducer.errors import ConfigError, ReductionError
+
+log = logging.getLogger("reducer.serve")
+
+DEFAULT_PORT = 2222
+DEFAULT_DRAIN_TIMEOUT = 10.0
+DEFAULT_STATS_INTERVAL = 60.0
+
+
+def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+    p = subparsers.add_parser(
+        "serve",
+        help="run a reducer node (Vertex AI workerPoolSpecs[2], a ps replica, or anywhere)",
+        description="Runs a reducer node until SIGINT/SIGTERM, then drains the rounds in flight and "
+                    "exits 0. Without --port the port comes from CLUSTER_SPEC (then TF_CONFIG), "
+                    "where this process must be a workerpool2 / ps replica; with no cluster "
+                    f"description at all it is $RS_PORT, else {DEFAULT_PORT}.",
+    )
+    p.add_argument("--host", default=None, help="address to bind (default: $RS_HOST, else 0.0.0.0 = all interfaces)")
+    p.add_argument("--port", type=int, default=None,
+                   help="port to bind; 0 = any free port (default: own CLUSTER_SPEC/TF_CONFIG entry, "
+                        f"$RS_PORT, else {DEFAULT_PORT})")
+    p.add_argument("--threads", type=int, default=None,
+                   help="event-loop threads (default: $RS_THREADS, else the number of CPUs, at most 8)")
+    p.add_argument("--auth-token-file", default=None,
+                   help="file holding the shared secret workers must prove they know "
+                        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE, else no authentication)")
+    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
+                   help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)")
+    p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL,
+                   help="seconds between stats lines, logged at DEBUG level; 0 = never (default %(default)s)")
+    p.add_argument("--ready-file", default=None,
+                   help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
+    p.set_defaults(func=run)
+
+
+# -- where to listen ----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ListenPlan:
+    host: str
+    port: int
+    origin: str                 # where the port came from, for the log
+    cluster: Any = None         # reducer.cluster.ClusterInfo when a cluster description was read
+    warning: Optional[str] = None
+
+
+def _env_value(name: str, env: Mapping[str, str]) -> Any:
+    from reducer import config
+
+    setting = config.SETTINGS[name]
+    raw = env.get(setting.env)
+    if raw is None or raw.strip() == "":
+        return None
+    try:
+        return setting.parse(raw)
+    except (TypeError, ValueError) as exc:
+        raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
+
+
+def _check_port(port: Any, where: str) -> int:
+    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+        raise ConfigError(f"{where}={port!r} is not a valid port (0-65535)")
+    return port
+
+
+def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
+                   env: Optional[Mapping[str, str]] = None) -> ListenPlan:
+    """Decide the address to bind from the flags, RS_HOST/RS_PORT and CLUSTER_SPEC/TF_CONFIG.
+
+    Raises ConfigError when the cluster description is invalid or does not describe a reducer
+    (only when the port has to come from it, i.e. without --port).
+    """
+    from reducer import cluster
+
+    env = os.environ if env is None else env
+    bind_host = host if host is not None else (_env_value("host", env) or "0.0.0.0")
+    has_cluster = bool(env.get("CLUSTER_SPEC", "").strip() or env.get("TF_CONFIG", "").strip())
+
+    if port is not None:
+        port = _check_port(port, "--port")
+        info = None
+        warning = None
+        if has_cluster:
+            try:
+                found = cluster.discover(env)
+            except ConfigError as exc:
+                warning = f"ignoring the cluster description ({exc}); serving on --port {port}"
+            else:
+                if found.role == cluster.REDUCER:
+                    info = found
+                else:
+                    warning = (f"{found.source} describes this process as {found.task_type} (a {found.role}), "
+                               f"not a reducer; serving anyway on --port {port}")
+        return ListenPlan(bind_host, port, "--port", info, warning)
+
+    if has_cluster:
+        info = cluster.discover_reducer(env)   # ConfigError unless workerpool2 / ps
+        assert info.bind_port is not None
+        rs_port = _env_value("port", env)
+        origin = ("RS_PORT" if rs_port is not None
+                  else f"{info.source} entry {info.task_type}[{info.node_rank}]")
+        return ListenPlan(bind_host, _check_port(info.bind_port, origin), origin, info)
+
+    rs_port = _env_value("port", env)
+    if rs_port is not None:
+        return ListenPlan(bind_host, _check_port(rs_port, "RS_PORT"), "RS_PORT")
+    return ListenPlan(bind_host, DEFAULT_PORT, "default (no CLUSTER_SPEC or TF_CONFIG)")
+
+
+def _short_list(addrs: List[str], limit: int = 6) -> str:
+    if not addrs:
+        return "(none)"
+    if len(addrs) <= limit:
+        return ", ".join(addrs)
+    return ", ".join(addrs[: limit - 2]) + f", ... ({len(addrs) - limit + 2} more), " + addrs[-1]
+
+
+def describe_cluster(info: Any) -> str:
+    """One log line about the cluster a reducer sees."""
+    return (f"{info.source}: this is reducer {info.node_rank} of {len(info.reducers)} "
+            f"({info.task_type} index {info.node_rank}); job {info.job_id}; "
+            f"{len(info.workers)} worker node(s): {_short_list(info.workers)}; "
+            f"reducers: {_short_list(info.reducers)}")
+
+
+# -- running ------------------------------------------------------------------------------------
+
+
+def _write_ready_file(path: str, address: str) -> None:
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        fh.write(address + "\n")
+    os.replace(tmp, path)
+
+
+def _format_stats(stats: Mapping[str, Any]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in stats.items())
+
+
+def run(args: argparse.Namespace) -> int:
+    from reducer import config
+
+    if args.drain_timeout < 0:
+        print("reduction-server serve: error: --drain-timeout must be >= 0", file=sys.stderr)
+        return 2
+    try:
+        plan = resolve_listen(args.host, args.port)
+        token = config.resolve_auth_token(token_file=args.auth_token_file)
+    except ConfigError as exc:
+        print(f"reduction-server serve: error: {exc}", file=sys.stderr)
+        return 2
+
+    if plan.warning:
+        log.warning("%s", plan.warning)
+    if plan.cluster is not None:
+        log.info("cluster from %s", describe_cluster(plan.cluster))
+    else:
+        log.info("no cluster description (CLUSTER_SPEC / TF_CONFIG): serving any worker that connects")
+
+    from reducer.server import ReducerServer
+
+    signals = {"count": 0, "name": ""}
+
+    def on_signal(signum: int, _frame: Any) -> None:
+        signals["count"] += 1
+        signals["name"] = signal.Signals(signum).name
+        if signals["count"] > 1:
+            # The first signal is draining; the user wants out now.
+            log.warning("second %s: exiting without waiting for the drain", signals["name"])
+            logging.shutdown()
+            os._exit(1)
+
+    previous = {}
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        try:
+            previous[sig] = signal.signal(sig, on_signal)
+        except ValueError:  # not the main thread (embedded use): no signal handling
+            pass
+    try:
+        try:
+            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "")
+            server.start()
+        except (ReductionError, OSError, RuntimeError) as exc:
+            detail = str(exc)
+            if "listen" not in detail:
+                detail = f"cannot listen on {plan.host}:{plan.port}: {detail}"
+            print(f"reduction-server serve: error: {detail}", file=sys.stderr)
+            return 1
+        if args.ready_file:
+            _write_ready_file(args.ready_file, server.address)
+        log.info("listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",
+                 plan.host, server.port, plan.origin, "on" if token else "off")
+
+        interval = args.stats_interval if args.stats_interval and args.stats_interval > 0 else None
+        next_stats = time.monotonic() + interval if interval else None
+        while signals["count"] == 0:
+            time.sleep(0.25)
+            if next_stats is not None and time.monotonic() >= next_stats:
+                next_stats += interval
+                if log.isEnabledFor(logging.DEBUG):
+                    log.debug("stats: %s", _format_stats(server.stats()))
+
+        log.info("received %s: stopping (draining rounds in flight for up to %gs)", signals["name"],
+                 args.drain_timeout)
+        # stop() blocks in C++ without the GIL; run it aside so a second signal is still handled.
+        stopper = threading.Thread(target=server.stop, args=(args.drain_timeout,), name="rs-serve-stop",
+                                   daemon=True)
+        stopper.start()
+        while stopper.is_alive():
+            stopper.join(0.25)
+        stats = server.stats()
+        log.info("stopped after %d rounds (%.1f MB received, %.1f MB sent)", stats.get("rounds_completed", 0),
+                 stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)
+        log.debug("final stats: %s", _format_stats(stats))
+        return 0
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)

@@ -1,0 +1,307 @@
+"""`reduction-server launch`: a local cluster of reducer and worker processes.
+
+Real processes on loopback; every launch is bounded by a timeout and every test checks that the
+processes it saw (children and grandchildren) are gone afterwards.
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Dict, List, Sequence
+
+import pytest
+
+from reducer import cluster, launch
+from reducer.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLE = ROOT / "examples" / "allreduce_numpy.py"
+
+pytestmark = pytest.mark.timeout(60)
+
+# Variables of the test runner's own environment that would change what the children discover.
+_ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
+             "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_LOG_LEVEL", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
+             "RANK", "WORLD_SIZE")
+
+
+def _env() -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def _launch_argv(*args: str) -> List[str]:
+    return [sys.executable, "-m", "reducer.cli.main", "launch", "--grace-period", "3", *args]
+
+
+def _run(args: Sequence[str], timeout: float = 45) -> subprocess.CompletedProcess:
+    return subprocess.run(_launch_argv(*args), env=_env(), cwd=str(ROOT), capture_output=True, text=True,
+                          timeout=timeout)
+
+
+def _started_pids(text: str) -> Dict[str, int]:
+    return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (\w+ [\d.]+) \(pid (\d+)\)", text)}
+
+
+def _printed_pids(text: str) -> List[int]:
+    pids: List[int] = []
+    for m in re.finditer(r"PIDS ([\d ]+)", text):
+        pids.extend(int(p) for p in m.group(1).split())
+    return pids
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie waiting for a parent (e.g. a container's init) to reap it is gone too
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def _assert_gone(pids: Sequence[int], timeout: float = 5.0) -> None:
+    deadline = time.monotonic() + timeout
+    left = [p for p in pids if _alive(p)]
+    while left and time.monotonic() < deadline:
+        time.sleep(0.1)
+        left = [p for p in left if _alive(p)]
+    assert not left, f"processes left behind: {left}"
+
+
+def _script(tmp_path: Path, name: str, body: str) -> Path:
+    path = tmp_path / name
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+# -- pure functions ------------------------------------------------------------------------------
+
+
+def test_build_cluster_is_vertex_shaped():
+    c = launch.build_cluster(3, 2, base_port=41000)
+    assert c == {
+        "workerpool0": ["127.0.0.1:41002"],
+        "workerpool1": ["127.0.0.1:41003", "127.0.0.1:41004"],
+        "workerpool2": ["127.0.0.1:41000", "127.0.0.1:41001"],
+    }
+    # One worker: no workerpool1 (Vertex leaves unconfigured pools out of CLUSTER_SPEC).
+    one = launch.build_cluster(1, 1)
+    assert set(one) == {"workerpool0", "workerpool2"}
+    ports = [int(a.rsplit(":", 1)[1]) for addrs in one.values() for a in addrs]
+    assert len(set(ports)) == 2 and all(p > 0 for p in ports)
+    with pytest.raises(ConfigError, match="--workers"):
+        launch.build_cluster(0, 1)
+    with pytest.raises(ConfigError, match="--base-port"):
+        launch.build_cluster(2, 2, base_port=65534)
+
+
+def test_worker_env_matches_discovery():
+    c = launch.build_cluster(2, 2, base_port=42000)
+    inherited = {"RS_PORT": "9999", "TF_CONFIG": "{}", "RS_REDUCERS": "x:1", "PATH": "/bin", "RS_AUTH_TOKEN": "s"}
+    seen = []
+    for node in range(2):
+        for local in range(3):
+            env = launch.worker_env(c, node, local, 3, ["python", "train.py"], base=inherited)
+            assert "TF_CONFIG" not in env and "RS_PORT" not in env and "RS_REDUCERS" not in env
+            assert env["PATH"] == "/bin" and env["RS_AUTH_TOKEN"] == "s"   # the rest is inherited
+            spec = json.loads(env["CLUSTER_SPEC"])
+            assert spec["environment"] == "cloud"
+            assert spec["task"] == launch.node_task(node)
+            assert spec["task"]["type"] == ("workerpool0" if node == 0 else "workerpool1")
+            assert len(spec["job"]["workerPoolSpecs"]) == 3
+            # As Vertex AI sets them for PyTorch: per node.
+            assert (env["RANK"], env["WORLD_SIZE"]) == (str(node), "2")
+            assert (env["MASTER_ADDR"], env["MASTER_PORT"]) == ("127.0.0.1", "42002")
+            assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(local), "3")
+            info = cluster.discover_worker(env)
+            assert info.reducers == ["127.0.0.1:42000", "127.0.0.1:42001"]
+            assert (info.node_rank, info.num_nodes) == (node, 2)
+            seen.append((info.rank, info.world_size))
+    assert seen == [(r, 6) for r in range(6)]
+
+
+def test_resolve_command_and_describe_status():
+    assert launch.resolve_command(["--", "python", "x.py"]) == ["python", "x.py"]
+    assert launch.resolve_command([str(EXAMPLE), "--iters", "1"])[0] == sys.executable
+    with pytest.raises(ConfigError, match="no worker command"):
+        launch.resolve_command(["--"])
+    assert launch.describe_status(3) == "exit code 3"
+    assert launch.describe_status(-9) == "killed by signal SIGKILL (9)"
+
+
+def test_cli_without_command_is_an_error():
+    proc = _run(["--workers", "1", "--reducers", "1"], timeout=20)
+    assert proc.returncode == 2
+    assert "no worker command" in proc.stderr
+
+
+# -- real jobs -----------------------------------------------------------------------------------
+
+
+def test_launch_allreduce_example():
+    t0 = time.monotonic()
+    proc = _run(["--workers", "2", "--reducers", "2", "--", "python", str(EXAMPLE), "--sizes", "4K,1M",
+                 "--iters", "2"])
+    out, err = proc.stdout, proc.stderr
+    assert proc.returncode == 0, out + err
+    # Output prefixes: every process, on the stream it wrote to.
+    assert re.search(r"^\[worker 0\.0\] +1MiB .* OK$", out, re.M), out
+    assert "[worker 0.0] rank 0 of 2: all 2 sizes correct" in out
+    assert "[worker 1.0] rank 1 of 2: all 2 sizes correct" in out
+    for i in range(2):
+        assert re.search(rf"^\[reducer {i}\] .*listening on 127\.0\.0\.1:\d+", err, re.M), err
+        assert re.search(rf"^\[reducer {i}\] .*received SIGTERM", err, re.M), err
+    assert "[worker 1.0] INFO reducer.communicator: rank 1 of 2 (from CLUSTER_SPEC), 2 reducers" in err
+    assert "all 2 worker process(es) succeeded" in err
+    pids = _started_pids(err)
+    assert set(pids) == {"reducer 0", "reducer 1", "worker 0.0", "worker 1.0"}
+    _assert_gone(list(pids.values()))
+    assert time.monotonic() - t0 < 40
+
+
+def test_failing_worker_stops_the_others(tmp_path):
+    script = _script(tmp_path, "fail.py", """
+        import os, subprocess, sys, time
+        child = subprocess.Popen(["sleep", "120"])          # a grandchild must not survive either
+        print("PIDS", os.getpid(), child.pid, flush=True)
+        if os.environ["RANK"] == "1":
+            time.sleep(0.5)
+            print("worker 1 gives up", file=sys.stderr, flush=True)
+            sys.exit(3)
+        time.sleep(120)
+    """)
+    t0 = time.monotonic()
+    proc = _run(["--workers", "2", "--reducers", "1", "--", "python", str(script)])
+    elapsed = time.monotonic() - t0
+    err = proc.stderr
+    assert proc.returncode == 3, proc.stdout + err
+    assert elapsed < 20, "the sleeping worker was not stopped"
+    assert "[worker 1.0] worker 1 gives up" in err
+    pids = _started_pids(err)
+    assert re.search(rf"worker 1\.0 \(pid {pids['worker 1.0']}\) failed: exit code 3; stopping the 2 other", err), err
+    assert "job failed: worker 1.0" in err and "exit status 3" in err
+    assert re.search(r"worker 0\.0 +pid \d+ +killed by signal SIGTERM \(15\) \(stopped by the launcher\)", err), err
+    printed = _printed_pids(proc.stdout)
+    assert len(printed) == 4, proc.stdout
+    _assert_gone(list(pids.values()) + printed)
+
+
+def test_worker_killed_by_signal_is_reported(tmp_path):
+    script = _script(tmp_path, "crash.py", """
+        import os, signal
+        os.kill(os.getpid(), signal.SIGKILL)
+    """)
+    proc = _run(["--workers", "1", "--reducers", "1", "--", str(script)])
+    assert proc.returncode == 128 + 9, proc.stderr
+    assert "worker 0.0" in proc.stderr and "failed: killed by signal SIGKILL (9)" in proc.stderr
+    _assert_gone(list(_started_pids(proc.stderr).values()))
+
+
+class _Reader(threading.Thread):
+    """Collects a pipe's text in the background."""
+
+    def __init__(self, pipe) -> None:
+        super().__init__(daemon=True)
+        self.pipe = pipe
+        self.text = ""
+        self.lock = threading.Lock()
+        self.start()
+
+    def run(self) -> None:
+        for line in self.pipe:
+            with self.lock:
+                self.text += line
+
+    def get(self) -> str:
+        with self.lock:
+            return self.text
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_signal_stops_everything(tmp_path, sig):
+    script = _script(tmp_path, "sleepy.py", """
+        import os, subprocess, time
+        child = subprocess.Popen(["sleep", "120"])
+        print("PIDS", os.getpid(), child.pid, flush=True)
+        time.sleep(120)
+    """)
+    proc = subprocess.Popen(_launch_argv("--workers", "2", "--reducers", "1", "--", "python", str(script)),
+                            env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    out, err = _Reader(proc.stdout), _Reader(proc.stderr)
+    try:
+        deadline = time.monotonic() + 30
+        while len(_printed_pids(out.get())) < 4 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert len(_printed_pids(out.get())) == 4, out.get() + err.get()
+        proc.send_signal(sig)
+        rc = proc.wait(timeout=20)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    out.join(5)
+    err.join(5)
+    assert rc == 128 + sig, err.get()
+    assert f"received {sig.name}: stopping all 3 process(es)" in err.get()
+    assert f"interrupted by {sig.name}" in err.get()
+    pids = _started_pids(err.get())
+    assert len(pids) == 3
+    _assert_gone(list(pids.values()) + _printed_pids(out.get()))
+
+
+def test_procs_per_worker_global_ranks(tmp_path):
+    script = _script(tmp_path, "ranks.py", """
+        import json, os
+        import numpy as np
+        import reducer
+        comm = reducer.init()
+        onehot = np.zeros(comm.world_size, dtype=np.int64)
+        onehot[comm.rank] = 1
+        comm.allreduce(onehot)                # every rank exactly once -> all ones
+        keys = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+        print("RANKINFO " + json.dumps({"rank": comm.rank, "world": comm.world_size,
+                                        "sum": onehot.tolist(), "env": {k: os.environ[k] for k in keys},
+                                        "task": json.loads(os.environ["CLUSTER_SPEC"])["task"]}), flush=True)
+        comm.close()
+    """)
+    proc = _run(["--workers", "2", "--reducers", "1", "--procs-per-worker", "2", "--", "python", str(script)])
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    infos = {}
+    for m in re.finditer(r"^\[worker (\d)\.(\d)\] RANKINFO (.*)$", proc.stdout, re.M):
+        infos[(int(m.group(1)), int(m.group(2)))] = json.loads(m.group(3))
+    assert sorted(infos) == [(0, 0), (0, 1), (1, 0), (1, 1)], proc.stdout
+    ports = set()
+    for (node, local), info in infos.items():
+        assert info["rank"] == node * 2 + local
+        assert info["world"] == 4
+        assert info["sum"] == [1, 1, 1, 1]
+        env = info["env"]
+        assert (env["RANK"], env["WORLD_SIZE"]) == (str(node), "2")
+        assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(local), "2")
+        assert env["MASTER_ADDR"] == "127.0.0.1"
+        ports.add(env["MASTER_PORT"])
+        assert info["task"] == ({"type": "workerpool0", "index": 0, "trial": ""} if node == 0
+                                else {"type": "workerpool1", "index": 0, "trial": ""})
+    assert len(ports) == 1
+    _assert_gone(list(_started_pids(proc.stderr).values()))
+
+
+def test_missing_command_is_reported():
+    proc = _run(["--workers", "1", "--reducers", "1", "--", "no-such-command-rs", "--flag"])
+    assert proc.returncode == 127, proc.stderr
+    assert "cannot start worker 0.0: No such file or directory: 'no-such-command-rs'" in proc.stderr
+    _assert_gone(list(_started_pids(proc.stderr).values()))
