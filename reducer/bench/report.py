@@ -1,0 +1,134 @@
+"""nccl-tests-style tables, the speed-up summary and the JSON rows of a benchmark run.
+
+Conventions (nccl-tests `all_reduce_perf`): GB = 1e9 bytes; algbw = size / time;
+busbw = algbw x 2(n-1)/n for every algorithm (n = workers), so the columns compare;
+time is the slowest rank's median over the timed iterations.
+"""
+from __future__ import annotations
+
+import json
+import statistics
+from typing import Any, Dict, Iterable, List, Optional, Sequence
+
+MIN_BOUND_SIZE = 1 << 20  # below this the tbf burst (256 KiB) lets a message pass faster than the rate
+TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 of the rate is payload
+
+ALGO_TITLES = {
+    "rs": "rs: reduction server (this project; {w} workers -> {r} reducers -> {w} workers)",
+    "ring": "ring: ring all-reduce (this project's C++ ring over the same transport and kernels)",
+    "gloo": "gloo: torch.distributed gloo backend (ring all-reduce)",
+}
+
+
+def bus_factor(n: int) -> float:
+    """2(n-1)/n: the bytes a ring moves per worker, per byte of the buffer."""
+    return 2.0 * (n - 1) / n if n > 1 else 1.0
+
+
+def rs_factor(workers: int, reducers: int) -> float:
+    """Per byte of the buffer, the time factor of the reduction server: 1 while the reducers'
+    total bandwidth covers the workers' (R >= W with equal NICs), W/R once they are the bottleneck."""
+    return max(1.0, workers / reducers)
+
+
+def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
+             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> Dict[str, Any]:
+    medians = [statistics.median(s) for s in samples_by_rank]
+    time_us = max(medians)
+    algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
+    row = {
+        "algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
+        "workers": workers, "reducers": reducers if algo == "rs" else 0,
+        "time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "wrong": wrong,
+        "rank_median_us": medians, "samples_us": [list(s) for s in samples_by_rank],
+    }
+    row.update(extra)
+    return row
+
+
+def _fmt_time(us: Optional[float]) -> str:
+    if us is None:
+        return "-"
+    return f"{us:.1f}" if us < 1e5 else f"{us:.0f}"
+
+
+def _fmt_cpu(p: Optional[float]) -> str:
+    return "-" if p is None else f"{p:.0f}"
+
+
+def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reducers: int,
+                      error: Optional[str] = None) -> str:
+    title = ALGO_TITLES.get(algo, algo).format(w=workers, r=reducers)
+    out = [f"# {title}", "# in-place all-reduce; time = slowest rank's median; GB = 1e9 B; "
+           f"busbw = algbw x 2(n-1)/n, n = {workers}",
+           "# cpu% = whole machine busy during the timed iterations ('-': too short to sample)",
+           "#",
+           f"# {'size(B)':>12} {'count':>12} {'type':>9} {'redop':>6} {'time(us)':>11} "
+           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7} {'cpu%':>5}"]
+    for r in rows:
+        out.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:>6} {_fmt_time(r['time_us']):>11} "
+                   f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7} {_fmt_cpu(r.get('cpu_percent')):>5}")
+    if error:
+        out.append(f"# FAILED: {error}")
+    if rows:
+        avg = sum(r["busbw"] for r in rows) / len(rows)
+        out.append(f"# Out of bounds values : {sum(r['wrong'] for r in rows)} {'OK' if not any(r['wrong'] for r in rows) else 'FAILED'}")
+        out.append(f"# Avg bus bandwidth    : {avg:.3f} GB/s")
+    return "\n".join(out)
+
+
+def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
+                   emulate_gbps: Optional[float] = None) -> str:
+    by = {(r["algo"], r["size"]): r for r in rows}
+    sizes = sorted({r["size"] for r in rows})
+    algos = [a for a in ("rs", "ring", "gloo") if any(r["algo"] == a for r in rows)]
+    theory = bus_factor(workers)
+    rsf = rs_factor(workers, reducers)
+    cols = [f"{'size(B)':>12}"] + [f"{a + '(us)':>11}" for a in algos]
+    if "rs" in algos:
+        cols += [f"{'rs/' + a:>8}" for a in algos if a != "rs"]
+    cols.append(f"{'theory':>7}")
+    if rsf > 1:
+        cols.append(f"{'theory@R':>8}")
+    if emulate_gbps:
+        cols += [f"{a + '%bound':>11}" for a in algos]
+    lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {workers} workers, {reducers} reducers",
+             f"# theory = 2(n-1)/n = {theory:.3f} (ring bytes per worker / rs bytes per worker, reducers not the limit)"]
+    if rsf > 1:
+        lines.append(f"# theory@R = 2(n-1)/n / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
+                     "the bytes of a worker's link and become the bottleneck")
+    if emulate_gbps:
+        lines.append(f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
+                     f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n; shown from 1 MiB")
+    lines.append("# " + " ".join(cols))
+    for s in sizes:
+        cells = [f"{s:>12}"]
+        times = {a: (by[(a, s)]["time_us"] if (a, s) in by else None) for a in algos}
+        cells += [f"{_fmt_time(times[a]):>11}" for a in algos]
+        if "rs" in algos:
+            for a in algos:
+                if a == "rs":
+                    continue
+                if times["rs"] and times[a]:
+                    cells.append(f"{times[a] / times['rs']:>7.2f}x")
+                else:
+                    cells.append(f"{'-':>8}")
+        cells.append(f"{theory:>6.2f}x")
+        if rsf > 1:
+            cells.append(f"{theory / rsf:>7.2f}x")
+        if emulate_gbps:
+            rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
+            for a in algos:
+                if times[a] and s >= MIN_BOUND_SIZE:
+                    bound_s = s * (rsf if a == "rs" else theory) / rate
+                    cells.append(f"{100 * bound_s / (times[a] * 1e-6):>10.1f}%")
+                else:
+                    cells.append(f"{'-':>11}")
+        lines.append("  " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def write_json(path: str, rows: Iterable[Dict[str, Any]]) -> None:
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(list(rows), f, indent=1)
+        f.write("\n")

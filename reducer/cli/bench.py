@@ -1,0 +1,70 @@
+"""`reduction-server bench`: argument parsing only (the benchmark lives in reducer.bench)."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--workers", "-w", type=int, default=4, help="worker processes (ranks) (default 4)")
+    p.add_argument("--reducers", "-r", type=int, default=4, help="reducer processes for rs (default 4)")
+    p.add_argument("--sizes", default="4K:256M",
+                   help="buffer sizes in bytes: MIN:MAX doubling (MIN:MAX:FACTOR), or a list 4K,64K,1M "
+                        "(default 4K:256M)")
+    p.add_argument("--dtype", default="float32",
+                   choices=["float32", "float64", "float16", "bfloat16", "int32", "int64"])
+    p.add_argument("--op", default="sum", choices=["sum", "avg", "min", "max"])
+    p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
+    p.add_argument("--algos", default=None,
+                   help="comma list of rs, ring, gloo (default: all available; gloo needs torch)")
+    p.add_argument("--emulate-gbps", type=float, default=None, metavar="B",
+                   help="run every worker and reducer in its own network namespace with a B Gbit/s "
+                        "full-duplex link (needs root and iproute2)")
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the rows as JSON")
+    p.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
+                   help="write algbw vs size (log-log) as an image (needs matplotlib)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds without progress before an all-reduce fails (default 60)")
+    p.add_argument("--ring-chunk-bytes", default=None,
+                   help="pipeline chunk of the ring (default: RS_CHUNK_BYTES, the chunk rs uses)")
+    p.add_argument("--netns-prefix", default="rsb", help=argparse.SUPPRESS)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def register(subparsers) -> None:
+    p = subparsers.add_parser(
+        "bench", help="benchmark rs vs ring vs gloo all-reduce (nccl-tests-style tables)",
+        description="Benchmark this project's reduction server (rs) against a ring all-reduce over the same "
+                    "transport (ring) and torch.distributed's gloo, in the same run on the same hosts. "
+                    "See docs/performance.md.")
+    add_arguments(p)
+    p.set_defaults(func=run)
+
+
+def config_from_args(args: argparse.Namespace):
+    from reducer.bench import BenchConfig, parse_sizes
+    from reducer.config import parse_size
+
+    return BenchConfig(
+        workers=args.workers, reducers=args.reducers, sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op,
+        iters=args.iters, warmup=args.warmup,
+        algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
+        emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
+        chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
+        netns_prefix=args.netns_prefix, progress=not args.no_progress and sys.stderr.isatty())
+
+
+def run(args: argparse.Namespace) -> int:
+    from reducer.bench import BenchError, run as run_bench
+    from reducer.errors import ConfigError
+
+    try:
+        run_bench(config_from_args(args))
+    except ConfigError as exc:
+        print(f"reduction-server bench: error: {exc}", file=sys.stderr)
+        return 2
+    except BenchError as exc:
+        print(f"reduction-server bench: {exc}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,298 @@
+"""`reduction-server bench` end to end, its report helpers, and the C++ ring all-reduce.
+
+Loopback runs always; the emulated-host runs need root and iproute2 (marked netns,
+skipped otherwise) and use their own namespace prefix so parallel runs never clash.
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+COLUMNS = ["size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
+
+
+# ------------------------------------------------------------------ the C++ ring
+def _ring_rank(rank, world, dtype, op, sizes, chunk, port_q, addr_q, out_q):
+    try:
+        from reducer._native import core
+        from reducer.bench.data import make_input
+
+        ring = core.Ring(rank, world, "127.0.0.1", 0, 20.0, chunk)
+        port_q.put((rank, ring.port))
+        ring.connect(addr_q.get(timeout=30), 30.0)
+        res = []
+        for n in sizes:
+            x = make_input(rank, n, dtype)
+            ring.allreduce_ptr(x.ctypes.data, x.nbytes, dtype, op)
+            res.append(x)
+        ring.close()
+        out_q.put((rank, res))
+    except BaseException as exc:  # pragma: no cover - reported by the parent
+        out_q.put((rank, exc))
+
+
+def _run_ring(world, dtype, op, sizes, chunk=1 << 20):
+    ctx = mp.get_context("spawn")
+    port_q, out_q = ctx.Queue(), ctx.Queue()
+    addr_qs = [ctx.Queue() for _ in range(world)]
+    procs = [ctx.Process(target=_ring_rank, args=(r, world, dtype, op, sizes, chunk, port_q, addr_qs[r], out_q))
+             for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        ports = dict(port_q.get(timeout=60) for _ in range(world))
+        addrs = [f"127.0.0.1:{ports[r]}" for r in range(world)]
+        for q in addr_qs:
+            q.put(addrs)
+        results = dict(out_q.get(timeout=60) for _ in range(world))
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.kill()
+    for r, v in results.items():
+        if isinstance(v, BaseException):
+            raise v
+    return results
+
+
+@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("int32", "sum"), ("int32", "max"), ("float32", "avg"),
+                                      ("bfloat16", "sum")])
+def test_ring_allreduce_w3_matches_reference(dtype, op):
+    from reducer.bench.data import make_input
+
+    sizes = [0, 1, 2, 7, 1023, 300_007]
+    world = 3
+    # a 4 KiB chunk makes the 300k-element case a deep pipeline (many chunks per step)
+    results = _run_ring(world, dtype, op, sizes, chunk=4096)
+    for k, n in enumerate(sizes):
+        ins = np.stack([make_input(r, n, dtype).astype(np.float64) for r in range(world)]) if n else np.zeros((3, 0))
+        ref = {"sum": ins.sum(0), "max": ins.max(0), "avg": ins.sum(0) / world}[op]
+        for r in range(world):
+            got = results[r][k]
+            if dtype == "int32" or op != "avg":  # exact: integers, and small-integer float sums
+                np.testing.assert_array_equal(got.astype(np.float64), ref, err_msg=f"rank {r}, {n} elements")
+            else:
+                np.testing.assert_allclose(got.astype(np.float64), ref, rtol=1e-6, err_msg=f"rank {r}, {n} elements")
+        # every rank holds the same bytes
+        for r in range(1, world):
+            assert results[r][k].tobytes() == results[0][k].tobytes()
+
+
+def test_ring_errors_are_clear():
+    from reducer._native import core
+    from reducer.errors import ConfigError, ReductionError
+
+    with pytest.raises(ConfigError, match="rank 3 out of range"):
+        core.Ring(3, 3)
+    r = core.Ring(0, 2, "127.0.0.1", 0, 1.0)
+    with pytest.raises(ConfigError, match="connect"):
+        r.allreduce(np.zeros(4, np.float32), "float32", "sum")
+    # nobody listens on the right neighbour's port: a connect error naming it, no hang
+    t0 = time.monotonic()
+    with pytest.raises(ReductionError, match="right neighbour rank 1"):
+        r.connect([f"127.0.0.1:{r.port}", "127.0.0.1:1"], 1.0)
+    assert time.monotonic() - t0 < 10
+    # world size 1 needs no network
+    one = core.Ring(0, 1)
+    x = np.arange(5, dtype=np.float32)
+    one.allreduce(x, "float32", "avg")
+    assert x.tolist() == [0, 1, 2, 3, 4]
+
+
+# ------------------------------------------------------------------ helpers of the bench
+def test_parse_sizes():
+    from reducer.bench import parse_sizes
+
+    assert parse_sizes("4K:64K") == [4096, 8192, 16384, 32768, 65536]
+    assert parse_sizes("4K,64K,1M") == [4096, 65536, 1 << 20]
+    assert parse_sizes("1K:16K:4") == [1024, 4096, 16384]
+    from reducer.errors import ConfigError
+
+    with pytest.raises(ConfigError):
+        parse_sizes("64K:4K")
+
+
+def test_report_busbw_and_summary():
+    from reducer.bench import report
+
+    rows = [report.make_row(a, 1 << 20, 1 << 18, "float32", "sum", 4, 4, [[t, t], [t * 2, t * 2]], 0)
+            for a, t in (("rs", 1000.0), ("ring", 1500.0), ("gloo", 1600.0))]
+    rs = rows[0]
+    assert rs["time_us"] == 2000.0  # slowest rank's median
+    assert rs["algbw"] == pytest.approx((1 << 20) / 2e-3 / 1e9)
+    assert rs["busbw"] == pytest.approx(rs["algbw"] * 1.5)
+    text = report.format_summary(rows, 4, 4, emulate_gbps=1.0)
+    line = [ln for ln in text.splitlines() if ln.strip().startswith(str(1 << 20))][0]
+    assert "1.50x" in line and "1.60x" in line  # rs/ring, rs/gloo, theory 2(n-1)/n = 1.5
+
+
+# ------------------------------------------------------------------ end to end
+def _bench(args, timeout=120, **kw):
+    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + args
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
+
+
+def _tables(stdout):
+    """{algo: [row dicts]} parsed from the nccl-tests-style tables."""
+    out, algo, header = {}, None, None
+    for line in stdout.splitlines():
+        m = re.match(r"# (rs|ring|gloo): ", line)
+        if m:
+            algo = m.group(1)
+            out[algo] = []
+            continue
+        if algo and line.startswith("#") and "size(B)" in line and "count" in line:
+            header = line[1:].split()
+            continue
+        if algo and header and line.strip() and not line.startswith("#"):
+            out[algo].append(dict(zip(header, line.split())))
+        if line.startswith("# Avg bus bandwidth"):
+            algo, header = None, None
+    return out
+
+
+def _check_run(res, json_path, algos_expected, sizes):
+    assert res.returncode == 0, res.stdout + res.stderr
+    tables = _tables(res.stdout)
+    assert set(algos_expected) <= set(tables), res.stdout
+    for algo in algos_expected:
+        rows = tables[algo]
+        assert [int(r["size(B)"]) for r in rows] == sizes
+        for r in rows:
+            assert all(c in r for c in COLUMNS), r
+            assert r["#wrong"] == "0"
+            assert float(r["time(us)"]) > 0
+    assert "# Summary" in res.stdout and "rs/ring" in res.stdout
+    data = json.load(open(json_path))
+    assert len(data) == len(algos_expected) * len(sizes)
+    for row in data:
+        for key in ("algo", "size", "dtype", "workers", "reducers", "time_us", "algbw", "busbw", "wrong",
+                    "samples_us"):
+            assert key in row, key
+        assert row["wrong"] == 0
+        assert len(row["samples_us"]) == row["workers"] and all(len(s) == 2 for s in row["samples_us"])
+        assert row["time_us"] == pytest.approx(max(float(np.median(s)) for s in row["samples_us"]))
+
+
+def test_bench_loopback_end_to_end(tmp_path):
+    pytest.importorskip("matplotlib")
+    import importlib.util
+
+    algos = ["rs", "ring"] + (["gloo"] if importlib.util.find_spec("torch") else [])
+    jp, pp = tmp_path / "bench.json", tmp_path / "bench.png"
+    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1",
+                  "--json", str(jp), "--plot", str(pp)])
+    _check_run(res, jp, algos, [4096, 65536])
+    assert pp.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_bench_other_dtype_and_op(tmp_path):
+    jp = tmp_path / "b.json"
+    res = _bench(["--workers", "3", "--reducers", "2", "--sizes", "4K,100K", "--iters", "2", "--warmup", "0",
+                  "--dtype", "bfloat16", "--op", "avg", "--algos", "rs,ring", "--json", str(jp)])
+    _check_run(res, jp, ["rs", "ring"], [4096, 102400])
+
+
+def test_bench_bad_arguments():
+    res = _bench(["--sizes", "64K:4K"])
+    assert res.returncode == 2 and "bad size range" in res.stderr
+    res = _bench(["--algos", "rs,mpi"])
+    assert res.returncode == 2 and "unknown algorithm" in res.stderr
+
+
+# ------------------------------------------------------------------ emulated hosts
+def _netns_reason():
+    if os.geteuid() != 0:
+        return "emulated hosts need root (network namespaces)"
+    from reducer.bench.extern import load_benchmarks_module
+
+    emulate = load_benchmarks_module("emulate")
+    for tool in ("ip", "tc"):
+        if emulate._which(tool) is None:
+            return f"'{tool}' not found (iproute2)"
+    probe = "tbp" + uuid.uuid4().hex[:6]
+    p = subprocess.run([emulate._tool("ip"), "netns", "add", probe], capture_output=True, text=True)
+    if p.returncode != 0:
+        return f"cannot create network namespaces: {p.stderr.strip()}"
+    subprocess.run([emulate._tool("ip"), "netns", "del", probe], capture_output=True)
+    return None
+
+
+_NETNS = _netns_reason()
+needs_netns = pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
+
+
+def _leftovers(prefix):
+    from reducer.bench.extern import load_benchmarks_module
+
+    emulate = load_benchmarks_module("emulate")
+    names = [n for n in emulate._list_netns() + emulate._list_links() if n.startswith(prefix + "-")]
+    if os.path.isdir("/etc/netns"):
+        names += [n for n in os.listdir("/etc/netns") if n.startswith(prefix + "-")]
+    return names
+
+
+@pytest.fixture
+def prefix():
+    p = "b" + uuid.uuid4().hex[:5]
+    yield p
+    from reducer.bench.extern import load_benchmarks_module
+
+    load_benchmarks_module("emulate").cleanup_stale(p)
+
+
+@pytest.mark.netns
+@needs_netns
+def test_bench_emulated_end_to_end(tmp_path, prefix):
+    jp = tmp_path / "emu.json"
+    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1",
+                  "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp)])
+    _check_run(res, jp, ["rs", "ring"], [4096, 65536])
+    assert "1 Gbit/s emulated" in res.stdout
+    assert _leftovers(prefix) == []
+
+
+@pytest.mark.netns
+@needs_netns
+def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
+    """Kill a measured worker mid-run: the bench reports the failure and removes every namespace."""
+    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress", "--workers", "2", "--reducers", "1",
+           "--sizes", "8M", "--iters", "50", "--warmup", "0", "--algos", "ring", "--emulate-gbps", "0.2",
+           "--timeout", "5", "--netns-prefix", prefix]
+    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    from reducer.bench.extern import load_benchmarks_module
+
+    emulate = load_benchmarks_module("emulate")
+    victim = None
+    deadline = time.monotonic() + 40
+    while victim is None and time.monotonic() < deadline and p.poll() is None:
+        if f"{prefix}-h1" in emulate._list_netns():
+            pids = emulate._netns_pids(f"{prefix}-h1")
+            # the worker is the python process importing reducer.bench.rank
+            for pid in pids:
+                try:
+                    cmdline = open(f"/proc/{pid}/cmdline", "rb").read()
+                except OSError:
+                    continue
+                if b"reducer.bench.rank" in cmdline:
+                    victim = pid
+        time.sleep(0.2)
+    assert victim is not None, "no worker found"
+    time.sleep(1.0)  # let it get into the all-reduces
+    os.kill(victim, signal.SIGKILL)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1, out + err
+    assert "ring rank 1" in out + err and "exited" in out + err
+    assert _leftovers(prefix) == []
