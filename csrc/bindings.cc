@@ -202,8 +202,9 @@ PYBIND11_MODULE(_core, m) {
   py::class_<rs::client::Client>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
                        const std::string& job, double timeout, double connect_timeout, const std::string& token,
-                       int streams, uint32_t chunk, int socket_buffer) {
+                       int streams, uint32_t chunk, int socket_buffer, int window) {
              rs::client::ClientOptions o;
+             if (window > 0) o.window = window;
              if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
              o.reducers = reducers;
              o.rank = rank;
@@ -220,7 +221,7 @@ PYBIND11_MODULE(_core, m) {
            }),
            py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
-           py::arg("chunk_bytes"), py::arg("socket_buffer") = -1)
+           py::arg("chunk_bytes"), py::arg("socket_buffer") = -1, py::arg("window") = 0)
       .def("allreduce", &client_allreduce, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
       .def("allreduce_ptr", &client_allreduce_ptr, py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"),
            py::arg("tag") = 0)

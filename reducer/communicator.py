@@ -59,6 +59,7 @@ class Communicator:
         cycle_time_ms: Optional[float] = None,
         compression: Optional[str] = None,
         socket_buffer: Optional[int] = None,
+        window: Optional[int] = None,
     ) -> None:
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
@@ -93,7 +94,7 @@ class Communicator:
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
                                    self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
-                                   _socket_buffer(socket_buffer))
+                                   _socket_buffer(socket_buffer), int(config.get("window", window)))
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum") -> Any:
@@ -213,7 +214,7 @@ def init(**overrides: Any) -> Communicator:
     info = discover_worker(**disc)
     comm_kwargs = {k: overrides.pop(k) for k in list(overrides)
                    if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout",
-                           "fusion_threshold", "cycle_time_ms", "compression")}
+                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window")}
     if overrides:
         raise ConfigError(f"unknown arguments to reducer.init(): {', '.join(sorted(overrides))}")
     log.info("rank %d of %d (from %s), %d reducers", info.rank, info.world_size, info.source, len(info.reducers))

@@ -169,7 +169,9 @@ def test_thousand_small_tensors_in_a_handful_of_rounds(reducers):
     # cycle timer off: one probe agrees on all 1000 tensors, one fused buffer carries them.
     before = rounds(servers)
     res = ok(run_workers(2, lambda r: work(r, cycle_time_ms=INF)))
-    assert [a - b for a, b in zip(rounds(servers), before)] == [2, 2]
+    # Rounds per reducer: small rounds (the 16-byte probe) use one reducer, rotated (minimum shard).
+    delta = [a - b for a, b in zip(rounds(servers), before)]
+    assert 2 <= sum(delta) <= 3, delta
     assert res[0][1]["tensors"] == n and res[0][1]["fused_rounds"] == 1 and res[0][1]["probes"] == 1
     for i in range(n):
         np.testing.assert_array_equal(res[0][0][i], (data[0][i].astype(np.float64) + data[1][i]).astype(np.float32))
@@ -178,7 +180,7 @@ def test_thousand_small_tensors_in_a_handful_of_rounds(reducers):
     before = rounds(servers)
     res = ok(run_workers(2, lambda r: work(r)))
     used = [a - b for a, b in zip(rounds(servers), before)]
-    assert used[0] == used[1] and used[0] <= 40, used
+    assert sum(used) <= 80, used
     assert res[0][1] == res[1][1]
 
     # a threshold splits the buffer at deterministic points: 8000-byte buffers
@@ -197,7 +199,8 @@ def test_thousand_small_tensors_in_a_handful_of_rounds(reducers):
     assert st == res[1][1]
     # an agreed flush before the last tensor (synchronize() raced the first probe) adds one partial buffer
     assert expect <= st["rounds"] - st["probes"] <= expect + st["flushes"] - 1
-    assert rounds(servers)[0] - before[0] == st["rounds"]
+    delta = sum(rounds(servers)) - sum(before)  # each round reaches 1 or 2 reducers (minimum shard)
+    assert st["rounds"] <= delta <= 2 * st["rounds"]
 
 
 def test_fusion_off_sends_one_round_per_tensor(reducers):

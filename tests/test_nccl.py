@@ -88,12 +88,13 @@ def test_group_fuses_many_small_allreduces(reducers):
 
     before = rounds(servers)
     res = ok(run_workers(2, lambda r: work(r, True)))
-    assert [a - b for a, b in zip(rounds(servers), before)] == [2, 2]  # one agreement probe + one fused round
+    # one agreement probe (one reducer: minimum shard) + one fused round (one or both reducers)
+    assert 2 <= sum(rounds(servers)) - sum(before) <= 3
     assert all((b == 3).all() for b in res[0] + res[1])
 
     before = rounds(servers)
     res = ok(run_workers(2, lambda r: work(r, False)))
-    assert rounds(servers)[0] - before[0] >= n  # outside a group each call is its own all-reduce
+    assert sum(rounds(servers)) - sum(before) >= n  # outside a group each call is its own all-reduce
     assert all((b == 3).all() for b in res[0] + res[1])
 
 
@@ -139,4 +140,4 @@ def test_hierarchical_two_nodes_two_local_ranks_gloo(reducers):
         assert torch.allclose(c, torch.full((3, 3), 1.5, dtype=torch.float64))
         assert (x == 10).all() and (y == 0).all()
     # each local rank's slice went through its own reducer group, once per call
-    assert servers[0].stats()["rounds_completed"] >= 2 * 4
+    assert sum(s.stats()["rounds_completed"] for s in servers) >= 2 * 4

@@ -29,6 +29,30 @@ ShardPlan plan_shards(uint64_t elems, size_t reducers) {
   return p;
 }
 
+ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round) {
+  const uint64_t nbytes = elems * elem_size;
+  size_t used = reducers;
+  if (nbytes < uint64_t(reducers) * kMinShardBytes)
+    used = size_t(std::max<uint64_t>(1, (nbytes + kMinShardBytes - 1) / kMinShardBytes));
+  ShardPlan dense = plan_shards(elems, used);
+  if (used == reducers) return dense;
+  ShardPlan p;
+  p.offset.assign(reducers, 0);
+  p.count.assign(reducers, 0);
+  const size_t rot = size_t(round % reducers);
+  for (size_t j = 0; j < used; ++j) {
+    p.offset[(j + rot) % reducers] = dense.offset[j];
+    p.count[(j + rot) % reducers] = dense.count[j];
+  }
+  return p;
+}
+
+uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
+  uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
+  c = std::max(c, kMinPipelineChunk);
+  return std::min(c, max_chunk);
+}
+
 struct Client::Link {
   net::Fd fd;
   std::string peer;  // "reducer host:port (stream s)"
@@ -37,6 +61,7 @@ struct Client::Link {
   // per round
   uint8_t* shard = nullptr;
   uint64_t shard_bytes = 0;
+  uint64_t chunk = 0;         // chunk size of this round on this shard
   uint64_t nchunks = 0;       // chunks of this shard (all streams)
   uint64_t next_send = 0;     // next chunk index to send (stream, stream + S, ...)
   size_t sent = 0;            // bytes of the current frame written
@@ -52,6 +77,17 @@ struct Client::Link {
   std::string error_text;     // payload of an Error frame being read
 
   bool sending_done(int streams) const { return next_send >= nchunks; }
+  // Frames sent (or being sent) on this link whose results have not come back yet.
+  uint64_t in_flight(int streams) const {
+    uint64_t started = next_send > uint64_t(stream) ? (next_send - uint64_t(stream)) / uint64_t(streams) : 0;
+    if (hdr_ready) ++started;
+    return started - std::min(started, received);
+  }
+  // A worker keeps at most `window` chunks in flight per link: the flows to all reducers then
+  // advance together instead of one racing ahead while a reducer waits for another's chunk.
+  bool may_send(int streams, uint64_t window) const {
+    return !sending_done(streams) && (hdr_ready || in_flight(streams) < window);
+  }
   bool done(int streams) const { return sending_done(streams) && received == expected; }
 };
 
@@ -92,6 +128,7 @@ Client::Client(ClientOptions opts) : opts_(std::move(opts)) {
   if (opts_.job_id.size() > proto::kMaxNameBytes || opts_.group.size() > proto::kMaxNameBytes)
     throw Error(ErrorKind::Config, "job id and group name must be at most 256 bytes");
   if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "timeout must be positive");
+  if (opts_.window < 1 || opts_.window > 1024) throw Error(ErrorKind::Config, "window must be in 1..1024");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
   connect_all();
 }
@@ -213,7 +250,9 @@ void Client::allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t t
     stats_.rounds++;
   } catch (...) {
     // The session is out of step with the group now: drop it; the next call reconnects.
-    disconnect(false);
+    // Links at a frame boundary say goodbye, so groups that were idle on them do not report
+    // this worker as lost (which could reach the others before the real cause).
+    disconnect(true);
     throw;
   }
 }
@@ -224,14 +263,14 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
   const size_t R = addrs_.size();
   const int S = opts_.streams;
   const size_t es = dtype_size(dtype);
-  const uint64_t chunk = opts_.chunk_bytes;
-  ShardPlan plan = plan_shards(nbytes / es, R);
-  size_t active = 0;
+  const uint64_t window = uint64_t(opts_.window);
+  ShardPlan plan = plan_round(nbytes / es, es, R, round);
   for (auto& lp : links_) {
     Link& l = *lp;
     l.shard = data + plan.offset[l.reducer] * es;
     l.shard_bytes = plan.count[l.reducer] * es;
-    l.nchunks = (l.shard_bytes + chunk - 1) / chunk;
+    l.chunk = chunk_for(l.shard_bytes, opts_.chunk_bytes);
+    l.nchunks = (l.shard_bytes + l.chunk - 1) / l.chunk;
     l.next_send = uint64_t(l.stream);
     l.sent = 0;
     l.hdr_ready = false;
@@ -241,9 +280,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
     l.have_hdr = false;
     l.dst = nullptr;
     l.dst_got = 0;
-    if (l.expected) ++active;
   }
-  (void)active;
   std::vector<pollfd> pfds(links_.size());
   auto last_progress = Clock::now();
   const auto timeout = std::chrono::milliseconds(int64_t(opts_.timeout * 1000));
@@ -254,7 +291,7 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
       Link& l = *links_[i];
       pfds[i].fd = l.fd.get();
       // Always watch for input: results, or an error frame from the reducer.
-      pfds[i].events = POLLIN | (l.sending_done(S) ? 0 : POLLOUT);
+      pfds[i].events = POLLIN | (l.may_send(S, window) ? POLLOUT : 0);
       pfds[i].revents = 0;
       all_done &= l.done(S);
     }
@@ -286,9 +323,10 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
       short rev = pfds[i].revents;
       if (!rev) continue;
       // ---- send ----
-      if ((rev & POLLOUT) && !l.sending_done(S)) {
+      if ((rev & POLLOUT) && l.may_send(S, window)) {
         for (;;) {
-          if (l.sending_done(S)) break;
+          if (!l.may_send(S, window)) break;
+          const uint64_t chunk = l.chunk;
           uint64_t off = l.next_send * chunk;
           uint64_t len = std::min<uint64_t>(chunk, l.shard_bytes - off);
           if (!l.hdr_ready) {
@@ -336,7 +374,8 @@ void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_
             l.hdr_got += size_t(n);
             if (l.hdr_got < proto::kFrameHeaderBytes) continue;
             l.hdr_got = 0;
-            std::string err = proto::decode(l.hdr_in, &l.in, uint32_t(chunk));
+            const uint64_t chunk = l.chunk;
+            std::string err = proto::decode(l.hdr_in, &l.in, uint32_t(opts_.chunk_bytes));
             if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from reducer " + l.peer + ": " + err);
             if (l.in.type == proto::FrameType::Error) {
               l.error_text.assign(l.in.length, '\0');

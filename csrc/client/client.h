@@ -24,7 +24,8 @@ struct ClientOptions {
   double connect_timeout = 300.0;  // bound on connect retries + waiting for the whole group
   std::string auth_token;
   int streams = 1;
-  uint32_t chunk_bytes = 1u << 20;
+  uint32_t chunk_bytes = 1u << 20;  // the largest chunk; a round uses smaller ones for smaller shards
+  int window = 4;                   // chunks in flight per connection (sent, result not yet back)
   int socket_buffer = 4 << 20;
 };
 
@@ -41,6 +42,18 @@ struct ShardPlan {
   std::vector<uint64_t> count;
 };
 ShardPlan plan_shards(uint64_t elems, size_t reducers);
+
+// Buffers smaller than reducers x kMinShardBytes use fewer reducers (at least this much each),
+// rotated by round number so that small rounds spread over all reducers. Every worker derives
+// the same plan from (size, round), so no coordination is needed.
+constexpr uint64_t kMinShardBytes = 64 << 10;
+ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
+
+// Chunk size for a shard: about shard / kChunksPerShard (so pipeline fill and drain cost a few
+// percent), at least kMinPipelineChunk, at most max_chunk; a multiple of 4 KiB (or all of max_chunk).
+constexpr uint64_t kChunksPerShard = 64;
+constexpr uint64_t kMinPipelineChunk = 64 << 10;
+uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 
 class Client {
  public:
