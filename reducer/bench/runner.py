@@ -54,7 +54,7 @@ class BenchConfig:
     plot_path: Optional[str] = None
     timeout: float = 60.0                    # per all-reduce, seconds without progress
     connect_timeout: float = 120.0
-    chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, as rs uses)
+    chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
     netns_prefix: str = "rsb"
     progress: bool = True
     cpu_warn_percent: float = 70.0
@@ -310,7 +310,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
                                   cpu_percent=cpu, wall_s=time.monotonic() - t_wall,
                                   emulate_gbps=cfg.emulate_gbps, iters=cfg.iters, warmup=cfg.warmup,
                                   chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                                  streams=int(rs_config.get("streams")) if algo == "rs" else 1)
+                                  streams=int(rs_config.get("streams")) if algo == "rs" else 1,
+                                  **({"window": int(rs_config.get("window"))} if algo == "rs" else {}))
             t_wall = time.monotonic()
             rows.append(row)
             done_sizes += 1
@@ -400,7 +401,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     if background is not None:
         out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
             + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
-    out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} RS_STREAMS={rs_config.get('streams')}; "
+    out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
+        f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
 
     all_rows: List[Dict[str, Any]] = []
