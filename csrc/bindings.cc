@@ -180,8 +180,9 @@ PYBIND11_MODULE(_core, m) {
 
   py::class_<rs::server::Server>(m, "Server")
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int window,
-                       double handshake_timeout, int socket_buffer) {
+                       double handshake_timeout, int socket_buffer, uint64_t max_group_bytes) {
              rs::server::ServerOptions o;
+             if (max_group_bytes) o.max_group_bytes = max_group_bytes;
              if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
              o.host = host;
              o.port = port;
@@ -192,7 +193,8 @@ PYBIND11_MODULE(_core, m) {
              return std::make_unique<rs::server::Server>(o);
            }),
            py::arg("host"), py::arg("port"), py::arg("threads") = 0, py::arg("auth_token") = "",
-           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0, py::arg("socket_buffer") = -1)
+           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0, py::arg("socket_buffer") = -1,
+           py::arg("max_group_bytes") = 0)
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)

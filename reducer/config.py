@@ -81,6 +81,8 @@ _TABLE = [
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
     Setting("port", "RS_PORT", None, _opt_int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
     Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
+    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", 4 << 30, _size,
+            "Reducer: largest reduction-buffer memory per group stream; a group asking more is refused."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

@@ -19,7 +19,8 @@ class ReducerServer:
     host/port: where to listen (port 0 = any free port); threads: event-loop
     threads (default: CPUs, at most 8); auth_token: shared secret that workers must
     prove they know (HMAC-SHA256 challenge-response); window: chunks in flight per
-    group stream (memory per group stream = window x (world + 2) x chunk bytes).
+    group stream (memory per group stream = window x (world + 2) x chunk bytes);
+    max_group_bytes: a group whose buffers would exceed this is refused (default 4 GiB).
     """
 
     def __init__(
@@ -31,6 +32,7 @@ class ReducerServer:
         window: int = 4,
         handshake_timeout: float = 10.0,
         socket_buffer: Optional[int] = None,
+        max_group_bytes: Optional[int] = None,
     ) -> None:
         self.host: str = config.get("host", host)
         port_value = config.get("port", port)
@@ -40,7 +42,8 @@ class ReducerServer:
         from .communicator import _socket_buffer
 
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "", window,
-                                   handshake_timeout, _socket_buffer(socket_buffer))
+                                   handshake_timeout, _socket_buffer(socket_buffer),
+                                   int(config.get("max_group_bytes", max_group_bytes) or 0))
         self._started = False
 
     def start(self) -> "ReducerServer":

@@ -162,3 +162,20 @@ def test_auth_token_from_environment_and_file(reducers, monkeypatch, tmp_path):
     monkeypatch.delenv("RS_AUTH_TOKEN_FILE")
     with pytest.raises(reducer.AuthError):
         reducer.Communicator([srv.address], 0, 1, connect_timeout=3)
+
+
+def test_group_memory_is_capped(reducers):
+    srv = reducers(1, max_group_bytes=8 << 20)[0]
+    # window 4 x (world 1 + 2) x 1 MiB chunks = 12 MiB > 8 MiB: refused before anything is allocated
+    with pytest.raises(reducer.MismatchError, match="would need 12 MiB"):
+        reducer.Communicator([srv.address], 0, 1, group="huge", chunk_bytes=1 << 20, connect_timeout=3)
+    with reducer.Communicator([srv.address], 0, 1, group="small", chunk_bytes=256 << 10) as comm:
+        a = np.ones(1 << 20, np.float32)
+        comm.allreduce(a)
+        assert a[0] == 1
+    # The buffers go when the last member has left (the reducer sees the goodbye asynchronously).
+    for _ in range(100):
+        if srv.stats()["memory_bytes"] == 0:
+            break
+        time.sleep(0.02)
+    assert srv.stats()["memory_bytes"] == 0

@@ -342,6 +342,14 @@ struct Loop {
     auto it = groups.find(c->key);
     std::shared_ptr<Group> g;
     if (it == groups.end()) {
+      const uint64_t need = uint64_t(srv->opts.window) * (uint64_t(h.world_size) + 2) * h.chunk_bytes;
+      if (need > srv->opts.max_group_bytes) {
+        reject(c, proto::Status::GroupConflict,
+               "group " + c->key.label() + " would need " + std::to_string(need >> 20) + " MiB of reduction buffers " +
+                   "(window x (world size + 2) x chunk size); this reducer allows " +
+                   std::to_string(srv->opts.max_group_bytes >> 20) + " MiB per group stream: use a smaller chunk size");
+        return;
+      }
       g = std::make_shared<Group>(c->key, h.world_size, h.chunk_bytes, h.num_streams, srv->opts.window);
       groups.emplace(c->key, g);
       if (c->key.stream == 0) srv->groups++;
@@ -646,11 +654,20 @@ struct Loop {
         if (it == conns.end()) continue;
         Conn* c = it->second.get();
         if (c->dead) continue;
-        if (ev_mask & EPOLLOUT) flush(c);
-        if (!c->dead && (ev_mask & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(c);
-        if (!c->dead && (ev_mask & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && (c->paused || c->close_after_flush))
-          kill(c, c->close_after_flush ? c->why : "peer closed the connection while its chunk was waiting", !c->close_after_flush);
-        if (!c->dead && (ev_mask & (EPOLLIN | EPOLLRDHUP)) == EPOLLRDHUP && !c->paused && c->state != State::Active) on_readable(c);
+        try {
+          if (ev_mask & EPOLLOUT) flush(c);
+          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(c);
+          if (!c->dead && (ev_mask & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && (c->paused || c->close_after_flush))
+            kill(c, c->close_after_flush ? c->why : "peer closed the connection while its chunk was waiting",
+                 !c->close_after_flush);
+          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLRDHUP)) == EPOLLRDHUP && !c->paused && c->state != State::Active)
+            on_readable(c);
+        } catch (const std::exception& e) {
+          // Nothing one connection does may take the reducer down: drop it (and fail its group).
+          log_error("internal error on " + c->peer + ": " + e.what());
+          if (c->member && c->group) fail_group(c->group, proto::ErrorCode::Internal, std::string("reducer error: ") + e.what());
+          kill(c, std::string("internal error: ") + e.what(), true);
+        }
       }
       reap();
       auto now = Clock::now();

@@ -16,6 +16,7 @@ struct ServerOptions {
   int window = 4;               // chunks in flight per group stream (memory bound, see docs/protocol.md)
   double handshake_timeout = 10.0;
   int socket_buffer = 4 << 20;
+  uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream (a hello asking more is refused)
 };
 
 struct ServerStats {
