@@ -22,26 +22,11 @@ import time
 import numpy as np
 
 import reducer
+from reducer.config import parse_size
+from reducer.dtypes import SUPPORTED, numpy_dtype
 from reducer.errors import ConfigError, ReductionError
 
-DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
-
-
-def parse_size(text: str) -> int:
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    mult = 1
-    if t and t[-1] in "KMG":
-        mult = 1024 ** ("KMG".index(t[-1]) + 1)
-        t = t[:-1]
-    return int(float(t) * mult)
-
-
-def numpy_dtype(name: str) -> np.dtype:
-    if name == "bfloat16":
-        import ml_dtypes
-
-        return np.dtype(ml_dtypes.bfloat16)
-    return np.dtype(name)
+DTYPES = SUPPORTED
 
 
 def human(nbytes: int) -> str:
