@@ -138,6 +138,7 @@ class _Proc:
         self.name, self.p, self.errfile = name, popen, errfile
         self.log: List[str] = []
         self.finished = False  # said 'done': its exit is expected
+        self.errored = False   # reported an error itself: its exit is explained
         self._t = threading.Thread(target=self._read, args=(events,), daemon=True)
         self._t.start()
 
@@ -152,6 +153,8 @@ class _Proc:
                     continue
                 if msg.get("event") == "done":
                     self.finished = True
+                elif msg.get("event") == "error":
+                    self.errored = True
                 events.put((self, msg))
             else:
                 self.log.append(line.rstrip())
@@ -218,8 +221,10 @@ def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: 
 
 
 def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: float,
-              on_other: Optional[Callable[[_Proc, Dict[str, Any]], None]] = None) -> Dict[_Proc, Dict[str, Any]]:
-    """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout."""
+              on_other: Optional[Callable[[_Proc, Dict[str, Any]], None]] = None,
+              watch: Optional[List[_Proc]] = None) -> Dict[_Proc, Dict[str, Any]]:
+    """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout.
+    On an error, a process of `watch` (default `procs`) that died is named as the cause."""
     got: Dict[_Proc, Dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while len(got) < len(procs):
@@ -233,7 +238,12 @@ def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: fl
             continue
         ev = msg.get("event")
         if ev == "error":
-            raise BenchError(f"{proc.name}: {msg.get('error')}\n{msg.get('traceback', '')}".rstrip())
+            detail = f"{proc.name}: {msg.get('error')}\n{msg.get('traceback', '')}".rstrip()
+            dead = _dead_peer(watch or procs, proc)
+            if dead is not None:  # the root cause (e.g. a killed rank), not its neighbour's symptom
+                raise BenchError(f"{dead.name} exited (code {dead.p.returncode}) before '{event}':\n"
+                                 f"{dead.stderr_tail()}\nthen {detail}")
+            raise BenchError(detail)
         if ev == "exit":
             if proc.finished:
                 continue
@@ -244,6 +254,22 @@ def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: fl
         elif on_other is not None:
             on_other(proc, msg)
     return got
+
+
+def _dead_peer(procs: List[_Proc], reporter: _Proc, grace: float = 1.0) -> Optional[_Proc]:
+    """A process of `procs` (other than `reporter`) that exited without finishing, waiting up to
+    `grace` seconds: when a rank dies, its neighbours' errors (connection lost) can reach the
+    runner before the dead rank's exit does."""
+    deadline = time.monotonic() + grace
+    while True:
+        for p in procs:
+            if p is not reporter and not p.finished and not p.errored and p.p.poll() is not None:
+                p._t.join(timeout=1.0)  # its last lines are read: an error it reported is seen
+                if not p.finished and not p.errored:
+                    return p
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 # ------------------------------------------------------------------------ one algorithm
@@ -265,7 +291,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
                                      {"role": "reducer", "bind_host": hosts.bind_host(h),
                                       "threads": rs_config.get("threads")}, events))
             procs += rprocs
-            rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout)
+            rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
                 reducer_addrs.append(f"{host}:{rready[p]['port']}")
@@ -278,7 +304,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
                    "session": int(run_id, 16) & 0xFFFFFFFF}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
         procs += wprocs
-        listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout)
+        listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
         addrs = []
         for i, p in enumerate(wprocs):
             host = hosts.bind_host(i if hosts.emulated else 0)
@@ -286,7 +312,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
             addrs.append(f"{host}:{port}")
         for p in wprocs:
             p.send({"addresses": addrs})
-        ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout)
+        ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
         t_ready = time.monotonic()
 
         pending: Dict[int, Dict[_Proc, Dict[str, Any]]] = {}
@@ -319,7 +345,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
                 progress(algo, size)
 
         # Sizes stream in; 'done' comes after the last one.
-        done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_size)
+        done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_size, watch=procs)
         wall = time.monotonic() - t_ready
         cpu_s = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs)
         if rprocs:
