@@ -1,8 +1,8 @@
 """Build the C++ core (reducer._core).
 
-Everything in csrc/ is compiled into one extension module. Nothing here uses
--march=native: SIMD kernels are compiled per target with function attributes
-and picked at run time (see csrc/kernels/dispatch.cc).
+Everything in csrc/ is compiled into one extension module for baseline x86-64
+(no host-specific -march flag): the SIMD kernels are compiled per target with
+function attributes and picked at run time (see csrc/kernels/dispatch.cc).
 """
 from glob import glob
 
