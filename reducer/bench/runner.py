@@ -30,7 +30,6 @@ from ..dtypes import numpy_dtype
 from ..errors import ConfigError
 from . import report
 from .extern import SOURCE_ROOT, load_benchmarks_module
-from .rank import MARKER
 
 log = logging.getLogger("reducer.bench")
 
@@ -143,6 +142,10 @@ class _Proc:
         self._t.start()
 
     def _read(self, events: "queue.Queue") -> None:
+        # Imported here, not at module level: `python -m reducer.bench.rank` imports this package
+        # first, and a module-level import of .rank would make runpy warn about a double import.
+        from .rank import MARKER
+
         assert self.p.stdout is not None
         for line in self.p.stdout:
             if line.startswith(MARKER):
