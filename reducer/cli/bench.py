@@ -27,7 +27,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds without progress before an all-reduce fails (default 60)")
     p.add_argument("--ring-chunk-bytes", default=None,
-                   help="pipeline chunk of the ring (default: RS_CHUNK_BYTES, the chunk rs uses)")
+                   help="pipeline chunk of the ring (default: RS_CHUNK_BYTES, the largest chunk rs uses)")
     p.add_argument("--netns-prefix", default="rsb", help=argparse.SUPPRESS)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
