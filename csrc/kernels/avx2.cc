@@ -172,16 +172,7 @@ void avg_i32_avx2(void* outp, const void* accp, size_t n, uint32_t count) {
 }  // namespace
 
 RS_AVX2 bool fill_avx2(Table* t) {
-  t->name = "avx2";
-  fill_same<VF, SumF, MinF, MaxF>(t, DType::F32);
-  fill_same<VD, SumD, MinD, MaxD>(t, DType::F64);
-  fill_same<VI<int32_t>, SumI32, MinI32, MaxI32>(t, DType::I32);
-  fill_same<VI<int64_t>, SumI64, MinI64, MaxI64>(t, DType::I64);
-  fill_narrow<SrcF16, NarF16, SumF, MinF, MaxF>(t, DType::F16);
-  fill_narrow<SrcBF16, NarBF16, SumF, MinF, MaxF>(t, DType::BF16);
-  t->fin[di(DType::F32)][oi(Op::Avg)] = &div_loop<VF>;
-  t->fin[di(DType::F64)][oi(Op::Avg)] = &div_loop<VD>;
-  t->fin[di(DType::I32)][oi(Op::Avg)] = &avg_i32_avx2;
+  fill_table(t, "avx2", &avg_i32_avx2);
   return true;
 }
 
