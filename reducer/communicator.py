@@ -16,12 +16,6 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-def _socket_buffer(value: Optional[int]) -> int:
-    """-1 keeps the core's default; 0 leaves buffer sizes to the kernel."""
-    v = config.get("socket_buffer", value)
-    return -1 if v is None else int(v)
-
-
 def _default_job_id() -> str:
     return os.environ.get("CLOUD_ML_JOB_ID") or "local"
 
@@ -94,7 +88,7 @@ class Communicator:
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
                                    self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
-                                   _socket_buffer(socket_buffer), int(config.get("window", window)))
+                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)))
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum") -> Any:

@@ -112,6 +112,12 @@ def parse_size(text: str) -> int:
         raise ConfigError(str(exc)) from None
 
 
+def socket_buffer_arg(value: Optional[int] = None) -> int:
+    """The socket_buffer setting as the C++ core takes it: -1 keeps the core's default, 0 = kernel autotuning."""
+    v = get("socket_buffer", value)
+    return -1 if v is None else int(v)
+
+
 def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = None) -> Optional[str]:
     """The shared secret: an explicit token, a token file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE, else None."""
     if token is not None:

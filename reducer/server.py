@@ -39,10 +39,8 @@ class ReducerServer:
         self._requested_port: int = 0 if port_value is None else int(port_value)
         self.threads: int = int(config.get("threads", threads) or 0)
         token = config.resolve_auth_token(auth_token)
-        from .communicator import _socket_buffer
-
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "", window,
-                                   handshake_timeout, _socket_buffer(socket_buffer),
+                                   handshake_timeout, config.socket_buffer_arg(socket_buffer),
                                    int(config.get("max_group_bytes", max_group_bytes) or 0))
         self._started = False
 
