@@ -267,13 +267,12 @@ struct Loop {
     }
   }
 
-  void reject(Conn* c, proto::Status status, const std::string& msg, bool as_error = true) {
+  void reject(Conn* c, proto::Status status, const std::string& msg) {
     srv->rejected++;
     log_warn("rejected " + c->peer + ": " + msg);
     c->close_after_flush = true;
     c->why = msg;
     send_ctl(c, proto::encode_reply(status, msg));
-    (void)as_error;
   }
 
   // Returns false if the connection cannot read more now.
