@@ -6,8 +6,11 @@ function attributes and picked at run time (see csrc/kernels/dispatch.cc).
 """
 from glob import glob
 
-from pybind11.setup_helpers import Pybind11Extension, build_ext
+from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
 from setuptools import setup
+
+# Compile the sources in parallel (RS_BUILD_JOBS, default: every CPU).
+ParallelCompile("RS_BUILD_JOBS").install()
 
 sources = sorted(glob("csrc/**/*.cc", recursive=True))
 

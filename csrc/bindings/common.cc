@@ -1,0 +1,99 @@
+// Errors, logging and protocol helpers of reducer._core.
+#include <Python.h>
+
+#include <string>
+
+#include "bindings/common.h"
+#include "common/error.h"
+#include "common/log.h"
+#include "protocol/hmac.h"
+#include "protocol/wire.h"
+
+namespace rs::py_bind {
+
+BufView view_of(const py::buffer& b, bool writable) {
+  py::buffer_info info = b.request(writable);
+  // C-contiguity check: strides must describe a dense row-major layout.
+  py::ssize_t expect = info.itemsize;
+  for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
+    if (info.shape[i] > 1 && info.strides[i] != expect)
+      throw py::value_error("buffer must be C-contiguous");
+    expect *= info.shape[i];
+  }
+  return {info.ptr, static_cast<size_t>(info.size * info.itemsize)};
+}
+
+rs::DType dtype_arg(const std::string& s) {
+  rs::DType t;
+  if (!rs::parse_dtype(s, &t)) throw py::value_error("unsupported dtype '" + s + "'");
+  return t;
+}
+
+rs::Op op_arg(const std::string& s) {
+  rs::Op o;
+  if (!rs::parse_op(s, &o)) throw py::value_error("unsupported op '" + s + "' (sum, avg, min, max)");
+  return o;
+}
+
+namespace {
+
+// ---- logging: C++ log lines go to Python's logging module ("reducer.core") ----
+py::object* g_log_fn = nullptr;  // a Python callable (level, message), owned by the module
+
+void py_log_sink(rs::LogLevel level, const std::string& msg) {
+  if (!Py_IsInitialized()) return;
+  py::gil_scoped_acquire gil;
+  if (!g_log_fn || g_log_fn->is_none()) return;
+  try {
+    (*g_log_fn)(int(level), msg);
+  } catch (py::error_already_set& e) {
+    e.discard_as_unraisable("reducer log sink");
+  }
+}
+
+void set_log_callback(py::object fn) {
+  static py::object holder;  // kept alive for the module's lifetime
+  holder = std::move(fn);
+  g_log_fn = &holder;
+  rs::set_log_sink(holder.is_none() ? nullptr : &py_log_sink);
+}
+
+}  // namespace
+
+void bind_common(py::module_& m) {
+  // Exceptions: the classes come from reducer.errors so Python and C++ raise the same types.
+  py::module_ errors = py::module_::import("reducer.errors");
+  static py::object cls[8];
+  const char* names[8] = {"ConfigError", "ConnectError", "AuthError", "ProtocolError",
+                          "PeerLostError", "MismatchError", "ReductionTimeout", "ReductionError"};
+  for (int i = 0; i < 8; ++i) cls[i] = errors.attr(names[i]);
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const rs::Error& e) {
+      int idx = 7;
+      switch (e.kind()) {
+        case rs::ErrorKind::Config: idx = 0; break;
+        case rs::ErrorKind::Connect: idx = 1; break;
+        case rs::ErrorKind::Auth: idx = 2; break;
+        case rs::ErrorKind::Protocol: idx = 3; break;
+        case rs::ErrorKind::PeerLost: idx = 4; break;
+        case rs::ErrorKind::Mismatch: idx = 5; break;
+        case rs::ErrorKind::Timeout: idx = 6; break;
+        case rs::ErrorKind::Internal: idx = 7; break;
+      }
+      PyErr_SetString(cls[idx].ptr(), e.what());
+    }
+  });
+
+  m.def("set_log_callback", &set_log_callback, py::arg("fn"),
+        "Route C++ log lines to fn(level: int, message: str); None restores stderr.");
+  m.def("hmac_sha256", [](const std::string& key, const std::string& msg) {
+    rs::proto::Digest d = rs::proto::hmac_sha256(key, msg);
+    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+  }, py::arg("key"), py::arg("message"));
+  m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
+
+}
+
+}  // namespace rs::py_bind

@@ -1,0 +1,33 @@
+// Shared helpers of the pybind11 module reducer._core: buffer views and argument parsing.
+// Each bind_*.cc registers one part of the core; module.cc puts them together.
+#pragma once
+
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstddef>
+#include <string>
+
+#include "kernels/kernels.h"
+
+namespace rs::py_bind {
+
+namespace py = pybind11;
+
+struct BufView {
+  const void* ptr;
+  size_t nbytes;
+};
+
+// A C-contiguous buffer's address and size; raises ValueError otherwise.
+BufView view_of(const py::buffer& b, bool writable);
+rs::DType dtype_arg(const std::string& s);
+rs::Op op_arg(const std::string& s);
+
+void bind_common(py::module_& m);   // errors, logging, hmac, protocol constants
+void bind_kernels(py::module_& m);
+void bind_server(py::module_& m);
+void bind_client(py::module_& m);
+void bind_ring(py::module_& m);
+
+}  // namespace rs::py_bind
