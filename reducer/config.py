@@ -35,6 +35,10 @@ def _opt_int(text: str) -> Optional[int]:
     return None if text.strip() == "" else int(text)
 
 
+def _opt_float(text: str) -> Optional[float]:
+    return None if text.strip() == "" else float(text)
+
+
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
     t = text.strip().upper().rstrip("B").rstrip("I")
@@ -81,8 +85,22 @@ _TABLE = [
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
     Setting("port", "RS_PORT", None, _opt_int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
     Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
-    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", 4 << 30, _size,
-            "Reducer: largest reduction-buffer memory per group stream; a group asking more is refused."),
+    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _opt_size,
+            "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
+    Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _opt_size,
+            "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
+    Setting("group_slots", "RS_GROUP_SLOTS", None, _opt_int,
+            "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
+    Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, _opt_float,
+            "Reducer: seconds a new connection has to send its hello (default 10)."),
+    Setting("group_timeout", "RS_GROUP_TIMEOUT", None, _opt_float,
+            "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
+    Setting("max_connections", "RS_MAX_CONNECTIONS", None, _opt_int,
+            "Reducer: open connections (default 4096, at most the descriptor limit minus 64)."),
+    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, _opt_int,
+            "Reducer: open connections from one IP address, in any state (default 256)."),
+    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, _opt_int,
+            "Reducer: live group streams created from one IP address (default 64)."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

@@ -2,12 +2,17 @@
 from __future__ import annotations
 
 import logging
-from typing import Any, Dict, Optional
+from typing import Any, Dict, List, Optional
 
 from . import config
 from ._native import core
 
 log = logging.getLogger(__name__)
+
+
+# Reducer settings passed to the core; unset ones take the core's defaults (csrc/server/server.h).
+_LIMITS = ("group_slots", "handshake_timeout", "group_timeout", "max_group_bytes", "max_memory_bytes",
+           "max_connections", "max_connections_per_peer", "max_groups_per_peer")
 
 
 class ReducerServer:
@@ -16,11 +21,12 @@ class ReducerServer:
     >>> with ReducerServer(port=0) as srv:
     ...     print(srv.port)
 
-    host/port: where to listen (port 0 = any free port); threads: event-loop
-    threads (default: CPUs, at most 8); auth_token: shared secret that workers must
-    prove they know (HMAC-SHA256 challenge-response); window: chunks in flight per
-    group stream (memory per group stream = window x (world + 2) x chunk bytes);
-    max_group_bytes: a group whose buffers would exceed this is refused (default 4 GiB).
+    host/port: where to listen (port 0 = any free port); threads: event-loop threads (default:
+    CPUs, at most 8); auth_token: the shared secret workers must prove they know (HMAC-SHA256
+    challenge-response, per-job keys; docs/security.md). The limits (group_slots,
+    handshake_timeout, group_timeout, max_group_bytes, max_memory_bytes, max_connections,
+    max_connections_per_peer, max_groups_per_peer) are described in docs/configuration.md; each
+    defaults to its RS_* variable, else the core's default. `limits()` reports those in force.
     """
 
     def __init__(
@@ -29,19 +35,21 @@ class ReducerServer:
         port: Optional[int] = None,
         threads: Optional[int] = None,
         auth_token: Optional[str] = None,
-        window: int = 4,
-        handshake_timeout: float = 10.0,
         socket_buffer: Optional[int] = None,
-        max_group_bytes: Optional[int] = None,
+        **limits: Any,
     ) -> None:
+        unknown = set(limits) - set(_LIMITS)
+        if unknown:
+            raise TypeError(f"unexpected arguments: {', '.join(sorted(unknown))}")
         self.host: str = config.get("host", host)
         port_value = config.get("port", port)
         self._requested_port: int = 0 if port_value is None else int(port_value)
         self.threads: int = int(config.get("threads", threads) or 0)
         token = config.resolve_auth_token(auth_token)
-        self._server = core.Server(self.host, self._requested_port, self.threads, token or "", window,
-                                   handshake_timeout, config.socket_buffer_arg(socket_buffer),
-                                   int(config.get("max_group_bytes", max_group_bytes) or 0))
+        options: Dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
+        options["socket_buffer"] = config.get("socket_buffer", socket_buffer)
+        self._server = core.Server(self.host, self._requested_port, self.threads, token or "",
+                                   **{k: v for k, v in options.items() if v is not None})
         self._started = False
 
     def start(self) -> "ReducerServer":
@@ -71,8 +79,22 @@ class ReducerServer:
             self._started = False
 
     def stats(self) -> Dict[str, Any]:
-        """Counters: bytes_received, bytes_sent, rounds_completed, connected_workers, groups, ..."""
-        return dict(self._server.stats())
+        """Counters (bytes_received, bytes_sent, rounds_completed, connected_workers, groups,
+        handshakes, waiting, refused_over_limit, memory_bytes, ...) and the limits in force under
+        "limits"."""
+        out: Dict[str, Any] = dict(self._server.stats())
+        out["limits"] = self.limits()
+        return out
+
+    def limits(self) -> Dict[str, Any]:
+        """The limits in force (machine-dependent defaults are resolved once started)."""
+        return dict(self._server.limits())
+
+    def group_stats(self) -> List[Dict[str, Any]]:
+        """One row per group stream (live, and the last few that ended): job, group, stream,
+        world_size, connected, complete, rounds, bytes_received, bytes_sent, last_error, age_s.
+        Refreshed by the reducer every 250 ms."""
+        return [dict(row) for row in self._server.group_stats()]
 
     def __enter__(self) -> "ReducerServer":
         return self.start()

@@ -6,6 +6,7 @@
 #include "bindings/common.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "protocol/auth.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 
@@ -45,7 +46,11 @@ void py_log_sink(rs::LogLevel level, const std::string& msg) {
   py::gil_scoped_acquire gil;
   if (!g_log_fn || g_log_fn->is_none()) return;
   try {
-    (*g_log_fn)(int(level), msg);
+    // Untrusted text may reach a log line: decode leniently so the line is never lost.
+    py::object text = py::reinterpret_steal<py::object>(
+        PyUnicode_DecodeUTF8(msg.data(), static_cast<Py_ssize_t>(msg.size()), "backslashreplace"));
+    if (!text) throw py::error_already_set();
+    (*g_log_fn)(int(level), text);
   } catch (py::error_already_set& e) {
     e.discard_as_unraisable("reducer log sink");
   }
@@ -92,6 +97,21 @@ void bind_common(py::module_& m) {
     rs::proto::Digest d = rs::proto::hmac_sha256(key, msg);
     return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
   }, py::arg("key"), py::arg("message"));
+  m.def("job_key", [](const std::string& secret, const std::string& job) {
+    std::string why = rs::proto::check_name("job id", job);
+    if (!why.empty()) throw py::value_error(why);
+    rs::proto::Key k = rs::proto::job_key(secret, job);
+    return py::bytes(reinterpret_cast<const char*>(k.data()), k.size());
+  }, py::arg("secret"), py::arg("job"), "The job's key derived from the shared secret (protocol/auth.h).");
+  m.def("job_token", [](const std::string& secret, const std::string& job) {
+    std::string why = rs::proto::check_name("job id", job);
+    if (!why.empty()) throw py::value_error(why);
+    return rs::proto::format_job_token(job, rs::proto::job_key(secret, job));
+  }, py::arg("secret"), py::arg("job"), "A worker credential valid for this job only: rsjob1:<job>:<hex key>.");
+  m.def("check_name", [](const std::string& what, const std::string& name) {
+    return rs::proto::check_name(what.c_str(), name);
+  }, py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
+  m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
 
 }

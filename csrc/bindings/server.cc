@@ -16,38 +16,89 @@ py::dict server_stats(const rs::server::Server& s) {
   d["connections"] = st.connections;
   d["connected_workers"] = st.connected_workers;
   d["groups"] = st.groups;
+  d["handshakes"] = st.handshakes;
+  d["waiting"] = st.waiting;
   d["errors"] = st.errors;
   d["rejected"] = st.rejected;
+  d["refused_over_limit"] = st.refused_over_limit;
   d["memory_bytes"] = st.memory_bytes;
   return d;
+}
+
+py::dict server_limits(const rs::server::Server& s) {
+  const rs::server::ServerOptions& o = s.limits();
+  py::dict d;
+  d["group_slots"] = o.group_slots;
+  d["handshake_timeout"] = o.handshake_timeout;
+  d["group_timeout"] = o.group_timeout;
+  d["max_group_bytes"] = o.max_group_bytes;
+  d["max_memory_bytes"] = o.max_memory_bytes;
+  d["max_connections"] = o.max_connections;
+  d["max_connections_per_peer"] = o.max_connections_per_peer;
+  d["max_groups_per_peer"] = o.max_groups_per_peer;
+  return d;
+}
+
+py::list server_group_stats(const rs::server::Server& s) {
+  py::list out;
+  for (const rs::server::GroupStat& g : s.group_stats()) {
+    py::dict d;
+    d["job"] = g.job;
+    d["group"] = g.group;
+    d["stream"] = g.stream;
+    d["world_size"] = g.world_size;
+    d["connected"] = g.connected;
+    d["complete"] = g.complete;
+    d["rounds"] = g.rounds;
+    d["bytes_received"] = g.bytes_received;
+    d["bytes_sent"] = g.bytes_sent;
+    d["last_error"] = g.last_error;
+    d["age_s"] = g.age_s;
+    out.append(d);
+  }
+  return out;
 }
 
 }  // namespace
 
 void bind_server(py::module_& m) {
+  const rs::server::ServerOptions defaults;
   py::class_<rs::server::Server>(m, "Server")
-      .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int window,
-                       double handshake_timeout, int socket_buffer, uint64_t max_group_bytes) {
+      .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int group_slots,
+                       double handshake_timeout, double group_timeout, int socket_buffer, uint64_t max_group_bytes,
+                       uint64_t max_memory_bytes, uint32_t max_connections, uint32_t max_connections_per_peer,
+                       uint32_t max_groups_per_peer) {
              rs::server::ServerOptions o;
-             if (max_group_bytes) o.max_group_bytes = max_group_bytes;
-             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
              o.host = host;
              o.port = port;
              o.threads = threads;
              o.auth_token = token;
-             o.window = window;
+             o.group_slots = group_slots;
              o.handshake_timeout = handshake_timeout;
+             o.group_timeout = group_timeout;
+             o.socket_buffer = socket_buffer;
+             o.max_group_bytes = max_group_bytes;
+             o.max_memory_bytes = max_memory_bytes;
+             o.max_connections = max_connections;
+             o.max_connections_per_peer = max_connections_per_peer;
+             o.max_groups_per_peer = max_groups_per_peer;
              return std::make_unique<rs::server::Server>(o);
            }),
-           py::arg("host"), py::arg("port"), py::arg("threads") = 0, py::arg("auth_token") = "",
-           py::arg("window") = 4, py::arg("handshake_timeout") = 10.0, py::arg("socket_buffer") = -1,
-           py::arg("max_group_bytes") = 0)
+           py::arg("host") = defaults.host, py::arg("port") = defaults.port, py::arg("threads") = defaults.threads,
+           py::arg("auth_token") = defaults.auth_token, py::arg("group_slots") = defaults.group_slots,
+           py::arg("handshake_timeout") = defaults.handshake_timeout, py::arg("group_timeout") = defaults.group_timeout,
+           py::arg("socket_buffer") = defaults.socket_buffer, py::arg("max_group_bytes") = defaults.max_group_bytes,
+           py::arg("max_memory_bytes") = defaults.max_memory_bytes,
+           py::arg("max_connections") = defaults.max_connections,
+           py::arg("max_connections_per_peer") = defaults.max_connections_per_peer,
+           py::arg("max_groups_per_peer") = defaults.max_groups_per_peer)
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)
       .def_property_readonly("running", &rs::server::Server::running)
-      .def("stats", &server_stats);
-
+      .def("stats", &server_stats)
+      .def("limits", &server_limits, "The limits in force (machine-dependent defaults resolved after start()).")
+      .def("group_stats", &server_group_stats, "Live group streams and the last few that ended (refreshed every 250 ms).");
 }
 
 }  // namespace rs::py_bind

@@ -1,5 +1,7 @@
 #include "client/client.h"
 
+#include "client/handshake.h"
+
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -93,17 +95,6 @@ struct Client::Link {
 
 namespace {
 
-[[noreturn]] void throw_reply(const std::string& peer, proto::Status st, const std::string& msg) {
-  std::string text = peer + " refused the connection (" + proto::status_name(st) + "): " + msg;
-  switch (st) {
-    case proto::Status::AuthFailed: throw Error(ErrorKind::Auth, text);
-    case proto::Status::BadVersion:
-    case proto::Status::BadHello: throw Error(ErrorKind::Protocol, text);
-    case proto::Status::GroupConflict: throw Error(ErrorKind::Mismatch, text);
-    default: throw Error(ErrorKind::Connect, text);
-  }
-}
-
 ErrorKind kind_of(proto::ErrorCode code) {
   switch (code) {
     case proto::ErrorCode::Mismatch: return ErrorKind::Mismatch;
@@ -125,8 +116,10 @@ Client::Client(ClientOptions opts) : opts_(std::move(opts)) {
   if (opts_.streams < 1 || opts_.streams > proto::kMaxStreams) throw Error(ErrorKind::Config, "streams must be in 1..64");
   if (opts_.chunk_bytes < proto::kMinChunkBytes || opts_.chunk_bytes > proto::kMaxChunkBytes || opts_.chunk_bytes % 8)
     throw Error(ErrorKind::Config, "chunk_bytes must be a multiple of 8 between 64 and 64 MiB");
-  if (opts_.job_id.size() > proto::kMaxNameBytes || opts_.group.size() > proto::kMaxNameBytes)
-    throw Error(ErrorKind::Config, "job id and group name must be at most 256 bytes");
+  for (const std::string& why : {proto::check_name("job id", opts_.job_id), proto::check_name("group name", opts_.group)})
+    if (!why.empty()) throw Error(ErrorKind::Config, why);
+  credential_ = proto::Credential::parse(opts_.auth_token);
+  if (credential_.present()) credential_.key_for(opts_.job_id);  // a credential for another job fails here, clearly
   if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "timeout must be positive");
   if (opts_.window < 1 || opts_.window > 1024) throw Error(ErrorKind::Config, "window must be in 1..1024");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
@@ -144,6 +137,7 @@ void Client::connect_all() {
   const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(opts_.connect_timeout * 1000));
   const int S = opts_.streams;
   std::vector<std::unique_ptr<Link>> links(addrs_.size() * size_t(S));
+  std::vector<PendingLink> pending(links.size());
   std::vector<size_t> todo;
   for (size_t i = 0; i < links.size(); ++i) todo.push_back(i);
   // Phase 1 sends a hello on every link; phase 2 waits for the replies, which come
@@ -155,51 +149,20 @@ void Client::connect_all() {
       l->reducer = i / size_t(S);
       l->stream = int(i % size_t(S));
       l->peer = "reducer " + addrs_[l->reducer].str() + (S > 1 ? " (stream " + std::to_string(l->stream) + ")" : "");
-      l->fd = net::connect_with_retry(addrs_[l->reducer], deadline);
-      net::tune_socket(l->fd.get(), opts_.socket_buffer);
-      uint8_t chbuf[proto::kChallengeBytes];
-      net::recv_all(l->fd.get(), chbuf, sizeof chbuf, deadline, l->peer);
-      proto::Challenge ch;
-      std::string err = proto::decode(chbuf, &ch);
-      if (!err.empty()) throw Error(ErrorKind::Protocol, addrs_[l->reducer].str() + ": " + err);
-      if (ch.version != proto::kVersion)
-        throw Error(ErrorKind::Protocol, l->peer + " speaks protocol version " + std::to_string(ch.version) +
-                                             ", this worker speaks version " + std::to_string(proto::kVersion));
-      if (ch.auth_required && opts_.auth_token.empty())
-        log_warn(l->peer + " requires authentication but no auth token is set (RS_AUTH_TOKEN)");
-      proto::Hello h;
-      h.world_size = opts_.world_size;
-      h.rank = opts_.rank;
-      h.stream_index = uint16_t(l->stream);
-      h.num_streams = uint16_t(S);
-      h.chunk_bytes = opts_.chunk_bytes;
-      h.job_id = opts_.job_id;
-      h.group = opts_.group;
-      if (!opts_.auth_token.empty()) {
-        proto::Digest mac = proto::hmac_sha256(opts_.auth_token, proto::mac_input(h, ch.nonce));
-        std::copy(mac.begin(), mac.end(), h.mac.begin());
-      }
-      std::string bytes = proto::encode(h);
-      net::send_all(l->fd.get(), bytes.data(), bytes.size(), deadline, l->peer);
+      pending[i] = begin_handshake(addrs_[l->reducer], l->peer, hello_for(l->stream), credential_, opts_.socket_buffer,
+                                   deadline);
       links[i] = std::move(l);
     }
     std::vector<size_t> retry;
     for (size_t i : todo) {
-      Link& l = *links[i];
-      uint8_t rb[proto::kReplyFixedBytes];
-      net::recv_all(l.fd.get(), rb, sizeof rb, deadline, l.peer + " (waiting for all workers of the group)");
-      proto::Status st;
-      size_t mlen = 0;
-      std::string err = proto::decode_reply_fixed(rb, &st, &mlen);
-      if (!err.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + err);
-      std::string msg(mlen, '\0');
-      if (mlen) net::recv_all(l.fd.get(), &msg[0], mlen, deadline, l.peer);
-      if (st == proto::Status::Ok) continue;
-      if (st == proto::Status::RankTaken && Clock::now() < deadline) {
+      if (finish_handshake(pending[i], deadline) == proto::Status::RankTaken) {
+        if (Clock::now() >= deadline)
+          throw Error(ErrorKind::Connect, links[i]->peer + ": rank " + std::to_string(opts_.rank) +
+                                              " is still held by an earlier connection");
         retry.push_back(i);
         continue;
       }
-      throw_reply(l.peer, st, msg);
+      links[i]->fd = std::move(pending[i].fd);
     }
     if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     todo.swap(retry);
@@ -207,6 +170,18 @@ void Client::connect_all() {
   for (auto& l : links) net::set_nonblocking(l->fd.get(), true);
   links_ = std::move(links);
   round_ = 0;
+}
+
+HelloParams Client::hello_for(int stream) const {
+  HelloParams h;
+  h.world_size = opts_.world_size;
+  h.rank = opts_.rank;
+  h.stream_index = uint16_t(stream);
+  h.num_streams = uint16_t(opts_.streams);
+  h.chunk_bytes = opts_.chunk_bytes;
+  h.job_id = opts_.job_id;
+  h.group = opts_.group;
+  return h;
 }
 
 void Client::disconnect(bool say_bye) {

@@ -11,8 +11,11 @@
 
 #include "kernels/kernels.h"
 #include "net/socket.h"
+#include "protocol/auth.h"
 
 namespace rs::client {
+
+struct HelloParams;  // client/handshake.h
 
 struct ClientOptions {
   std::vector<std::string> reducers;  // "host:port" / "[v6]:port"
@@ -22,7 +25,7 @@ struct ClientOptions {
   std::string job_id = "local";
   double timeout = 30.0;           // seconds without progress before an all-reduce fails
   double connect_timeout = 300.0;  // bound on connect retries + waiting for the whole group
-  std::string auth_token;
+  std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
   int streams = 1;
   uint32_t chunk_bytes = 1u << 20;  // the largest chunk; a round uses smaller ones for smaller shards
   int window = 4;                   // chunks in flight per connection (sent, result not yet back)
@@ -72,11 +75,13 @@ class Client {
  private:
   struct Link;
   void connect_all();
+  HelloParams hello_for(int stream) const;
   void disconnect(bool say_bye);
   void run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_t tag);
 
   ClientOptions opts_;
   std::vector<net::HostPort> addrs_;
+  proto::Credential credential_;
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[r * streams + s]
   uint64_t round_ = 0;
   ClientStats stats_;

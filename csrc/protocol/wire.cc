@@ -1,5 +1,6 @@
 #include "protocol/wire.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "kernels/kernels.h"
@@ -39,25 +40,20 @@ static void encode_hello_fixed(const Hello& h, uint8_t* out, bool zero_mac) {
   put_u16(out + 24, uint16_t(h.job_id.size()));
   put_u16(out + 26, uint16_t(h.group.size()));
   put_u32(out + 28, 0);
-  if (!zero_mac) std::memcpy(out + 32, h.mac.data(), kMacBytes);
+  std::memcpy(out + 32, h.nonce.data(), kNonceBytes);
+  if (!zero_mac) std::memcpy(out + 64, h.mac.data(), kMacBytes);
 }
 
-std::string encode(const Hello& h) {
+static std::string encode_hello(const Hello& h, bool zero_mac) {
   std::string out(kHelloFixedBytes + h.job_id.size() + h.group.size(), '\0');
-  encode_hello_fixed(h, reinterpret_cast<uint8_t*>(&out[0]), false);
+  encode_hello_fixed(h, reinterpret_cast<uint8_t*>(&out[0]), zero_mac);
   std::memcpy(&out[kHelloFixedBytes], h.job_id.data(), h.job_id.size());
   std::memcpy(&out[kHelloFixedBytes + h.job_id.size()], h.group.data(), h.group.size());
   return out;
 }
 
-std::string mac_input(const Hello& h, const std::array<uint8_t, kNonceBytes>& nonce) {
-  std::string out(kNonceBytes + kHelloFixedBytes, '\0');
-  std::memcpy(&out[0], nonce.data(), kNonceBytes);
-  encode_hello_fixed(h, reinterpret_cast<uint8_t*>(&out[kNonceBytes]), true);
-  out += h.job_id;
-  out += h.group;
-  return out;
-}
+std::string encode(const Hello& h) { return encode_hello(h, false); }
+std::string encode_unsigned(const Hello& h) { return encode_hello(h, true); }
 
 std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* job_len, size_t* group_len) {
   if (get_u32(in) != kMagic) return "bad magic in hello (not a reduction-server worker)";
@@ -70,8 +66,10 @@ std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* j
   h->chunk_bytes = get_u32(in + 20);
   *job_len = get_u16(in + 24);
   *group_len = get_u16(in + 26);
-  std::memcpy(h->mac.data(), in + 32, kMacBytes);
+  std::memcpy(h->nonce.data(), in + 32, kNonceBytes);
+  std::memcpy(h->mac.data(), in + 64, kMacBytes);
   if (h->version != kVersion) return "";  // the caller reports the version mismatch first
+  if (*job_len == 0 || *group_len == 0) return "empty job id or group name";
   if (*job_len > kMaxNameBytes || *group_len > kMaxNameBytes) return "job id or group name longer than 256 bytes";
   if (h->world_size == 0 || h->world_size > kMaxWorldSize) return "world size " + std::to_string(h->world_size) + " out of range 1..65536";
   if (h->rank >= h->world_size)
@@ -83,21 +81,45 @@ std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* j
   return "";
 }
 
-std::string encode_reply(Status s, const std::string& message) {
-  std::string msg = message.substr(0, kMaxMessageBytes);
-  std::string out(kReplyFixedBytes + msg.size(), '\0');
+const char* const kNameRule = "1 to 256 bytes of ASCII letters, digits and ._-:/@+=#";
+
+std::string check_name(const char* what, const std::string& name) {
+  if (name.empty() || name.size() > kMaxNameBytes) return std::string(what) + " must be " + kNameRule;
+  for (size_t i = 0; i < name.size(); ++i) {
+    const unsigned char ch = static_cast<unsigned char>(name[i]);
+    const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
+                    std::strchr("._-:/@+=#", ch) != nullptr;
+    if (!ok || ch == 0) {
+      static const char hex[] = "0123456789abcdef";
+      std::string code = "0x";
+      code += hex[ch >> 4];
+      code += hex[ch & 15];
+      return std::string(what) + " has byte " + code + " at position " + std::to_string(i) + ": it must be " + kNameRule;
+    }
+  }
+  return "";
+}
+
+static std::string encode_reply(const Reply& r, bool zero_mac) {
+  const size_t mlen = std::min(r.message.size(), kMaxMessageBytes);
+  std::string out(kReplyFixedBytes + mlen, '\0');
   auto* p = reinterpret_cast<uint8_t*>(&out[0]);
   put_u32(p, kMagic);
-  put_u16(p + 4, uint16_t(s));
-  put_u16(p + 6, uint16_t(msg.size()));
-  std::memcpy(p + kReplyFixedBytes, msg.data(), msg.size());
+  put_u16(p + 4, uint16_t(r.status));
+  put_u16(p + 6, uint16_t(mlen));
+  if (!zero_mac) std::memcpy(p + 8, r.mac.data(), kMacBytes);
+  std::memcpy(p + kReplyFixedBytes, r.message.data(), mlen);
   return out;
 }
 
-std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Status* s, size_t* msg_len) {
+std::string encode(const Reply& r) { return encode_reply(r, false); }
+std::string encode_unsigned(const Reply& r) { return encode_reply(r, true); }
+
+std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Reply* r, size_t* msg_len) {
   if (get_u32(in) != kMagic) return "bad magic in reply";
-  *s = Status(get_u16(in + 4));
+  r->status = Status(get_u16(in + 4));
   *msg_len = get_u16(in + 6);
+  std::memcpy(r->mac.data(), in + 8, kMacBytes);
   if (*msg_len > kMaxMessageBytes) return "reply message too long";
   return "";
 }
@@ -111,6 +133,8 @@ const char* status_name(Status s) {
     case Status::GroupConflict: return "group conflict";
     case Status::RankTaken: return "rank already connected";
     case Status::ShuttingDown: return "reducer shutting down";
+    case Status::OverLimit: return "over a reducer limit";
+    case Status::GroupIncomplete: return "group incomplete";
   }
   return "unknown status";
 }

@@ -12,7 +12,7 @@
 namespace rs::proto {
 
 constexpr uint32_t kMagic = 0x56525352u;  // bytes "RSRV" on the wire
-constexpr uint16_t kVersion = 1;
+constexpr uint16_t kVersion = 2;
 
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
@@ -53,7 +53,7 @@ void encode(const Challenge& c, uint8_t out[kChallengeBytes]);
 // Returns "" on success, else why the bytes are not a challenge.
 std::string decode(const uint8_t in[kChallengeBytes], Challenge* c);
 
-// 2. worker -> reducer: HELLO (64 fixed bytes, then job id and group name bytes)
+// 2. worker -> reducer: HELLO (96 fixed bytes, then job id and group name bytes)
 struct Hello {
   uint16_t version = kVersion;
   uint16_t flags = 0;
@@ -64,29 +64,45 @@ struct Hello {
   uint32_t chunk_bytes = 0;
   std::string job_id;
   std::string group;
-  std::array<uint8_t, kMacBytes> mac{};  // HMAC-SHA256(secret, nonce || hello with mac zeroed)
+  std::array<uint8_t, kNonceBytes> nonce{};  // the worker's nonce: the reducer's reply MAC covers it
+  std::array<uint8_t, kMacBytes> mac{};      // see protocol/auth.h
 };
-constexpr size_t kHelloFixedBytes = 64;
+constexpr size_t kHelloFixedBytes = 96;
 // Encodes the whole hello (fixed part + names); the mac field is written as given.
 std::string encode(const Hello& h);
-// Decodes the fixed part; *names_len receives the number of name bytes that follow.
+// The fixed part with a zero mac followed by the names: what the hello MAC covers (after the nonce).
+std::string encode_unsigned(const Hello& h);
+// Decodes the fixed part; *job_len / *group_len receive the number of name bytes that follow.
+// Checks every field's range; names are checked by check_name once they have arrived.
 std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* job_len, size_t* group_len);
-// The bytes covered by the MAC: nonce || encode(hello with zero mac).
-std::string mac_input(const Hello& h, const std::array<uint8_t, kNonceBytes>& nonce);
 
-// 3. reducer -> worker: REPLY (8 bytes + message)
+// Job ids and group names: 1..256 bytes of ASCII letters, digits and "._-:/@+=#". They appear
+// in logs and keys, so nothing else is accepted. Returns "" or why `name` is refused.
+std::string check_name(const char* what, const std::string& name);
+extern const char* const kNameRule;  // the rule in words, for messages and docs
+
+// 3. reducer -> worker: REPLY (40 bytes + message)
 enum class Status : uint16_t {
   Ok = 0,
   BadVersion = 1,
   AuthFailed = 2,
   BadHello = 3,
-  GroupConflict = 4,  // world size / streams / chunk size differ from the group's
-  RankTaken = 5,      // retryable: the previous connection of this rank is still closing
+  GroupConflict = 4,    // world size / streams / chunk size differ from the group's
+  RankTaken = 5,        // retryable: the previous connection of this rank is still closing
   ShuttingDown = 6,
+  OverLimit = 7,        // a memory, connection or group cap of the reducer (the message names the setting)
+  GroupIncomplete = 8,  // the group did not complete within the reducer's group timeout
 };
-constexpr size_t kReplyFixedBytes = 8;
-std::string encode_reply(Status s, const std::string& message);
-std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Status* s, size_t* msg_len);
+struct Reply {
+  Status status = Status::Ok;
+  std::string message;                   // <= kMaxMessageBytes
+  std::array<uint8_t, kMacBytes> mac{};  // zeros unless the reducer has a secret (protocol/auth.h)
+};
+constexpr size_t kReplyFixedBytes = 40;
+std::string encode(const Reply& r);
+// The fixed part with a zero mac followed by the message: what the reply MAC covers.
+std::string encode_unsigned(const Reply& r);
+std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Reply* r, size_t* msg_len);
 const char* status_name(Status s);
 
 // ---- frames ------------------------------------------------------------------

@@ -1,26 +1,114 @@
 #include "server/group.h"
 
-#include <cstring>
+#include <sys/mman.h>
+
+#include <algorithm>
 #include <sstream>
 
 namespace rs::server {
 
-Group::Group(GroupKey k, uint32_t w, uint32_t c, uint16_t ns, int window)
-    : key(std::move(k)), world(w), chunk(c), num_streams(ns), members_(w, nullptr), slots_(size_t(window < 1 ? 1 : window)) {}
+Arena::~Arena() {
+  if (data_) ::munmap(data_, bytes_);
+}
 
-size_t Group::allocate() {
-  if (arena_) return 0;
-  // Per slot: one receive buffer per rank plus a float32 accumulator for 16-bit dtypes
-  // (chunk/2 elements x 4 bytes = 2 x chunk).
-  size_t per_slot = size_t(world) * chunk + 2 * size_t(chunk);
-  arena_bytes_ = per_slot * slots_.size();
-  arena_ = std::make_unique<uint8_t[]>(arena_bytes_);
-  for (size_t i = 0; i < slots_.size(); ++i) {
-    slots_[i].data = arena_.get() + i * per_slot;
-    slots_[i].acc = slots_[i].data + size_t(world) * chunk;
-    slots_[i].arrived.assign(world, 0);
+bool Arena::map(size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  data_ = static_cast<uint8_t*>(p);
+  bytes_ = bytes;
+  return true;
+}
+
+Group::Group(GroupKey k, uint32_t w, uint32_t c, uint16_t ns, int slots, PeerTable::Ticket creator)
+    : key_(std::move(k)), world_(w), chunk_(c), num_streams_(ns), slot_count_(slots < 1 ? 1 : slots),
+      created_(Clock::now()), creator_(std::move(creator)) {}
+
+uint64_t Group::bytes_needed(uint32_t world, uint32_t chunk, int slots) {
+  return uint64_t(slots < 1 ? 1 : slots) * (uint64_t(world) + 2) * uint64_t(chunk);
+}
+
+Conn* Group::member(uint32_t rank) const {
+  if (complete_) return rank < members_.size() ? members_[rank] : nullptr;
+  for (const auto& w : waiting_)
+    if (w.first == rank) return w.second;
+  return nullptr;
+}
+
+void Group::add_member(uint32_t rank, Conn* c) {
+  if (complete_) {
+    members_[rank] = c;
+  } else {
+    waiting_.emplace_back(rank, c);
   }
-  return arena_bytes_;
+  ++joined_;
+}
+
+void Group::remove_member(uint32_t rank) {
+  if (complete_) {
+    if (rank < members_.size() && members_[rank]) {
+      members_[rank] = nullptr;
+      --joined_;
+    }
+    return;
+  }
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [rank](const auto& w) { return w.first == rank; });
+  if (it != waiting_.end()) {
+    waiting_.erase(it);
+    --joined_;
+  }
+}
+
+std::vector<uint32_t> Group::missing_ranks(size_t at_most) const {
+  std::vector<uint32_t> joined;
+  for (const auto& w : waiting_) joined.push_back(w.first);
+  std::sort(joined.begin(), joined.end());
+  std::vector<uint32_t> out;
+  size_t j = 0;
+  for (uint32_t r = 0; r < world_ && out.size() < at_most; ++r) {
+    if (j < joined.size() && joined[j] == r) {
+      ++j;
+      continue;
+    }
+    out.push_back(r);
+  }
+  return out;
+}
+
+void Group::mark_failed(const std::string& why) {
+  failed_ = true;
+  last_error_ = why;
+}
+
+std::string Group::complete(MemoryBudget& budget) {
+  const uint64_t need = bytes_needed(world_, chunk_, slot_count_);
+  if (!budget.reserve(need, &reservation_))
+    return "group " + key_.label() + " needs " + std::to_string(need >> 20) + " MiB of reduction buffers but the " +
+           "reducer's memory budget (max_memory_bytes = " + std::to_string(budget.limit() >> 20) + " MiB) has " +
+           std::to_string((budget.limit() - std::min(budget.limit(), budget.used())) >> 20) +
+           " MiB left: add reducers, use a smaller chunk size, or raise RS_MAX_MEMORY";
+  if (!arena_.map(size_t(need))) {
+    reservation_ = MemoryBudget::Reservation();
+    return "group " + key_.label() + ": the operating system refused " + std::to_string(need >> 20) + " MiB";
+  }
+  const size_t per_slot = size_t(world_) * chunk_ + 2 * size_t(chunk_);
+  slots_.resize(size_t(slot_count_));
+  for (size_t i = 0; i < slots_.size(); ++i) {
+    slots_[i].data = arena_.data() + i * per_slot;
+    slots_[i].acc = slots_[i].data + size_t(world_) * chunk_;
+    slots_[i].arrived.assign(world_, 0);
+  }
+  members_.assign(world_, nullptr);
+  for (const auto& w : waiting_) members_[w.first] = w.second;
+  waiting_.clear();
+  waiting_.shrink_to_fit();
+  complete_ = true;
+  return "";
+}
+
+bool Group::busy() const {
+  for (const Slot& s : slots_)
+    if (s.seq >= 0 && s.next_rank < world_) return true;
+  return false;
 }
 
 static std::string describe(const proto::FrameHeader& h) {
@@ -32,8 +120,7 @@ static std::string describe(const proto::FrameHeader& h) {
   return o.str();
 }
 
-std::string Group::mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b,
-                            uint16_t stream) {
+std::string Group::mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b) {
   if (a.round == b.round && a.dtype == b.dtype && a.op == b.op && a.total_bytes == b.total_bytes &&
       a.shard_bytes == b.shard_bytes && a.offset == b.offset && a.length == b.length && a.tag == b.tag &&
       a.flags == b.flags)
@@ -52,7 +139,7 @@ bool Group::advance(Slot& s) {
   const size_t n = s.params.length / dtype_size(t);
   const bool in_place = acc_is_wire_type(t);
   void* acc = in_place ? static_cast<void*>(s.data) : static_cast<void*>(s.acc);
-  while (s.next_rank < world && s.arrived[s.next_rank]) {
+  while (s.next_rank < world_ && s.arrived[s.next_rank]) {
     const uint8_t* x = contribution(s, s.next_rank);
     if (s.next_rank == 0) {
       if (!in_place) kernels::init(t, acc, x, n);
@@ -61,8 +148,8 @@ bool Group::advance(Slot& s) {
     }
     ++s.next_rank;
   }
-  if (s.next_rank < world) return false;
-  if (!in_place || op == Op::Avg) kernels::finalize(t, op, s.data, acc, n, world);
+  if (s.next_rank < world_) return false;
+  if (!in_place || op == Op::Avg) kernels::finalize(t, op, s.data, acc, n, world_);
   return true;
 }
 

@@ -1,20 +1,24 @@
-// One reduction unit on a reducer: the chunks of one stream of one group
-// (job id, group name, stream index). Holds the window of chunk slots, the
-// members' receive buffers and the fixed-order reduction. No sockets here.
+// One reduction unit on a reducer: the chunks of one stream of one group (job id, group name,
+// stream index). Holds the members, the window of chunk slots, the members' receive buffers and
+// the fixed-order reduction. No sockets here: members are opaque handles (Conn*) that the event
+// loop owns; a Group never dereferences them.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/kernels.h"
 #include "protocol/wire.h"
+#include "server/limits.h"
 
 namespace rs::server {
 
-struct Conn;  // a worker connection (server.cc); opaque here
+struct Conn;  // a worker connection (server/conn.h); opaque here
 
 struct GroupKey {
   std::string job;
@@ -41,43 +45,103 @@ struct Slot {
   uint8_t* acc = nullptr;           // accumulator (float32 for 16-bit dtypes)
 };
 
+// Reduction buffers: an anonymous mapping committed page by page as data arrives, so creating
+// a large group costs no zero-filling on the event loop and no memory a group never uses.
+class Arena {
+ public:
+  Arena() = default;
+  ~Arena();
+  Arena(const Arena&) = delete;
+  Arena& operator=(const Arena&) = delete;
+  bool map(size_t bytes);  // false if the kernel refuses
+  uint8_t* data() const { return data_; }
+
+ private:
+  uint8_t* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
 class Group {
  public:
-  Group(GroupKey key, uint32_t world, uint32_t chunk, uint16_t num_streams, int window);
+  using Clock = std::chrono::steady_clock;
 
-  const GroupKey key;
-  const uint32_t world;
-  const uint32_t chunk;
-  const uint16_t num_streams;
+  Group(GroupKey key, uint32_t world, uint32_t chunk, uint16_t num_streams, int slots, PeerTable::Ticket creator);
 
-  // Allocates the window once (when the group is complete); returns the bytes allocated.
-  size_t allocate();
-  size_t memory_bytes() const { return arena_bytes_; }
+  // Reduction-buffer bytes of a group stream: slots x (world + 2) x chunk (one receive buffer per
+  // rank plus a float32 accumulator for 16-bit dtypes: chunk/2 elements x 4 bytes = 2 x chunk).
+  static uint64_t bytes_needed(uint32_t world, uint32_t chunk, int slots);
 
+  const GroupKey& key() const { return key_; }
+  uint32_t world() const { return world_; }
+  uint32_t chunk() const { return chunk_; }
+  uint16_t num_streams() const { return num_streams_; }
+  Clock::time_point created() const { return created_; }
+
+  // ---- membership (the rules live in GroupTable) ----
+  Conn* member(uint32_t rank) const;  // nullptr if that rank is not connected
+  uint32_t joined() const { return joined_; }
+  bool complete() const { return complete_; }
+  bool failed() const { return failed_; }
+  const std::string& left() const { return left_; }
+  void add_member(uint32_t rank, Conn* c);
+  void remove_member(uint32_t rank);
+  // Every connected member, in rank order once complete (join order before).
+  template <class F>
+  void for_each_member(F&& f) const {
+    if (complete_) {
+      for (Conn* m : members_)
+        if (m) f(m);
+    } else {
+      for (const auto& w : waiting_) f(w.second);
+    }
+  }
+  std::vector<uint32_t> missing_ranks(size_t at_most) const;
+  void mark_failed(const std::string& why);
+  void mark_left(const std::string& why) { left_ = why; }
+
+  // Completes the group: reserves its buffers from `budget` and maps them. Returns "" or why not.
+  // (max_group_bytes is checked when the group is created: GroupTable::join.)
+  std::string complete(MemoryBudget& budget);
+  uint64_t memory_bytes() const { return reservation_.bytes(); }
+
+  // ---- chunks ----
   Slot& slot_for(int64_t seq) { return slots_[size_t(seq % int64_t(slots_.size()))]; }
   std::vector<Slot>& slots() { return slots_; }
-  uint8_t* contribution(Slot& s, uint32_t rank) { return s.data + size_t(rank) * chunk; }
+  uint8_t* contribution(Slot& s, uint32_t rank) { return s.data + size_t(rank) * chunk_; }
+  bool busy() const;  // a chunk still waits for contributions (results merely being sent do not count)
 
-  // Describes how `h` (from rank b) differs from the slot's parameters, or "" if it matches.
-  static std::string mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b,
-                              uint16_t stream);
+  // Describes how `b` (from rank_b) differs from the slot's parameters `a`, or "" if it matches.
+  static std::string mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b);
 
   // Folds in every contribution that is next in rank order. Returns true when the chunk is
   // fully reduced; the result is then in contribution(slot, 0).
   bool advance(Slot& s);
   void release(Slot& s);
 
-  // Membership, maintained by the event loop that owns the group.
-  std::vector<Conn*> members_;
-  uint32_t joined_ = 0;
-  bool complete_ = false;   // every rank connected once: rounds may run
-  bool failed_ = false;     // an error frame went to every member; no more rounds
-  std::string left_;        // set when a member left cleanly: the next round fails with this
+  // ---- counters (for stats) ----
+  uint64_t rounds = 0, bytes_received = 0, bytes_sent = 0;
+  const std::string& last_error() const { return last_error_; }
 
  private:
+  GroupKey key_;
+  uint32_t world_;
+  uint32_t chunk_;
+  uint16_t num_streams_;
+  int slot_count_;
+  Clock::time_point created_;
+  PeerTable::Ticket creator_;  // counts against the creating peer's max_groups_per_peer
+
+  std::vector<std::pair<uint32_t, Conn*>> waiting_;  // before completion: only who joined
+  std::vector<Conn*> members_;                       // after completion: by rank
+  uint32_t joined_ = 0;
+  bool complete_ = false;
+  bool failed_ = false;
+  std::string left_;  // set when a member left between rounds: the next round fails with this
+  std::string last_error_;
+
   std::vector<Slot> slots_;
-  std::unique_ptr<uint8_t[]> arena_;
-  size_t arena_bytes_ = 0;
+  MemoryBudget::Reservation reservation_;
+  Arena arena_;
 };
 
 }  // namespace rs::server

@@ -1,21 +1,26 @@
-// Event loops and connections of the reducer (see server.h, docs/protocol.md).
+// Event loops of the reducer (see server.h, docs/protocol.md, docs/security.md).
 //
-// Threads: `threads` epoll loops. Loop 0 owns the listening socket and runs every
-// handshake; a validated connection is handed to the loop that owns its group
-// (hash of job, group, stream), so all state of a group is touched by one thread
-// and needs no locks. The stream index is part of the key: a worker's several
-// streams to one reducer spread over loops.
+// Threads: `threads` epoll loops. Loop 0 owns the listening socket and runs every handshake; a
+// validated connection is handed to the loop that owns its group (hash of job, group, stream),
+// so all state of a group is touched by one thread and needs no locks. Ownership of a
+// connection moves with it (server/conn.h): after the hand-off loop 0 never touches it again.
+// The stream index is part of the key: a worker's several streams to one reducer spread over
+// loops. What this file does: epoll, accept, moving bytes, and turning the decisions of
+// server/handshake.h and server/group_table.h into replies, frames and log lines.
 #include "server/server.h"
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <chrono>
 #include <cstring>
+#include <deque>
 #include <mutex>
 #include <thread>
 #include <unordered_map>
@@ -26,7 +31,11 @@
 #include "net/socket.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
+#include "server/conn.h"
 #include "server/group.h"
+#include "server/group_table.h"
+#include "server/handshake.h"
+#include "server/limits.h"
 
 namespace rs::server {
 
@@ -34,96 +43,26 @@ using net::Clock;
 
 namespace {
 
-// One frame (or control message) waiting to be written to a connection.
-struct OutItem {
-  uint8_t hdr[proto::kFrameHeaderBytes];
-  size_t hdr_len = 0;
-  const uint8_t* payload = nullptr;  // result data (points into a group slot)
-  size_t payload_len = 0;
-  size_t sent = 0;
-  Slot* slot = nullptr;              // released when every member got its copy
-  std::string ctl;                   // control bytes (handshake replies, errors): rare, not the hot path
-};
+// Every frame costs the reader at least this much of its per-wakeup budget, so frames without
+// payload (a flood of BYE headers) cannot starve the other connections of a loop.
+constexpr size_t kFrameCost = 4096;
+constexpr size_t kReadBudget = 8u << 20;  // bytes per connection per wakeup
+constexpr size_t kEndedGroupsKept = 16;   // ended groups still shown by group_stats()
 
-// Fixed-capacity FIFO reused for the life of the connection: results are queued
-// per chunk without touching the heap (it grows only if control messages pile up).
-class OutQueue {
- public:
-  explicit OutQueue(size_t cap = 16) : items_(cap) {}
-  bool empty() const { return count_ == 0; }
-  size_t size() const { return count_; }
-  OutItem& front() { return items_[head_]; }
-  OutItem& push() {
-    if (count_ == items_.size()) grow();
-    OutItem& it = items_[(head_ + count_) % items_.size()];
-    it.hdr_len = 0;
-    it.payload = nullptr;
-    it.payload_len = 0;
-    it.sent = 0;
-    it.slot = nullptr;
-    it.ctl.clear();
-    ++count_;
-    return it;
-  }
-  void pop() {
-    head_ = (head_ + 1) % items_.size();
-    --count_;
-  }
- private:
-  void grow() {
-    std::vector<OutItem> bigger(items_.size() * 2);
-    for (size_t i = 0; i < count_; ++i) bigger[i] = std::move(items_[(head_ + i) % items_.size()]);
-    items_ = std::move(bigger);
-    head_ = 0;
-  }
-  std::vector<OutItem> items_;
-  size_t head_ = 0, count_ = 0;
-};
+std::string ip_of(const std::string& peer) {
+  if (!peer.empty() && peer[0] == '[') return peer.substr(1, peer.find(']') - 1);
+  return peer.substr(0, peer.rfind(':'));
+}
 
-enum class State { Hello, Names, Waiting, Active };
+bool is_loopback(const std::string& host) {
+  return host == "localhost" || host == "::1" || host.compare(0, 4, "127.") == 0;
+}
+
+std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
 
 }  // namespace
 
 struct Loop;
-
-struct Conn {
-  net::Fd fd;
-  std::string peer;
-  State state = State::Hello;
-  Clock::time_point deadline;
-  uint32_t epoll_mask = 0;
-  bool registered = false;
-  // handshake
-  std::array<uint8_t, proto::kNonceBytes> nonce{};
-  uint8_t fixed[proto::kHelloFixedBytes];
-  size_t got = 0;
-  size_t job_len = 0, group_len = 0;
-  std::string names;
-  proto::Hello hello;
-  GroupKey key;
-  // membership
-  std::shared_ptr<Group> group;
-  uint32_t rank = 0;
-  bool member = false;    // counted in group->members
-  // data frames
-  uint8_t hdr[proto::kFrameHeaderBytes];
-  size_t hdr_got = 0;
-  bool have_hdr = false;
-  bool paused = false;    // header read, waiting for its slot to free
-  proto::FrameHeader cur;
-  Slot* cur_slot = nullptr;
-  uint8_t* dst = nullptr;
-  size_t dst_got = 0;
-  int64_t seq_next = 0;
-  uint64_t last_round = 0;
-  bool said_bye = false;
-  // lifecycle
-  OutQueue out;
-  bool close_after_flush = false;
-  bool dead = false;
-  bool counted = false;   // in stats.connections
-  std::string why;
-};
 
 struct Server::Impl {
   ServerOptions opts;
@@ -132,10 +71,21 @@ struct Server::Impl {
   uint16_t port = 0;
   std::atomic<bool> running{false};
   std::atomic<bool> accepting{false};
+  MemoryBudget budget;
+  PeerTable peers;
+  LogLimiter accept_log, refuse_log, reject_log;
   // stats
   std::atomic<uint64_t> bytes_received{0}, bytes_sent{0}, rounds_completed{0}, chunks_reduced{0};
-  std::atomic<uint64_t> connections{0}, workers{0}, groups{0}, errors{0}, rejected{0}, memory{0};
+  std::atomic<uint64_t> connections{0}, workers{0}, groups{0}, errors{0}, rejected{0}, over_limit{0};
+  std::atomic<uint64_t> open_conns{0}, handshakes{0}, waiting{0};
   std::atomic<int64_t> busy_slots{0};
+
+  // A log line that an attacker could repeat: let through a few per period, count the rest.
+  static void log_limited(LogLimiter& lim, LogLevel level, const std::string& msg) {
+    uint64_t dropped = 0;
+    if (!lim.allow(&dropped)) return;
+    log(level, dropped ? msg + " (" + std::to_string(dropped) + " similar lines suppressed)" : msg);
+  }
 };
 
 struct Loop {
@@ -146,10 +96,17 @@ struct Loop {
   std::thread thread;
   std::atomic<bool> stop{false};
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
-  std::unordered_map<GroupKey, std::shared_ptr<Group>, GroupKeyHash> groups;
+  std::unique_ptr<GroupTable> table;
   std::vector<Conn*> dying;
   std::mutex inbox_mu;
   std::vector<std::unique_ptr<Conn>> inbox;
+  // accept back-off after EMFILE/ENFILE (loop 0 only)
+  bool listener_paused = false;
+  Clock::time_point listener_resume;
+  // group_stats() snapshot
+  mutable std::mutex snap_mu;
+  std::vector<GroupStat> snapshot;
+  std::deque<GroupStat> ended;
 
   void wake() {
     uint64_t one = 1;
@@ -161,7 +118,7 @@ struct Loop {
   void update_mask(Conn* c) {
     if (c->dead) return;
     uint32_t want = EPOLLRDHUP;
-    bool reading = !c->paused && !c->close_after_flush;
+    bool reading = !c->paused && !c->close_after_flush && c->state != ConnState::Leaving;
     if (reading) want |= EPOLLIN;
     if (!c->out.empty()) want |= EPOLLOUT;
     if (c->registered && want == c->epoll_mask) return;
@@ -171,6 +128,22 @@ struct Loop {
     epoll_ctl(ep.get(), c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd.get(), &e);
     c->registered = true;
     c->epoll_mask = want;
+  }
+
+  // The counter a state is counted in (handshakes, waiting), or none.
+  std::atomic<uint64_t>* counter_of(ConnState st) {
+    switch (st) {
+      case ConnState::Hello:
+      case ConnState::Names: return &srv->handshakes;
+      case ConnState::Waiting: return &srv->waiting;
+      default: return nullptr;
+    }
+  }
+
+  void set_state(Conn* c, ConnState st) {
+    if (auto* old = counter_of(c->state)) (*old)--;
+    if (auto* now = counter_of(st)) (*now)++;
+    c->state = st;
   }
 
   void kill(Conn* c, const std::string& why, bool is_error) {
@@ -202,6 +175,10 @@ struct Loop {
     send_ctl(c, std::move(bytes));
   }
 
+  void send_reply(Conn* c, proto::Status status, const std::string& msg) {
+    send_ctl(c, make_reply(status, msg, c->authenticated, c->key, c->hello.nonce, c->nonce));
+  }
+
   void flush(Conn* c) {
     if (c->dead) return;
     try {
@@ -222,6 +199,7 @@ struct Loop {
         ssize_t w = net::send_some(c->fd.get(), iov, n, c->peer);
         if (w < 0) break;
         srv->bytes_sent += uint64_t(w);
+        if (c->group) c->group->bytes_sent += uint64_t(w);
         it.sent += size_t(w);
         if (it.sent < total) continue;
         Slot* slot = it.slot;
@@ -241,19 +219,53 @@ struct Loop {
   }
 
   // ---- accept and handshake ------------------------------------------------------------
+  void pause_listener(int err) {
+    Server::Impl::log_limited(srv->accept_log, LogLevel::Warning,
+                              "accept failed: " + errno_text(err) + " (" + std::to_string(srv->open_conns.load()) +
+                                  " connections open): pausing accepts for 100 ms; raise the descriptor limit " +
+                                  "(ulimit -n) or lower RS_MAX_CONNECTIONS");
+    epoll_ctl(ep.get(), EPOLL_CTL_DEL, srv->listener.get(), nullptr);
+    listener_paused = true;
+    listener_resume = Clock::now() + std::chrono::milliseconds(100);
+  }
+
+  void resume_listener_if_due() {
+    if (!listener_paused || Clock::now() < listener_resume || !srv->accepting.load()) return;
+    listener_paused = false;
+    epoll_event e{};
+    e.events = EPOLLIN;
+    e.data.fd = srv->listener.get();
+    epoll_ctl(ep.get(), EPOLL_CTL_ADD, srv->listener.get(), &e);
+  }
+
   void accept_all() {
-    for (;;) {
+    for (int accepted = 0; accepted < 256; ++accepted) {  // bounded: the loop also serves data
       int fd = ::accept4(srv->listener.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
       if (fd < 0) {
         if (errno == EINTR) continue;
-        if (errno != EAGAIN && errno != EWOULDBLOCK) log_warn("accept failed: " + errno_text(errno));
+        if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM) pause_listener(errno);
+        else if (errno != EAGAIN && errno != EWOULDBLOCK)
+          Server::Impl::log_limited(srv->accept_log, LogLevel::Warning, "accept failed: " + errno_text(errno));
         return;
       }
       auto c = std::make_unique<Conn>();
       c->fd.reset(fd);
       c->peer = net::peer_name(fd);
+      c->peer_ip = ip_of(c->peer);
+      if (srv->open_conns.load() >= srv->opts.max_connections) {
+        refuse_connection(c->peer, std::to_string(srv->open_conns.load()) + " connections open (max_connections)");
+        continue;  // closed by the Fd's destructor
+      }
+      if (!srv->peers.acquire(PeerTable::Kind::Connection, c->peer_ip, srv->opts.max_connections_per_peer,
+                              &c->peer_ticket)) {
+        refuse_connection(c->peer, std::to_string(srv->opts.max_connections_per_peer) +
+                                       " connections already open from " + c->peer_ip + " (max_connections_per_peer)");
+        continue;
+      }
+      srv->open_conns++;
+      srv->handshakes++;  // the state starts as Hello
       net::tune_socket(fd, srv->opts.socket_buffer);
-      c->deadline = Clock::now() + std::chrono::milliseconds(int64_t(srv->opts.handshake_timeout * 1000));
+      c->deadline = Clock::now() + ms(srv->opts.handshake_timeout);
       proto::random_bytes(c->nonce.data(), c->nonce.size());
       proto::Challenge ch;
       ch.auth_required = srv->opts.auth_token.empty() ? 0 : 1;
@@ -267,193 +279,177 @@ struct Loop {
     }
   }
 
-  void reject(Conn* c, proto::Status status, const std::string& msg) {
+  void refuse_connection(const std::string& peer, const std::string& why) {
+    srv->over_limit++;
     srv->rejected++;
-    log_warn("rejected " + c->peer + ": " + msg);
-    c->close_after_flush = true;
-    c->why = msg;
-    send_ctl(c, proto::encode_reply(status, msg));
+    Server::Impl::log_limited(srv->refuse_log, LogLevel::Warning, "refused a connection from " + peer + ": " + why);
   }
 
-  // Returns false if the connection cannot read more now.
-  bool read_handshake(Conn* c) {
-    if (c->state == State::Hello) {
+  void reject(Conn* c, proto::Status status, const std::string& msg) {
+    srv->rejected++;
+    if (status == proto::Status::OverLimit) srv->over_limit++;
+    Server::Impl::log_limited(srv->reject_log, LogLevel::Warning, "rejected " + c->peer + ": " + msg);
+    c->close_after_flush = true;
+    c->why = msg;
+    send_reply(c, status, msg);
+  }
+
+  // What read_handshake did with a connection.
+  enum class Step {
+    More,     // read something; call again
+    Stop,     // nothing to read now, or refused: the connection is still this loop's
+    HandedOff // handed to the loop that owns its group: `c` must not be touched again
+  };
+
+  Step read_handshake(Conn* c) {
+    if (c->state == ConnState::Hello) {
       ssize_t n = net::recv_some(c->fd.get(), c->fixed + c->got, proto::kHelloFixedBytes - c->got, c->peer);
-      if (n < 0) return false;
+      if (n < 0) return Step::Stop;
       c->got += size_t(n);
-      if (c->got < proto::kHelloFixedBytes) return true;
-      std::string err = proto::decode_fixed(c->fixed, &c->hello, &c->job_len, &c->group_len);
-      if (proto::get_u32(c->fixed) != proto::kMagic) {
+      if (c->got < proto::kHelloFixedBytes) return Step::More;
+      Verdict v = check_hello_fixed(c->fixed, &c->hello, &c->job_len, &c->group_len, c->peer);
+      if (v.garbage) {
         srv->rejected++;
-        kill(c, "garbage from " + c->peer + " (no reduction-server hello): connection closed", true);
-        log_warn(c->why);
-        return false;
+        kill(c, v.message, true);
+        Server::Impl::log_limited(srv->reject_log, LogLevel::Warning, v.message);
+        return Step::Stop;
       }
-      if (c->hello.version != proto::kVersion) {
-        reject(c, proto::Status::BadVersion,
-               "protocol version mismatch: reducer speaks version " + std::to_string(proto::kVersion) +
-                   ", worker sent version " + std::to_string(c->hello.version));
-        return false;
+      if (!v.ok()) {
+        reject(c, v.status, v.message);
+        return Step::Stop;
       }
-      if (!err.empty()) {
-        reject(c, proto::Status::BadHello, "bad hello from " + c->peer + ": " + err);
-        return false;
-      }
-      c->state = State::Names;
+      set_state(c, ConnState::Names);
       c->got = 0;
       c->names.assign(c->job_len + c->group_len, '\0');
     }
-    if (c->state == State::Names) {
-      if (c->got < c->names.size()) {
-        ssize_t n = net::recv_some(c->fd.get(), &c->names[c->got], c->names.size() - c->got, c->peer);
-        if (n < 0) return false;
-        c->got += size_t(n);
-        if (c->got < c->names.size()) return true;
-      }
-      c->hello.job_id = c->names.substr(0, c->job_len);
-      c->hello.group = c->names.substr(c->job_len);
-      if (!srv->opts.auth_token.empty()) {
-        proto::Digest want = proto::hmac_sha256(srv->opts.auth_token, proto::mac_input(c->hello, c->nonce));
-        proto::Digest got;
-        std::copy(c->hello.mac.begin(), c->hello.mac.end(), got.begin());
-        if (!proto::digest_equal(want, got)) {
-          reject(c, proto::Status::AuthFailed,
-                 "authentication failed for " + c->peer +
-                     ": the worker's token does not match the reducer's (set the same RS_AUTH_TOKEN on both)");
-          return false;
-        }
-      }
-      c->key = GroupKey{c->hello.job_id, c->hello.group, c->hello.stream_index};
-      c->rank = c->hello.rank;
-      c->state = State::Waiting;
-      handoff(c);
-      return false;
+    if (c->got < c->names.size()) {
+      ssize_t n = net::recv_some(c->fd.get(), &c->names[c->got], c->names.size() - c->got, c->peer);
+      if (n < 0) return Step::Stop;
+      c->got += size_t(n);
+      if (c->got < c->names.size()) return Step::More;
     }
-    return false;
+    Verdict v = check_hello_names(&c->hello, c->names, c->job_len, srv->opts.auth_token, c->nonce, c->peer, &c->key,
+                                  &c->authenticated);
+    if (!v.ok()) {
+      reject(c, v.status, v.message);
+      return Step::Stop;
+    }
+    c->gkey = GroupKey{c->hello.job_id, c->hello.group, c->hello.stream_index};
+    c->rank = c->hello.rank;
+    set_state(c, ConnState::Waiting);
+    return handoff(c) ? Step::HandedOff : Step::Stop;
   }
 
-  void handoff(Conn* c);        // defined after Server::Impl has its loops
+  bool handoff(Conn* c);  // true if moved to another loop; defined after Server::Impl has its loops
   void adopt(std::unique_ptr<Conn> c);
 
   // ---- groups -------------------------------------------------------------------------
   void join(Conn* c) {
-    const proto::Hello& h = c->hello;
-    auto it = groups.find(c->key);
-    std::shared_ptr<Group> g;
-    if (it == groups.end()) {
-      const uint64_t need = uint64_t(srv->opts.window) * (uint64_t(h.world_size) + 2) * h.chunk_bytes;
-      if (need > srv->opts.max_group_bytes) {
-        reject(c, proto::Status::GroupConflict,
-               "group " + c->key.label() + " would need " + std::to_string(need >> 20) + " MiB of reduction buffers " +
-                   "(window x (world size + 2) x chunk size); this reducer allows " +
-                   std::to_string(srv->opts.max_group_bytes >> 20) + " MiB per group stream: use a smaller chunk size");
+    JoinOutcome j = table->join(c, c->hello, c->gkey, c->peer_ip, c->peer);
+    switch (j.kind) {
+      case JoinOutcome::Kind::Rejected:
+        set_state(c, ConnState::Closing);
+        reject(c, j.status, j.message);
         return;
-      }
-      g = std::make_shared<Group>(c->key, h.world_size, h.chunk_bytes, h.num_streams, srv->opts.window);
-      groups.emplace(c->key, g);
-      if (c->key.stream == 0) srv->groups++;
-      log_info("group " + c->key.label() + " created by " + c->peer + " (world size " + std::to_string(h.world_size) +
-               ", " + std::to_string(h.num_streams) + " streams, chunk " + std::to_string(h.chunk_bytes) + " bytes)");
-    } else {
-      g = it->second;
-      std::string conflict;
-      if (g->world != h.world_size)
-        conflict = "world size " + std::to_string(h.world_size) + " differs from the group's " + std::to_string(g->world);
-      else if (g->num_streams != h.num_streams)
-        conflict = "streams " + std::to_string(h.num_streams) + " differ from the group's " + std::to_string(g->num_streams);
-      else if (g->chunk != h.chunk_bytes)
-        conflict = "chunk size " + std::to_string(h.chunk_bytes) + " differs from the group's " + std::to_string(g->chunk);
-      if (!conflict.empty()) {
-        reject(c, proto::Status::GroupConflict, "group " + c->key.label() + ": rank " + std::to_string(c->rank) + " from " +
-                                                    c->peer + ": " + conflict);
+      case JoinOutcome::Kind::CompletionFailed:
+        // Every member (this one included) is refused; the group has failed and left the table.
+        c->group = j.group;
+        c->member = true;
+        j.group->for_each_member([&](Conn* m) {
+          set_state(m, ConnState::Closing);
+          reject(m, j.status, j.message);
+        });
         return;
-      }
-      if (g->members_[c->rank]) {
-        reject(c, proto::Status::RankTaken, "group " + c->key.label() + ": rank " + std::to_string(c->rank) +
-                                                " is already connected from " + g->members_[c->rank]->peer);
-        return;
-      }
+      case JoinOutcome::Kind::Waiting:
+      case JoinOutcome::Kind::Completed:
+        break;
     }
-    c->group = g;
-    g->members_[c->rank] = c;
-    g->joined_++;
+    c->group = j.group;
     c->member = true;
-    log_info("worker " + c->peer + " joined group " + c->key.label() + " as rank " + std::to_string(c->rank) + " (" +
-             std::to_string(g->joined_) + "/" + std::to_string(g->world) + ")");
-    update_mask(c);
-    if (g->joined_ == g->world) {
-      size_t bytes = g->allocate();
-      srv->memory += bytes;
-      g->complete_ = true;
-      for (Conn* m : g->members_) {
-        m->state = State::Active;
-        srv->connections++;
-        if (m->key.stream == 0) srv->workers++;
-        m->counted = true;
-        send_ctl(m, proto::encode_reply(proto::Status::Ok, "welcome"));
-      }
+    const Group& g = *j.group;
+    if (j.created) {
+      log_info("group " + c->gkey.label() + " created by " + c->peer + " (world size " + std::to_string(g.world()) +
+               ", " + std::to_string(g.num_streams()) + " streams, chunk " + std::to_string(g.chunk()) + " bytes)");
     }
+    log_debug("worker " + c->peer + " joined group " + c->gkey.label() + " as rank " + std::to_string(c->rank) + " (" +
+              std::to_string(g.joined()) + "/" + std::to_string(g.world()) + ")");
+    update_mask(c);
+    if (j.kind != JoinOutcome::Kind::Completed) return;
+    log_info("group " + c->gkey.label() + " complete: " + std::to_string(g.world()) + " ranks");
+    g.for_each_member([&](Conn* m) {
+      set_state(m, ConnState::Active);
+      srv->connections++;
+      if (m->gkey.stream == 0) srv->workers++;
+      m->counted = true;
+      send_reply(m, proto::Status::Ok, "welcome");
+    });
   }
 
   // Fails a group: every remaining member gets an error frame and is closed.
   void fail_group(const std::shared_ptr<Group>& g, proto::ErrorCode code, const std::string& msg) {
-    if (g->failed_) return;
-    g->failed_ = true;
-    log_warn("group " + g->key.label() + " failed: " + msg);
-    detach_group(g);
-    for (Conn* m : g->members_) {
-      if (!m || m->dead) continue;
-      send_error(m, code, msg);
-    }
-  }
-
-  // Removes a group from the table so that a reconnecting group starts afresh.
-  void detach_group(const std::shared_ptr<Group>& g) {
-    auto it = groups.find(g->key);
-    if (it != groups.end() && it->second == g) {
-      groups.erase(it);
-      if (g->key.stream == 0) srv->groups--;
-    }
+    if (!table->fail(g, msg)) return;
+    record_ended(*g);
+    log_warn("group " + g->key().label() + " failed: " + msg);
+    g->for_each_member([&](Conn* m) {
+      if (!m->dead) send_error(m, code, msg);
+    });
   }
 
   void leave(Conn* c) {
     if (!c->member) return;
     std::shared_ptr<Group> g = c->group;
     c->member = false;
-    g->members_[c->rank] = nullptr;
-    g->joined_--;
     if (c->counted) {
       srv->connections--;
-      if (c->key.stream == 0) srv->workers--;
+      if (c->gkey.stream == 0) srv->workers--;
       c->counted = false;
     }
-    if (!g->failed_) {
-      if (!g->complete_) {
-        // Still gathering: the rank is simply free again.
-        if (g->joined_ == 0) detach_group(g);
-      } else {
-        // Mid-round: a chunk still waits for contributions (results merely being sent do not count).
-        bool busy = false;
-        for (Slot& s : g->slots()) busy |= s.seq >= 0 && s.next_rank < g->world;
-        if (c->said_bye && !busy) {
-          log_info("rank " + std::to_string(c->rank) + " (" + c->peer + ") left group " + g->key.label());
-          g->left_ = "rank " + std::to_string(c->rank) + " (" + c->peer + ") has left the group";
-          detach_group(g);
-        } else {
-          fail_group(g, proto::ErrorCode::PeerLost,
-                     "rank " + std::to_string(c->rank) + " (" + c->peer + ") " +
-                         (busy ? "disconnected in the middle of a round" : "disconnected") + ": " + c->why);
-        }
-      }
+    const bool was_detached_before = g->failed() || !g->left().empty();
+    LeaveOutcome o = table->leave(g, c->rank, c->who() + " of group " + g->key().label(), c->said_bye, c->why);
+    switch (o.kind) {
+      case LeaveOutcome::Kind::Failed:
+        record_ended(*g);
+        log_warn("group " + g->key().label() + " failed: " + o.message);
+        g->for_each_member([&](Conn* m) {
+          if (!m->dead) send_error(m, proto::ErrorCode::PeerLost, o.message);
+        });
+        break;
+      case LeaveOutcome::Kind::Left:
+        if (!was_detached_before) record_ended(*g);
+        log_info(o.message);
+        break;
+      case LeaveOutcome::Kind::Quiet:
+        log_debug("closed " + c->peer + ": " + c->why);
+        break;
     }
-    if (g->joined_ == 0) {
-      // Last member gone: account the buffers (the memory itself goes with the last reference).
-      srv->memory -= g->memory_bytes();
+    if (g->joined() == 0) {
       for (Slot& s : g->slots())
         if (s.seq >= 0) {
           srv->busy_slots--;
           s.seq = -1;
         }
+    }
+  }
+
+  void expire_groups() {
+    auto expired = table->take_expired(Clock::now(), ms(srv->opts.group_timeout));
+    for (auto& g : expired) {
+      std::string missing;
+      for (uint32_t r : g->missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      if (g->world() - g->joined() > 8) missing += ", ...";
+      const std::string msg = "group " + g->key().label() + ": only " + std::to_string(g->joined()) + " of " +
+                              std::to_string(g->world()) + " ranks joined within " +
+                              std::to_string(int(srv->opts.group_timeout)) + " s (group_timeout); missing ranks " +
+                              missing;
+      g->mark_failed(msg);
+      record_ended(*g);
+      log_warn(msg);
+      g->for_each_member([&](Conn* m) {
+        set_state(m, ConnState::Closing);
+        m->why = msg;
+        m->close_after_flush = true;
+        send_reply(m, proto::Status::GroupIncomplete, msg);
+      });
     }
   }
 
@@ -467,7 +463,7 @@ struct Loop {
       s.first_rank = c->rank;
       srv->busy_slots++;
     } else if (s.seq == c->seq_next) {
-      std::string diff = Group::mismatch(s.params, s.first_rank, c->cur, c->rank, g.key.stream);
+      std::string diff = Group::mismatch(s.params, s.first_rank, c->cur, c->rank);
       if (!diff.empty()) {
         fail_group(c->group, proto::ErrorCode::Mismatch, diff);
         return false;
@@ -484,32 +480,62 @@ struct Loop {
     return true;
   }
 
+  void protocol_error(Conn* c, const std::string& err) {
+    const std::string who = c->who() + " of group " + c->gkey.label();
+    Server::Impl::log_limited(srv->reject_log, LogLevel::Warning, "protocol error from " + who + ": " + err);
+    srv->errors++;
+    c->why = "protocol error: " + err;
+    fail_group(c->group, proto::ErrorCode::Protocol, "protocol error from " + who + ": " + err);
+    if (!c->dead && !c->close_after_flush) send_error(c, proto::ErrorCode::Protocol, c->why);
+  }
+
   void on_header(Conn* c) {
-    std::string err = proto::decode(c->hdr, &c->cur, c->group->chunk);
+    std::string err = proto::decode(c->hdr, &c->cur, c->group->chunk());
     c->hdr_got = 0;
     if (err.empty() && c->cur.type == proto::FrameType::Bye) {
-      c->said_bye = true;
+      c->have_hdr = true;
+      c->cur_slot = nullptr;
+      c->text.assign(c->cur.length, '\0');
+      c->dst = reinterpret_cast<uint8_t*>(&c->text[0]);
+      c->dst_got = 0;
+      if (c->cur.length == 0) on_bye(c);
       return;
     }
     if (err.empty() && c->cur.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
     if (err.empty() && c->cur.round < c->last_round) err = "round number went backwards";
     if (!err.empty()) {
-      const std::string who = "rank " + std::to_string(c->rank) + " (" + c->peer + ") of group " + c->key.label();
-      log_warn("protocol error from " + who + ": " + err);
-      srv->errors++;
-      c->why = "protocol error: " + err;
-      fail_group(c->group, proto::ErrorCode::Protocol, "protocol error from " + who + ": " + err);
+      protocol_error(c, err);
       return;
     }
-    if (!c->group->left_.empty()) {
-      fail_group(c->group, proto::ErrorCode::PeerLost, c->group->left_);
+    if (!c->group->left().empty() || c->group->failed()) {
+      fail_group(c->group, proto::ErrorCode::PeerLost,
+                 c->group->left().empty() ? c->group->last_error() : c->group->left());
+      if (!c->dead && !c->close_after_flush)
+        send_error(c, proto::ErrorCode::PeerLost,
+                   c->group->left().empty() ? c->group->last_error() : c->group->left());
       return;
     }
     c->have_hdr = true;
     try_claim(c);
   }
 
+  void on_bye(Conn* c) {
+    c->have_hdr = false;
+    c->said_bye = true;
+    set_state(c, ConnState::Leaving);  // nothing more is read from this connection
+    std::string text;
+    for (char ch : c->text) text += (ch >= 32 && ch < 127) ? ch : '?';  // untrusted: printable only
+    c->text.clear();
+    c->why = text.empty() ? "said goodbye" : "said goodbye: " + text;
+    log_debug(c->who() + " of group " + c->gkey.label() + " " + c->why);
+    update_mask(c);
+  }
+
   void on_payload(Conn* c) {
+    if (c->cur.type == proto::FrameType::Bye) {
+      on_bye(c);
+      return;
+    }
     Slot& s = *c->cur_slot;
     Group& g = *c->group;
     s.arrived[c->rank] = 1;
@@ -521,74 +547,83 @@ struct Loop {
     srv->chunks_reduced++;
     proto::FrameHeader h = s.params;
     h.type = proto::FrameType::Result;
-    s.pending_sends = g.world;
+    s.pending_sends = g.world();
     std::shared_ptr<Group> keep = c->group;
-    for (Conn* m : g.members_) {
+    g.for_each_member([&](Conn* m) {
       OutItem& it = m->out.push();
       proto::encode(h, it.hdr);
       it.hdr_len = proto::kFrameHeaderBytes;
       it.payload = s.data;
       it.payload_len = h.length;
       it.slot = &s;
-    }
-    for (Conn* m : keep->members_)
-      if (m) flush(m);
+    });
+    keep->for_each_member([&](Conn* m) { flush(m); });
   }
 
   void result_delivered(Conn* c, Slot* s) {
     std::shared_ptr<Group> g = c->group;
-    if (g->failed_ || --s->pending_sends > 0) return;
-    if ((s->params.flags & proto::kLastInStream) && g->key.stream == 0) srv->rounds_completed++;
+    if (g->failed() || --s->pending_sends > 0) return;
+    if (s->params.flags & proto::kLastInStream) {
+      g->rounds++;
+      if (g->key().stream == 0) srv->rounds_completed++;
+    }
     g->release(*s);
     srv->busy_slots--;
-    for (Conn* m : g->members_)
-      if (m && m->paused && !m->dead) {
-        if (try_claim(m)) update_mask(m);
-      }
+    g->for_each_member([&](Conn* m) {
+      if (m->paused && !m->dead && try_claim(m)) update_mask(m);
+    });
   }
 
   void read_data(Conn* c) {
-    size_t budget = 8u << 20;  // bytes per wakeup, for fairness between connections
-    while (budget > 0 && !c->dead && !c->paused && !c->close_after_flush) {
+    size_t budget = kReadBudget;
+    while (budget > 0 && !c->dead && !c->paused && !c->close_after_flush && c->state == ConnState::Active) {
       if (!c->have_hdr) {
         ssize_t n = net::recv_some(c->fd.get(), c->hdr + c->hdr_got, proto::kFrameHeaderBytes - c->hdr_got, c->peer);
         if (n < 0) return;
         srv->bytes_received += uint64_t(n);
         c->hdr_got += size_t(n);
-        if (c->hdr_got == proto::kFrameHeaderBytes) on_header(c);
+        if (c->hdr_got == proto::kFrameHeaderBytes) {
+          budget -= std::min(budget, kFrameCost);
+          on_header(c);
+        }
         continue;
       }
       size_t want = c->cur.length - c->dst_got;
       ssize_t n = net::recv_some(c->fd.get(), c->dst + c->dst_got, want, c->peer);
       if (n < 0) return;
       srv->bytes_received += uint64_t(n);
+      c->group->bytes_received += uint64_t(n);
       c->dst_got += size_t(n);
       budget -= std::min(budget, size_t(n));
       if (c->dst_got == c->cur.length) on_payload(c);
     }
   }
 
-  void on_readable(Conn* c) {
+  // Returns false if the connection was handed to another loop: the caller must not touch it.
+  bool on_readable(Conn* c) {
     try {
-      if (c->state == State::Hello || c->state == State::Names) {
-        while (!c->dead && (c->state == State::Hello || c->state == State::Names) && read_handshake(c)) {
-        }
-        return;
+      if (c->state == ConnState::Hello || c->state == ConnState::Names) {
+        Step step;
+        do {
+          step = read_handshake(c);
+        } while (step == Step::More && !c->dead);
+        return step != Step::HandedOff;
       }
-      if (c->state == State::Waiting) {
+      if (c->state == ConnState::Waiting) {
         uint8_t b;
         ssize_t n = net::recv_some(c->fd.get(), &b, 1, c->peer);
         if (n > 0) {
           kill(c, "protocol error from " + c->peer + ": data before the group was complete", true);
-          log_warn(c->why);
+          Server::Impl::log_limited(srv->reject_log, LogLevel::Warning, c->why);
         }
-        return;
+        return true;
       }
       read_data(c);
     } catch (const Error& e) {
       bool error = !(c->said_bye || c->close_after_flush);
       kill(c, e.what(), error);
     }
+    return true;
   }
 
   void reap() {
@@ -596,18 +631,13 @@ struct Loop {
       std::vector<Conn*> batch;
       batch.swap(dying);
       for (Conn* c : batch) {
-        if (c->member) {
-          if (c->state == State::Active && !c->said_bye && !c->close_after_flush)
-            log_warn("lost " + c->peer + " (rank " + std::to_string(c->rank) + " of " + c->key.label() + "): " + c->why);
-          else
-            log_debug("closed " + c->peer + ": " + c->why);
-          leave(c);
-        } else if (!c->close_after_flush) {
-          log_debug("closed " + c->peer + ": " + c->why);
-        }
+        if (c->member) leave(c);
+        else if (!c->close_after_flush) log_debug("closed " + c->peer + ": " + c->why);
+        set_state(c, ConnState::Closing);
       }
       for (Conn* c : batch) {
         if (c->registered) epoll_ctl(ep.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
+        srv->open_conns--;
         conns.erase(c->fd.get());
       }
     }
@@ -617,12 +647,43 @@ struct Loop {
     auto now = Clock::now();
     for (auto& kv : conns) {
       Conn* c = kv.second.get();
-      if ((c->state == State::Hello || c->state == State::Names) && !c->dead && now > c->deadline) {
+      if ((c->state == ConnState::Hello || c->state == ConnState::Names) && !c->dead && now > c->deadline) {
         srv->rejected++;
         kill(c, "handshake timeout from " + c->peer, true);
-        log_warn(c->why);
+        Server::Impl::log_limited(srv->reject_log, LogLevel::Warning, c->why);
       }
     }
+  }
+
+  // ---- stats ------------------------------------------------------------------------------
+  GroupStat stat_of(const Group& g) const {
+    GroupStat s;
+    s.job = g.key().job;
+    s.group = g.key().group;
+    s.stream = g.key().stream;
+    s.world_size = g.world();
+    s.connected = g.joined();
+    s.complete = g.complete() && !g.failed() && g.left().empty();
+    s.rounds = g.rounds;
+    s.bytes_received = g.bytes_received;
+    s.bytes_sent = g.bytes_sent;
+    s.last_error = g.last_error();
+    s.age_s = std::chrono::duration<double>(Clock::now() - g.created()).count();
+    return s;
+  }
+
+  void record_ended(const Group& g) {
+    std::lock_guard<std::mutex> lock(snap_mu);
+    ended.push_back(stat_of(g));
+    if (ended.size() > kEndedGroupsKept) ended.pop_front();
+  }
+
+  void refresh_snapshot() {
+    std::vector<GroupStat> rows;
+    rows.reserve(table->size());
+    table->for_each([&](const Group& g) { rows.push_back(stat_of(g)); });
+    std::lock_guard<std::mutex> lock(snap_mu);
+    snapshot.swap(rows);
   }
 
   void run() {
@@ -630,7 +691,7 @@ struct Loop {
     epoll_event events[kMaxEvents];
     auto last_sweep = Clock::now();
     while (!stop.load()) {
-      int n = epoll_wait(ep.get(), events, kMaxEvents, 200);
+      int n = epoll_wait(ep.get(), events, kMaxEvents, listener_paused ? 20 : 200);
       if (n < 0 && errno != EINTR) {
         log_error("epoll_wait failed: " + errno_text(errno));
         break;
@@ -645,7 +706,7 @@ struct Loop {
           drain_inbox();
           continue;
         }
-        if (srv->listener.valid() && fd == srv->listener.get() && index == 0) {
+        if (index == 0 && srv->listener.valid() && fd == srv->listener.get()) {
           if (srv->accepting.load()) accept_all();
           continue;
         }
@@ -655,31 +716,42 @@ struct Loop {
         if (c->dead) continue;
         try {
           if (ev_mask & EPOLLOUT) flush(c);
-          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLHUP | EPOLLERR))) on_readable(c);
-          if (!c->dead && (ev_mask & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) && (c->paused || c->close_after_flush))
-            kill(c, c->close_after_flush ? c->why : "peer closed the connection while its chunk was waiting",
-                 !c->close_after_flush);
-          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLRDHUP)) == EPOLLRDHUP && !c->paused && c->state != State::Active)
-            on_readable(c);
+          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !on_readable(c)) continue;  // handed off
+          if (!c->dead && (ev_mask & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) &&
+              (c->paused || c->close_after_flush || c->state == ConnState::Leaving))
+            kill(c, c->close_after_flush || c->state == ConnState::Leaving ? c->why
+                                                                            : "peer closed the connection while its chunk was waiting",
+                 !c->close_after_flush && c->state != ConnState::Leaving);
+          if (!c->dead && (ev_mask & (EPOLLIN | EPOLLRDHUP)) == EPOLLRDHUP && !c->paused && c->state != ConnState::Active &&
+              c->state != ConnState::Leaving && !on_readable(c))
+            continue;  // handed off
         } catch (const std::exception& e) {
           // Nothing one connection does may take the reducer down: drop it (and fail its group).
           log_error("internal error on " + c->peer + ": " + e.what());
-          if (c->member && c->group) fail_group(c->group, proto::ErrorCode::Internal, std::string("reducer error: ") + e.what());
+          if (c->member && c->group)
+            fail_group(c->group, proto::ErrorCode::Internal, std::string("reducer error: ") + e.what());
           kill(c, std::string("internal error: ") + e.what(), true);
         }
       }
       reap();
+      if (index == 0) resume_listener_if_due();
       auto now = Clock::now();
       if (now - last_sweep > std::chrono::milliseconds(250)) {
         sweep_handshakes();
+        expire_groups();
         reap();
+        refresh_snapshot();
         last_sweep = now;
       }
     }
-    // Shutting down: tell members, then drop every connection.
+    shutdown_all();
+  }
+
+  void shutdown_all() {
+    // Tell members, then drop every connection.
     for (auto& kv : conns) {
       Conn* c = kv.second.get();
-      if (c->state == State::Active && !c->dead) {
+      if (c->state == ConnState::Active && !c->dead) {
         proto::FrameHeader h;
         h.type = proto::FrameType::Error;
         h.flags = uint8_t(proto::ErrorCode::Shutdown);
@@ -697,10 +769,15 @@ struct Loop {
         c->said_bye = true;
       }
     }
-    for (auto& kv : conns)
-      if (kv.second->member) leave(kv.second.get());
+    for (auto& kv : conns) {
+      Conn* c = kv.second.get();
+      if (c->member) leave(c);
+      set_state(c, ConnState::Closing);
+      srv->open_conns--;
+    }
     conns.clear();
-    groups.clear();
+    table->clear();
+    refresh_snapshot();
   }
 
   void drain_inbox() {
@@ -711,15 +788,16 @@ struct Loop {
     }
     for (auto& c : got) adopt(std::move(c));
   }
+
 };
 
-void Loop::handoff(Conn* c) {
-  size_t owner = GroupKeyHash()(c->key) % srv->loops.size();
+bool Loop::handoff(Conn* c) {
+  size_t owner = GroupKeyHash()(c->gkey) % srv->loops.size();
   if (owner == size_t(index)) {
     join(c);
-    return;
+    return false;
   }
-  // Move the connection to the loop that owns its group.
+  // Move the connection to the loop that owns its group. From here on `c` is that loop's.
   if (c->registered) epoll_ctl(ep.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
   c->registered = false;
   auto it = conns.find(c->fd.get());
@@ -731,6 +809,7 @@ void Loop::handoff(Conn* c) {
     dst->inbox.push_back(std::move(moved));
   }
   dst->wake();
+  return true;
 }
 
 void Loop::adopt(std::unique_ptr<Conn> c) {
@@ -748,20 +827,55 @@ Server::~Server() {
   }
 }
 
+namespace {
+
+// Fills in the defaults that depend on the machine; raises the descriptor limit to its maximum.
+void resolve_limits(ServerOptions& o) {
+  if (o.max_memory_bytes == 0) {
+    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
+    o.max_memory_bytes = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 2 : uint64_t(8) << 30;
+  }
+  rlimit rl{};
+  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
+    if (rl.rlim_cur < rl.rlim_max) {
+      rlimit up = rl;
+      up.rlim_cur = rl.rlim_max;
+      if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
+    }
+    if (rl.rlim_cur != RLIM_INFINITY) {
+      const uint64_t cap = rl.rlim_cur > 128 ? uint64_t(rl.rlim_cur) - 64 : uint64_t(rl.rlim_cur) / 2;
+      if (o.max_connections > cap) o.max_connections = uint32_t(cap);
+    }
+  }
+}
+
+}  // namespace
+
 void Server::start() {
   Impl& s = *impl_;
   if (s.running) throw Error(ErrorKind::Config, "reducer already started");
   int threads = s.opts.threads;
   if (threads <= 0) threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   if (threads > 256) throw Error(ErrorKind::Config, "threads must be at most 256");
-  if (s.opts.window < 1 || s.opts.window > 64) throw Error(ErrorKind::Config, "window must be in 1..64");
+  if (s.opts.group_slots < 1 || s.opts.group_slots > 64) throw Error(ErrorKind::Config, "group_slots must be in 1..64");
+  if (s.opts.handshake_timeout <= 0 || s.opts.group_timeout <= 0)
+    throw Error(ErrorKind::Config, "handshake_timeout and group_timeout must be positive");
+  if (s.opts.max_connections < 1 || s.opts.max_connections_per_peer < 1 || s.opts.max_groups_per_peer < 1)
+    throw Error(ErrorKind::Config, "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
+  resolve_limits(s.opts);
+  s.budget.set_limit(s.opts.max_memory_bytes);
   s.listener = net::listen_on(s.opts.host, s.opts.port, &s.port);
   net::set_nonblocking(s.listener.get(), true);
   s.loops.clear();
+  GroupLimits gl;
+  gl.slots = s.opts.group_slots;
+  gl.max_group_bytes = s.opts.max_group_bytes;
+  gl.max_groups_per_peer = s.opts.max_groups_per_peer;
   for (int i = 0; i < threads; ++i) {
     auto l = std::make_unique<Loop>();
     l->srv = &s;
     l->index = i;
+    l->table = std::make_unique<GroupTable>(gl, &s.budget, &s.peers, &s.groups);
     l->ep.reset(epoll_create1(EPOLL_CLOEXEC));
     l->ev.reset(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
     if (!l->ep.valid() || !l->ev.valid()) throw Error(ErrorKind::Internal, "epoll/eventfd: " + errno_text(errno));
@@ -782,12 +896,21 @@ void Server::start() {
     lp->thread = std::thread([lp] { lp->run(); });
   }
   log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + std::to_string(threads) +
-           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required"));
+           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") + "; limits: memory " +
+           std::to_string(s.opts.max_memory_bytes >> 20) + " MiB, " + std::to_string(s.opts.max_connections) +
+           " connections (" + std::to_string(s.opts.max_connections_per_peer) + " per address)");
+  if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
+    log_warn("reducer on " + s.opts.host + ":" + std::to_string(s.port) +
+             " has NO authentication: anyone who can reach this port can join any job's group, inject data into its "
+             "sums and read them; set a shared secret (RS_AUTH_TOKEN or --auth-token-file) on reducers and workers, "
+             "see docs/security.md");
 }
 
 uint16_t Server::port() const { return impl_->port; }
 
 bool Server::running() const { return impl_->running.load(); }
+
+const ServerOptions& Server::limits() const { return impl_->opts; }
 
 void Server::stop(double drain_timeout) {
   Impl& s = *impl_;
@@ -796,7 +919,7 @@ void Server::stop(double drain_timeout) {
   // No new connections from here on (epoll_ctl is thread-safe; loop 0 stops seeing the listener).
   if (!s.loops.empty()) epoll_ctl(s.loops[0]->ep.get(), EPOLL_CTL_DEL, s.listener.get(), nullptr);
   if (drain_timeout > 0) {
-    auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(drain_timeout * 1000));
+    auto deadline = Clock::now() + ms(drain_timeout);
     while (s.busy_slots.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (s.busy_slots.load() > 0) log_warn("stopping with rounds still in flight after the drain timeout");
   }
@@ -821,10 +944,23 @@ ServerStats Server::stats() const {
   st.connections = s.connections;
   st.connected_workers = s.workers;
   st.groups = s.groups;
+  st.handshakes = s.handshakes;
+  st.waiting = s.waiting;
   st.errors = s.errors;
   st.rejected = s.rejected;
-  st.memory_bytes = s.memory;
+  st.refused_over_limit = s.over_limit;
+  st.memory_bytes = s.budget.used();
   return st;
+}
+
+std::vector<GroupStat> Server::group_stats() const {
+  std::vector<GroupStat> out;
+  for (const auto& l : impl_->loops) {
+    std::lock_guard<std::mutex> lock(l->snap_mu);
+    out.insert(out.end(), l->snapshot.begin(), l->snapshot.end());
+    out.insert(out.end(), l->ended.begin(), l->ended.end());
+  }
+  return out;
 }
 
 }  // namespace rs::server

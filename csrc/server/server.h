@@ -1,22 +1,28 @@
-// The reducer node: accepts worker connections, reduces the chunks of every
-// group it serves and streams the results back. Knows nothing of Python.
+// The reducer node: accepts worker connections, reduces the chunks of every group it serves and
+// streams the results back. Knows nothing of Python. Limits: docs/security.md.
 #pragma once
 
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 namespace rs::server {
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  uint16_t port = 0;            // 0: any free port
-  int threads = 0;              // event loops; 0: number of CPUs, at most 8
-  std::string auth_token;       // empty: no authentication
-  int window = 4;               // chunks in flight per group stream (memory bound, see docs/protocol.md)
-  double handshake_timeout = 10.0;
+  uint16_t port = 0;             // 0: any free port
+  int threads = 0;               // event loops; 0: number of CPUs, at most 8
+  std::string auth_token;        // the shared secret; empty: no authentication
+  int group_slots = 4;           // chunk slots per group stream (memory bound, see docs/protocol.md)
+  double handshake_timeout = 10.0;      // seconds for a connection to complete its hello
+  double group_timeout = 300.0;         // seconds for a group stream to gather all its ranks
   int socket_buffer = 4 << 20;
-  uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream (a hello asking more is refused)
+  uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream
+  uint64_t max_memory_bytes = 0;        // all groups together; 0: half of the physical memory
+  uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64
+  uint32_t max_connections_per_peer = 256;  // per peer IP address, any state
+  uint32_t max_groups_per_peer = 64;        // live group streams created from one peer IP address
 };
 
 struct ServerStats {
@@ -27,9 +33,27 @@ struct ServerStats {
   uint64_t connections = 0;        // open data connections (after handshake)
   uint64_t connected_workers = 0;  // open stream-0 connections: one per worker process
   uint64_t groups = 0;             // live groups (job, group) with members
+  uint64_t handshakes = 0;         // connections still sending their hello
+  uint64_t waiting = 0;            // connections in a group that is still gathering its ranks
   uint64_t errors = 0;             // connections closed because of an error
-  uint64_t rejected = 0;           // handshakes refused (auth, version, conflicts, garbage)
-  uint64_t memory_bytes = 0;       // reduction buffers currently allocated
+  uint64_t rejected = 0;           // handshakes refused (auth, version, conflicts, garbage, limits)
+  uint64_t refused_over_limit = 0; // connections or groups refused by a limit
+  uint64_t memory_bytes = 0;       // reduction buffers reserved by groups
+};
+
+// One group stream as the operators see it (a snapshot, refreshed by the loops every 250 ms).
+struct GroupStat {
+  std::string job;
+  std::string group;
+  uint16_t stream = 0;
+  uint32_t world_size = 0;
+  uint32_t connected = 0;
+  bool complete = false;
+  uint64_t rounds = 0;
+  uint64_t bytes_received = 0;
+  uint64_t bytes_sent = 0;
+  std::string last_error;
+  double age_s = 0;
 };
 
 class Server {
@@ -45,6 +69,8 @@ class Server {
   void stop(double drain_timeout = 0.0);
   bool running() const;
   ServerStats stats() const;
+  std::vector<GroupStat> group_stats() const;  // live groups and the last few that ended
+  const ServerOptions& limits() const;         // the options in force (defaults resolved by start())
 
   struct Impl;  // opaque; public only so the event loops in server.cc can name it
 

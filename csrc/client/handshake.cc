@@ -1,0 +1,86 @@
+#include "client/handshake.h"
+
+#include "common/error.h"
+#include "protocol/hmac.h"
+
+namespace rs::client {
+
+namespace {
+
+[[noreturn]] void throw_reply(const std::string& peer, proto::Status st, const std::string& msg) {
+  std::string text = peer + " refused the connection (" + proto::status_name(st) + "): " + msg;
+  switch (st) {
+    case proto::Status::AuthFailed: throw Error(ErrorKind::Auth, text);
+    case proto::Status::BadVersion:
+    case proto::Status::BadHello: throw Error(ErrorKind::Protocol, text);
+    case proto::Status::GroupConflict: throw Error(ErrorKind::Mismatch, text);
+    case proto::Status::GroupIncomplete: throw Error(ErrorKind::Timeout, text);
+    default: throw Error(ErrorKind::Connect, text);
+  }
+}
+
+}  // namespace
+
+PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, const HelloParams& p,
+                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline) {
+  PendingLink l;
+  l.peer = peer;
+  l.fd = net::connect_with_retry(addr, deadline);
+  net::tune_socket(l.fd.get(), socket_buffer);
+  uint8_t chbuf[proto::kChallengeBytes];
+  net::recv_all(l.fd.get(), chbuf, sizeof chbuf, deadline, peer);
+  proto::Challenge ch;
+  std::string err = proto::decode(chbuf, &ch);
+  if (!err.empty()) throw Error(ErrorKind::Protocol, addr.str() + ": " + err);
+  if (ch.version != proto::kVersion)
+    throw Error(ErrorKind::Protocol, peer + " speaks protocol version " + std::to_string(ch.version) +
+                                         ", this worker speaks version " + std::to_string(proto::kVersion));
+  // A worker without a credential still sends its hello to a reducer that requires one: the
+  // reducer refuses it with AuthFailed and logs the attempt, which is what an operator looks for.
+  if (!ch.auth_required && cred.present())
+    throw Error(ErrorKind::Auth, "authentication failed: " + peer + " does not authenticate (it has no secret) but this worker has a credential: "
+                                        "refusing to send gradients to a reducer that cannot prove who it is");
+  l.challenge_nonce = ch.nonce;
+  proto::random_bytes(l.worker_nonce.data(), l.worker_nonce.size());
+  proto::Hello h;
+  h.world_size = p.world_size;
+  h.rank = p.rank;
+  h.stream_index = p.stream_index;
+  h.num_streams = p.num_streams;
+  h.chunk_bytes = p.chunk_bytes;
+  h.job_id = p.job_id;
+  h.group = p.group;
+  h.nonce = l.worker_nonce;
+  if (cred.present()) {
+    l.authenticated = true;
+    l.key = cred.key_for(p.job_id);
+    h.mac = proto::hello_mac(l.key, h, ch.nonce);
+  }
+  std::string bytes = proto::encode(h);
+  net::send_all(l.fd.get(), bytes.data(), bytes.size(), deadline, peer);
+  return l;
+}
+
+proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline) {
+  uint8_t rb[proto::kReplyFixedBytes];
+  net::recv_all(l.fd.get(), rb, sizeof rb, deadline, l.peer + " (waiting for all workers of the group)");
+  proto::Reply reply;
+  size_t mlen = 0;
+  std::string err = proto::decode_reply_fixed(rb, &reply, &mlen);
+  if (!err.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + err);
+  reply.message.assign(mlen, '\0');
+  if (mlen) net::recv_all(l.fd.get(), &reply.message[0], mlen, deadline, l.peer);
+  if (l.authenticated) {
+    proto::Digest got;
+    std::copy(reply.mac.begin(), reply.mac.end(), got.begin());
+    const bool authentic = proto::digest_equal(proto::reply_mac(l.key, reply, l.worker_nonce, l.challenge_nonce), got);
+    if (!authentic && reply.status == proto::Status::Ok)
+      throw Error(ErrorKind::Auth, "authentication failed: " + l.peer + " could not prove that it knows the secret (bad reply MAC): "
+                                            "not a reducer of this job, or the reducer has another secret");
+    if (!authentic) reply.message += " [unauthenticated reply]";
+  }
+  if (reply.status == proto::Status::Ok || reply.status == proto::Status::RankTaken) return reply.status;
+  throw_reply(l.peer, reply.status, reply.message);
+}
+
+}  // namespace rs::client

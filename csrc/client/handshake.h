@@ -1,0 +1,44 @@
+// The worker's side of the handshake (docs/protocol.md section 1): connect, read the reducer's
+// challenge, send an authenticated hello, then read the reply, which arrives only when the whole
+// group has connected (a rendezvous) and, with a credential, must prove the reducer knows the key.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+
+#include "net/socket.h"
+#include "protocol/auth.h"
+#include "protocol/wire.h"
+
+namespace rs::client {
+
+struct HelloParams {
+  uint32_t world_size = 1;
+  uint32_t rank = 0;
+  uint16_t stream_index = 0;
+  uint16_t num_streams = 1;
+  uint32_t chunk_bytes = 0;
+  std::string job_id;
+  std::string group;
+};
+
+// A connection whose hello is sent and whose reply is still to come.
+struct PendingLink {
+  net::Fd fd;
+  std::string peer;  // for messages, e.g. "reducer 10.0.0.5:2222 (stream 1)"
+  bool authenticated = false;
+  proto::Key key{};
+  std::array<uint8_t, proto::kNonceBytes> worker_nonce{};
+  std::array<uint8_t, proto::kNonceBytes> challenge_nonce{};
+};
+
+// Phase 1. Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`.
+PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, const HelloParams& hello,
+                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline);
+
+// Phase 2: returns Status::Ok, or Status::RankTaken (retryable); throws for every other status,
+// for a reply that is not authentic, and at the deadline.
+proto::Status finish_handshake(PendingLink& link, net::Clock::time_point deadline);
+
+}  // namespace rs::client

@@ -1,0 +1,48 @@
+// Authentication of the handshake (docs/security.md, docs/protocol.md section 1).
+//
+// Keys: the reducers hold a shared secret. Every job has its own key,
+//   K_job = HMAC-SHA256(secret, "reduction-server job key v1" || 0x00 || job id),
+// so a worker given only its job's credential ("rsjob1:<job>:<hex K_job>") can join that job's
+// groups and no other's. A worker given the secret itself derives K_job.
+// Both directions are authenticated with K_job:
+//   hello MAC = HMAC(K_job, "RSV2-HELLO" || challenge nonce || hello with zero mac || names)
+//   reply MAC = HMAC(K_job, "RSV2-REPLY" || worker nonce || challenge nonce || reply with zero mac || message)
+// Fresh nonces on both sides make a recorded hello or reply useless on another connection.
+#pragma once
+
+#include <string>
+
+#include "protocol/hmac.h"
+#include "protocol/wire.h"
+
+namespace rs::proto {
+
+using Key = Digest;
+
+Key job_key(const std::string& secret, const std::string& job);
+
+// What a worker was given as its token: nothing, the shared secret, or a job credential.
+class Credential {
+ public:
+  Credential() = default;
+  // Throws Error(Config) for a malformed "rsjob1:" credential.
+  static Credential parse(const std::string& token);
+  bool present() const { return kind_ != Kind::None; }
+  // The key for `job`; throws Error(Config) if this is a credential for another job.
+  Key key_for(const std::string& job) const;
+
+ private:
+  enum class Kind { None, Secret, JobToken };
+  Kind kind_ = Kind::None;
+  std::string secret_;  // Kind::Secret
+  std::string job_;     // Kind::JobToken
+  Key key_{};           // Kind::JobToken
+};
+
+std::string format_job_token(const std::string& job, const Key& key);
+
+Digest hello_mac(const Key& key, const Hello& h, const std::array<uint8_t, kNonceBytes>& challenge_nonce);
+Digest reply_mac(const Key& key, const Reply& r, const std::array<uint8_t, kNonceBytes>& worker_nonce,
+                 const std::array<uint8_t, kNonceBytes>& challenge_nonce);
+
+}  // namespace rs::proto

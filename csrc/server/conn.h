@@ -1,0 +1,107 @@
+// A worker connection on the reducer and its output queue.
+//
+// Ownership rule (the reducer's threading model, see server.cc): a Conn is owned by exactly one
+// event loop, through that loop's connection table. Loop 0 owns every connection while it runs
+// the handshake; handing a validated connection to the loop that owns its group MOVES it into
+// that loop's inbox, after which loop 0 holds no pointer to it and must not touch it again.
+// Only the owning loop reads or writes a Conn, so no Conn field needs a lock.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "net/socket.h"
+#include "protocol/auth.h"
+#include "protocol/wire.h"
+#include "server/group.h"
+#include "server/limits.h"
+
+namespace rs::server {
+
+// One frame (or control message) waiting to be written to a connection.
+struct OutItem {
+  uint8_t hdr[proto::kFrameHeaderBytes];
+  size_t hdr_len = 0;
+  const uint8_t* payload = nullptr;  // result data (points into a group slot)
+  size_t payload_len = 0;
+  size_t sent = 0;
+  Slot* slot = nullptr;              // released when every member got its copy
+  std::string ctl;                   // control bytes (handshake replies, errors): rare, not the hot path
+};
+
+// Fixed-capacity FIFO reused for the life of the connection: results are queued per chunk
+// without touching the heap (it grows only if control messages pile up).
+class OutQueue {
+ public:
+  explicit OutQueue(size_t cap = 16) : items_(cap) {}
+  bool empty() const { return count_ == 0; }
+  size_t size() const { return count_; }
+  OutItem& front() { return items_[head_]; }
+  OutItem& push();
+  void pop();
+
+ private:
+  void grow();
+  std::vector<OutItem> items_;
+  size_t head_ = 0, count_ = 0;
+};
+
+enum class ConnState {
+  Hello,    // reading the fixed part of the hello
+  Names,    // reading the job id and group name
+  Waiting,  // joined a group that is still gathering its ranks
+  Active,   // the group is complete: data frames flow
+  Leaving,  // said goodbye: nothing more is read
+  Closing,  // refused or expired: its last reply is being written, then it is closed
+};
+
+struct Conn {
+  net::Fd fd;
+  std::string peer;     // "ip:port"
+  std::string peer_ip;  // for the per-address limits
+  PeerTable::Ticket peer_ticket;  // this connection's share of max_connections_per_peer
+  ConnState state = ConnState::Hello;
+  net::Clock::time_point deadline;  // end of the handshake
+  uint32_t epoll_mask = 0;
+  bool registered = false;
+  // handshake
+  std::array<uint8_t, proto::kNonceBytes> nonce{};  // the challenge's
+  uint8_t fixed[proto::kHelloFixedBytes];
+  size_t got = 0;
+  size_t job_len = 0, group_len = 0;
+  std::string names;
+  proto::Hello hello;
+  bool authenticated = false;
+  proto::Key key{};  // the job's key (replies are authenticated with it)
+  GroupKey gkey;
+  // membership
+  std::shared_ptr<Group> group;
+  uint32_t rank = 0;
+  bool member = false;  // counted in group's members
+  // frames
+  uint8_t hdr[proto::kFrameHeaderBytes];
+  size_t hdr_got = 0;
+  bool have_hdr = false;
+  bool paused = false;  // header read, waiting for its slot to free
+  proto::FrameHeader cur;
+  Slot* cur_slot = nullptr;
+  uint8_t* dst = nullptr;  // where the current payload goes
+  size_t dst_got = 0;
+  std::string text;        // payload of a BYE frame (rare)
+  int64_t seq_next = 0;
+  uint64_t last_round = 0;
+  bool said_bye = false;
+  // lifecycle
+  OutQueue out;
+  bool close_after_flush = false;
+  bool dead = false;
+  bool counted = false;  // in stats.connections
+  std::string why;
+
+  std::string who() const { return "rank " + std::to_string(rank) + " (" + peer + ")"; }
+};
+
+}  // namespace rs::server

@@ -1,0 +1,87 @@
+// Group membership rules of one event loop: who may join which group stream, when a group is
+// complete, what a member's departure means for the others, and when a group that never
+// completes expires. No sockets and no I/O: the caller (server.cc) turns the outcomes into
+// replies, error frames and log lines. Members are opaque handles (Conn*), never dereferenced.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "protocol/wire.h"
+#include "server/group.h"
+#include "server/limits.h"
+
+namespace rs::server {
+
+struct GroupLimits {
+  int slots = 4;
+  uint64_t max_group_bytes = 0;
+  uint32_t max_groups_per_peer = 0;
+};
+
+struct JoinOutcome {
+  enum class Kind {
+    Rejected,          // only this connection is refused: reply `status` + `message`
+    Waiting,           // joined; the group is still gathering its ranks
+    Completed,         // the group is complete: every member gets Ok
+    CompletionFailed,  // the group cannot get its buffers: every member gets `status` + `message`
+  };
+  Kind kind = Kind::Rejected;
+  proto::Status status = proto::Status::Ok;
+  std::string message;
+  std::shared_ptr<Group> group;
+  bool created = false;  // this join created the group
+};
+
+struct LeaveOutcome {
+  enum class Kind {
+    Quiet,   // nothing for the others to learn (group still gathering, or already failed)
+    Left,    // left between rounds: the group is closed; the others' next round fails with `message`
+    Failed,  // left in the middle of a round: every other member must get ERROR PeerLost `message`
+  };
+  Kind kind = Kind::Quiet;
+  std::string message;
+};
+
+class GroupTable {
+ public:
+  // `live_groups` counts the stream-0 groups in the table (shared by every loop's table).
+  GroupTable(GroupLimits limits, MemoryBudget* budget, PeerTable* peers, std::atomic<uint64_t>* live_groups)
+      : limits_(limits), budget_(budget), peers_(peers), live_groups_(live_groups) {}
+  ~GroupTable() { clear(); }
+  GroupTable(const GroupTable&) = delete;
+  GroupTable& operator=(const GroupTable&) = delete;
+
+  // `who` names the connection in messages ("rank 3 (10.0.0.7:51234)").
+  JoinOutcome join(Conn* c, const proto::Hello& h, const GroupKey& key, const std::string& peer_ip,
+                   const std::string& peer);
+  LeaveOutcome leave(const std::shared_ptr<Group>& g, uint32_t rank, const std::string& who, bool said_bye,
+                     const std::string& why);
+  // Marks the group failed and removes it from the table; false if it had already failed.
+  bool fail(const std::shared_ptr<Group>& g, const std::string& why);
+  // Removes the group from the table (a reconnecting group then starts afresh).
+  void detach(const std::shared_ptr<Group>& g);
+  // Groups still gathering their ranks `timeout` after they were created; removed from the table.
+  std::vector<std::shared_ptr<Group>> take_expired(Group::Clock::time_point now, std::chrono::milliseconds timeout);
+
+  size_t size() const { return groups_.size(); }
+  template <class F>
+  void for_each(F&& f) const {
+    for (const auto& kv : groups_) f(*kv.second);
+  }
+  void clear();
+
+ private:
+  GroupLimits limits_;
+  MemoryBudget* budget_;
+  PeerTable* peers_;
+  std::atomic<uint64_t>* live_groups_;
+  std::unordered_map<GroupKey, std::shared_ptr<Group>, GroupKeyHash> groups_;
+};
+
+}  // namespace rs::server
