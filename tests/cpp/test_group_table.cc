@@ -1,0 +1,170 @@
+// Unit tests of the reducer's membership rules (csrc/server/group_table.h), without sockets:
+// members are opaque handles. Built and run by tests/test_group_table.py.
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+
+#include "server/group_table.h"
+
+using namespace rs;
+using namespace rs::server;
+
+static int failures = 0;
+#define CHECK(cond)                                                        \
+  do {                                                                     \
+    if (!(cond)) {                                                         \
+      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
+      ++failures;                                                          \
+    }                                                                      \
+  } while (0)
+
+static proto::Hello hello(uint32_t world, uint32_t rank, uint32_t chunk = 4096, uint16_t streams = 1) {
+  proto::Hello h;
+  h.world_size = world;
+  h.rank = rank;
+  h.chunk_bytes = chunk;
+  h.num_streams = streams;
+  h.job_id = "job";
+  h.group = "g";
+  return h;
+}
+
+static Conn* handle(uintptr_t i) { return reinterpret_cast<Conn*>(i * 64); }  // never dereferenced
+
+struct Fixture {
+  MemoryBudget budget;
+  PeerTable peers;
+  std::atomic<uint64_t> live{0};
+  GroupLimits limits;
+  std::unique_ptr<GroupTable> table;
+  explicit Fixture(uint64_t budget_bytes = uint64_t(1) << 30, uint32_t groups_per_peer = 4) {
+    budget.set_limit(budget_bytes);
+    limits.slots = 4;
+    limits.max_group_bytes = uint64_t(1) << 30;
+    limits.max_groups_per_peer = groups_per_peer;
+    table = std::make_unique<GroupTable>(limits, &budget, &peers, &live);
+  }
+};
+
+static const GroupKey kKey{"job", "g", 0};
+
+static void completes_and_reserves_memory() {
+  Fixture f;
+  JoinOutcome a = f.table->join(handle(1), hello(2, 0), kKey, "10.0.0.1", "10.0.0.1:1");
+  CHECK(a.kind == JoinOutcome::Kind::Waiting && a.created);
+  CHECK(f.live == 1 && f.budget.used() == 0);  // nothing reserved before the group is complete
+  JoinOutcome b = f.table->join(handle(2), hello(2, 1), kKey, "10.0.0.2", "10.0.0.2:1");
+  CHECK(b.kind == JoinOutcome::Kind::Completed && !b.created && b.group == a.group);
+  CHECK(f.budget.used() == Group::bytes_needed(2, 4096, 4));
+  CHECK(b.group->member(0) == handle(1) && b.group->member(1) == handle(2));
+  a.group.reset();
+  b.group.reset();
+  f.table->clear();  // the last reference goes: memory and the creator's group ticket come back
+  CHECK(f.budget.used() == 0 && f.live == 0 && f.peers.count(PeerTable::Kind::Group, "10.0.0.1") == 0);
+}
+
+static void refusals() {
+  Fixture f;
+  f.table->join(handle(1), hello(3, 0), kKey, "10.0.0.1", "p");
+  CHECK(f.table->join(handle(2), hello(3, 0), kKey, "10.0.0.1", "p").status == proto::Status::RankTaken);
+  CHECK(f.table->join(handle(3), hello(4, 1), kKey, "10.0.0.1", "p").status == proto::Status::GroupConflict);
+  CHECK(f.table->join(handle(4), hello(3, 1, 8192), kKey, "10.0.0.1", "p").status == proto::Status::GroupConflict);
+  CHECK(f.table->join(handle(5), hello(3, 1, 4096, 2), kKey, "10.0.0.1", "p").status == proto::Status::GroupConflict);
+  // max_group_bytes: 4 slots x (world + 2) x 64 MiB > 1 GiB
+  JoinOutcome big = f.table->join(handle(6), hello(4, 0, 64u << 20), GroupKey{"job", "big", 0}, "10.0.0.1", "p");
+  CHECK(big.kind == JoinOutcome::Kind::Rejected && big.status == proto::Status::GroupConflict);
+  CHECK(big.message.find("max_group_bytes") != std::string::npos);
+  CHECK(f.table->size() == 1);
+}
+
+static void groups_per_peer_are_capped() {
+  Fixture f(uint64_t(1) << 30, 2);
+  for (int i = 0; i < 2; ++i)
+    CHECK(f.table->join(handle(i + 1), hello(2, 0), GroupKey{"job", "g" + std::to_string(i), 0}, "10.0.0.9", "p").kind ==
+          JoinOutcome::Kind::Waiting);
+  JoinOutcome third = f.table->join(handle(9), hello(2, 0), GroupKey{"job", "g9", 0}, "10.0.0.9", "p");
+  CHECK(third.kind == JoinOutcome::Kind::Rejected && third.status == proto::Status::OverLimit);
+  CHECK(third.message.find("max_groups_per_peer") != std::string::npos);
+  // another address is not affected
+  CHECK(f.table->join(handle(10), hello(2, 0), GroupKey{"job", "g9", 0}, "10.0.0.8", "p").kind ==
+        JoinOutcome::Kind::Waiting);
+}
+
+static void budget_exhaustion_fails_the_whole_group() {
+  const uint64_t need = Group::bytes_needed(2, 4096, 4);
+  Fixture f(need + need / 2);  // room for one group, not two
+  f.table->join(handle(1), hello(2, 0), kKey, "a", "p");
+  CHECK(f.table->join(handle(2), hello(2, 1), kKey, "a", "p").kind == JoinOutcome::Kind::Completed);
+  GroupKey k2{"job", "other", 0};
+  f.table->join(handle(3), hello(2, 0), k2, "b", "p");
+  JoinOutcome o = f.table->join(handle(4), hello(2, 1), k2, "b", "p");
+  CHECK(o.kind == JoinOutcome::Kind::CompletionFailed && o.status == proto::Status::OverLimit);
+  CHECK(o.group->failed() && o.message.find("max_memory_bytes") != std::string::npos);
+  CHECK(f.budget.used() == need && f.table->size() == 1);
+}
+
+static void sparse_membership_before_completion() {
+  Fixture f;
+  JoinOutcome o = f.table->join(handle(1), hello(65536, 0, 64), kKey, "a", "p");
+  CHECK(o.kind == JoinOutcome::Kind::Waiting);
+  if (!o.group) return;
+  std::vector<uint32_t> missing = o.group->missing_ranks(3);
+  CHECK(missing.size() == 3 && missing[0] == 1 && missing[2] == 3);
+  CHECK(o.group->member(65535) == nullptr && o.group->joined() == 1);
+}
+
+static void leaving() {
+  {  // before completion: the rank is free again; the last one out removes the group
+    Fixture f;
+    JoinOutcome o = f.table->join(handle(1), hello(2, 0), kKey, "a", "p");
+    CHECK(f.table->leave(o.group, 0, "rank 0", false, "closed").kind == LeaveOutcome::Kind::Quiet);
+    CHECK(f.table->size() == 0 && f.live == 0);
+  }
+  {  // between rounds: a normal end; the group is closed for the others
+    Fixture f;
+    f.table->join(handle(1), hello(2, 0), kKey, "a", "p");
+    JoinOutcome o = f.table->join(handle(2), hello(2, 1), kKey, "a", "p");
+    LeaveOutcome l = f.table->leave(o.group, 1, "rank 1", true, "bye");
+    CHECK(l.kind == LeaveOutcome::Kind::Left && l.message.find("has left") != std::string::npos);
+    CHECK(!o.group->left().empty() && !o.group->failed() && f.table->size() == 0);
+    CHECK(f.table->leave(o.group, 0, "rank 0", true, "bye").kind == LeaveOutcome::Kind::Left);
+  }
+  {  // in the middle of a round: the group fails
+    Fixture f;
+    f.table->join(handle(1), hello(2, 0), kKey, "a", "p");
+    JoinOutcome o = f.table->join(handle(2), hello(2, 1), kKey, "a", "p");
+    Slot& s = o.group->slot_for(0);
+    s.seq = 0;  // a chunk that still waits for contributions
+    LeaveOutcome l = f.table->leave(o.group, 0, "rank 0", false, "reset");
+    CHECK(l.kind == LeaveOutcome::Kind::Failed && o.group->failed());
+    CHECK(l.message.find("middle of a round") != std::string::npos);
+    CHECK(!f.table->fail(o.group, "again"));  // failing twice is a no-op
+  }
+}
+
+static void expiry() {
+  Fixture f;
+  f.table->join(handle(1), hello(3, 0), kKey, "a", "p");
+  f.table->join(handle(2), hello(2, 0), GroupKey{"job", "done", 0}, "a", "p");
+  f.table->join(handle(3), hello(2, 1), GroupKey{"job", "done", 0}, "a", "p");
+  CHECK(f.table->take_expired(Group::Clock::now(), std::chrono::milliseconds(60000)).empty());
+  auto expired = f.table->take_expired(Group::Clock::now() + std::chrono::seconds(61), std::chrono::milliseconds(60000));
+  CHECK(expired.size() == 1 && expired[0]->key() == kKey);  // complete groups never expire
+  CHECK(f.table->size() == 1 && f.live == 1);
+}
+
+int main() {
+  completes_and_reserves_memory();
+  refusals();
+  groups_per_peer_are_capped();
+  budget_exhaustion_fails_the_whole_group();
+  sparse_membership_before_completion();
+  leaving();
+  expiry();
+  if (failures) {
+    std::fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("group table: all checks passed\n");
+  return 0;
+}
