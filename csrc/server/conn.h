@@ -69,7 +69,7 @@ struct Conn {
   bool registered = false;
   // handshake
   std::array<uint8_t, proto::kNonceBytes> nonce{};  // the challenge's
-  uint8_t fixed[proto::kHelloFixedBytes];
+  uint8_t fixed[proto::kHelloFixedBytes] = {};
   size_t got = 0;
   size_t job_len = 0, group_len = 0;
   std::string names;

@@ -306,7 +306,13 @@ struct Loop {
       ssize_t n = net::recv_some(c->fd.get(), c->fixed + c->got, proto::kHelloFixedBytes - c->got, c->peer);
       if (n < 0) return Step::Stop;
       c->got += size_t(n);
-      if (c->got < proto::kHelloFixedBytes) return Step::More;
+      if (c->got < proto::kHelloFixedBytes) {
+        // The magic and the version decide alone: a worker of another version may send a shorter hello.
+        if (c->got >= 6 && (proto::get_u32(c->fixed) != proto::kMagic || proto::get_u16(c->fixed + 4) != proto::kVersion))
+          c->got = proto::kHelloFixedBytes;  // judge it now (check_hello_fixed reads only what it needs first)
+        else
+          return Step::More;
+      }
       Verdict v = check_hello_fixed(c->fixed, &c->hello, &c->job_len, &c->group_len, c->peer);
       if (v.garbage) {
         srv->rejected++;
