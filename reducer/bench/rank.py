@@ -166,8 +166,10 @@ class _Gloo(_Algo):
     def connect(self, addresses: List[str]) -> None:
         dist, j = self.dist, self.job
         if self.store is None:
-            host, port = addresses[0].rsplit(":", 1)
-            self.store = dist.TCPStore(host.strip("[]"), int(port), j["world"], False, timeout=self.timeout)
+            from ..addresses import parse_address
+
+            host, port = parse_address(addresses[0])
+            self.store = dist.TCPStore(host, port, j["world"], False, timeout=self.timeout)
         dist.init_process_group("gloo", store=self.store, rank=j["rank"], world_size=j["world"], timeout=self.timeout)
         self._tiny = self.torch.zeros(1, dtype=self.torch.float32)
 

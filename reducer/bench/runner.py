@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import config as rs_config
+from ..addresses import format_address
 from ..dtypes import numpy_dtype
 from ..errors import ConfigError
 from . import report
@@ -297,7 +298,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
-                reducer_addrs.append(f"{host}:{rready[p]['port']}")
+                reducer_addrs.append(format_address(host, rready[p]["port"]))
         wprocs = []
         for i in range(W):
             job = {"role": "worker", "algo": algo, "rank": i, "world": W, "sizes": sizes, "dtype": cfg.dtype,
@@ -312,7 +313,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
         for i, p in enumerate(wprocs):
             host = hosts.bind_host(i if hosts.emulated else 0)
             port = listen[p].get("port") or 0
-            addrs.append(f"{host}:{port}")
+            addrs.append(format_address(host, port))
         for p in wprocs:
             p.send({"addresses": addrs})
         ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
