@@ -381,11 +381,9 @@ def _to_torch(arr: Any) -> Any:
     import torch
 
     if isinstance(arr, np.ndarray):
-        from .dtypes import BFLOAT16
+        from .dtypes import numpy_as_tensor
 
-        if BFLOAT16 is not None and arr.dtype == BFLOAT16:
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(arr)
+        return numpy_as_tensor(arr)
     return torch.from_dlpack(arr)
 
 

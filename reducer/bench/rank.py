@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 MARKER = "@@rsb "
 
@@ -174,18 +174,10 @@ class _Gloo(_Algo):
         self._tiny = self.torch.zeros(1, dtype=self.torch.float32)
 
     def alloc(self, count: int) -> Any:
-        import numpy as np
+        from ..dtypes import tensor_as_numpy, torch_dtype
 
-        from ..dtypes import numpy_dtype
-
-        torch = self.torch
-        tdt = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-               "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}[self.dtype]
-        t = torch.empty(count, dtype=tdt)
-        if self.dtype == "bfloat16":
-            arr = t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-        else:
-            arr = t.numpy()
+        t = self.torch.empty(count, dtype=torch_dtype(self.dtype))
+        arr = tensor_as_numpy(t)
         self._tensors = getattr(self, "_tensors", {})
         self._tensors[id(arr)] = (arr, t)  # the tensor behind each numpy view
         return arr

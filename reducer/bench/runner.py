@@ -8,6 +8,7 @@ it loops over all sizes itself. Reducers (rs only) are processes too. With
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -27,7 +28,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import config as rs_config
 from ..addresses import format_address
-from ..dtypes import numpy_dtype
+from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
 from . import report
 from .extern import SOURCE_ROOT, load_benchmarks_module
@@ -379,8 +380,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     if cfg.workers < 1 or cfg.reducers < 1:
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
-    if cfg.op not in ("sum", "avg", "min", "max"):
-        raise ConfigError(f"unsupported op {cfg.op!r}: sum, avg, min or max")
+    cfg = dataclasses.replace(cfg, op=check_op(cfg.op))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
     esize = numpy_dtype(cfg.dtype).itemsize
