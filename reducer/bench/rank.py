@@ -225,14 +225,10 @@ def run_worker(job: Dict[str, Any]) -> int:
     from ..dtypes import numpy_dtype
 
     esize = numpy_dtype(dtype).itemsize
-    cpu_times = None
-    if rank == 0:  # rank 0 samples the whole machine's CPU over the timed iterations
-        try:
-            from .extern import load_benchmarks_module
+    from .cpu_monitor import read_cpu_times
 
-            cpu_times = load_benchmarks_module("cpu_monitor").read_cpu_times
-        except Exception:
-            cpu_times = None
+    # rank 0 samples the whole machine's CPU over the timed iterations
+    cpu_times = read_cpu_times if rank == 0 else None
     for size in job["sizes"]:
         count = size // esize
         inp = make_input(rank, count, dtype)

@@ -4,7 +4,7 @@ emulated hosts), collects their samples, prints the tables and writes JSON / plo
 Every measured rank is its own process (reducer.bench.rank), started once per algorithm;
 it loops over all sizes itself. Reducers (rs only) are processes too. With
 ``emulate_gbps`` every worker and every reducer gets its own network namespace
-(benchmarks/emulate.py) with a B Gbit/s full-duplex link.
+(reducer.bench.emulate) with a B Gbit/s full-duplex link.
 """
 from __future__ import annotations
 
@@ -30,14 +30,12 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import report
-from .extern import SOURCE_ROOT, load_benchmarks_module
+from . import cpu_monitor, report
 
 log = logging.getLogger("reducer.bench")
 
 ALL_ALGOS = ("rs", "ring", "gloo")
-
-
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 # ------------------------------------------------------------------------ configuration
 @dataclass
@@ -214,7 +212,7 @@ class BenchError(RuntimeError):
 
 def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: "queue.Queue",
            extra_env: Optional[Dict[str, str]] = None) -> _Proc:
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH", "")])),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.update(extra_env or {})
     errfile = tempfile.TemporaryFile(mode="w+", prefix=f"rsb-{name}-")
@@ -408,18 +406,11 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         _pyplot()  # fail now, not after the run, when matplotlib is missing
 
-    cpu_mod = None
-    try:
-        cpu_mod = load_benchmarks_module("cpu_monitor")
-    except ConfigError as exc:
-        log.warning("CPU use not recorded: %s", exc)
-
-    background = None
-    if cpu_mod is not None:  # load on the machine before we start anything: others' work disturbs the numbers
-        b0 = cpu_mod.read_cpu_times()
-        time.sleep(1.0)
-        b1 = cpu_mod.read_cpu_times()
-        background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+    # load on the machine before we start anything: others' work disturbs the numbers
+    b0 = cpu_monitor.read_cpu_times()
+    time.sleep(1.0)
+    b1 = cpu_monitor.read_cpu_times()
+    background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
 
     run_id = uuid.uuid4().hex[:8]
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
@@ -428,9 +419,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         f"iters={cfg.iters} warmup={cfg.warmup} algos={','.join(algos)}")
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
-    if background is not None:
-        out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
-            + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
+    out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
+        + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
@@ -441,7 +431,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
-            emulate = load_benchmarks_module("emulate")
+            from . import emulate
+
             n_hosts = cfg.workers + (cfg.reducers if "rs" in algos else 0)
             try:
                 emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
@@ -455,13 +446,12 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         prog, advance = _progress(cfg, algos, sizes)
         try:
             for algo in algos:
-                mon = cpu_mod.CpuMonitor(interval=0.5).start() if cpu_mod else None
+                mon = cpu_monitor.CpuMonitor(interval=0.5).start()
                 try:
                     rows, err = _run_algo(algo, cfg, hosts, sizes, advance, run_id)
                 finally:
-                    if mon is not None:
-                        mon.stop()
-                        cpu_by_algo[algo] = mon
+                    mon.stop()
+                    cpu_by_algo[algo] = mon
                 all_rows += rows
                 errors[algo] = err
                 if err:
