@@ -45,8 +45,6 @@ class Staged:
 
     __slots__ = ("array", "host", "shape")
 
-    device = False
-
     def __init__(self, array: Any, host: np.ndarray, shape: Optional[Tuple[int, ...]] = None) -> None:
         self.array = array
         self.host = host
@@ -243,8 +241,6 @@ class DeviceStaged(Staged):
     """A device array staged through a pinned host buffer (see the module docstring)."""
 
     __slots__ = ("backend", "_buf", "_stream", "_d2h", "_h2d")
-
-    device = True
 
     def __init__(self, obj: Any, backend: DeviceBackend) -> None:
         dtype, shape, contiguous = backend.describe(obj)

@@ -283,7 +283,7 @@ class NcclCommunicator:
             raise errors[-1]
 
 
-Communicator = NcclCommunicator  # the name the issue uses; CuPy calls it NcclCommunicator
+Communicator = NcclCommunicator  # the short name; CuPy calls it NcclCommunicator
 
 
 def _is_device(arr: Any) -> bool:
