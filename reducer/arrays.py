@@ -9,10 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
 from .dtypes import wire_name
 from .errors import ConfigError
+from .frameworks import check_host, host_array
 
 
 @dataclass(frozen=True)
@@ -25,19 +24,11 @@ class HostView:
 
 def host_view(array: Any) -> HostView:
     """A zero-copy view of a writable, C-contiguous host array."""
-    if isinstance(array, np.ndarray):
-        arr = array
-    else:
-        from .frameworks import host_array
-
-        arr = host_array(array)
-        if arr is None:
-            raise ConfigError(
-                f"{type(array).__name__} lives in device memory: use comm.allreduce_async(x).wait(), which stages "
-                "it through pinned host memory"
-            )
-    if not arr.flags.c_contiguous:
-        raise ConfigError("array must be C-contiguous (use np.ascontiguousarray and copy the result back)")
-    if not arr.flags.writeable:
-        raise ConfigError("array is read-only: the all-reduce writes the result in place")
+    arr = host_array(array)
+    if arr is None:
+        raise ConfigError(
+            f"{type(array).__name__} lives in device memory: use comm.allreduce_async(x).wait(), which stages "
+            "it through pinned host memory"
+        )
+    check_host(arr)
     return HostView(int(arr.ctypes.data), int(arr.nbytes), wire_name(arr.dtype), arr)

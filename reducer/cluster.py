@@ -18,7 +18,6 @@ reducers bind), else the port of the pool-2 / ``ps`` entries.
 """
 from __future__ import annotations
 
-import ipaddress
 import json
 import logging
 import os
@@ -26,6 +25,7 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import config
+from .addresses import check_port, format_address, parse_address, resolve_job_id
 from .errors import ConfigError
 
 logger = logging.getLogger(__name__)
@@ -35,8 +35,6 @@ __all__ = [
     "discover",
     "discover_worker",
     "discover_reducer",
-    "parse_address",
-    "format_address",
 ]
 
 WORKER = "worker"
@@ -101,104 +99,14 @@ class ClusterInfo:
     bind_port: Optional[int] = None
     task_type: str = ""      # as written in the description: "workerpool2", "ps", ... ("" for RS_REDUCERS)
 
-    @property
-    def is_worker(self) -> bool:
-        return self.role == WORKER
 
-    @property
-    def num_reducers(self) -> int:
-        return len(self.reducers)
-
-
-# -- addresses ---------------------------------------------------------------------------------
-
-
-def parse_address(addr: str) -> Tuple[str, int]:
-    """Split ``"host:port"``, ``"1.2.3.4:5"`` or ``"[::1]:5"`` into ``(host, port)``.
-
-    IPv6 hosts come back without brackets. Raises ConfigError on anything else.
-    """
-    if not isinstance(addr, str):
-        raise ConfigError(f"address must be a string 'host:port', found {type(addr).__name__} {addr!r}")
-    text = addr.strip()
-    if not text:
-        raise ConfigError("empty address: expected 'host:port' (IPv6 as '[addr]:port')")
-    if any(c.isspace() for c in text):
-        raise ConfigError(f"address {addr!r} contains whitespace: expected 'host:port'")
-    if text.startswith("["):
-        close = text.find("]")
-        if close < 0:
-            raise ConfigError(f"address {addr!r} has '[' without ']': expected '[ipv6]:port'")
-        host = text[1:close]
-        rest = text[close + 1:]
-        if not rest.startswith(":"):
-            raise ConfigError(f"address {addr!r} has no port: expected '[{host}]:port'")
-        port_text = rest[1:]
-        try:
-            ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise ConfigError(f"address {addr!r}: {host!r} inside [] is not an IPv6 address") from None
-    else:
-        if text.count(":") > 1:
-            raise ConfigError(
-                f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'"
-            )
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
-        if "[" in host or "]" in host:
-            raise ConfigError(f"address {addr!r} is malformed: expected 'host:port' or '[ipv6]:port'")
-    if not host:
-        raise ConfigError(f"address {addr!r} has no host: expected 'host:port'")
-    if not port_text:
-        raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
-    if not port_text.isdigit() or not port_text.isascii():
-        raise ConfigError(f"address {addr!r}: port {port_text!r} is not a number")
-    port = int(port_text)
-    if not 1 <= port <= 65535:
-        raise ConfigError(f"address {addr!r}: port {port} is out of range 1-65535")
-    return host, port
-
-
-def format_address(host: str, port: int) -> str:
-    """Inverse of parse_address: brackets IPv6 hosts."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
-def _check_port(port: int, what: str) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 1 <= port <= 65535:
-        raise ConfigError(f"{what}={port!r} is not a port number 1-65535")
-    return port
-
-
-# -- settings read from an explicit environment mapping ---------------------------------------
-
-
-def _setting(name: str, override: Any, env: Mapping[str, str]) -> Any:
-    """config.get, but reading `env` instead of os.environ (explicit argument > env > default)."""
-    setting = config.SETTINGS[name]
-    if override is not None:
-        return override
-    raw = env.get(setting.env)
-    if raw is None or raw.strip() == "":
-        return setting.default
-    try:
-        return setting.parse(raw)
-    except (ValueError, TypeError) as exc:
-        raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
-
-
-def _job_id(explicit: Optional[str], env: Mapping[str, str]) -> str:
-    value = _setting("job_id", explicit or None, env)
-    if value:
-        return str(value)
-    return env.get("CLOUD_ML_JOB_ID") or "local"
+# -- local ranks and reducer lists (settings read from `env` with config.get) ------------------
 
 
 def _local(local_rank: Optional[int], local_world_size: Optional[int],
            env: Mapping[str, str]) -> Tuple[int, int]:
-    lr = _setting("local_rank", local_rank, env)
-    lws = _setting("local_world_size", local_world_size, env)
+    lr = config.get("local_rank", local_rank, env)
+    lws = config.get("local_world_size", local_world_size, env)
     lws_env = config.SETTINGS["local_world_size"].env
     lr_env = config.SETTINGS["local_rank"].env
     if lws is None:
@@ -354,16 +262,16 @@ def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank:
     for p in worker_pools:
         workers.extend(pools.get(p, []))
 
-    port = reducer_port if reducer_port is not None else _setting("port", None, env)
+    port = reducer_port if reducer_port is not None else config.get("port", None, env)
     if port is not None:
-        port = _check_port(port, "reducer_port" if reducer_port is not None else config.SETTINGS["port"].env)
+        port = check_port(port, "reducer_port" if reducer_port is not None else config.SETTINGS["port"].env)
 
     explicit = _explicit_reducers(reducers)
     pool2 = pools.get(reducer_pool, [])
     where = src
     if explicit is not None:
         if reducer_port is not None:
-            explicit = _with_port(explicit, _check_port(reducer_port, "reducer_port"), "reducers argument")
+            explicit = _with_port(explicit, check_port(reducer_port, "reducer_port"), "reducers argument")
         reducer_addrs = _check_reducers(explicit, "reducers argument")
     else:
         if role == WORKER and not pool2:
@@ -416,7 +324,7 @@ def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank:
         local_world_size=lws,
         rank=g_rank,
         world_size=g_world,
-        job_id=_job_id(job_id, env),
+        job_id=resolve_job_id(job_id, env),
         source=src,
         bind_port=bind_port,
         task_type=spec.task_type,
@@ -442,18 +350,18 @@ def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: Optional[int],
     rank_env = config.SETTINGS["rank"].env
     world_env = config.SETTINGS["world_size"].env
     explicit = _explicit_reducers(reducers)
-    addrs = explicit if explicit is not None else _setting("reducers", None, env)
+    addrs = explicit if explicit is not None else config.get("reducers", None, env)
     if addrs is None:
-        found = [k for k in (rank_env, world_env) if env.get(k)]
+        found = [config.SETTINGS[n].env for n in ("rank", "world_size") if config.env_text(n, env) is not None]
         if found:
             raise ConfigError(f"{_NO_CLUSTER}; found {' and '.join(found)} but {red_env} is not set")
         return None
     where = "reducers argument" if explicit is not None else red_env
     if reducer_port is not None:
-        addrs = _with_port(addrs, _check_port(reducer_port, "reducer_port"), where)
+        addrs = _with_port(addrs, check_port(reducer_port, "reducer_port"), where)
     addrs = _check_reducers(addrs, where)
-    g_rank = _setting("rank", rank, env)
-    g_world = _setting("world_size", world_size, env)
+    g_rank = config.get("rank", rank, env)
+    g_world = config.get("world_size", world_size, env)
     missing = [n for n, v in ((rank_env, g_rank), (world_env, g_world)) if v is None]
     if missing:
         raise ConfigError(
@@ -473,7 +381,7 @@ def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: Optional[int],
         local_world_size=lws,
         rank=g_rank,
         world_size=g_world,
-        job_id=_job_id(job_id, env),
+        job_id=resolve_job_id(job_id, env),
         source="RS_REDUCERS",
     )
 

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import logging
-import os
 import threading
 from typing import Any, List, Optional, Sequence, Union
 
@@ -10,14 +9,11 @@ import numpy as np
 
 from . import config
 from ._native import core
+from .addresses import resolve_job_id
 from .dtypes import check_op, wire_name
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
-
-
-def _default_job_id() -> str:
-    return os.environ.get("CLOUD_ML_JOB_ID") or "local"
 
 
 class Communicator:
@@ -65,7 +61,7 @@ class Communicator:
         if self.world_size < 1 or not 0 <= self.rank < self.world_size:
             raise ConfigError(f"rank {self.rank} is not in range for world size {self.world_size}")
         self.group: str = config.get("group", group)
-        self.job_id: str = config.get("job_id", job_id) or _default_job_id()
+        self.job_id: str = resolve_job_id(job_id)
         self.timeout = float(config.get("timeout", timeout))
         self.streams = int(config.get("streams", streams))
         self.chunk_bytes = int(config.get("chunk_bytes", chunk_bytes))

@@ -1,14 +1,17 @@
 """Every setting of reduction-server, its RS_* environment variable and default, in one table.
 
-Rule everywhere: an explicit argument wins, then the RS_* variable, then the default.
-docs/configuration.md is the human-readable copy of SETTINGS (a test checks they agree).
+Rule everywhere: an explicit argument wins, then the RS_* variable, then the default. A variable
+that is unset or blank (empty or only whitespace) counts as not set: the default applies.
+Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
+an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS (a test checks
+they agree).
 """
 from __future__ import annotations
 
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 from .errors import ConfigError
 
@@ -26,17 +29,9 @@ def _bool(text: str) -> bool:
     v = text.strip().lower()
     if v in ("1", "true", "yes", "on"):
         return True
-    if v in ("0", "false", "no", "off", ""):
+    if v in ("0", "false", "no", "off"):
         return False
     raise ValueError(f"not a boolean: {text!r}")
-
-
-def _opt_int(text: str) -> Optional[int]:
-    return None if text.strip() == "" else int(text)
-
-
-def _opt_float(text: str) -> Optional[float]:
-    return None if text.strip() == "" else float(text)
 
 
 def _size(text: str) -> int:
@@ -50,10 +45,6 @@ def _size(text: str) -> int:
     if value < 0 or value != int(value):
         raise ValueError(f"not a size in bytes: {text!r}")
     return int(value)
-
-
-def _opt_size(text: str) -> Optional[int]:
-    return None if text.strip() == "" else _size(text)
 
 
 _TABLE = [
@@ -72,7 +63,7 @@ _TABLE = [
             "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 64 KiB."),
     Setting("window", "RS_WINDOW", 4, int,
             "Chunks a worker keeps in flight per reducer connection (sent, result not yet back)."),
-    Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _opt_size,
+    Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _size,
             "SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: leave to the kernel's autotuning)."),
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
     Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
@@ -83,23 +74,23 @@ _TABLE = [
     Setting("local_world_size", "LOCAL_WORLD_SIZE", None, int, "Processes per node (set by torchrun / the launcher)."),
     # -- reducer node ----------------------------------------------------------
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
-    Setting("port", "RS_PORT", None, _opt_int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
-    Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
-    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _opt_size,
+    Setting("port", "RS_PORT", None, int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
+    Setting("threads", "RS_THREADS", None, int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
+    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _size,
             "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
-    Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _opt_size,
+    Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
             "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
-    Setting("group_slots", "RS_GROUP_SLOTS", None, _opt_int,
+    Setting("group_slots", "RS_GROUP_SLOTS", None, int,
             "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
-    Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, _opt_float,
+    Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, float,
             "Reducer: seconds a new connection has to send its hello (default 10)."),
-    Setting("group_timeout", "RS_GROUP_TIMEOUT", None, _opt_float,
+    Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
             "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
-    Setting("max_connections", "RS_MAX_CONNECTIONS", None, _opt_int,
+    Setting("max_connections", "RS_MAX_CONNECTIONS", None, int,
             "Reducer: open connections (default 4096, at most the descriptor limit minus 64)."),
-    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, _opt_int,
+    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, int,
             "Reducer: open connections from one IP address, in any state (default 256)."),
-    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, _opt_int,
+    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, int,
             "Reducer: live group streams created from one IP address (default 64)."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
@@ -108,12 +99,19 @@ _TABLE = [
 SETTINGS: Dict[str, Setting] = {s.name: s for s in _TABLE}
 
 
-def get(name: str, override: Any = None) -> Any:
-    """Value of a setting: `override` if not None, else its environment variable, else the default."""
+def env_text(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+    """The text of a setting's variable in `env` (default os.environ); None when unset or blank."""
+    raw = (os.environ if env is None else env).get(SETTINGS[name].env)
+    return None if raw is None or raw.strip() == "" else raw
+
+
+def get(name: str, override: Any = None, env: Optional[Mapping[str, str]] = None) -> Any:
+    """Value of a setting: `override` if not None, else its variable in `env` (default os.environ),
+    parsed, else (unset or blank) the default. ConfigError names the variable if it does not parse."""
     setting = SETTINGS[name]
     if override is not None:
         return override
-    raw = os.environ.get(setting.env)
+    raw = env_text(name, env)
     if raw is None:
         return setting.default
     try:
@@ -140,12 +138,12 @@ def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = 
     """The shared secret: an explicit token, a token file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE, else None."""
     if token is not None:
         return token
-    path = token_file if token_file is not None else None
+    path = token_file
     if path is None:
-        env_token = os.environ.get(SETTINGS["auth_token"].env)
-        if env_token:
+        env_token = get("auth_token")
+        if env_token is not None:
             return env_token
-        path = os.environ.get(SETTINGS["auth_token_file"].env) or None
+        path = get("auth_token_file")
     if path is None:
         return None
     try:

@@ -1,33 +1,34 @@
-"""The dtype table: numpy dtypes <-> wire dtype names of the C++ core. Defined once."""
+"""The dtype and op table: wire names of the C++ core <-> numpy (and torch) dtypes. Defined once.
+
+The order of SUPPORTED and OPS is the numbering of the core (``DType`` and ``Op`` in
+csrc/kernels/kernels.h); ``dtype_code`` / ``op_code`` give those numbers. torch has no numpy
+bfloat16, so torch and numpy meet through the bits (int16): ``tensor_as_numpy`` and
+``numpy_as_tensor`` are the only places that know it. torch is imported only by the torch helpers.
+"""
 from __future__ import annotations
 
-from typing import Dict
+from typing import Any, Dict, Tuple
 
+import ml_dtypes
 import numpy as np
-
-try:
-    import ml_dtypes
-
-    BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
-except ImportError:  # pragma: no cover - ml_dtypes is a dependency
-    BFLOAT16 = None
 
 from .errors import ConfigError
 
-_BY_NUMPY: Dict[np.dtype, str] = {
-    np.dtype(np.float32): "float32",
-    np.dtype(np.float64): "float64",
-    np.dtype(np.float16): "float16",
-    np.dtype(np.int32): "int32",
-    np.dtype(np.int64): "int64",
+BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
+
+# Wire name -> numpy dtype, in the core's DType order. The wire name is also torch's dtype name.
+_BY_NAME: Dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float64": np.dtype(np.float64),
+    "float16": np.dtype(np.float16),
+    "bfloat16": BFLOAT16,
+    "int32": np.dtype(np.int32),
+    "int64": np.dtype(np.int64),
 }
-if BFLOAT16 is not None:
-    _BY_NUMPY[BFLOAT16] = "bfloat16"
+_BY_NUMPY: Dict[np.dtype, str] = {v: k for k, v in _BY_NAME.items()}
 
-_BY_NAME: Dict[str, np.dtype] = {v: k for k, v in _BY_NUMPY.items()}
-
-OPS = ("sum", "avg", "min", "max")
-SUPPORTED = tuple(_BY_NAME)
+SUPPORTED: Tuple[str, ...] = tuple(_BY_NAME)
+OPS: Tuple[str, ...] = ("sum", "avg", "min", "max")
 
 
 def wire_name(dtype: "np.dtype | str") -> str:
@@ -42,10 +43,10 @@ def wire_name(dtype: "np.dtype | str") -> str:
 
 
 def numpy_dtype(name: str) -> np.dtype:
-    """numpy dtype for a wire name (also accepts numpy spellings like 'f4')."""
+    """numpy dtype for a wire name (also accepts numpy spellings like 'f4', and 'bf16')."""
     if name in _BY_NAME:
         return _BY_NAME[name]
-    if name in ("bf16",) and BFLOAT16 is not None:
+    if name == "bf16":
         return BFLOAT16
     try:
         dt = np.dtype(name)
@@ -56,7 +57,55 @@ def numpy_dtype(name: str) -> np.dtype:
 
 
 def check_op(op: str) -> str:
+    """The op in lower case; ConfigError unless it is one of OPS."""
     op = op.lower()
     if op not in OPS:
         raise ConfigError(f"unsupported op {op!r}; supported: {', '.join(OPS)}")
     return op
+
+
+def dtype_code(name: str) -> int:
+    """The core's number of a wire dtype (csrc/kernels/kernels.h ``DType``)."""
+    return SUPPORTED.index(name)
+
+
+def op_code(op: str) -> int:
+    """The core's number of an op (csrc/kernels/kernels.h ``Op``)."""
+    return OPS.index(op)
+
+
+# ---------------------------------------------------------------------- torch
+def torch_dtype(name: str) -> Any:
+    """The torch dtype of a wire dtype name (torch.float32, ..., torch.bfloat16)."""
+    import torch
+
+    if name not in _BY_NAME:
+        raise ConfigError(f"unknown dtype {name!r}; supported: {', '.join(SUPPORTED)}")
+    return getattr(torch, name)
+
+
+def torch_numpy_dtype(tdtype: Any) -> np.dtype:
+    """The numpy dtype of a torch dtype the reducers know; ConfigError for any other."""
+    name = str(tdtype).rpartition(".")[2]
+    if name not in _BY_NAME:
+        raise ConfigError(f"cannot all-reduce a torch tensor of dtype {tdtype}")
+    return _BY_NAME[name]
+
+
+def tensor_as_numpy(t: Any) -> np.ndarray:
+    """A zero-copy numpy view of a contiguous CPU tensor (bfloat16 through its int16 bits)."""
+    import torch
+
+    t = t.detach()
+    if t.dtype == torch.bfloat16:
+        return t.view(torch.int16).numpy().view(BFLOAT16)
+    return t.numpy()
+
+
+def numpy_as_tensor(a: np.ndarray) -> Any:
+    """A zero-copy CPU tensor over a numpy array (bfloat16 through its int16 bits)."""
+    import torch
+
+    if a.dtype == BFLOAT16:
+        return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(a)

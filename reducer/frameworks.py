@@ -24,7 +24,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .dtypes import BFLOAT16, wire_name
+from .dtypes import numpy_as_tensor, tensor_as_numpy, torch_numpy_dtype, wire_name
 from .errors import ConfigError
 
 __all__ = ["Staged", "DeviceStaged", "DeviceBackend", "PinnedPool", "stage", "host_array", "register_backend",
@@ -44,8 +44,6 @@ class Staged:
     """
 
     __slots__ = ("array", "host", "shape")
-
-    device = False
 
     def __init__(self, array: Any, host: np.ndarray, shape: Optional[Tuple[int, ...]] = None) -> None:
         self.array = array
@@ -67,15 +65,10 @@ class Staged:
 
 # ====================================================================== host arrays
 def _torch_cpu_numpy(t: Any) -> np.ndarray:
-    import torch
-
     if not t.is_contiguous():
         raise ConfigError("tensor must be contiguous (call .contiguous() and copy the result back)")
-    t = t.detach()
-    if t.dtype == torch.bfloat16:
-        return t.view(torch.int16).numpy().view(BFLOAT16)
     try:
-        return t.numpy()
+        return tensor_as_numpy(t)
     except (TypeError, RuntimeError) as exc:
         raise ConfigError(f"cannot all-reduce a torch tensor of dtype {t.dtype}: {exc}") from None
 
@@ -120,6 +113,7 @@ def host_array(obj: Any) -> Optional[np.ndarray]:
 
 
 def check_host(arr: np.ndarray) -> np.ndarray:
+    """`arr` if the all-reduce can use it in place (C-contiguous, writable, a wire dtype), else ConfigError."""
     if not arr.flags.c_contiguous:
         raise ConfigError("array must be C-contiguous (use np.ascontiguousarray and copy the result back)")
     if not arr.flags.writeable:
@@ -248,8 +242,6 @@ class DeviceStaged(Staged):
 
     __slots__ = ("backend", "_buf", "_stream", "_d2h", "_h2d")
 
-    device = True
-
     def __init__(self, obj: Any, backend: DeviceBackend) -> None:
         dtype, shape, contiguous = backend.describe(obj)
         if not contiguous:
@@ -291,11 +283,6 @@ class TorchCudaBackend(DeviceBackend):
         import torch
 
         self.torch = torch
-        self._np = {torch.float32: np.dtype(np.float32), torch.float64: np.dtype(np.float64),
-                    torch.float16: np.dtype(np.float16), torch.int32: np.dtype(np.int32),
-                    torch.int64: np.dtype(np.int64)}
-        if BFLOAT16 is not None:
-            self._np[torch.bfloat16] = BFLOAT16
 
     @staticmethod
     def matches(obj: Any) -> bool:
@@ -303,11 +290,7 @@ class TorchCudaBackend(DeviceBackend):
         return torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
 
     def describe(self, t: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
-        try:
-            dt = self._np[t.dtype]
-        except KeyError:
-            raise ConfigError(f"cannot all-reduce a torch tensor of dtype {t.dtype}") from None
-        return dt, tuple(t.shape), bool(t.is_contiguous())
+        return torch_numpy_dtype(t.dtype), tuple(t.shape), bool(t.is_contiguous())
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
         return self.torch.empty(nbytes, dtype=self.torch.uint8, pin_memory=True).numpy()
@@ -318,11 +301,10 @@ class TorchCudaBackend(DeviceBackend):
     def new_stream(self, t: Any) -> Any:
         return self.torch.cuda.Stream(device=t.device)
 
-    def _pair(self, t: Any, host: np.ndarray) -> Tuple[Any, Any]:
-        torch = self.torch
-        if t.dtype == torch.bfloat16:  # torch.from_numpy knows no bfloat16: copy the bits
-            return t.view(torch.int16).reshape(-1), torch.from_numpy(host.view(np.int16))
-        return t.reshape(-1), torch.from_numpy(host)
+    @staticmethod
+    def _pair(t: Any, host: np.ndarray) -> Tuple[Any, Any]:
+        """The device tensor and the pinned host buffer as two flat tensors of one dtype."""
+        return t.reshape(-1), numpy_as_tensor(host)
 
     def copy_to_host(self, t: Any, host: np.ndarray, stream: Any) -> Any:
         torch = self.torch

@@ -38,6 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
 
+from .addresses import MAX_PORT, format_address, is_ipv6, parse_address
 from .errors import ConfigError
 
 log = logging.getLogger("reducer.launch")
@@ -64,7 +65,7 @@ def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
     socks = []
     try:
         for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+            s = socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM)
             socks.append(s)
             s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
@@ -73,10 +74,6 @@ def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _addr(host: str, port: int) -> str:
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 def build_cluster(workers: int, reducers: int, host: str = "127.0.0.1",
@@ -91,14 +88,14 @@ def build_cluster(workers: int, reducers: int, host: str = "127.0.0.1",
     if base_port is None:
         ports = free_ports(n, host)
     else:
-        if not 1 <= base_port or base_port + n - 1 > 65535:
-            raise ConfigError(f"--base-port {base_port} does not leave room for {n} ports (1-65535)")
+        if not 1 <= base_port or base_port + n - 1 > MAX_PORT:
+            raise ConfigError(f"--base-port {base_port} does not leave room for {n} ports (1-{MAX_PORT})")
         ports = list(range(base_port, base_port + n))
     red, wrk = ports[:reducers], ports[reducers:]
-    cluster = {"workerpool0": [_addr(host, wrk[0])]}
+    cluster = {"workerpool0": [format_address(host, wrk[0])]}
     if workers > 1:
-        cluster["workerpool1"] = [_addr(host, p) for p in wrk[1:]]
-    cluster["workerpool2"] = [_addr(host, p) for p in red]
+        cluster["workerpool1"] = [format_address(host, p) for p in wrk[1:]]
+    cluster["workerpool2"] = [format_address(host, p) for p in red]
     return cluster
 
 
@@ -127,7 +124,7 @@ def worker_env(cluster: Mapping[str, List[str]], node: int, local_rank: int, pro
                command: Sequence[str] = (), base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
     """The environment of worker process (node, local_rank)."""
     env = _base_env(base)
-    primary_host, primary_port = cluster["workerpool0"][0].rsplit(":", 1)
+    primary_host, primary_port = parse_address(cluster["workerpool0"][0])
     num_nodes = len(cluster["workerpool0"]) + len(cluster.get("workerpool1", []))
     env.update({
         "CLUSTER_SPEC": cluster_spec(cluster, node_task(node), command),
@@ -136,8 +133,8 @@ def worker_env(cluster: Mapping[str, List[str]], node: int, local_rank: int, pro
         # As Vertex AI sets them for PyTorch: per node, not per process.
         "RANK": str(node),
         "WORLD_SIZE": str(num_nodes),
-        "MASTER_ADDR": primary_host.strip("[]"),
-        "MASTER_PORT": primary_port,
+        "MASTER_ADDR": primary_host,
+        "MASTER_PORT": str(primary_port),
     })
     return env
 
@@ -197,7 +194,6 @@ class _Proc:
     ready_file: Optional[str] = None
     returncode: Optional[int] = None
     stopped: bool = False              # we sent it a signal
-    open_streams: int = 2
     partial: Dict[int, bytes] = field(default_factory=dict)
 
     @property
@@ -362,7 +358,6 @@ class _Launcher:
     def _close_stream(self, fileobj: Any, proc: _Proc, which: int) -> None:
         self.sel.unregister(fileobj)
         fileobj.close()
-        proc.open_streams -= 1
         rest = proc.partial.pop(which, b"")
         if rest:
             self.output.write(which, f"[{proc.label}] ".encode() + rest + b"\n")

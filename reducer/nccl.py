@@ -283,7 +283,7 @@ class NcclCommunicator:
             raise errors[-1]
 
 
-Communicator = NcclCommunicator  # the name the issue uses; CuPy calls it NcclCommunicator
+Communicator = NcclCommunicator  # the short name; CuPy calls it NcclCommunicator
 
 
 def _is_device(arr: Any) -> bool:
@@ -381,11 +381,9 @@ def _to_torch(arr: Any) -> Any:
     import torch
 
     if isinstance(arr, np.ndarray):
-        from .dtypes import BFLOAT16
+        from .dtypes import numpy_as_tensor
 
-        if BFLOAT16 is not None and arr.dtype == BFLOAT16:
-            return torch.from_numpy(arr.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(arr)
+        return numpy_as_tensor(arr)
     return torch.from_dlpack(arr)
 
 

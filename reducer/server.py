@@ -65,8 +65,9 @@ class ReducerServer:
 
     @property
     def address(self) -> str:
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
-        return f"[{host}]:{self.port}" if ":" in host else f"{host}:{self.port}"
+        from .addresses import connect_host, format_address
+
+        return format_address(connect_host(self.host), self.port)
 
     @property
     def running(self) -> bool:

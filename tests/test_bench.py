@@ -18,6 +18,8 @@ import uuid
 import numpy as np
 import pytest
 
+from reducer.bench import emulate
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
 
@@ -213,44 +215,15 @@ def test_bench_bad_arguments():
 
 
 # ------------------------------------------------------------------ emulated hosts
-def _netns_reason():
-    if os.geteuid() != 0:
-        return "emulated hosts need root (network namespaces)"
-    from reducer.bench.extern import load_benchmarks_module
-
-    emulate = load_benchmarks_module("emulate")
-    for tool in ("ip", "tc"):
-        if emulate._which(tool) is None:
-            return f"'{tool}' not found (iproute2)"
-    probe = "tbp" + uuid.uuid4().hex[:6]
-    p = subprocess.run([emulate._tool("ip"), "netns", "add", probe], capture_output=True, text=True)
-    if p.returncode != 0:
-        return f"cannot create network namespaces: {p.stderr.strip()}"
-    subprocess.run([emulate._tool("ip"), "netns", "del", probe], capture_output=True)
-    return None
-
-
-_NETNS = _netns_reason()
+_NETNS = emulate.unavailable_reason()
 needs_netns = pytest.mark.skipif(_NETNS is not None, reason=str(_NETNS))
-
-
-def _leftovers(prefix):
-    from reducer.bench.extern import load_benchmarks_module
-
-    emulate = load_benchmarks_module("emulate")
-    names = [n for n in emulate._list_netns() + emulate._list_links() if n.startswith(prefix + "-")]
-    if os.path.isdir("/etc/netns"):
-        names += [n for n in os.listdir("/etc/netns") if n.startswith(prefix + "-")]
-    return names
 
 
 @pytest.fixture
 def prefix():
     p = "b" + uuid.uuid4().hex[:5]
     yield p
-    from reducer.bench.extern import load_benchmarks_module
-
-    load_benchmarks_module("emulate").cleanup_stale(p)
+    emulate.cleanup_stale(p)
 
 
 @pytest.mark.netns
@@ -261,7 +234,7 @@ def test_bench_emulated_end_to_end(tmp_path, prefix):
                   "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp)])
     _check_run(res, jp, ["rs", "ring"], [4096, 65536])
     assert "1 Gbit/s emulated" in res.stdout
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []
 
 
 @pytest.mark.netns
@@ -272,9 +245,6 @@ def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
            "--sizes", "8M", "--iters", "50", "--warmup", "0", "--algos", "ring", "--emulate-gbps", "0.2",
            "--timeout", "5", "--netns-prefix", prefix]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
-    from reducer.bench.extern import load_benchmarks_module
-
-    emulate = load_benchmarks_module("emulate")
     victim = None
     deadline = time.monotonic() + 40
     while victim is None and time.monotonic() < deadline and p.poll() is None:
@@ -295,4 +265,4 @@ def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
     out, err = p.communicate(timeout=60)
     assert p.returncode == 1, out + err
     assert "ring rank 1" in out + err and "exited" in out + err
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []

@@ -15,8 +15,6 @@ from reducer.cluster import (
     discover,
     discover_reducer,
     discover_worker,
-    format_address,
-    parse_address,
 )
 from reducer.errors import ConfigError
 
@@ -480,56 +478,6 @@ def test_logs_one_debug_line(caplog: pytest.LogCaptureFixture) -> None:
     records = [r for r in caplog.records if r.name == "reducer.cluster"]
     assert len(records) == 1 and records[0].levelno == logging.DEBUG
     assert "CLUSTER_SPEC" in records[0].getMessage() and "rank=1/3" in records[0].getMessage()
-
-
-# -- addresses ----------------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("addr, expected", [
-    ("host:2222", ("host", 2222)),
-    ("1.2.3.4:5", ("1.2.3.4", 5)),
-    ("[::1]:5", ("::1", 5)),
-    ("[fd00::7]:65535", ("fd00::7", 65535)),
-    ("[fe80::1%eth0]:2222", ("fe80::1%eth0", 2222)),
-    ("  cmle-training-workerpool2-ab-0:2222 ", ("cmle-training-workerpool2-ab-0", 2222)),
-])
-def test_parse_address(addr: str, expected: tuple) -> None:
-    assert parse_address(addr) == expected
-    host, port = expected
-    assert parse_address(format_address(host, port)) == expected
-
-
-@pytest.mark.parametrize("addr, message", [
-    ("host", "has no port: expected 'host:port'"),
-    ("host:", "has no port"),
-    (":2222", "has no host"),
-    ("", "empty address"),
-    ("host:0", "port 0 is out of range 1-65535"),
-    ("host:65536", "port 65536 is out of range 1-65535"),
-    ("host:-1", "port '-1' is not a number"),
-    ("host:http", "port 'http' is not a number"),
-    ("host:22 22", "contains whitespace"),
-    ("::1:5", "unbracketed IPv6 address: write it as '[ipv6]:port'"),
-    ("fd00::7", "unbracketed IPv6"),
-    ("[::1]", "has no port: expected '[::1]:port'"),
-    ("[::1]5", "has no port"),
-    ("[::1:5", "has '[' without ']'"),
-    ("[::1]:", "has no port"),
-    ("[::1]:70000", "port 70000 is out of range"),
-    ("[not-v6]:5", "'not-v6' inside [] is not an IPv6 address"),
-    ("h]:5", "is malformed"),
-])
-def test_parse_address_errors(addr: str, message: str) -> None:
-    with pytest.raises(ConfigError) as exc:
-        parse_address(addr)
-    assert message in str(exc.value)
-    if addr.strip():
-        assert repr(addr) in str(exc.value)  # says what was found
-
-
-def test_parse_address_not_a_string() -> None:
-    with pytest.raises(ConfigError, match="address must be a string"):
-        parse_address(2222)  # type: ignore[arg-type]
 
 
 # -- docs ---------------------------------------------------------------------------------------

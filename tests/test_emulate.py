@@ -1,4 +1,4 @@
-"""Tests of benchmarks/emulate.py (network namespaces + tbf) and cpu_monitor.
+"""Tests of reducer/bench/emulate.py (network namespaces + tbf) and reducer/bench/cpu_monitor.py.
 
 The netns tests need root and iproute2; they are skipped otherwise.  Every run
 uses its own random prefix, so parallel runs never clash.  Traffic only goes
@@ -17,29 +17,13 @@ import uuid
 
 import pytest
 
+from reducer.bench import emulate
+from reducer.bench.cpu_monitor import CpuMonitor
+from reducer.bench.emulate import EmulatedHosts, EmulationError, cleanup_stale
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
-from benchmarks import emulate  # noqa: E402
-from benchmarks.cpu_monitor import CpuMonitor  # noqa: E402
-from benchmarks.emulate import EmulatedHosts, EmulationError, cleanup_stale  # noqa: E402
-
-
-def _netns_unavailable_reason():
-    if os.geteuid() != 0:
-        return "emulated hosts need root (network namespaces)"
-    for tool in ("ip", "tc"):
-        if emulate._which(tool) is None:
-            return f"emulated hosts need iproute2: '{tool}' not found"
-    probe = f"tprobe{uuid.uuid4().hex[:6]}"
-    p = subprocess.run([emulate._tool("ip"), "netns", "add", probe], capture_output=True, text=True)
-    if p.returncode != 0:
-        return f"cannot create network namespaces here: {p.stderr.strip()}"
-    subprocess.run([emulate._tool("ip"), "netns", "del", probe], capture_output=True)
-    return None
-
-
-_REASON = _netns_unavailable_reason()
+_REASON = emulate.unavailable_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 
@@ -48,15 +32,6 @@ def prefix():
     p = "t" + uuid.uuid4().hex[:6]
     yield p
     cleanup_stale(p)  # whatever a failing test left behind
-
-
-def _leftovers(prefix):
-    ns = [n for n in emulate._list_netns() if n.startswith(prefix + "-")]
-    links = [n for n in emulate._list_links() if n.startswith(prefix + "-")]
-    etc = []
-    if os.path.isdir("/etc/netns"):
-        etc = [n for n in os.listdir("/etc/netns") if n.startswith(prefix + "-")]
-    return ns + links + etc
 
 
 def _alive(pid):
@@ -109,7 +84,7 @@ def test_hosts_connect_and_are_isolated(prefix):
         assert r.returncode != 0 and "unreachable" in r.stderr.lower(), r
         # nothing of the emulation in the root namespace
         assert not [n for n in emulate._list_links() if n.startswith(prefix + "-")]
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []
 
 
 @pytest.mark.netns
@@ -137,11 +112,11 @@ def test_cleanup_on_exception_with_running_children(prefix, exc):
             # started behind the object's back: found through `ip netns pids`
             stray = subprocess.Popen(["ip", "netns", "exec", hosts[1].netns, "sleep", "60"])
             time.sleep(0.2)
-            assert _leftovers(prefix)
+            assert emulate.leftovers(prefix)
             raise exc("boom")
     assert running.poll() is not None
     stray.wait(5)
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []
 
 
 @pytest.mark.netns
@@ -162,7 +137,7 @@ def test_stale_objects_of_killed_run_are_removed(prefix):
         root_links = emulate._list_links()
         assert not {f"{prefix}-br", f"{prefix}-v5", f"{prefix}-p5"} & set(root_links)
         assert hosts.run(0, ["ip", "-4", "addr", "show", "eth0"]).stdout.count("10.77.0.1/24") == 1
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []
 
 
 @pytest.mark.netns
@@ -172,7 +147,7 @@ def test_sigterm_cleans_up(prefix):
     script = textwrap.dedent(f"""
         import sys, time
         sys.path.insert(0, {ROOT!r})
-        from benchmarks.emulate import EmulatedHosts
+        from reducer.bench.emulate import EmulatedHosts
         with EmulatedHosts(2, 1.0, prefix={prefix!r}) as h:
             h.popen(0, ["sleep", "60"])
             print("ready", flush=True)
@@ -182,7 +157,7 @@ def test_sigterm_cleans_up(prefix):
     assert p.stdout.readline().strip() == "ready"
     p.send_signal(signal.SIGTERM)
     assert p.wait(10) == 128 + signal.SIGTERM
-    assert _leftovers(prefix) == []
+    assert emulate.leftovers(prefix) == []
 
 
 @pytest.mark.netns

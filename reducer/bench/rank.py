@@ -26,7 +26,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional
 
 MARKER = "@@rsb "
 
@@ -166,24 +166,18 @@ class _Gloo(_Algo):
     def connect(self, addresses: List[str]) -> None:
         dist, j = self.dist, self.job
         if self.store is None:
-            host, port = addresses[0].rsplit(":", 1)
-            self.store = dist.TCPStore(host.strip("[]"), int(port), j["world"], False, timeout=self.timeout)
+            from ..addresses import parse_address
+
+            host, port = parse_address(addresses[0])
+            self.store = dist.TCPStore(host, port, j["world"], False, timeout=self.timeout)
         dist.init_process_group("gloo", store=self.store, rank=j["rank"], world_size=j["world"], timeout=self.timeout)
         self._tiny = self.torch.zeros(1, dtype=self.torch.float32)
 
     def alloc(self, count: int) -> Any:
-        import numpy as np
+        from ..dtypes import tensor_as_numpy, torch_dtype
 
-        from ..dtypes import numpy_dtype
-
-        torch = self.torch
-        tdt = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
-               "bfloat16": torch.bfloat16, "int32": torch.int32, "int64": torch.int64}[self.dtype]
-        t = torch.empty(count, dtype=tdt)
-        if self.dtype == "bfloat16":
-            arr = t.view(torch.int16).numpy().view(numpy_dtype("bfloat16"))
-        else:
-            arr = t.numpy()
+        t = self.torch.empty(count, dtype=torch_dtype(self.dtype))
+        arr = tensor_as_numpy(t)
         self._tensors = getattr(self, "_tensors", {})
         self._tensors[id(arr)] = (arr, t)  # the tensor behind each numpy view
         return arr
@@ -231,14 +225,10 @@ def run_worker(job: Dict[str, Any]) -> int:
     from ..dtypes import numpy_dtype
 
     esize = numpy_dtype(dtype).itemsize
-    cpu_times = None
-    if rank == 0:  # rank 0 samples the whole machine's CPU over the timed iterations
-        try:
-            from .extern import load_benchmarks_module
+    from .cpu_monitor import read_cpu_times
 
-            cpu_times = load_benchmarks_module("cpu_monitor").read_cpu_times
-        except Exception:
-            cpu_times = None
+    # rank 0 samples the whole machine's CPU over the timed iterations
+    cpu_times = read_cpu_times if rank == 0 else None
     for size in job["sizes"]:
         count = size // esize
         inp = make_input(rank, count, dtype)

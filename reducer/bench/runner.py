@@ -4,10 +4,11 @@ emulated hosts), collects their samples, prints the tables and writes JSON / plo
 Every measured rank is its own process (reducer.bench.rank), started once per algorithm;
 it loops over all sizes itself. Reducers (rs only) are processes too. With
 ``emulate_gbps`` every worker and every reducer gets its own network namespace
-(benchmarks/emulate.py) with a B Gbit/s full-duplex link.
+(reducer.bench.emulate) with a B Gbit/s full-duplex link.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import importlib.util
 import json
@@ -26,16 +27,15 @@ from pathlib import Path
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from .. import config as rs_config
-from ..dtypes import numpy_dtype
+from ..addresses import format_address
+from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import report
-from .extern import SOURCE_ROOT, load_benchmarks_module
+from . import cpu_monitor, report
 
 log = logging.getLogger("reducer.bench")
 
 ALL_ALGOS = ("rs", "ring", "gloo")
-
-
+_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 # ------------------------------------------------------------------------ configuration
 @dataclass
@@ -212,7 +212,7 @@ class BenchError(RuntimeError):
 
 def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: "queue.Queue",
            extra_env: Optional[Dict[str, str]] = None) -> _Proc:
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH", "")])),
+    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.update(extra_env or {})
     errfile = tempfile.TemporaryFile(mode="w+", prefix=f"rsb-{name}-")
@@ -297,7 +297,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
-                reducer_addrs.append(f"{host}:{rready[p]['port']}")
+                reducer_addrs.append(format_address(host, rready[p]["port"]))
         wprocs = []
         for i in range(W):
             job = {"role": "worker", "algo": algo, "rank": i, "world": W, "sizes": sizes, "dtype": cfg.dtype,
@@ -312,7 +312,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
         for i, p in enumerate(wprocs):
             host = hosts.bind_host(i if hosts.emulated else 0)
             port = listen[p].get("port") or 0
-            addrs.append(f"{host}:{port}")
+            addrs.append(format_address(host, port))
         for p in wprocs:
             p.send({"addresses": addrs})
         ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
@@ -378,8 +378,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     if cfg.workers < 1 or cfg.reducers < 1:
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
-    if cfg.op not in ("sum", "avg", "min", "max"):
-        raise ConfigError(f"unsupported op {cfg.op!r}: sum, avg, min or max")
+    cfg = dataclasses.replace(cfg, op=check_op(cfg.op))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
     esize = numpy_dtype(cfg.dtype).itemsize
@@ -407,18 +406,11 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         _pyplot()  # fail now, not after the run, when matplotlib is missing
 
-    cpu_mod = None
-    try:
-        cpu_mod = load_benchmarks_module("cpu_monitor")
-    except ConfigError as exc:
-        log.warning("CPU use not recorded: %s", exc)
-
-    background = None
-    if cpu_mod is not None:  # load on the machine before we start anything: others' work disturbs the numbers
-        b0 = cpu_mod.read_cpu_times()
-        time.sleep(1.0)
-        b1 = cpu_mod.read_cpu_times()
-        background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+    # load on the machine before we start anything: others' work disturbs the numbers
+    b0 = cpu_monitor.read_cpu_times()
+    time.sleep(1.0)
+    b1 = cpu_monitor.read_cpu_times()
+    background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
 
     run_id = uuid.uuid4().hex[:8]
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
@@ -427,9 +419,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         f"iters={cfg.iters} warmup={cfg.warmup} algos={','.join(algos)}")
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
-    if background is not None:
-        out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
-            + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
+    out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
+        + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
@@ -440,7 +431,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
-            emulate = load_benchmarks_module("emulate")
+            from . import emulate
+
             n_hosts = cfg.workers + (cfg.reducers if "rs" in algos else 0)
             try:
                 emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
@@ -454,13 +446,12 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         prog, advance = _progress(cfg, algos, sizes)
         try:
             for algo in algos:
-                mon = cpu_mod.CpuMonitor(interval=0.5).start() if cpu_mod else None
+                mon = cpu_monitor.CpuMonitor(interval=0.5).start()
                 try:
                     rows, err = _run_algo(algo, cfg, hosts, sizes, advance, run_id)
                 finally:
-                    if mon is not None:
-                        mon.stop()
-                        cpu_by_algo[algo] = mon
+                    mon.stop()
+                    cpu_by_algo[algo] = mon
                 all_rows += rows
                 errors[algo] = err
                 if err:

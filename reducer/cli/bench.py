@@ -4,6 +4,8 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reducer.dtypes import OPS, SUPPORTED
+
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workers", "-w", type=int, default=4, help="worker processes (ranks) (default 4)")
@@ -11,9 +13,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--sizes", default="4K:256M",
                    help="buffer sizes in bytes: MIN:MAX doubling (MIN:MAX:FACTOR), or a list 4K,64K,1M "
                         "(default 4K:256M)")
-    p.add_argument("--dtype", default="float32",
-                   choices=["float32", "float64", "float16", "bfloat16", "int32", "int64"])
-    p.add_argument("--op", default="sum", choices=["sum", "avg", "min", "max"])
+    p.add_argument("--dtype", default="float32", choices=SUPPORTED)
+    p.add_argument("--op", default="sum", choices=OPS)
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--algos", default=None,

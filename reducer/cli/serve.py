@@ -72,25 +72,6 @@ class ListenPlan:
     warning: Optional[str] = None
 
 
-def _env_value(name: str, env: Mapping[str, str]) -> Any:
-    from reducer import config
-
-    setting = config.SETTINGS[name]
-    raw = env.get(setting.env)
-    if raw is None or raw.strip() == "":
-        return None
-    try:
-        return setting.parse(raw)
-    except (TypeError, ValueError) as exc:
-        raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
-
-
-def _check_port(port: Any, where: str) -> int:
-    if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
-        raise ConfigError(f"{where}={port!r} is not a valid port (0-65535)")
-    return port
-
-
 def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
                    env: Optional[Mapping[str, str]] = None) -> ListenPlan:
     """Decide the address to bind from the flags, RS_HOST/RS_PORT and CLUSTER_SPEC/TF_CONFIG.
@@ -98,14 +79,15 @@ def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
     Raises ConfigError when the cluster description is invalid or does not describe a reducer
     (only when the port has to come from it, i.e. without --port).
     """
-    from reducer import cluster
+    from reducer import cluster, config
+    from reducer.addresses import check_port
 
     env = os.environ if env is None else env
-    bind_host = host if host is not None else (_env_value("host", env) or "0.0.0.0")
+    bind_host = config.get("host", host, env)
     has_cluster = bool(env.get("CLUSTER_SPEC", "").strip() or env.get("TF_CONFIG", "").strip())
 
     if port is not None:
-        port = _check_port(port, "--port")
+        port = check_port(port, "--port", any_port=True)
         info = None
         warning = None
         if has_cluster:
@@ -124,14 +106,13 @@ def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
     if has_cluster:
         info = cluster.discover_reducer(env)   # ConfigError unless workerpool2 / ps
         assert info.bind_port is not None
-        rs_port = _env_value("port", env)
-        origin = ("RS_PORT" if rs_port is not None
+        origin = ("RS_PORT" if config.env_text("port", env) is not None
                   else f"{info.source} entry {info.task_type}[{info.node_rank}]")
-        return ListenPlan(bind_host, _check_port(info.bind_port, origin), origin, info)
+        return ListenPlan(bind_host, info.bind_port, origin, info)
 
-    rs_port = _env_value("port", env)
+    rs_port = config.get("port", None, env)
     if rs_port is not None:
-        return ListenPlan(bind_host, _check_port(rs_port, "RS_PORT"), "RS_PORT")
+        return ListenPlan(bind_host, check_port(rs_port, "RS_PORT", any_port=True), "RS_PORT")
     return ListenPlan(bind_host, DEFAULT_PORT, "default (no CLUSTER_SPEC or TF_CONFIG)")
 
 

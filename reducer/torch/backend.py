@@ -30,7 +30,7 @@ import torch.distributed as dist
 from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import config
-from ..dtypes import SUPPORTED
+from ..dtypes import OPS, SUPPORTED, torch_dtype
 from ..errors import ConfigError
 from .hooks import reduce_async
 
@@ -40,14 +40,9 @@ BACKEND_NAME = "reduction_server"
 
 __all__ = ["BACKEND_NAME", "ReductionServerProcessGroup", "register_backend"]
 
-# dtypes that travel to the reducers (the wire table of reducer/dtypes.py); others go through gloo.
-_REDUCER_DTYPES = frozenset(getattr(torch, name) for name in SUPPORTED)
-_REDUCER_OPS = (
-    (dist.ReduceOp.SUM, "sum"),
-    (dist.ReduceOp.AVG, "avg"),
-    (dist.ReduceOp.MIN, "min"),
-    (dist.ReduceOp.MAX, "max"),
-)
+# dtypes and ops that travel to the reducers (the table of reducer/dtypes.py); others go through gloo.
+_REDUCER_DTYPES = frozenset(torch_dtype(name) for name in SUPPORTED)
+_REDUCER_OPS = tuple((getattr(dist.ReduceOp, name.upper()), name) for name in OPS)
 
 
 def _op_name(reduce_op: Any) -> Optional[str]:

@@ -11,7 +11,6 @@ work overlaps the rest of the backward pass; one completion thread per communica
 the handles in submission order and completes the futures in that order.
 """
 import logging
-import os
 import queue
 import threading
 import weakref
@@ -174,7 +173,7 @@ def _connect(process_group: Any, init_kwargs: dict) -> Tuple[Any, bool]:
         kwargs.setdefault("group", f"{config.get('group')}.ranks-{ranks}")
     # DDP buckets are already fused (bucket_cap_mb): unless the user configured fusion, send each
     # bucket as its own round and skip the fusion engine's agreement round per bucket.
-    defaults = {} if os.environ.get(config.SETTINGS["fusion_threshold"].env) else {"fusion_threshold": 0}
+    defaults = {} if config.env_text("fusion_threshold") is not None else {"fusion_threshold": 0}
     if not set(kwargs) <= {"rank", "world_size"}:
         return reducer.init(**{**defaults, **kwargs}), True
     with _default_lock:

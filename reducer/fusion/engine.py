@@ -1,53 +1,33 @@
-"""Asynchronous all-reduce with tensor fusion, fingerprints and handles.
-
-``Communicator.allreduce_async(array)`` returns a :class:`Handle` at once; the arrays are
-reduced in the background, many small ones packed into one *fused buffer* per
-(wire dtype, op), and the results land in the callers' arrays (docs/worker-library.md).
+"""The fusion engine: the threads behind ``Communicator.allreduce_async`` and its handles.
 
 Three threads share the work:
 
-* the caller's thread only appends an *entry* (host memory, dtypes, op, name, descriptor
-  hash) to the submission list;
-* the *fusion thread* decides where fused buffers are cut, packs them into two reusable
-  fusion buffers (double buffering), unpacks results and completes handles;
+* the caller's thread only appends an *entry* (host memory, dtypes, op, name, fingerprint) to
+  the submission list;
+* the *fusion thread* runs the agreement probes, has the planner (reducer.fusion.planner) cut
+  the agreed entries into rounds, packs fused rounds into two reusable fusion buffers (double
+  buffering), unpacks results and completes handles;
 * the *network thread* runs the blocking C++ all-reduce (the GIL is released) on one round
   at a time, in the order the fusion thread queued them. One round is on the wire while the
   fusion thread packs the next one and unpacks the previous one.
 
-Deterministic cuts. Every worker must cut its fused buffers at the same places, or the
-reducers see different rounds. So a cut depends only on what every worker knows:
+Agreed flush points. A partly filled buffer is never cut on one worker's say-so. Before each
+batch of data rounds the workers run a 16-byte *probe* all-reduce (int64, op min) of
+``[entries submitted here, -(1 if this worker wants a flush)]``. Its result is identical on every
+worker: ``C`` = the number of entries every worker has submitted, ``F`` = whether any worker wants
+a flush. Each worker then plans entries up to ``C``, and if ``F`` also cuts every partly filled
+buffer. A worker wants a flush when a caller waits (``Handle.wait``, ``synchronize``) on an entry
+that is not cut yet, or when its oldest waiting entry is older than ``cycle_time_ms``. So the
+cycle timer, and where each worker calls ``wait``, only decide *when* a probe is sent; where
+buffers are cut is a function of agreed values only.
 
-* the submitted sequence (sizes, dtypes, ops) and the threshold: a buffer is cut before
-  the entry that would overflow it, and when it is exactly full; an entry of at least
-  ``threshold`` bytes goes alone (in place, no copy);
-* *agreed* flush points. A partly filled buffer is never cut on one worker's say-so.
-  Before each batch of data rounds the workers run a 16-byte *probe* all-reduce (int64,
-  op min) of ``[entries submitted here, -(1 if this worker wants a flush)]``. Its result is
-  identical on every worker: ``C`` = the number of entries every worker has submitted,
-  ``F`` = whether any worker wants a flush. Each worker then plans entries up to ``C``
-  with the threshold rule, and if ``F`` also cuts every partly filled buffer. A worker
-  wants a flush when a caller waits (``Handle.wait``, ``synchronize``) on an entry that is
-  not cut yet, or when its oldest waiting entry is older than ``cycle_time_ms``. So the
-  cycle timer, and where each worker calls ``wait``, only decide *when* a probe is sent;
-  where buffers are cut is a function of agreed values only.
-
-Fingerprints. Each data round's 64-bit frame tag is a hash of its entries (position in the
-sequence, size, dtypes, op, shape, name). The reducers fail a round whose tags differ with
-a MismatchError on every worker. The fusion thread then runs a small diagnostic exchange
-on a separate connection (group ``<group>/fusion-check``): fixed-size int64 arrays of
-per-entry descriptor hashes reduced with op min (the array carries ``[h, -h]`` so one
-round gives min and max), window by window from the first entry not completed everywhere,
-and reports the first entry where min != max, with which of its properties differ. Every
-array has the same size and every decision to continue is taken from reduced (identical)
-values, so the check itself cannot mismatch; it is bounded by the communicator's timeout.
-
-After an error the asynchronous path stops: every pending handle fails with the error,
-later ``allreduce_async`` calls raise it. The blocking ``allreduce`` keeps working (the C++
-client reconnects to the group on its next call).
+After an error the asynchronous path stops: every pending handle fails with the error (a
+mismatch first goes through reducer.fusion.diagnosis, which names the differing tensor), later
+``allreduce_async`` calls raise it. The blocking ``allreduce`` keeps working (the C++ client
+reconnects to the group on its next call).
 """
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import threading
@@ -57,44 +37,17 @@ from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from .dtypes import BFLOAT16, check_op, wire_name
-from .errors import (
-    ConfigError,
-    MismatchError,
-    PeerLostError,
-    ReductionError,
-    ReductionTimeout,
-)
+from ..dtypes import BFLOAT16, check_op, wire_name
+from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
+from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
+from .planner import Cut, Planner
 
 log = logging.getLogger(__name__)
 
 __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
-DIAG_TAG = 0x3147414944535352  # b"RSDIAG1"
-DIAG_WINDOW = 512  # entry hashes per diagnostic round
-DIAG_MAX_WINDOWS = 16  # at most 8192 entries are compared
-HISTORY = 8192  # descriptors of completed entries kept for the diagnosis
-_MASK62 = (1 << 62) - 1  # hashes fit in int64 and can be negated
-
-_DTYPE_CODES = {"float32": 1, "float64": 2, "float16": 3, "bfloat16": 4, "int32": 5, "int64": 6}
-_DTYPE_NAMES = {v: k for k, v in _DTYPE_CODES.items()}
-_OP_CODES = {"sum": 1, "avg": 2, "min": 3, "max": 4}
-_OP_NAMES = {v: k for k, v in _OP_CODES.items()}
-# Descriptor fields of an entry (all int64): compared field by field in the diagnosis.
-_FIELDS = ("size in bytes", "dtype", "wire dtype (compression)", "op", "number of elements", "number of dimensions",
-           "shape", "name")
-
-_FUSED, _ALONE, _PROBE = 0, 1, 2
-
-
-def _h64(data: bytes) -> int:
-    return int.from_bytes(hashlib.blake2b(data, digest_size=8).digest(), "little")
-
-
-def _h62(data: bytes) -> int:
-    """A non-zero hash that fits in int64 and can be negated (0 means "absent")."""
-    return (_h64(data) & _MASK62) | 1
+_PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
 
 
 def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
@@ -105,8 +58,6 @@ def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
     if c in ("", "none", "off", "no", "0", "false"):
         return None
     if c in ("bf16", "bfloat16"):
-        if BFLOAT16 is None:  # pragma: no cover - ml_dtypes is a dependency
-            raise ConfigError("compression 'bf16' needs the ml_dtypes package")
         return BFLOAT16
     if c in ("fp16", "float16", "half"):
         return np.dtype(np.float16)
@@ -184,7 +135,7 @@ class Handle:
 
 class _Entry:
     __slots__ = ("index", "host", "wire", "wire_dt", "op", "nbytes", "name", "shape", "src", "staged", "handle", "t",
-                 "fields", "dhash")
+                 "fp")
 
     def describe(self) -> str:
         shape = "x".join(str(d) for d in self.shape) or "scalar"
@@ -195,17 +146,6 @@ class _Entry:
         if self.wire != self.src:
             text += f", sent as {self.wire}"
         return text + ")"
-
-
-class _Open:
-    """A fused buffer being filled (planning only: entries are packed when it is cut)."""
-
-    __slots__ = ("key", "entries", "nbytes")
-
-    def __init__(self, key: Tuple[str, str]) -> None:
-        self.key = key
-        self.entries: List[_Entry] = []
-        self.nbytes = 0
 
 
 class _Slot:
@@ -244,7 +184,7 @@ class _Round:
         self.values: Optional[np.ndarray] = None
 
     def needs_slot(self) -> bool:
-        if self.kind != _FUSED and self.kind != _ALONE:
+        if self.kind == _PROBE:
             return False
         if len(self.entries) > 1:
             return True
@@ -292,7 +232,6 @@ class FusionEngine:
         self.compression = compression_dtype(compression)
         self.rank = rank
         self.timeout = float(timeout)
-        self._diag_client = diag_client
         self._fusion_off = self.threshold == 0
 
         self._cv = threading.Condition()
@@ -302,11 +241,10 @@ class FusionEngine:
         self._unagreed_bytes = 0
         self._pending: Dict[int, _Entry] = {}  # submitted, not completed
         self._flush_upto = 0  # a caller waits for entries below this index
-        self._hist: Deque[Tuple[int, Tuple[int, ...], str]] = deque()  # (dhash, fields, description)
-        self._hist_lo = 0  # index of _hist[0]
+        self._history = History()  # fingerprints, for the diagnosis
         # planning (fusion thread, under _cv: the network thread reads it for the probe)
         self._agreed = 0  # C of the last probe: entries below it are planned
-        self._open: Dict[Tuple[str, str], _Open] = {}
+        self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
         self._plan: Deque[_Round] = deque()  # cut, not yet packed
         self._free: List[_Slot] = [_Slot(), _Slot()]
         self._probe_out = False
@@ -319,6 +257,10 @@ class FusionEngine:
         self._error: Optional[BaseException] = None  # sticky: the engine has stopped
         self._closing = False
         self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0}
+        self._diagnosis: Optional[Diagnosis] = None
+        if diag_client is not None:
+            self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
+                                        history=self._history, count=lambda: self._count)
 
         self._fusion_thread = threading.Thread(target=self._fusion_main, name=f"reducer-fusion-{rank}", daemon=True)
         self._net_thread = threading.Thread(target=self._net_main, name=f"reducer-net-{rank}", daemon=True)
@@ -327,7 +269,7 @@ class FusionEngine:
 
     # ================================================================ caller side
     def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
-        from .frameworks import stage
+        from ..frameworks import stage
 
         op = check_op(op)
         if name is not None and not isinstance(name, str):
@@ -350,11 +292,7 @@ class FusionEngine:
         e.name = name
         e.shape = staged.shape
         e.staged = staged
-        shape_hash = _h62(repr(e.shape).encode())
-        name_hash = _h62(name.encode("utf-8", "surrogatepass")) if name else 0
-        e.fields = (e.nbytes, _DTYPE_CODES[src], _DTYPE_CODES[e.wire], _OP_CODES[op], int(e.host.size), len(e.shape),
-                    shape_hash, name_hash)
-        e.dhash = _h62(np.array(e.fields, np.int64).tobytes())
+        e.fp = fingerprint(Described(e.nbytes, src, e.wire, op, int(e.host.size), e.shape, name))
         handle = Handle(self, e, array, name)
         e.handle = handle
         with self._cv:
@@ -369,9 +307,7 @@ class FusionEngine:
             self._submitted.append(e)
             self._unagreed_bytes += e.nbytes
             self._pending[e.index] = e
-            self._hist.append((e.dhash, e.fields, e.describe()))
-            if len(self._hist) > 2 * HISTORY and not self._count & 1023:
-                self._trim_history()
+            self._history.add(e.fp, e.describe(), self._lowest_pending)
             self._cv.notify_all()
         return handle
 
@@ -419,14 +355,6 @@ class FusionEngine:
                 th.join(t)
         self._fail_all(ReductionError("the communicator was closed before this all-reduce finished"))
 
-    @property
-    def error(self) -> Optional[BaseException]:
-        return self._error
-
-    def pending(self) -> int:
-        with self._cv:
-            return len(self._pending)
-
     # ================================================================ fusion thread
     def _fusion_main(self) -> None:
         try:
@@ -442,12 +370,8 @@ class FusionEngine:
                         self._cv.wait(self._sleep_for(now))
                     done = list(self._done)
                     self._done.clear()
-                    if self._fusion_off:
-                        while self._submitted:
-                            e = self._submitted.popleft()
-                            self._unagreed_bytes -= e.nbytes
-                            self._plan.append(self._make_round(_ALONE, [e]))
-                        self._agreed = self._count
+                    if self._fusion_off:  # no probes: every entry goes alone as soon as it is submitted
+                        self._plan_range(self._count, flush=False)
                 for rnd, err in done:
                     self._complete(rnd, err)
                     if self._error is not None:
@@ -467,20 +391,23 @@ class FusionEngine:
             err = exc if isinstance(exc, ReductionError) else ReductionError(f"fusion thread failed: {exc!r}")
             self._die(err)
 
+    def _uncut_heads(self) -> List[_Entry]:
+        """The oldest entry not yet planned and the first entry of every buffer being filled (caller holds _cv)."""
+        heads = list(self._planner.heads())
+        if self._submitted:
+            heads.append(self._submitted[0])
+        return heads
+
     def _oldest(self) -> Optional[float]:
         """Submission time of the oldest entry not yet cut (caller holds _cv)."""
-        t = self._submitted[0].t if self._submitted else None
-        for ob in self._open.values():
-            if ob.entries and (t is None or ob.entries[0].t < t):
-                t = ob.entries[0].t
-        return t
+        return min((e.t for e in self._uncut_heads()), default=None)
 
     def _min_uncut(self) -> int:
-        m = self._submitted[0].index if self._submitted else self._count
-        for ob in self._open.values():
-            if ob.entries and ob.entries[0].index < m:
-                m = ob.entries[0].index
-        return m
+        return min((e.index for e in self._uncut_heads()), default=self._count)
+
+    def _lowest_pending(self) -> int:
+        """Index of the first entry not completed (caller holds _cv)."""
+        return min(self._pending) if self._pending else self._count
 
     def _wants_flush(self, now: float) -> bool:
         if self._flush_upto > self._min_uncut():
@@ -493,7 +420,7 @@ class FusionEngine:
     def _want_probe(self, now: float) -> bool:
         if self._fusion_off or self._probe_out or self._plan or self._error is not None:
             return False
-        if not self._submitted and not any(ob.entries for ob in self._open.values()):
+        if not self._submitted and not self._planner.has_open():
             return False
         if self._unagreed_bytes >= self.threshold and self._submitted:
             return True
@@ -510,18 +437,11 @@ class FusionEngine:
     def _can_pack(self) -> bool:
         return bool(self._plan) and (bool(self._free) or not self._plan[0].needs_slot())
 
-    def _make_round(self, kind: int, entries: List[_Entry]) -> _Round:
-        e0 = entries[0]
-        rnd = _Round(kind, entries, e0.wire, e0.op, sum(e.nbytes for e in entries))
-        h = hashlib.blake2b(digest_size=8)
-        h.update(f"{kind}:{rnd.wire}:{rnd.op}:{len(entries)}:{rnd.nbytes}".encode())
-        h.update(np.array([(e.index, e.dhash) for e in entries], np.int64).tobytes())
-        rnd.tag = int.from_bytes(h.digest(), "little") | 1
+    def _round(self, cut: Cut[_Entry]) -> _Round:
+        entries = cut.entries
+        rnd = _Round(cut.kind, entries, entries[0].wire, entries[0].op, cut.nbytes)
+        rnd.tag = round_tag(cut.kind, rnd.wire, rnd.op, rnd.nbytes, ((e.index, e.fp.dhash) for e in entries))
         return rnd
-
-    def _cut(self, ob: _Open) -> None:
-        del self._open[ob.key]
-        self._plan.append(self._make_round(_FUSED, ob.entries))
 
     def _plan_range(self, agreed: int, flush: bool) -> None:
         """Plan entries [self._agreed, agreed) (caller holds _cv). Deterministic given agreed values."""
@@ -529,29 +449,16 @@ class FusionEngine:
             raise MismatchError(
                 f"fusion probes disagree: the workers agreed on {agreed} tensors but this worker has planned "
                 f"{self._agreed} and submitted {self._count} (was a worker restarted?)")
-        thr = self.threshold
+        cuts: List[Cut[_Entry]] = []
         for _ in range(agreed - self._agreed):
             e = self._submitted.popleft()
             self._unagreed_bytes -= e.nbytes
-            if e.nbytes >= thr:
-                self._plan.append(self._make_round(_ALONE, [e]))
-                continue
-            key = (e.wire, e.op)
-            ob = self._open.get(key)
-            if ob is None:
-                ob = self._open[key] = _Open(key)
-            elif ob.nbytes + e.nbytes > thr:
-                self._cut(ob)
-                ob = self._open[key] = _Open(key)
-            ob.entries.append(e)
-            ob.nbytes += e.nbytes
-            if ob.nbytes == thr:
-                self._cut(ob)
+            cuts += self._planner.add(e)
         self._agreed = agreed
         if flush:
             self.stats["flushes"] += 1
-            for ob in sorted(self._open.values(), key=lambda o: o.entries[0].index):
-                self._cut(ob)
+            cuts += self._planner.flush()
+        self._plan.extend(self._round(c) for c in cuts)
 
     def _pack_ready(self) -> None:
         while True:
@@ -589,7 +496,7 @@ class FusionEngine:
     def _complete(self, rnd: _Round, err: Optional[BaseException]) -> None:
         if err is not None:
             if self._error is None:
-                self._die(self._diagnose(err, rnd))
+                self._die(self._diagnose(err))
             return
         if rnd.kind == _PROBE:
             agreed, flush = int(rnd.values[0]), int(-rnd.values[1]) > 0
@@ -669,7 +576,7 @@ class FusionEngine:
             entries = list(self._pending.values())
             self._pending.clear()
             self._submitted.clear()
-            self._open.clear()
+            self._planner.clear()
             self._plan.clear()
             self._netq.clear()
         for e in entries:
@@ -685,109 +592,11 @@ class FusionEngine:
         if self._closing:
             raise ReductionError("the communicator is closed")
 
-    def _trim_history(self) -> None:
-        lowest = min(self._pending) if self._pending else self._count
-        keep_from = max(self._hist_lo, lowest - HISTORY)
-        while self._hist_lo < keep_from:
-            self._hist.popleft()
-            self._hist_lo += 1
-
-    def _hist_get(self, index: int) -> Optional[Tuple[int, Tuple[int, ...], str]]:
-        i = index - self._hist_lo
-        if 0 <= i < len(self._hist):
-            return self._hist[i]
-        return None
-
     # ================================================================ mismatch diagnosis
-    def _diagnose(self, err: BaseException, rnd: _Round) -> BaseException:
+    def _diagnose(self, err: BaseException) -> BaseException:
         """Turn a failed round into the most useful error: name the first differing tensor."""
-        if not isinstance(err, (MismatchError, PeerLostError)) or self._diag_client is None:
+        if self._diagnosis is None:
             return err
         with self._cv:
-            base = min(self._pending) if self._pending else self._count
-        t0 = time.monotonic()
-        try:
-            found = self._exchange_hashes(base)
-        except ReductionError as exc:
-            log.warning("fusion fingerprint check failed: %s", exc)
-            if isinstance(err, MismatchError):
-                return MismatchError(f"{err} [the fusion fingerprint check could not name the differing tensor: {exc}]")
-            return err
-        finally:
-            log.debug("fusion fingerprint check took %.3f s", time.monotonic() - t0)
-        if found is None:
-            if isinstance(err, MismatchError):
-                return MismatchError(f"{err} [fusion fingerprint check: the tensors every worker has submitted match; "
-                                     "the workers may have cut their buffers differently]")
-            return err
-        return MismatchError(f"{found}. The reducer reported: {err}")
-
-    def _exchange_hashes(self, base: int) -> Optional[str]:
-        client = self._diag_client()
-        try:
-            m = 2 + DIAG_WINDOW
-
-            def exchange(values: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
-                buf = np.concatenate([values, -values]).astype(np.int64)
-                client.allreduce(buf, "int64", "min", DIAG_TAG)
-                return buf[:m], -buf[m:]
-
-            head = np.zeros(m, np.int64)
-            with self._cv:
-                head[0], head[1], head[2] = base, self._count, self.threshold
-            lo, hi = exchange(head)
-            start = int(lo[0])  # the first entry some worker has not completed
-            if lo[2] != hi[2]:
-                return (f"the workers use different fusion thresholds ({int(lo[2])} to {int(hi[2])} bytes; this "
-                        f"worker: {self.threshold}), so they cut their fused buffers at different places: set "
-                        "fusion_threshold / RS_FUSION_THRESHOLD to the same value on every worker")
-            for w in range(DIAG_MAX_WINDOWS):
-                s = start + w * DIAG_WINDOW
-                vals = np.zeros(m, np.int64)
-                vals[0] = s
-                with self._cv:
-                    vals[1] = self._count
-                    for j in range(DIAG_WINDOW):
-                        rec = self._hist_get(s + j) if s + j < self._count else None
-                        vals[2 + j] = rec[0] if rec is not None else 0
-                mn, mx = exchange(vals)
-                for j in range(DIAG_WINDOW):
-                    a, b = int(mn[2 + j]), int(mx[2 + j])
-                    if a == 0:  # some worker has not submitted this one (yet)
-                        return None
-                    if a != b:
-                        return self._describe_difference(exchange, s + j)
-            return None
-        finally:
-            try:
-                client.close()
-            except Exception:  # pragma: no cover
-                pass
-
-    def _describe_difference(self, exchange: Callable[[np.ndarray], Tuple[np.ndarray, np.ndarray]], index: int) -> str:
-        with self._cv:
-            rec = self._hist_get(index)
-        assert rec is not None
-        _, fields, desc = rec
-        vals = np.zeros(2 + DIAG_WINDOW, np.int64)
-        vals[:len(fields)] = fields
-        mn, mx = exchange(vals)
-        diffs = []
-        for i, what in enumerate(_FIELDS):
-            a, b = int(mn[i]), int(mx[i])
-            if a == b:
-                continue
-            if i == 0 or i == 4 or i == 5:
-                diffs.append(f"{what} ({a} to {b})")
-            elif i in (1, 2):
-                diffs.append(f"{what} ({_DTYPE_NAMES.get(a, a)} / {_DTYPE_NAMES.get(b, b)})")
-            elif i == 3:
-                diffs.append(f"{what} ({_OP_NAMES.get(a, a)} / {_OP_NAMES.get(b, b)})")
-            elif i == 7 and (a == 0 or b == 0):
-                diffs.append("name (given on some workers only)")
-            else:
-                diffs.append(what)
-        return (f"workers submitted different tensors to allreduce_async: the first difference is at "
-                f"tensor #{index} (0-based submission order); on rank {self.rank} it is {desc}; "
-                f"the workers differ in its {', '.join(diffs) or 'description'}")
-
+            base = self._lowest_pending()
+        return self._diagnosis.explain(err, base)

@@ -1,0 +1,105 @@
+"""Where things are: ``host:port`` text, port numbers, and the job id that (with the group name)
+names a group on the reducers. Used by the worker library, the reducer node and the tools alike.
+
+- An address is ``host:port``; an IPv6 host is written in brackets, ``[::1]:2222``.
+- A port someone connects to is 1-65535; a port to bind may also be 0 (any free port).
+- The job id is the argument, else ``RS_JOB_ID``, else ``CLOUD_ML_JOB_ID`` (Vertex AI), else
+  ``local``.
+"""
+from __future__ import annotations
+
+import ipaddress
+import os
+from typing import Any, Mapping, Optional, Tuple
+
+from . import config
+from .errors import ConfigError
+
+__all__ = ["parse_address", "format_address", "connect_host", "check_port", "is_ipv6", "resolve_job_id",
+           "MAX_PORT"]
+
+MAX_PORT = 65535
+_WILDCARD_HOSTS = ("0.0.0.0", "", "::")
+
+
+def is_ipv6(host: str) -> bool:
+    """True for an (unbracketed) IPv6 host such as ``::1`` or ``fe80::1%eth0``."""
+    return ":" in host
+
+
+def format_address(host: str, port: int) -> str:
+    """``host:port``, with an IPv6 host in brackets (the inverse of parse_address)."""
+    return f"[{host}]:{port}" if is_ipv6(host) else f"{host}:{port}"
+
+
+def connect_host(bind_host: str) -> str:
+    """The host a client on this machine connects to for a server bound to `bind_host`
+    (a wildcard bind, ``0.0.0.0`` / ``::`` / empty, is reached through 127.0.0.1)."""
+    return "127.0.0.1" if bind_host in _WILDCARD_HOSTS else bind_host
+
+
+def check_port(port: Any, what: str, *, any_port: bool = False) -> int:
+    """`port` if it is a port number (1-65535; with `any_port`, 0 = any free port, is allowed too),
+    else ConfigError naming `what` (the argument or variable it came from)."""
+    low = 0 if any_port else 1
+    if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= MAX_PORT:
+        raise ConfigError(f"{what}={port!r} is not a port number ({low}-{MAX_PORT})")
+    return port
+
+
+def parse_address(addr: str) -> Tuple[str, int]:
+    """Split ``"host:port"``, ``"1.2.3.4:5"`` or ``"[::1]:5"`` into ``(host, port)``.
+
+    IPv6 hosts come back without brackets. Raises ConfigError on anything else.
+    """
+    if not isinstance(addr, str):
+        raise ConfigError(f"address must be a string 'host:port', found {type(addr).__name__} {addr!r}")
+    text = addr.strip()
+    if not text:
+        raise ConfigError("empty address: expected 'host:port' (IPv6 as '[addr]:port')")
+    if any(c.isspace() for c in text):
+        raise ConfigError(f"address {addr!r} contains whitespace: expected 'host:port'")
+    if text.startswith("["):
+        close = text.find("]")
+        if close < 0:
+            raise ConfigError(f"address {addr!r} has '[' without ']': expected '[ipv6]:port'")
+        host = text[1:close]
+        rest = text[close + 1:]
+        if not rest.startswith(":"):
+            raise ConfigError(f"address {addr!r} has no port: expected '[{host}]:port'")
+        port_text = rest[1:]
+        try:
+            ipaddress.IPv6Address(host.split("%", 1)[0])
+        except ValueError:
+            raise ConfigError(f"address {addr!r}: {host!r} inside [] is not an IPv6 address") from None
+    else:
+        if text.count(":") > 1:
+            raise ConfigError(
+                f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'"
+            )
+        host, sep, port_text = text.rpartition(":")
+        if not sep:
+            raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
+        if "[" in host or "]" in host:
+            raise ConfigError(f"address {addr!r} is malformed: expected 'host:port' or '[ipv6]:port'")
+    if not host:
+        raise ConfigError(f"address {addr!r} has no host: expected 'host:port'")
+    if not port_text:
+        raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
+    if not port_text.isdigit() or not port_text.isascii():
+        raise ConfigError(f"address {addr!r}: port {port_text!r} is not a number")
+    port = int(port_text)
+    if not 1 <= port <= MAX_PORT:
+        raise ConfigError(f"address {addr!r}: port {port} is out of range 1-{MAX_PORT}")
+    return host, port
+
+
+def resolve_job_id(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> str:
+    """The job id: `explicit` if given (not empty), else RS_JOB_ID, else CLOUD_ML_JOB_ID, else 'local'.
+
+    `env` defaults to os.environ; blank variables count as unset (reducer.config)."""
+    value = config.get("job_id", explicit or None, env)
+    if value:
+        return str(value)
+    cloud = (os.environ if env is None else env).get("CLOUD_ML_JOB_ID", "")
+    return cloud if cloud.strip() else "local"

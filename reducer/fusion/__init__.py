@@ -1,0 +1,14 @@
+"""Asynchronous all-reduce with tensor fusion, fingerprints and handles.
+
+``Communicator.allreduce_async(array)`` returns a :class:`Handle` at once; the arrays are
+reduced in the background, many small ones packed into one *fused buffer* per
+(wire dtype, op), and the results land in the callers' arrays (docs/worker-library.md).
+
+- ``planner``: the cut rule (where fused buffers begin and end), pure and deterministic;
+- ``engine``: ``FusionEngine`` (the threads, agreement probes, packing) and ``Handle``;
+- ``diagnosis``: fingerprints of the submitted tensors and the mismatch diagnosis that names the
+  first tensor the workers disagree on.
+"""
+from .engine import PROBE_TAG, FusionEngine, Handle, compression_dtype
+
+__all__ = ["Handle", "FusionEngine", "compression_dtype", "PROBE_TAG"]
