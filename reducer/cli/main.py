@@ -21,6 +21,7 @@ SUBCOMMANDS = [
     ("bench", "reducer.cli.bench"),
     ("plan", "reducer.cli.plan"),
     ("vertex-job", "reducer.cli.vertex_job"),
+    ("nccl-plugin", "reducer.cli.nccl_plugin"),
 ]
 
 
