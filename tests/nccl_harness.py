@@ -412,7 +412,16 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
 
 def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[Tuple[int, int, int]],
                  seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
-                 extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0) -> Dict[str, Any]:
+    """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
+
+    Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
+    requests) and every result is compared with a float64 reference computed from all heads'
+    inputs (exact for integers and for the small-integer passes). stream_until_error > 0 keeps
+    issuing calls until test() fails (at most that many seconds); count_skew makes head r send
+    r * count_skew more elements (a mismatch every head must see as an error).
+    """
+    calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
     env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
     env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "30",
                 "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
@@ -489,6 +498,18 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     n_done = 0
     deadline = time.monotonic() + max(120.0, stream_until_error)
     rng = np.random.default_rng([seed, rank, 999])
+    # NCCL keeps up to 64 requests per collComm: issue 64 without testing any, then one more,
+    # which the plugin must refuse with a NULL request (NCCL retries it later).
+    ring_full_null = None
+    if len(calls) > 64 and not stream_until_error:
+        for _ in range(64):
+            t, o, count = calls[i]
+            req = issue(i, free_slots[0], t, o, count, True)
+            assert req.value, "iallreduce refused a request below 64 in flight"
+            outstanding.append((i, free_slots.pop(0), req))
+            i += 1
+        t, o, count = calls[i]
+        ring_full_null = not issue(i, free_slots[0], t, o, count, True).value
     while True:
         streaming = stream_until_error > 0
         more = i < len(calls) or streaming
@@ -532,7 +553,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 progressed = True
         if not progressed:
             time.sleep(float(rng.uniform(0, 0.0005)))
-    result.update({"calls_done": n_done, "nulls": nulls, "mismatches": mismatches, "error_rc": error_rc,
+    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches, "error_rc": error_rc,
                    "error_at": error_at})
     if error_rc == SUCCESS:
         for mh in mhs:
@@ -553,3 +574,13 @@ def _close(got: np.ndarray, ref: np.ndarray, dtype: str, exact: bool, heads: int
     # Random floats: the reducers accumulate float16/bfloat16 in float32 and round once.
     tol = {"float64": 1e-12, "float32": 1e-5, "float16": 2e-3, "bfloat16": 1.6e-2}[dtype]
     return bool(np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref)) * heads))
+
+
+def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]]
+                      ) -> Dict[str, Any]:
+    """Ranks 0-1 and 2-3 are two communicators (two heads each) of the same job on the same reducers."""
+    comm = rank // 2
+    sub = os.path.join(rdv, f"comm{comm}")
+    os.makedirs(sub, exist_ok=True)
+    return collnet_head(rank % 2, 2, sub, 12, reducers, calls, seed=10 + comm, comm_id=1000 + comm,
+                        extra_env={"RS_JOB_ID": "one-job"})

@@ -38,6 +38,7 @@ constexpr size_t kHostBytes = 64;
 std::mutex g_mu;
 std::optional<ReducerPool> g_pool;
 std::string g_pool_error;  // why there is no pool ("" when none is configured)
+bool g_discovered = false;  // init() ran at least once in this load of the library
 
 struct Context {
   static constexpr uint32_t kMagic = 0x58434e52u;  // "RNCX"
@@ -142,10 +143,11 @@ void init() {
     error = std::string("CollNet disabled: ") + e.what();
   }
   std::lock_guard<std::mutex> lock(g_mu);
-  bool changed = (pool.has_value() != g_pool.has_value()) || error != g_pool_error ||
+  bool changed = !g_discovered || (pool.has_value() != g_pool.has_value()) || error != g_pool_error ||
                  (pool && g_pool && pool->reducers != g_pool->reducers);
   g_pool = pool;
   g_pool_error = error;
+  g_discovered = true;
   if (!changed) return;
   if (!error.empty()) log_warn(error);
   else if (!pool) log_info("CollNet off: no reducers configured (RS_REDUCERS, CLUSTER_SPEC or TF_CONFIG)");

@@ -43,12 +43,21 @@ CollNetRounds::~CollNetRounds() {
 }
 
 CollNetRounds::Round* CollNetRounds::try_start(const void* send, void* recv, size_t nbytes, DType dtype, Op op) {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) throw Error(fail_kind_, "an earlier all-reduce round failed: " + fail_text_);
-  }
   Round& r = *slots_[issued_ % slots_.size()];
   if (r.state.load(std::memory_order_acquire) != kFree) return nullptr;
+  {
+    // After a failure the group is out of step: the round fails at once, reported by test()
+    // (where NCCL expects a lost peer to show up).
+    std::lock_guard<std::mutex> lock(mu_);
+    if (failed_) {
+      r.kind = fail_kind_;
+      r.error = "an earlier all-reduce round failed: " + fail_text_;
+      r.nbytes = nbytes;
+      r.state.store(kFailed, std::memory_order_release);
+      ++issued_;
+      return &r;
+    }
+  }
   if (send != recv && nbytes) std::memmove(recv, send, nbytes);  // the client reduces in place
   r.data = recv;
   r.nbytes = nbytes;

@@ -36,8 +36,8 @@ class CollNetRounds {
   CollNetRounds& operator=(const CollNetRounds&) = delete;
 
   // Starts reducing `nbytes` of `send` into `recv` (may be the same buffer) across the group.
-  // nullptr when max_in_flight rounds are unfinished (NCCL calls again later). Throws rs::Error
-  // once an earlier round has failed (the group is out of step from then on).
+  // nullptr when max_in_flight rounds are unfinished (NCCL calls again later). Once a round has
+  // failed, every later round fails too (the group is out of step), reported by test().
   Round* try_start(const void* send, void* recv, size_t nbytes, DType dtype, Op op);
 
   // Non-blocking. true once the round is done (its request is released then); throws rs::Error
