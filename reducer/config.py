@@ -83,6 +83,12 @@ _TABLE = [
     Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
     Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", 4 << 30, _size,
             "Reducer: largest reduction-buffer memory per group stream; a group asking more is refused."),
+    # -- NCCL plugin (read by the C++ library NCCL loads; docs/nccl-plugin.md) --
+    Setting("nccl_socket_ifname", "RS_NCCL_SOCKET_IFNAME", None, str,
+            "NCCL plugin: interface of its point-to-point TCP net (NCCL's syntax: prefixes, '=exact', '^exclude'; "
+            "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
+    Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
+            "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

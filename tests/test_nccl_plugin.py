@@ -281,3 +281,9 @@ def test_cli_prints_path_and_installs(tmp_path, capsys):
     plugin = H.Plugin(str(installed))
     assert plugin.net(12).name == b"reduction-server"
     plugin.close()
+
+
+def test_worker_image_installs_and_enables_the_plugin():
+    text = (H.Path(__file__).resolve().parent.parent / "docker" / "worker.Dockerfile").read_text()
+    assert "reduction-server nccl-plugin --install /usr/local/lib/reduction-server --conf > /etc/nccl.conf" in text
+    assert "ldconfig" in text

@@ -388,7 +388,7 @@ Comm* comm_of(void* c) {
 }  // namespace
 
 void stripe(uint64_t size, int nsocks, int s, uint64_t* off, uint64_t* len) {
-  uint64_t used = std::min<uint64_t>(uint64_t(nsocks), std::max<uint64_t>(1, (size + kMinStripeBytes - 1) / kMinStripeBytes));
+  uint64_t used = std::min<uint64_t>(uint64_t(nsocks), std::max<uint64_t>(1, size / kMinStripeBytes));
   uint64_t chunk = (size + used - 1) / used;
   uint64_t b = std::min(size, uint64_t(s) * chunk), e = std::min(size, uint64_t(s + 1) * chunk);
   *off = b;
