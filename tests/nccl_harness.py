@@ -226,6 +226,17 @@ def init_coll(plugin: Plugin, v: int, comm_id: int) -> Tuple[Any, C.c_void_p]:
     return coll, ctx
 
 
+def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) -> Tuple[Any, C.c_void_p]:
+    """listen() of a net or CollNet table: (the 128-byte handle buffer, the listen comm)."""
+    handle = C.create_string_buffer(HANDLE_BYTES)
+    lcomm = C.c_void_p()
+    if version == 8:
+        check(table.listen(0, handle, C.byref(lcomm)), "listen", plugin)
+    else:
+        check(table.listen(ctx, 0, handle, C.byref(lcomm)), "listen", plugin)
+    return handle, lcomm
+
+
 # -- point-to-point ---------------------------------------------------------------------------
 
 
@@ -260,12 +271,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     check(net.devices(C.byref(ndev)), "devices", plugin)
     props = PROPS[version]()
     check(net.getProperties(0, C.byref(props)), "getProperties", plugin)
-    handle = C.create_string_buffer(HANDLE_BYTES)
-    lcomm = C.c_void_p()
-    if version == 8:
-        check(net.listen(0, handle, C.byref(lcomm)), "listen", plugin)
-    else:
-        check(net.listen(None, 0, handle, C.byref(lcomm)), "listen", plugin)
+    handle, lcomm = listen(plugin, net, version, None)
     publish(rdv, f"p2p.{rank}", handle.raw)
     (other,) = gather(rdv, [f"p2p.{1 - rank}"])
     peer_handle = C.create_string_buffer(other, HANDLE_BYTES)
@@ -298,8 +304,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     offsets = np.concatenate([[0], np.cumsum([s + extra for s in sizes])])[:-1].astype(int)
     send_reqs: List[Tuple[int, C.c_void_p]] = []
     recv_reqs: List[Tuple[int, C.c_void_p]] = []
-    next_send = next_recv = 0
-    send_nulls = 0
+    next_recv = 0
     got_sizes: Dict[int, int] = {}
     done_flag, size_out = C.c_int(), C.c_int()
 
@@ -326,32 +331,26 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         check(rc, "irecv", plugin)
         return req if req.value else None
 
+    def post_until(post: Callable[[int], Optional[C.c_void_p]], reqs: List[Tuple[int, C.c_void_p]], nxt: int,
+                   limit: int) -> Tuple[int, bool]:
+        """Post messages nxt, nxt + 1, ... while fewer than `limit` are outstanding; (next, got a NULL)."""
+        while nxt < len(sizes) and len(reqs) < limit:
+            req = post(nxt)
+            if req is None:
+                return nxt, True
+            reqs.append((nxt, req))
+            nxt += 1
+        return nxt, False
+
     # Fill the send ring without testing anything: the 33rd request must be refused (NULL).
-    while next_send < len(sizes) and len(send_reqs) < 33:
-        req = post_send(next_send)
-        if req is None:
-            send_nulls += 1
-            break
-        send_reqs.append((next_send, req))
-        next_send += 1
-    ring_full_null = len(send_reqs) == 32 and send_nulls == 1
+    next_send, refused = post_until(post_send, send_reqs, 0, 33)
+    ring_full_null = len(send_reqs) == 32 and refused
     deadline = time.monotonic() + 120
     while send_reqs or recv_reqs or next_send < len(sizes) or next_recv < len(sizes):
         if time.monotonic() > deadline:
             raise TimeoutError(f"p2p stuck: sent {next_send}, received {next_recv}")
-        while next_recv < len(sizes) and len(recv_reqs) < 32:
-            req = post_recv(next_recv)
-            if req is None:
-                break
-            recv_reqs.append((next_recv, req))
-            next_recv += 1
-        while next_send < len(sizes) and len(send_reqs) < 32:
-            req = post_send(next_send)
-            if req is None:
-                send_nulls += 1
-                break
-            send_reqs.append((next_send, req))
-            next_send += 1
+        next_recv, _ = post_until(post_recv, recv_reqs, next_recv, 32)
+        next_send, _ = post_until(post_send, send_reqs, next_send, 32)
         for reqs in (send_reqs, recv_reqs):
             if reqs:
                 i, req = reqs[0]  # NCCL's proxy tests its oldest request
@@ -449,12 +448,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
         for o in range(5):
             check(coll.reduceSupport(t, o, C.byref(flag)), "reduceSupport", plugin)
             support[(t, o)] = flag.value
-    handle = C.create_string_buffer(HANDLE_BYTES)
-    lcomm = C.c_void_p()
-    if version == 8:
-        check(coll.listen(0, handle, C.byref(lcomm)), "collnet listen", plugin)
-    else:
-        check(coll.listen(ctx, 0, handle, C.byref(lcomm)), "collnet listen", plugin)
+    handle, lcomm = listen(plugin, coll, version, ctx)
     publish(rdv, f"coll.{rank}", handle.raw)
     raw = gather(rdv, [f"coll.{h}" for h in range(heads)])
     bufs = [C.create_string_buffer(b, HANDLE_BYTES) for b in raw]

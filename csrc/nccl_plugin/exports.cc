@@ -1,6 +1,6 @@
 // The exported symbols NCCL looks up: ncclNetPlugin_v{8,11,12} and ncclCollNetPlugin_v{8,11,12}.
 // v12 is the implementation; v11 and v8 are thin adapters (properties layout, int sizes, no
-// context). Every entry point goes through guarded(): no exception reaches NCCL.
+// context). Every entry point goes through (run_)guarded(): no exception reaches NCCL.
 #include <cstring>
 #include <string>
 
@@ -22,12 +22,11 @@ void check_dev(int dev, int ndev) {
 }
 
 // The one NIC: the same device for point-to-point and CollNet (NCCL then sees one NIC that
-// can do both). Strings live as long as the library.
+// can do both). The interface is chosen once per load, so its strings live as long as the library.
 void fill_v12(ncclNetProperties_v12_t* p, size_t max_coll_bytes) {
-  static std::string name, pci;
   const NetInterface& ni = p2p::interface();
-  name = ni.name;
-  pci = ni.pci_path;
+  const std::string& name = ni.name;
+  const std::string& pci = ni.pci_path;
   std::memset(p, 0, sizeof *p);
   p->name = const_cast<char*>(name.c_str());
   p->pciPath = pci.empty() ? nullptr : const_cast<char*>(pci.c_str());
@@ -98,11 +97,10 @@ int net_devices_checked() {
 
 ncclResult_t net_init_common(ncclDebugLogger_t logger, int version) {
   set_logger(logger);
-  return guarded("init", [&] {
+  return run_guarded("init", [&] {
     const NetInterface& ni = p2p::interface();
     log_info("net plugin v" + std::to_string(version) + " loaded: TCP on " + ni.name + " (" + ni.ip + "), " +
              std::to_string(p2p_sockets_from_env()) + " socket(s) per connection");
-    return ncclSuccess;
   });
 }
 
@@ -118,17 +116,15 @@ ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_common(logg
 
 ncclResult_t net_devices(int* ndev) {
   *ndev = 0;
-  return guarded("devices", [&] {
+  return run_guarded("devices", [&] {
     *ndev = net_devices_checked();
-    return ncclSuccess;
   });
 }
 
 ncclResult_t net_get_properties_v12(int dev, ncclNetProperties_v12_t* props) {
-  return guarded("getProperties", [&] {
+  return run_guarded("getProperties", [&] {
     check_dev(dev, 1);
     fill_v12(props, collnet::kMaxCollBytes);
-    return ncclSuccess;
   });
 }
 ncclResult_t net_get_properties_v11(int dev, ncclNetProperties_v11_t* props) {
@@ -145,21 +141,19 @@ ncclResult_t net_get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
 }
 
 ncclResult_t net_listen_v12(void*, int dev, void* handle, void** listen_comm) {
-  return guarded("listen", [&] {
+  return run_guarded("listen", [&] {
     check_dev(dev, 1);
     p2p::listen(handle, listen_comm);
-    return ncclSuccess;
   });
 }
 ncclResult_t net_listen_v8(int dev, void* handle, void** listen_comm) { return net_listen_v12(nullptr, dev, handle, listen_comm); }
 
 ncclResult_t net_connect_v12(void*, int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t** dev_comm) {
-  return guarded("connect", [&] {
+  return run_guarded("connect", [&] {
     *send_comm = nullptr;
     check_dev(dev, 1);
     if (dev_comm) *dev_comm = nullptr;  // no device offload
     p2p::connect(handle, send_comm);
-    return ncclSuccess;
   });
 }
 ncclResult_t net_connect_v8(int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t** dev_comm) {
@@ -167,64 +161,57 @@ ncclResult_t net_connect_v8(int dev, void* handle, void** send_comm, ncclNetDevi
 }
 
 ncclResult_t net_accept(void* listen_comm, void** recv_comm, ncclNetDeviceHandle_t** dev_comm) {
-  return guarded("accept", [&] {
+  return run_guarded("accept", [&] {
     *recv_comm = nullptr;
     if (dev_comm) *dev_comm = nullptr;
     p2p::accept(listen_comm, recv_comm);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t reg_mr(void*, void* data, size_t size, int type, void** mhandle) {
-  return guarded("regMr", [&] {
+  return run_guarded("regMr", [&] {
     *mhandle = nullptr;
     *mhandle = register_region(data, size, type);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t reg_mr_dmabuf(void*, void*, size_t, int, uint64_t, int, void** mhandle) {
-  return guarded("regMrDmaBuf", [&] {
-    *mhandle = nullptr;
+  *mhandle = nullptr;
+  return run_guarded("regMrDmaBuf", [] {
     throw Error(ErrorKind::Config, "DMA-BUF memory is not supported: this plugin moves host memory only");
-    return ncclInternalError;
   });
 }
 
 ncclResult_t dereg_mr(void*, void* mhandle) {
-  return guarded("deregMr", [&] {
+  return run_guarded("deregMr", [&] {
     deregister_region(mhandle);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t net_isend_v12(void* send_comm, void* data, size_t size, int, void*, void*, void** request) {
-  return guarded("isend", [&] {
+  return run_guarded("isend", [&] {
     *request = nullptr;
     p2p::isend(send_comm, data, size, request);
-    return ncclSuccess;
   });
 }
 ncclResult_t net_isend_v8(void* send_comm, void* data, int size, int tag, void* mhandle, void** request) {
-  if (size < 0) return guarded("isend", [] () -> ncclResult_t { throw Error(ErrorKind::Config, "negative size"); });
+  if (size < 0) return run_guarded("isend", [] { throw Error(ErrorKind::Config, "negative size"); });
   return net_isend_v12(send_comm, data, size_t(size), tag, mhandle, nullptr, request);
 }
 
 ncclResult_t net_irecv_v12(void* recv_comm, int n, void** data, size_t* sizes, int*, void**, void**, void** request) {
-  return guarded("irecv", [&] {
+  return run_guarded("irecv", [&] {
     *request = nullptr;  // also clears NCCL_NET_OPTIONAL_RECV_COMPLETION: completion is always reported
     p2p::irecv(recv_comm, n, data, sizes, request);
-    return ncclSuccess;
   });
 }
 ncclResult_t net_irecv_v8(void* recv_comm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request) {
-  return guarded("irecv", [&] {
+  return run_guarded("irecv", [&] {
     *request = nullptr;
     if (n != 1) throw Error(ErrorKind::Config, "irecv of " + std::to_string(n) + " buffers: maxRecvs is 1");
     if (sizes[0] < 0) throw Error(ErrorKind::Config, "negative size");
     size_t size = size_t(sizes[0]);
     p2p::irecv(recv_comm, n, data, &size, request);
-    return ncclSuccess;
   });
 }
 
@@ -235,23 +222,20 @@ ncclResult_t net_iflush(void*, int, void**, int*, void**, void** request) {
 }
 
 ncclResult_t net_test(void* request, int* done, int* size) {
-  return guarded("test", [&] {
+  return run_guarded("test", [&] {
     p2p::test(request, done, size);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t net_close(void* comm) {
-  return guarded("close", [&] {
+  return run_guarded("close", [&] {
     p2p::close_comm(comm);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t net_close_listen(void* listen_comm) {
-  return guarded("closeListen", [&] {
+  return run_guarded("closeListen", [&] {
     p2p::close_listen(listen_comm);
-    return ncclSuccess;
   });
 }
 
@@ -262,12 +246,11 @@ ncclResult_t net_finalize(void*) { return ncclSuccess; }
 
 ncclResult_t coll_init_common(ncclDebugLogger_t logger, int version, void** ctx, uint64_t comm_id) {
   set_logger(logger);
-  return guarded("CollNet init", [&] {
+  return run_guarded("CollNet init", [&] {
     if (ctx) *ctx = nullptr;
     collnet::init();
     if (ctx) *ctx = collnet::make_context(comm_id);
     log_info("CollNet plugin v" + std::to_string(version) + " loaded");
-    return ncclSuccess;
   });
 }
 ncclResult_t coll_init_v12(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 12, ctx, comm_id); }
@@ -276,18 +259,16 @@ ncclResult_t coll_init_v8(ncclDebugLogger_t logger) { return coll_init_common(lo
 
 ncclResult_t coll_devices(int* ndev) {
   *ndev = 0;
-  return guarded("CollNet devices", [&] {
+  return run_guarded("CollNet devices", [&] {
     // Without the point-to-point net NCCL ignores CollNet anyway; no interface, no device.
     *ndev = collnet::devices() ? net_devices_checked() : 0;
-    return ncclSuccess;
   });
 }
 
 ncclResult_t coll_get_properties_v12(int dev, ncclNetProperties_v12_t* props) {
-  return guarded("CollNet getProperties", [&] {
+  return run_guarded("CollNet getProperties", [&] {
     check_dev(dev, collnet::devices());
     fill_v12(props, collnet::kMaxCollBytes);
-    return ncclSuccess;
   });
 }
 ncclResult_t coll_get_properties_v11(int dev, ncclNetProperties_v11_t* props) {
@@ -304,19 +285,17 @@ ncclResult_t coll_get_properties_v8(int dev, ncclNetProperties_v8_t* props) {
 }
 
 ncclResult_t coll_listen_v12(void* ctx, int dev, void* handle, void** listen_comm) {
-  return guarded("CollNet listen", [&] {
+  return run_guarded("CollNet listen", [&] {
     *listen_comm = nullptr;
     check_dev(dev, collnet::devices());
     collnet::listen(ctx, handle, listen_comm);
-    return ncclSuccess;
   });
 }
 ncclResult_t coll_listen_v8(int dev, void* handle, void** listen_comm) { return coll_listen_v12(nullptr, dev, handle, listen_comm); }
 
 ncclResult_t coll_connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
-  return guarded("CollNet connect", [&] {
+  return run_guarded("CollNet connect", [&] {
     collnet::connect(handles, nranks, rank, listen_comm, coll_comm);
-    return ncclSuccess;
   });
 }
 
@@ -327,15 +306,14 @@ ncclResult_t coll_reduce_support(ncclDataType_t dtype, ncclRedOp_t op, int* supp
 
 ncclResult_t coll_iallreduce_v12(void* coll_comm, void* send, void* recv, size_t count, ncclDataType_t dtype,
                                  ncclRedOp_t op, void* send_mh, void* recv_mh, void** request) {
-  return guarded("CollNet iallreduce", [&] {
+  return run_guarded("CollNet iallreduce", [&] {
     *request = nullptr;
     collnet::iallreduce(coll_comm, send, recv, count, int(dtype), int(op), send_mh, recv_mh, request);
-    return ncclSuccess;
   });
 }
 ncclResult_t coll_iallreduce_v8(void* coll_comm, void* send, void* recv, int count, ncclDataType_t dtype,
                                 ncclRedOp_t op, void* send_mh, void* recv_mh, void** request) {
-  if (count < 0) return guarded("CollNet iallreduce", [] () -> ncclResult_t { throw Error(ErrorKind::Config, "negative count"); });
+  if (count < 0) return run_guarded("CollNet iallreduce", [] { throw Error(ErrorKind::Config, "negative count"); });
   return coll_iallreduce_v12(coll_comm, send, recv, size_t(count), dtype, op, send_mh, recv_mh, request);
 }
 
@@ -371,31 +349,27 @@ ncclResult_t coll_iflush(void*, void*, int, void*, void** request) {
 }
 
 ncclResult_t coll_test(void* request, int* done, int* size) {
-  return guarded("CollNet test", [&] {
+  return run_guarded("CollNet test", [&] {
     *done = 0;
     collnet::test(request, done, size);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t coll_close(void* coll_comm) {
-  return guarded("CollNet closeColl", [&] {
+  return run_guarded("CollNet closeColl", [&] {
     collnet::close_coll(coll_comm);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t coll_close_listen(void* listen_comm) {
-  return guarded("CollNet closeListen", [&] {
+  return run_guarded("CollNet closeListen", [&] {
     collnet::close_listen(listen_comm);
-    return ncclSuccess;
   });
 }
 
 ncclResult_t coll_finalize(void* ctx) {
-  return guarded("CollNet finalize", [&] {
+  return run_guarded("CollNet finalize", [&] {
     collnet::free_context(ctx);
-    return ncclSuccess;
   });
 }
 

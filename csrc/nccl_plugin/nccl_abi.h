@@ -89,48 +89,36 @@ typedef struct {
 } ncclNetVDeviceProps_v11_t;
 
 typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
-  int ptrSupport;
-  int regIsGlobal;
-  int forceFlush;
-  int speed;
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
-  int netDeviceVersion;
-  ncclNetVDeviceProps_v11_t vProps;
-  size_t maxP2pBytes;
-  size_t maxCollBytes;
-  int maxMultiRequestSize;
-} ncclNetProperties_v11_t;
-
-typedef struct {
   int ndevs;
   int devs[8];
 } ncclNetVDeviceProps_v12_t;
 
-typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
-  int ptrSupport;
-  int regIsGlobal;
-  int forceFlush;
-  int speed;
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
-  int netDeviceVersion;
-  ncclNetVDeviceProps_v12_t vProps;
-  size_t maxP2pBytes;
-  size_t maxCollBytes;
+/* v11 and v12 properties share everything up to maxMultiRequestSize (v12 adds rail/plane ids). */
+#define RS_NCCL_PROPS_V11_V12(VPROPS) \
+  char* name;                        \
+  char* pciPath;                     \
+  uint64_t guid;                     \
+  int ptrSupport;                    \
+  int regIsGlobal;                   \
+  int forceFlush;                    \
+  int speed;                         \
+  int port;                          \
+  float latency;                     \
+  int maxComms;                      \
+  int maxRecvs;                      \
+  ncclNetDeviceType netDeviceType;   \
+  int netDeviceVersion;              \
+  VPROPS vProps;                     \
+  size_t maxP2pBytes;                \
+  size_t maxCollBytes;               \
   int maxMultiRequestSize;
+
+typedef struct {
+  RS_NCCL_PROPS_V11_V12(ncclNetVDeviceProps_v11_t)
+} ncclNetProperties_v11_t;
+
+typedef struct {
+  RS_NCCL_PROPS_V11_V12(ncclNetVDeviceProps_v12_t)
   int16_t railId;
   int16_t planeId;
 } ncclNetProperties_v12_t;

@@ -49,4 +49,13 @@ ncclResult_t guarded(const char* what, F&& f) noexcept {
   }
 }
 
+// guarded() for bodies that return nothing: success unless they throw.
+template <class F>
+ncclResult_t run_guarded(const char* what, F&& f) noexcept {
+  return guarded(what, [&] {
+    f();
+    return ncclSuccess;
+  });
+}
+
 }  // namespace rs::nccl
