@@ -1,9 +1,14 @@
-"""Build the C++ core (reducer._core).
+"""Build the C++ core (reducer._core) and the NCCL plugin (reducer/lib/libnccl-net-reduction-server.so).
 
-Everything in csrc/ is compiled into one extension module for baseline x86-64
-(no host-specific -march flag): the SIMD kernels are compiled per target with
-function attributes and picked at run time (see csrc/kernels/dispatch.cc).
+Everything in csrc/ except csrc/nccl_plugin/ is compiled into one extension module for baseline
+x86-64 (no host-specific -march flag): the SIMD kernels are compiled per target with function
+attributes and picked at run time (see csrc/kernels/dispatch.cc).
+
+The NCCL plugin is a plain shared library (a C ABI, no Python, no CUDA, no NCCL) that NCCL
+dlopens; it is built from csrc/nccl_plugin/ plus the core's client, sockets, wire format and
+kernels, exports only NCCL's plugin symbols, and ships inside the package (docs/nccl-plugin.md).
 """
+import os
 from glob import glob
 
 from pybind11.setup_helpers import ParallelCompile, Pybind11Extension, build_ext
@@ -12,15 +17,53 @@ from setuptools import setup
 # Compile the sources in parallel (RS_BUILD_JOBS, default: every CPU).
 ParallelCompile("RS_BUILD_JOBS").install()
 
-sources = sorted(glob("csrc/**/*.cc", recursive=True))
+PLUGIN_DIR = os.path.join("csrc", "nccl_plugin")
+PLUGIN_NAME = "libnccl-net-reduction-server.so"
+# The parts of the core the plugin links (the reducer, ring and Python bindings stay out).
+PLUGIN_CORE_DIRS = ["common", "client", "net", "protocol", "kernels"]
+
+CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+
+sources = sorted(s for s in glob("csrc/**/*.cc", recursive=True)
+                 if not s.startswith(PLUGIN_DIR + os.sep))
 
 ext = Pybind11Extension(
     "reducer._core",
     sources,
     include_dirs=["csrc"],
     cxx_std=17,
-    extra_compile_args=["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"],
+    extra_compile_args=CXX_FLAGS,
     extra_link_args=["-pthread"],
 )
 
-setup(ext_modules=[ext], cmdclass={"build_ext": build_ext})
+
+class BuildExtWithPlugin(build_ext):
+    """build_ext that also links the NCCL plugin library next to the extension's package."""
+
+    def run(self) -> None:
+        super().run()
+        self.build_nccl_plugin()
+
+    def build_nccl_plugin(self) -> None:
+        plugin_sources = sorted(glob(os.path.join(PLUGIN_DIR, "*.cc")))
+        for d in PLUGIN_CORE_DIRS:
+            plugin_sources += sorted(glob(os.path.join("csrc", d, "*.cc")))
+        root = "." if self.inplace else self.build_lib
+        out_dir = os.path.join(root, "reducer", "lib")
+        os.makedirs(out_dir, exist_ok=True)
+        objects = self.compiler.compile(
+            plugin_sources,
+            output_dir=os.path.join(self.build_temp, "nccl_plugin"),
+            include_dirs=["csrc"],
+            extra_postargs=CXX_FLAGS + ["-std=c++17", "-fPIC"],
+        )
+        self.compiler.link_shared_object(
+            objects,
+            os.path.join(out_dir, PLUGIN_NAME),
+            extra_postargs=["-pthread", "-Wl,--no-undefined",
+                            "-Wl,--version-script=" + os.path.join(PLUGIN_DIR, "exports.map")],
+            target_lang="c++",
+        )
+
+
+setup(ext_modules=[ext], cmdclass={"build_ext": BuildExtWithPlugin})

@@ -1,5 +1,6 @@
 # syntax=docker/dockerfile:1
-# A GPU worker image: PyTorch + this package (`pip install .[torch]`) + the examples.
+# A GPU worker image: PyTorch + this package (`pip install .[torch]`) + the examples, and the
+# NCCL plugin installed as libnccl-net.so and enabled in /etc/nccl.conf.
 # Build from the repository root:
 #   docker build -f docker/worker.Dockerfile -t reduction-server/worker:latest .
 # Pick another PyTorch base with --build-arg BASE=pytorch/pytorch:<tag>; the build and
@@ -24,6 +25,15 @@ ENV PYTHONUNBUFFERED=1 \
 COPY --from=build /wheels /wheels
 # The [torch] extra is already satisfied by the base image's torch; pip keeps it.
 RUN set -e; whl="$(ls /wheels/*.whl)"; pip install "${whl}[torch]"; rm -rf /wheels
+# The NCCL plugin (docs/nccl-plugin.md): NCCL's inter-node all-reduce goes to the reducers
+# (workerPoolSpecs[2]) with no change to the training code. It is installed under NCCL's default
+# plugin name and enabled in /etc/nccl.conf; without reducers in CLUSTER_SPEC / TF_CONFIG /
+# RS_REDUCERS it offers no CollNet device and NCCL uses only its point-to-point TCP net.
+RUN set -e; \
+    reduction-server nccl-plugin --install /usr/local/lib/reduction-server --conf > /etc/nccl.conf; \
+    echo /usr/local/lib/reduction-server > /etc/ld.so.conf.d/reduction-server.conf; \
+    ldconfig; \
+    cat /etc/nccl.conf
 WORKDIR /opt/reduction-server
 COPY examples/ examples/
 EXPOSE 2222

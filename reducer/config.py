@@ -92,6 +92,12 @@ _TABLE = [
             "Reducer: open connections from one IP address, in any state (default 256)."),
     Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, int,
             "Reducer: live group streams created from one IP address (default 64)."),
+    # -- NCCL plugin (read by the C++ library NCCL loads; docs/nccl-plugin.md) --
+    Setting("nccl_socket_ifname", "RS_NCCL_SOCKET_IFNAME", None, str,
+            "NCCL plugin: interface of its point-to-point TCP net (NCCL's syntax: prefixes, '=exact', '^exclude'; "
+            "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
+    Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
+            "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

@@ -22,6 +22,7 @@ SUBCOMMANDS = [
     ("plan", "reducer.cli.plan"),
     ("vertex-job", "reducer.cli.vertex_job"),
     ("job-token", "reducer.cli.job_token"),
+    ("nccl-plugin", "reducer.cli.nccl_plugin"),
 ]
 
 

@@ -1,0 +1,225 @@
+#include "nccl_plugin/json.h"
+
+#include <cstdlib>
+
+#include "common/error.h"
+
+namespace rs::nccl::json {
+
+const Value* Value::get(const std::string& key) const {
+  if (type != Type::Object) return nullptr;
+  auto it = members.find(key);
+  return it == members.end() ? nullptr : &it->second;
+}
+
+const char* Value::type_name() const {
+  switch (type) {
+    case Type::Null: return "null";
+    case Type::Bool: return "boolean";
+    case Type::Number: return "number";
+    case Type::String: return "string";
+    case Type::Array: return "array";
+    case Type::Object: return "object";
+  }
+  return "?";
+}
+
+namespace {
+
+constexpr int kMaxDepth = 64;
+constexpr size_t kMaxText = 1 << 20;
+
+class Parser {
+ public:
+  Parser(const std::string& s, const std::string& what) : s_(s), what_(what) {}
+
+  Value document() {
+    if (s_.size() > kMaxText) fail("document larger than 1 MiB");
+    Value v = value(0);
+    skip_ws();
+    if (pos_ != s_.size()) fail("unexpected text after the value");
+    return v;
+  }
+
+ private:
+  [[noreturn]] void fail(const std::string& why) {
+    throw Error(ErrorKind::Config, what_ + " is not valid JSON (" + why + " at offset " + std::to_string(pos_) + ")");
+  }
+  void skip_ws() {
+    while (pos_ < s_.size() && (s_[pos_] == ' ' || s_[pos_] == '\t' || s_[pos_] == '\n' || s_[pos_] == '\r')) ++pos_;
+  }
+  char peek() {
+    skip_ws();
+    if (pos_ >= s_.size()) fail("unexpected end");
+    return s_[pos_];
+  }
+  void expect(char c) {
+    if (peek() != c) fail(std::string("expected '") + c + "'");
+    ++pos_;
+  }
+  bool literal(const char* word) {
+    size_t n = std::char_traits<char>::length(word);
+    if (s_.compare(pos_, n, word) != 0) return false;
+    pos_ += n;
+    return true;
+  }
+
+  Value value(int depth) {
+    if (depth > kMaxDepth) fail("nested too deeply");
+    Value v;
+    char c = peek();
+    if (c == '{') {
+      v.type = Value::Type::Object;
+      ++pos_;
+      if (peek() == '}') {
+        ++pos_;
+        return v;
+      }
+      for (;;) {
+        if (peek() != '"') fail("expected a member name");
+        std::string key = string();
+        expect(':');
+        v.members[key] = value(depth + 1);
+        char d = peek();
+        ++pos_;
+        if (d == '}') return v;
+        if (d != ',') fail("expected ',' or '}'");
+      }
+    }
+    if (c == '[') {
+      v.type = Value::Type::Array;
+      ++pos_;
+      if (peek() == ']') {
+        ++pos_;
+        return v;
+      }
+      for (;;) {
+        v.items.push_back(value(depth + 1));
+        char d = peek();
+        ++pos_;
+        if (d == ']') return v;
+        if (d != ',') fail("expected ',' or ']'");
+      }
+    }
+    if (c == '"') {
+      v.type = Value::Type::String;
+      v.text = string();
+      return v;
+    }
+    if (literal("true")) {
+      v.type = Value::Type::Bool;
+      v.boolean = true;
+      return v;
+    }
+    if (literal("false")) {
+      v.type = Value::Type::Bool;
+      return v;
+    }
+    if (literal("null")) return v;
+    if (c == '-' || (c >= '0' && c <= '9')) {
+      size_t start = pos_;
+      if (s_[pos_] == '-') ++pos_;
+      auto digits = [&] {
+        size_t b = pos_;
+        while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
+        if (pos_ == b) fail("malformed number");
+      };
+      digits();
+      if (pos_ < s_.size() && s_[pos_] == '.') {
+        ++pos_;
+        digits();
+      }
+      if (pos_ < s_.size() && (s_[pos_] == 'e' || s_[pos_] == 'E')) {
+        ++pos_;
+        if (pos_ < s_.size() && (s_[pos_] == '+' || s_[pos_] == '-')) ++pos_;
+        digits();
+      }
+      v.type = Value::Type::Number;
+      v.text = s_.substr(start, pos_ - start);
+      v.number = std::strtod(v.text.c_str(), nullptr);
+      return v;
+    }
+    fail(std::string("unexpected character '") + c + "'");
+  }
+
+  static void put_utf8(std::string* out, uint32_t cp) {
+    if (cp < 0x80) {
+      out->push_back(char(cp));
+    } else if (cp < 0x800) {
+      out->push_back(char(0xC0 | (cp >> 6)));
+      out->push_back(char(0x80 | (cp & 0x3F)));
+    } else if (cp < 0x10000) {
+      out->push_back(char(0xE0 | (cp >> 12)));
+      out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(char(0x80 | (cp & 0x3F)));
+    } else {
+      out->push_back(char(0xF0 | (cp >> 18)));
+      out->push_back(char(0x80 | ((cp >> 12) & 0x3F)));
+      out->push_back(char(0x80 | ((cp >> 6) & 0x3F)));
+      out->push_back(char(0x80 | (cp & 0x3F)));
+    }
+  }
+
+  uint32_t hex4() {
+    if (pos_ + 4 > s_.size()) fail("truncated \\u escape");
+    uint32_t v = 0;
+    for (int i = 0; i < 4; ++i) {
+      char h = s_[pos_++];
+      v <<= 4;
+      if (h >= '0' && h <= '9') v |= uint32_t(h - '0');
+      else if (h >= 'a' && h <= 'f') v |= uint32_t(h - 'a' + 10);
+      else if (h >= 'A' && h <= 'F') v |= uint32_t(h - 'A' + 10);
+      else fail("bad \\u escape");
+    }
+    return v;
+  }
+
+  std::string string() {
+    ++pos_;  // opening quote
+    std::string out;
+    for (;;) {
+      if (pos_ >= s_.size()) fail("unterminated string");
+      char c = s_[pos_++];
+      if (c == '"') return out;
+      if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (c != '\\') {
+        out.push_back(c);
+        continue;
+      }
+      if (pos_ >= s_.size()) fail("unterminated string");
+      char e = s_[pos_++];
+      switch (e) {
+        case '"': out.push_back('"'); break;
+        case '\\': out.push_back('\\'); break;
+        case '/': out.push_back('/'); break;
+        case 'b': out.push_back('\b'); break;
+        case 'f': out.push_back('\f'); break;
+        case 'n': out.push_back('\n'); break;
+        case 'r': out.push_back('\r'); break;
+        case 't': out.push_back('\t'); break;
+        case 'u': {
+          uint32_t cp = hex4();
+          if (cp >= 0xD800 && cp < 0xDC00 && s_.compare(pos_, 2, "\\u") == 0) {
+            pos_ += 2;
+            uint32_t lo = hex4();
+            if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
+            cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          }
+          put_utf8(&out, cp);
+          break;
+        }
+        default: fail("bad escape");
+      }
+    }
+  }
+
+  const std::string& s_;
+  const std::string& what_;
+  size_t pos_ = 0;
+};
+
+}  // namespace
+
+Value parse(const std::string& text, const std::string& what) { return Parser(text, what).document(); }
+
+}  // namespace rs::nccl::json

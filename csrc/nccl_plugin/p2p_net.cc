@@ -1,0 +1,593 @@
+#include "nccl_plugin/p2p_net.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <array>
+#include <atomic>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <thread>
+#include <vector>
+
+#include "common/error.h"
+#include "nccl_plugin/nccl_abi.h"
+#include "nccl_plugin/plugin_log.h"
+#include "net/socket.h"
+#include "protocol/hmac.h"
+#include "protocol/wire.h"
+
+namespace rs::nccl::p2p {
+
+using proto::get_u16;
+using proto::get_u32;
+using proto::get_u64;
+using proto::put_u16;
+using proto::put_u32;
+using proto::put_u64;
+
+namespace {
+
+// ---- the listen handle (NCCL_NET_HANDLE_MAXSIZE bytes, little-endian) ----------------------
+// [0,4) magic  [4,6) version  [6,8) family  [8,10) port  [10,12) sockets  [16,24) nonce
+// [24,40) address bytes  [64,72) connector-side state (a pointer; zero as sent by listen)
+constexpr uint32_t kHandleMagic = 0x4c4e5352u;  // "RSNL"
+constexpr uint16_t kVersion = 1;
+constexpr size_t kStateOffset = 64;
+static_assert(kStateOffset + sizeof(void*) <= NCCL_NET_HANDLE_MAXSIZE, "handle layout");
+
+// ---- the hello each connecting socket sends (32 bytes) -------------------------------------
+// [0,4) magic  [4,6) version  [6,8) socket index  [8,10) sockets  [16,24) listen nonce  [24,32) connection id
+constexpr uint32_t kHelloMagic = 0x484e5352u;  // "RSNH"
+constexpr size_t kHelloBytes = 32;
+
+// ---- per-message header on socket 0 (16 bytes): [0,4) magic [8,16) size --------------------
+constexpr uint32_t kMsgMagic = 0x4d4e5352u;  // "RSNM"
+constexpr size_t kMsgHeaderBytes = 16;
+
+constexpr int kSlots = NCCL_NET_MAX_REQUESTS;
+enum SlotState : int { kFree = 0, kPosted = 1, kDone = 2, kError = 3 };
+
+NetInterface g_if;
+std::once_flag g_if_once;
+
+uint64_t random_u64() {
+  uint8_t b[8];
+  proto::random_bytes(b, sizeof b);
+  return get_u64(b);
+}
+
+class Comm;
+
+struct Request {
+  static constexpr uint32_t kMagic = 0x51524e52u;  // "RNRQ"
+  uint32_t magic = kMagic;
+  Comm* comm = nullptr;
+  std::atomic<int> state{kFree};
+  uint8_t* data = nullptr;
+  uint64_t size = 0;  // send: message size; receive: buffer capacity
+  // Progress-thread private:
+  uint64_t actual = 0;  // bytes of the message (receive: from its header)
+  bool size_known = false;
+  int parts_left = 0;
+};
+
+// A connected send or receive comm: its sockets, request ring and progress thread.
+class Comm {
+ public:
+  static constexpr uint32_t kMagic = 0x4d434e52u;  // "RNCM"
+
+  Comm(std::vector<net::Fd> socks, bool sender, std::string peer)
+      : socks_(std::move(socks)), sender_(sender), peer_(std::move(peer)) {
+    wake_ = net::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+    if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd: " + errno_text(errno));
+    for (auto& s : socks_) {
+      net::set_nonblocking(s.get(), true);
+      net::tune_socket(s.get(), 0);
+    }
+    for (auto& r : slots_) r.comm = this;
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~Comm() {
+    magic_ = 0;
+    stop_.store(true);
+    wake();
+    if (thread_.joinable()) thread_.join();
+  }
+
+  bool valid() const { return magic_ == kMagic; }
+
+  Request* post(uint8_t* data, uint64_t size) {
+    if (failed_.load(std::memory_order_acquire)) throw Error(ErrorKind::PeerLost, error());
+    Request& r = slots_[next_ % kSlots];
+    if (r.state.load(std::memory_order_acquire) != kFree) return nullptr;  // ring full: NCCL retries
+    r.data = data;
+    r.size = size;
+    r.actual = sender_ ? size : 0;
+    r.size_known = sender_;
+    r.parts_left = int(socks_.size());
+    r.state.store(kPosted, std::memory_order_relaxed);
+    ++next_;
+    posted_.store(next_, std::memory_order_release);
+    wake();
+    return &r;
+  }
+
+  std::string error() const {
+    std::lock_guard<std::mutex> lock(mu_);
+    return error_;
+  }
+  bool sender() const { return sender_; }
+  bool failed() const { return failed_.load(std::memory_order_acquire); }
+
+ private:
+  void wake() {
+    uint64_t one = 1;
+    ssize_t rc = ::write(wake_.get(), &one, sizeof one);
+    (void)rc;  // EAGAIN means a wake-up is already pending
+  }
+
+  void run() {
+    try {
+      loop();
+    } catch (const std::exception& e) {
+      {
+        std::lock_guard<std::mutex> lock(mu_);
+        error_ = std::string(sender_ ? "send to " : "receive from ") + peer_ + " failed: " + e.what();
+      }
+      failed_.store(true, std::memory_order_release);
+      // Every request NCCL posted and did not see finish fails now (test() reports it).
+      for (auto& r : slots_) {
+        int expected = kPosted;
+        r.state.compare_exchange_strong(expected, kError, std::memory_order_acq_rel);
+      }
+      // Requests posted after this point fail in post().
+    }
+  }
+
+  // Moves bytes of socket s until it would block or has nothing to do; true if it progressed.
+  bool pump(size_t s, uint64_t posted, bool* blocked) {
+    bool progressed = false;
+    *blocked = false;
+    const int n = int(socks_.size());
+    while (cursor_[s] < posted) {
+      Request& r = slots_[cursor_[s] % kSlots];
+      if (!r.size_known) {
+        if (s != 0) return progressed;  // socket 0 has not read this message's header yet
+        // Receiver, socket 0: read the header first.
+        ssize_t got = net::recv_some(socks_[0].get(), hdr_in_ + off_[0], kMsgHeaderBytes - off_[0], peer_);
+        if (got < 0) {
+          *blocked = true;
+          return progressed;
+        }
+        progressed = true;
+        off_[0] += size_t(got);
+        if (off_[0] < kMsgHeaderBytes) continue;
+        if (get_u32(hdr_in_) != kMsgMagic)
+          throw Error(ErrorKind::Protocol, "stream out of step (bad message header) from " + peer_);
+        uint64_t size = get_u64(hdr_in_ + 8);
+        if (size > r.size)
+          throw Error(ErrorKind::Protocol, "message of " + std::to_string(size) + " bytes from " + peer_ +
+                                               " is larger than the posted receive buffer of " + std::to_string(r.size) +
+                                               " bytes");
+        r.actual = size;
+        r.size_known = true;
+        off_[0] = 0;
+      }
+      uint64_t soff = 0, slen = 0;
+      stripe(r.actual, n, int(s), &soff, &slen);
+      // On socket 0 the sender's part starts with the header.
+      const size_t hdr = (s == 0 && sender_) ? kMsgHeaderBytes : 0;
+      if (s == 0 && sender_ && off_[0] == 0) {
+        put_u32(hdr_out_, kMsgMagic);
+        put_u32(hdr_out_ + 4, 0);
+        put_u64(hdr_out_ + 8, r.actual);
+      }
+      const uint64_t total = hdr + slen;
+      while (off_[s] < total) {
+        ssize_t moved;
+        if (sender_) {
+          iovec iov[2];
+          int k = 0;
+          if (off_[s] < hdr) iov[k++] = {hdr_out_ + off_[s], hdr - size_t(off_[s])};
+          uint64_t done_data = off_[s] > hdr ? off_[s] - hdr : 0;
+          if (slen > done_data) iov[k++] = {r.data + soff + done_data, size_t(slen - done_data)};
+          moved = net::send_some(socks_[s].get(), iov, k, peer_);
+        } else {
+          moved = net::recv_some(socks_[s].get(), r.data + soff + off_[s], size_t(slen - off_[s]), peer_);
+        }
+        if (moved < 0) {
+          *blocked = true;
+          return progressed;
+        }
+        progressed = true;
+        off_[s] += uint64_t(moved);
+      }
+      off_[s] = 0;
+      ++cursor_[s];
+      if (--r.parts_left == 0) r.state.store(kDone, std::memory_order_release);
+      progressed = true;
+    }
+    return progressed;
+  }
+
+  void loop() {
+    const size_t n = socks_.size();
+    cursor_.assign(n, 0);
+    off_.assign(n, 0);
+    std::vector<pollfd> pfds(n + 1);
+    std::vector<bool> blocked(n, false);
+    for (;;) {
+      if (stop_.load(std::memory_order_acquire)) return;
+      const uint64_t posted = posted_.load(std::memory_order_acquire);
+      bool progressed = true;
+      while (progressed) {
+        progressed = false;
+        for (size_t s = 0; s < n; ++s) {
+          bool b = false;
+          progressed |= pump(s, posted, &b);
+          blocked[s] = b;
+        }
+      }
+      pfds[0] = {wake_.get(), POLLIN, 0};
+      for (size_t s = 0; s < n; ++s) {
+        // Only sockets waiting for the kernel are polled (an idle socket that the peer closed
+        // would report POLLHUP forever); its failure shows when work for it is posted.
+        pfds[s + 1] = {blocked[s] ? socks_[s].get() : -1, short(sender_ ? POLLOUT : POLLIN), 0};
+      }
+      int pr = ::poll(pfds.data(), pfds.size(), -1);
+      if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, "poll: " + errno_text(errno));
+      if (pr > 0 && (pfds[0].revents & POLLIN)) {
+        uint64_t v;
+        ssize_t rc = ::read(wake_.get(), &v, sizeof v);
+        (void)rc;
+      }
+    }
+  }
+
+  uint32_t magic_ = kMagic;
+  std::vector<net::Fd> socks_;
+  const bool sender_;
+  const std::string peer_;
+  net::Fd wake_;
+  std::array<Request, kSlots> slots_;
+  uint64_t next_ = 0;                 // NCCL-thread side: requests posted so far
+  std::atomic<uint64_t> posted_{0};   // published to the progress thread
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> failed_{false};
+  mutable std::mutex mu_;
+  std::string error_;
+  // Progress-thread private:
+  std::vector<uint64_t> cursor_, off_;
+  uint8_t hdr_out_[kMsgHeaderBytes];
+  uint8_t hdr_in_[kMsgHeaderBytes];
+  std::thread thread_;
+};
+
+// ---- connection set-up ----------------------------------------------------------------------
+
+struct HandleInfo {
+  uint16_t family = 0, port = 0, nsocks = 0;
+  uint64_t nonce = 0;
+  uint8_t addr[16] = {};
+
+  sockaddr_storage sockaddr_of(socklen_t* len) const {
+    sockaddr_storage ss{};
+    if (family == AF_INET) {
+      auto* s = reinterpret_cast<sockaddr_in*>(&ss);
+      s->sin_family = AF_INET;
+      s->sin_port = htons(port);
+      std::memcpy(&s->sin_addr, addr, 4);
+      *len = sizeof(sockaddr_in);
+    } else {
+      auto* s = reinterpret_cast<sockaddr_in6*>(&ss);
+      s->sin6_family = AF_INET6;
+      s->sin6_port = htons(port);
+      std::memcpy(&s->sin6_addr, addr, 16);
+      *len = sizeof(sockaddr_in6);
+    }
+    return ss;
+  }
+  std::string str() const {
+    char host[INET6_ADDRSTRLEN] = "?";
+    inet_ntop(family, addr, host, sizeof host);
+    return family == AF_INET6 ? "[" + std::string(host) + "]:" + std::to_string(port)
+                              : std::string(host) + ":" + std::to_string(port);
+  }
+};
+
+HandleInfo decode_handle(const uint8_t* h) {
+  if (get_u32(h) != kHandleMagic)
+    throw Error(ErrorKind::Protocol, "connect: the handle is not from this plugin's listen() (bad magic)");
+  if (get_u16(h + 4) != kVersion)
+    throw Error(ErrorKind::Protocol, "connect: handle version " + std::to_string(get_u16(h + 4)) + ", expected " +
+                                         std::to_string(kVersion) + " (mixed plugin versions in one job?)");
+  HandleInfo hi;
+  hi.family = get_u16(h + 6);
+  hi.port = get_u16(h + 8);
+  hi.nsocks = get_u16(h + 10);
+  hi.nonce = get_u64(h + 16);
+  std::memcpy(hi.addr, h + 24, 16);
+  if ((hi.family != AF_INET && hi.family != AF_INET6) || hi.port == 0 || hi.nsocks < 1 || hi.nsocks > 16)
+    throw Error(ErrorKind::Protocol, "connect: malformed handle");
+  return hi;
+}
+
+struct PendingConnect {
+  HandleInfo to;
+  uint64_t conn_id = 0;
+  std::vector<net::Fd> socks;
+  std::vector<int> stage;  // 0 connecting, 1 sending the hello, 2 done
+  std::vector<size_t> sent;
+  std::vector<std::array<uint8_t, kHelloBytes>> hello;
+};
+
+void set_state(uint8_t* handle, PendingConnect* p) { std::memcpy(handle + kStateOffset, &p, sizeof p); }
+PendingConnect* get_state(const uint8_t* handle) {
+  PendingConnect* p = nullptr;
+  std::memcpy(&p, handle + kStateOffset, sizeof p);
+  return p;
+}
+
+// Advances a pending connect; true once every socket has sent its hello.
+bool progress_connect(PendingConnect& p) {
+  bool all = true;
+  for (size_t s = 0; s < p.socks.size(); ++s) {
+    const std::string peer = "peer " + p.to.str() + " (socket " + std::to_string(s) + ")";
+    if (p.stage[s] == 0) {
+      pollfd pfd{p.socks[s].get(), POLLOUT, 0};
+      if (::poll(&pfd, 1, 0) == 1) {
+        int err = 0;
+        socklen_t len = sizeof err;
+        getsockopt(p.socks[s].get(), SOL_SOCKET, SO_ERROR, &err, &len);
+        if (err) throw Error(ErrorKind::Connect, "cannot connect to " + peer + ": " + errno_text(err));
+        p.stage[s] = 1;
+      }
+    }
+    if (p.stage[s] == 1) {
+      iovec iov{p.hello[s].data() + p.sent[s], kHelloBytes - p.sent[s]};
+      ssize_t w = net::send_some(p.socks[s].get(), &iov, 1, peer);
+      if (w > 0) p.sent[s] += size_t(w);
+      if (p.sent[s] == kHelloBytes) p.stage[s] = 2;
+    }
+    all &= p.stage[s] == 2;
+  }
+  return all;
+}
+
+struct Incoming {
+  net::Fd fd;
+  uint8_t hello[kHelloBytes];
+  size_t got = 0;
+};
+
+struct ListenComm {
+  static constexpr uint32_t kMagic = 0x4c434e52u;  // "RNCL"
+  uint32_t magic = kMagic;
+  net::Fd fd;
+  uint64_t nonce = 0;
+  int nsocks = 0;
+  std::vector<Incoming> incoming;
+  std::map<uint64_t, std::vector<net::Fd>> groups;  // connection id -> sockets by index
+};
+
+Comm* comm_of(void* c) {
+  auto* comm = static_cast<Comm*>(c);
+  if (!comm || !comm->valid()) throw Error(ErrorKind::Internal, "not a communicator of this plugin");
+  return comm;
+}
+
+}  // namespace
+
+void stripe(uint64_t size, int nsocks, int s, uint64_t* off, uint64_t* len) {
+  uint64_t used = std::min<uint64_t>(uint64_t(nsocks), std::max<uint64_t>(1, size / kMinStripeBytes));
+  uint64_t chunk = (size + used - 1) / used;
+  uint64_t b = std::min(size, uint64_t(s) * chunk), e = std::min(size, uint64_t(s + 1) * chunk);
+  *off = b;
+  *len = e - b;
+}
+
+void init() {
+  std::call_once(g_if_once, [] { g_if = pick_interface(); });
+  if (g_if.name.empty()) throw Error(ErrorKind::Config, "no network interface");
+}
+
+const NetInterface& interface() {
+  init();
+  return g_if;
+}
+
+void listen(void* handle, void** listen_comm) {
+  const NetInterface& ni = interface();
+  auto lc = std::make_unique<ListenComm>();
+  lc->nsocks = p2p_sockets_from_env();
+  lc->nonce = random_u64();
+  sockaddr_storage ss = ni.addr;
+  if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;
+  else reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = 0;
+  lc->fd = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!lc->fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
+  if (::bind(lc->fd.get(), reinterpret_cast<sockaddr*>(&ss), ni.addr_len) != 0 || ::listen(lc->fd.get(), 256) != 0)
+    throw Error(ErrorKind::Config, "cannot listen on " + ni.name + " (" + ni.ip + "): " + errno_text(errno));
+  socklen_t len = sizeof ss;
+  getsockname(lc->fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+  auto* h = static_cast<uint8_t*>(handle);
+  std::memset(h, 0, NCCL_NET_HANDLE_MAXSIZE);
+  put_u32(h, kHandleMagic);
+  put_u16(h + 4, kVersion);
+  put_u16(h + 6, uint16_t(ss.ss_family));
+  put_u16(h + 10, uint16_t(lc->nsocks));
+  put_u64(h + 16, lc->nonce);
+  if (ss.ss_family == AF_INET) {
+    auto* s = reinterpret_cast<sockaddr_in*>(&ss);
+    put_u16(h + 8, ntohs(s->sin_port));
+    std::memcpy(h + 24, &s->sin_addr, 4);
+  } else {
+    auto* s = reinterpret_cast<sockaddr_in6*>(&ss);
+    put_u16(h + 8, ntohs(s->sin6_port));
+    std::memcpy(h + 24, &s->sin6_addr, 16);
+  }
+  *listen_comm = lc.release();
+}
+
+void connect(void* handle, void** send_comm) {
+  *send_comm = nullptr;
+  auto* h = static_cast<uint8_t*>(handle);
+  PendingConnect* p = get_state(h);
+  std::unique_ptr<PendingConnect> owned;
+  try {
+    if (!p) {
+      owned = std::make_unique<PendingConnect>();
+      owned->to = decode_handle(h);
+      owned->conn_id = random_u64();
+      socklen_t alen = 0;
+      sockaddr_storage ss = owned->to.sockaddr_of(&alen);
+      for (int s = 0; s < owned->to.nsocks; ++s) {
+        net::Fd fd(::socket(owned->to.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+        if (!fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
+        if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), alen) != 0 && errno != EINPROGRESS)
+          throw Error(ErrorKind::Connect, "cannot connect to peer " + owned->to.str() + ": " + errno_text(errno));
+        std::array<uint8_t, kHelloBytes> hello{};
+        put_u32(hello.data(), kHelloMagic);
+        put_u16(hello.data() + 4, kVersion);
+        put_u16(hello.data() + 6, uint16_t(s));
+        put_u16(hello.data() + 8, owned->to.nsocks);
+        put_u64(hello.data() + 16, owned->to.nonce);
+        put_u64(hello.data() + 24, owned->conn_id);
+        owned->socks.push_back(std::move(fd));
+        owned->stage.push_back(0);
+        owned->sent.push_back(0);
+        owned->hello.push_back(hello);
+      }
+      p = owned.get();
+      set_state(h, owned.release());
+    }
+    if (!progress_connect(*p)) return;
+    owned.reset(p);
+    set_state(h, nullptr);
+    auto comm = std::make_unique<Comm>(std::move(p->socks), true, "peer " + p->to.str());
+    *send_comm = comm.release();
+  } catch (...) {
+    if (!owned && get_state(h)) owned.reset(get_state(h));
+    set_state(h, nullptr);
+    throw;
+  }
+}
+
+void accept(void* listen_comm, void** recv_comm) {
+  *recv_comm = nullptr;
+  auto* lc = static_cast<ListenComm*>(listen_comm);
+  if (!lc || lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "accept: not a listen comm of this plugin");
+  for (;;) {
+    int fd = ::accept4(lc->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
+      if (errno == EINTR || errno == ECONNABORTED) continue;
+      throw Error(ErrorKind::Internal, "accept: " + errno_text(errno));
+    }
+    Incoming in;
+    in.fd = net::Fd(fd);
+    lc->incoming.push_back(std::move(in));
+  }
+  for (size_t i = 0; i < lc->incoming.size();) {
+    Incoming& in = lc->incoming[i];
+    std::string drop;
+    try {
+      ssize_t got = net::recv_some(in.fd.get(), in.hello + in.got, kHelloBytes - in.got, net::peer_name(in.fd.get()));
+      if (got > 0) in.got += size_t(got);
+    } catch (const Error& e) {
+      drop = e.what();
+    }
+    if (drop.empty() && in.got == kHelloBytes) {
+      uint16_t index = get_u16(in.hello + 6), n = get_u16(in.hello + 8);
+      if (get_u32(in.hello) != kHelloMagic || get_u16(in.hello + 4) != kVersion)
+        drop = "not a hello of this plugin";
+      else if (get_u64(in.hello + 16) != lc->nonce)
+        drop = "hello for another listener";
+      else if (n != lc->nsocks || index >= n)
+        drop = "bad socket index " + std::to_string(index) + "/" + std::to_string(n);
+      if (drop.empty()) {
+        auto& group = lc->groups[get_u64(in.hello + 24)];
+        group.resize(n);
+        if (group[index].valid()) drop = "socket index " + std::to_string(index) + " sent twice";
+        else group[index] = std::move(in.fd);
+      }
+    }
+    if (!drop.empty()) log_warn("accept: dropping a connection from " + net::peer_name(in.fd.get()) + ": " + drop);
+    if (!drop.empty() || in.got == kHelloBytes) {
+      lc->incoming.erase(lc->incoming.begin() + long(i));
+      continue;
+    }
+    ++i;
+  }
+  for (auto it = lc->groups.begin(); it != lc->groups.end(); ++it) {
+    bool complete = std::all_of(it->second.begin(), it->second.end(), [](const net::Fd& f) { return f.valid(); });
+    if (!complete) continue;
+    std::string peer = "peer " + net::peer_name(it->second[0].get());
+    std::vector<net::Fd> socks = std::move(it->second);
+    lc->groups.erase(it);
+    auto comm = std::make_unique<Comm>(std::move(socks), false, peer);
+    *recv_comm = comm.release();
+    return;
+  }
+}
+
+void isend(void* send_comm, void* data, size_t size, void** request) {
+  Comm* c = comm_of(send_comm);
+  if (!c->sender()) throw Error(ErrorKind::Internal, "isend on a receive comm");
+  if (size > kMaxMessageBytes) throw Error(ErrorKind::Config, "isend of " + std::to_string(size) + " bytes: more than maxP2pBytes");
+  if (size && !data) throw Error(ErrorKind::Config, "isend of a null buffer");
+  *request = c->post(static_cast<uint8_t*>(data), size);
+}
+
+void irecv(void* recv_comm, int n, void** data, const size_t* sizes, void** request) {
+  Comm* c = comm_of(recv_comm);
+  if (c->sender()) throw Error(ErrorKind::Internal, "irecv on a send comm");
+  if (n != 1) throw Error(ErrorKind::Config, "irecv of " + std::to_string(n) + " buffers: maxRecvs is 1");
+  if (sizes[0] && !data[0]) throw Error(ErrorKind::Config, "irecv into a null buffer");
+  *request = c->post(static_cast<uint8_t*>(data[0]), std::min<uint64_t>(sizes[0], kMaxMessageBytes));
+}
+
+void test(void* request, int* done, int* size) {
+  auto* r = static_cast<Request*>(request);
+  if (!r || r->magic != Request::kMagic) throw Error(ErrorKind::Internal, "test: not a request of this plugin");
+  int st = r->state.load(std::memory_order_acquire);
+  *done = 0;
+  if (st == kDone) {
+    if (size) *size = int(r->actual);
+    r->state.store(kFree, std::memory_order_release);
+    *done = 1;
+  } else if (st == kError) {
+    r->state.store(kFree, std::memory_order_release);
+    throw Error(ErrorKind::PeerLost, r->comm->error());
+  } else if (st == kPosted && r->comm->failed()) {
+    // Posted just as the progress thread stopped on an error: it will never finish.
+    r->state.store(kFree, std::memory_order_release);
+    throw Error(ErrorKind::PeerLost, r->comm->error());
+  } else if (st == kFree) {
+    throw Error(ErrorKind::Internal, "test: request already completed");
+  }
+}
+
+void close_comm(void* comm) {
+  if (!comm) return;
+  std::unique_ptr<Comm> c(comm_of(comm));  // joins the progress thread, closes the sockets
+}
+
+void close_listen(void* listen_comm) {
+  if (!listen_comm) return;
+  auto* lc = static_cast<ListenComm*>(listen_comm);
+  if (lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "closeListen: not a listen comm of this plugin");
+  std::unique_ptr<ListenComm> owned(lc);
+  owned->magic = 0;
+}
+
+}  // namespace rs::nccl::p2p

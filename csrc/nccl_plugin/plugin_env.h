@@ -1,0 +1,48 @@
+// What the plugin reads from its environment (NCCL gives a plugin no other configuration):
+// the reducers (the same discovery as reducer.init(): CLUSTER_SPEC, TF_CONFIG, RS_REDUCERS),
+// the worker-client settings (RS_TIMEOUT, RS_STREAMS, ...), and the point-to-point net's
+// interface and sockets per connection. Every malformed value is an rs::Error(Config) that
+// names the variable.
+#pragma once
+
+#include <sys/socket.h>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "client/client.h"
+
+namespace rs::nccl {
+
+std::optional<std::string> getenv_str(const char* name);  // unset or blank: nullopt
+
+struct ReducerPool {
+  std::vector<std::string> reducers;  // "host:port"
+  std::string job_id;
+  std::string source;  // "CLUSTER_SPEC", "TF_CONFIG" or "RS_REDUCERS"
+};
+// nullopt when no source is set at all (CollNet then offers no device); throws on a malformed one.
+std::optional<ReducerPool> discover_reducers();
+
+// ClientOptions from RS_TIMEOUT, RS_CONNECT_TIMEOUT, RS_STREAMS, RS_CHUNK_BYTES, RS_WINDOW,
+// RS_SOCKET_BUFFER, RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE (reducers, rank, world and group are the caller's).
+client::ClientOptions client_options_from_env();
+
+// Sockets per point-to-point connection: RS_NCCL_NSOCKS, default 2, 1..16.
+int p2p_sockets_from_env();
+
+struct NetInterface {
+  std::string name;      // "eth0"
+  sockaddr_storage addr{};
+  socklen_t addr_len = 0;
+  std::string ip;        // text form
+  std::string pci_path;  // /sys/devices/... or "" for virtual interfaces
+  int speed_mbps = 0;
+};
+// The interface of the point-to-point net: RS_NCCL_SOCKET_IFNAME, else NCCL_SOCKET_IFNAME
+// (NCCL's syntax: comma-separated name prefixes, "=name" exact, "^..." excludes), else the
+// first non-loopback interface that is up, else loopback. Throws Config if nothing matches.
+NetInterface pick_interface();
+
+}  // namespace rs::nccl

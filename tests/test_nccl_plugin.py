@@ -1,0 +1,289 @@
+"""The NCCL plugin library, driven the way NCCL drives it (tests/nccl_harness.py plays NCCL).
+
+No GPU and no NCCL: the harness dlopens the library, calls the exported v8/v11/v12 tables with
+host buffers, exchanges listen handles between head processes and checks every byte / every
+reduced element against a reference.
+"""
+from __future__ import annotations
+
+import ctypes as C
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from typing import Any, Dict, List
+
+import numpy as np
+import pytest
+
+import nccl_harness as H
+from conftest import addresses, run_ranks
+
+VERSIONS = (8, 11, 12)
+MIB = 1 << 20
+
+
+@pytest.fixture
+def plugin_env(monkeypatch):
+    """A clean cluster environment for in-process plugin calls."""
+    for k in H.CLUSTER_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RS_NCCL_SOCKET_IFNAME", "lo")
+    return monkeypatch
+
+
+def test_library_exports_only_nccl_symbols_and_links_no_cuda():
+    path = H.library_path()
+    readelf = shutil.which("readelf")
+    if readelf is None:
+        pytest.skip("readelf not installed")
+    syms = subprocess.run([readelf, "--dyn-syms", "-W", path], capture_output=True, text=True, check=True).stdout
+    exported = sorted(line.split()[-1] for line in syms.splitlines()
+                      if " GLOBAL " in line and " UND " not in line and "DEFAULT" in line)
+    assert exported == sorted([f"ncclNetPlugin_v{v}" for v in VERSIONS] + [f"ncclCollNetPlugin_v{v}" for v in VERSIONS])
+    needed = subprocess.run([readelf, "-d", path], capture_output=True, text=True, check=True).stdout
+    assert "NEEDED" in needed
+    for lib in ("cuda", "nccl", "python"):
+        assert lib not in needed.lower(), needed
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_net_properties_and_registration(plugin_env, version):
+    plugin = H.Plugin()
+    net = H.init_net(plugin, version)
+    assert net.name == b"reduction-server"
+    ndev = C.c_int(-1)
+    assert net.devices(C.byref(ndev)) == H.SUCCESS and ndev.value == 1
+    props = H.PROPS[version]()
+    assert net.getProperties(0, C.byref(props)) == H.SUCCESS
+    assert props.name == b"lo" and props.ptrSupport == H.PTR_HOST and props.maxRecvs == 1
+    assert props.speed > 0 and props.maxComms > 0 and props.netDeviceType == 0
+    if version != 8:
+        assert props.vNdevs == 1 and props.maxP2pBytes == 1 << 30 and 0 < props.maxCollBytes <= 1 << 40
+    if version == 12:
+        assert props.railId == -1 and props.planeId == -1
+    assert net.getProperties(1, C.byref(props)) != H.SUCCESS  # one device only
+    buf = np.zeros(4096, dtype=np.uint8)
+    mh = C.c_void_p()
+    assert net.regMr(None, buf.ctypes.data, buf.nbytes, H.PTR_HOST, C.byref(mh)) == H.SUCCESS and mh.value
+    assert net.deregMr(None, mh) == H.SUCCESS
+    bad = C.c_void_p()
+    assert net.regMr(None, buf.ctypes.data, buf.nbytes, H.PTR_CUDA, C.byref(bad)) != H.SUCCESS
+    assert "cannot register CUDA memory" in plugin.log_text()
+    plugin.close()
+
+
+def test_interface_setting_that_matches_nothing_is_an_error_not_a_crash(plugin_env):
+    plugin_env.setenv("RS_NCCL_SOCKET_IFNAME", "=no-such-if0")
+    # A fresh process: the interface is chosen once per load of the library.
+    code = (
+        "import ctypes as C, nccl_harness as H\n"
+        "p = H.Plugin(); net = p.net(12); ctx = C.c_void_p()\n"
+        "rc = net.init(C.byref(ctx), 1, None, p.logger, None)\n"
+        "print(rc); print(p.log_text())\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(__file__), env=dict(os.environ)).stdout
+    rc, log = out.split("\n", 1)
+    assert int(rc) != H.SUCCESS
+    assert "RS_NCCL_SOCKET_IFNAME='=no-such-if0' matches no usable interface" in log
+
+
+@pytest.mark.parametrize("version", VERSIONS)
+def test_collnet_reduce_support_and_properties(plugin_env, version):
+    plugin_env.setenv("RS_REDUCERS", "127.0.0.1:7001,127.0.0.1:7002")
+    plugin = H.Plugin()
+    H.init_net(plugin, version)
+    coll, ctx = H.init_coll(plugin, version, comm_id=5)
+    ndev = C.c_int()
+    assert coll.devices(C.byref(ndev)) == H.SUCCESS and ndev.value == 1
+    props = H.PROPS[version]()
+    assert coll.getProperties(0, C.byref(props)) == H.SUCCESS
+    assert props.ptrSupport == H.PTR_HOST
+    if version != 8:
+        assert 0 < props.maxCollBytes <= 1 << 40
+    flag = C.c_int()
+    for t, tname in H.NCCL_DTYPES.items():
+        for o, oname in H.NCCL_OPS.items():
+            assert coll.reduceSupport(t, o, C.byref(flag)) == H.SUCCESS
+            expected = t in H.SUPPORTED_DTYPES and o in H.SUPPORTED_OPS
+            assert flag.value == int(expected), (tname, oname)
+    # v8 and v11 adapters of NCCL call all-gather / reduce-scatter unconditionally: never NULL there.
+    if version != 12:
+        assert coll.iallgather and coll.ireducescatter
+    assert "127.0.0.1:7001,127.0.0.1:7002" in plugin.log_text()
+    if version != 8:
+        assert coll.finalize(ctx) == H.SUCCESS
+    plugin.close()
+
+
+@pytest.mark.parametrize("env, expect_dev, expect_log", [
+    ({}, 0, "no reducers configured"),
+    ({"CLUSTER_SPEC": "{not json"}, 0, "CLUSTER_SPEC is not valid JSON"),
+    ({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["w0:2222"]}, "task": {"type": "workerpool0", "index": 0}})},
+     0, "CLUSTER_SPEC has no workerpool2 pool (reducers)"),
+    ({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "r1:2222"]},
+                                  "task": {"type": "workerpool0", "index": 0}}), "RS_PORT": "4000"},
+     1, "2 reducer(s) from CLUSTER_SPEC: r0:4000,r1:4000"),
+    ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:1"], "ps": ["[::1]:2222"]}, "task": {"type": "chief"}})},
+     1, "1 reducer(s) from TF_CONFIG: [::1]:2222"),
+    ({"TF_CONFIG": json.dumps({"cluster": {"ps": ["no-port"]}})}, 0, "TF_CONFIG pool ps: bad address 'no-port'"),
+    ({"RS_REDUCERS": "a:1,a:1"}, 0, "listed twice"),
+])
+def test_collnet_discovers_reducers_like_reducer_init(plugin_env, env, expect_dev, expect_log):
+    for k, v in env.items():
+        plugin_env.setenv(k, v)
+    plugin = H.Plugin()
+    coll, ctx = H.init_coll(plugin, 12, comm_id=1)
+    ndev = C.c_int(-1)
+    assert coll.devices(C.byref(ndev)) == H.SUCCESS
+    assert ndev.value == expect_dev
+    assert expect_log in plugin.log_text()
+    assert coll.finalize(ctx) == H.SUCCESS
+    plugin.close()
+
+
+def test_collnet_heads_with_different_reducers_all_refuse(plugin_env):
+    """connect() decides from the handles only, so every head takes the same decision."""
+    plugin = H.Plugin()
+    handles: List[Any] = []
+    listens: List[C.c_void_p] = []
+    for reducers in ("127.0.0.1:7001", "127.0.0.1:7002"):
+        plugin_env.setenv("RS_REDUCERS", reducers)
+        coll, ctx = H.init_coll(plugin, 12, comm_id=9)
+        h = C.create_string_buffer(H.HANDLE_BYTES)
+        lc = C.c_void_p()
+        assert coll.listen(ctx, 0, h, C.byref(lc)) == H.SUCCESS
+        handles.append(h)
+        listens.append(lc)
+    arr = (C.c_void_p * 2)(*[C.addressof(h) for h in handles])
+    for rank in range(2):
+        cc = C.c_void_p()
+        assert coll.connect(arr, 2, rank, listens[rank], C.byref(cc)) != H.SUCCESS and not cc.value
+    assert "has a different reducer pool or job id than head 0" in plugin.log_text()
+    for lc in listens:
+        assert coll.closeListen(lc) == H.SUCCESS
+    plugin.close()
+
+
+P2P_SIZES = ([0, 1, 7, 4096, 65535, 65536, 65537, MIB, 3 * MIB + 5, 16 * MIB]
+             + [int(s) for s in np.random.default_rng(3).integers(0, 300 << 10, 60)])
+
+
+@pytest.mark.parametrize("version, nsocks", [(12, 2), (12, 1), (11, 3), (8, 2)])
+def test_p2p_net_between_two_processes(pool, tmp_path, version, nsocks):
+    sizes = P2P_SIZES if (version, nsocks) == (12, 2) else P2P_SIZES[:8] + P2P_SIZES[10:50]
+    results = run_ranks(pool, H.p2p_peer, 2, rdv=str(tmp_path), version=version, sizes=sizes, nsocks=nsocks)
+    for r in results:
+        assert r["ndev"] == 1 and r["ptrSupport"] == H.PTR_HOST and r["maxRecvs"] == 1
+        assert r["mismatched"] == [], r["log"]
+        assert r["ring_full_null"], "the 33rd isend with 32 in flight must return a NULL request"
+        assert r["cuda_rc"] != H.SUCCESS
+        assert r["unloaded"], "the library stayed mapped after close/finalize + dlclose (a thread left?)"
+
+
+def _calls(itemsize_limit: int = H.SLOT_BYTES) -> List[tuple]:
+    calls = []
+    for t, name in H.SUPPORTED_DTYPES.items():
+        itemsize = H.np_dtype(name).itemsize
+        for o in H.SUPPORTED_OPS:
+            for count in (1, 1001, (itemsize_limit // itemsize) - 3):
+                calls.append((t, o, count))
+    return calls
+
+
+def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
+    servers = reducers(2)
+    calls = _calls()  # 6 dtypes x 3 ops x 3 sizes (up to 256 KiB) = 54 calls, issued twice
+    results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls * 2)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) * 2
+        assert r["mismatches"] == [], r["mismatches"][:5]
+        assert r["ring_full_null"] is True, "the 65th request with 64 in flight must be NULL"
+        assert r["unloaded"]
+        assert "CollNet connected: head" in r["log"]
+    groups = {line.split("group ")[1].split(",")[0] for r in results for line in r["log"].splitlines()
+              if "CollNet connected" in line}
+    assert len(groups) == 1
+
+
+@pytest.mark.parametrize("version", [8, 11])
+def test_collnet_older_versions(pool, reducers, tmp_path, version):
+    servers = reducers(1)
+    calls = [(7, 0, 1000), (2, 2, 77), (9, 3, 5000), (8, 0, 32768 - 1)] * 3
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=version,
+                        reducers=",".join(addresses(servers)), calls=calls)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == []
+        assert r["unloaded"]
+
+
+def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
+    servers = reducers(2)
+    calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999)] * 10
+    results = run_ranks(pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
+                        calls=calls)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == []
+    groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
+              for r in results]
+    assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
+
+
+def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
+    servers = reducers(1)
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=[(7, 0, 1000)] * 4, count_skew=8)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS
+        assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
+        assert "CollNet test" in r["log"]
+
+
+def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, tmp_path):
+    servers = reducers(2)
+    timeout = 4.0
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
+                        timeout=timeout, stream_until_error=60.0) for r in range(2)]
+    deadline = time.monotonic() + 60
+    while servers[1].stats()["rounds_completed"] < 50:
+        assert time.monotonic() < deadline, "the heads never started streaming"
+        time.sleep(0.05)
+    killed_at = time.time()
+    servers[1].stop()
+    for f in futs:
+        r: Dict[str, Any] = f.result(timeout=90)
+        assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
+        assert r["error_at"] - killed_at < timeout + 5.0
+        assert r["calls_done"] > 0
+        assert r["unloaded"]
+
+
+def test_cli_prints_path_and_installs(tmp_path, capsys):
+    from reducer.cli.main import main
+    from reducer.cli.nccl_plugin import plugin_path
+
+    assert main(["nccl-plugin"]) == 0
+    out = capsys.readouterr().out
+    assert f"export NCCL_NET_PLUGIN={plugin_path()}" in out and "export NCCL_COLLNET_ENABLE=1" in out
+    assert main(["nccl-plugin", "--install", str(tmp_path / "lib"), "--conf"]) == 0
+    installed = tmp_path / "lib" / "libnccl-net.so"
+    assert installed.read_bytes() == plugin_path().read_bytes()
+    assert capsys.readouterr().out == f"NCCL_NET_PLUGIN={installed}\nNCCL_COLLNET_ENABLE=1\n"
+    # NCCL loads the installed copy by its default name too.
+    plugin = H.Plugin(str(installed))
+    assert plugin.net(12).name == b"reduction-server"
+    plugin.close()
+
+
+def test_worker_image_installs_and_enables_the_plugin():
+    text = (H.Path(__file__).resolve().parent.parent / "docker" / "worker.Dockerfile").read_text()
+    assert "reduction-server nccl-plugin --install /usr/local/lib/reduction-server --conf > /etc/nccl.conf" in text
+    assert "ldconfig" in text
