@@ -35,6 +35,22 @@ def _opt_int(text: str) -> Optional[int]:
     return None if text.strip() == "" else int(text)
 
 
+OFF = -1   # control_port / metrics_port: the listener is disabled
+
+
+def _port_or_off(text: str) -> Optional[int]:
+    """A port 0-65535 (0 = any free port), 'off' (or -1) = disabled, '' = unset (the default)."""
+    t = text.strip().lower()
+    if t == "":
+        return None
+    if t in ("off", "none", "-1"):
+        return OFF
+    port = int(t)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"not a port 0-65535 or 'off': {text!r}")
+    return port
+
+
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
     t = text.strip().upper().rstrip("B").rstrip("I")
@@ -83,6 +99,10 @@ _TABLE = [
     Setting("threads", "RS_THREADS", None, _opt_int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
     Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", 4 << 30, _size,
             "Reducer: largest reduction-buffer memory per group stream; a group asking more is refused."),
+    Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
+            "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
+    Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
+            "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]
