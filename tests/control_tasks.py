@@ -5,8 +5,6 @@ import os
 import time
 from typing import Any, Dict, Optional, Sequence
 
-import numpy as np
-
 import reducer
 from tasks import check, make_data
 

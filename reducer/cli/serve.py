@@ -214,11 +214,11 @@ def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecyc
     ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
     control = metrics = None
     if ports.control is not None:
-        from reducer.control.service import ControlPlane
-
         try:
+            from reducer.control.service import ControlPlane
+
             control = ControlPlane(server, lifecycle, host=plan.host, port=ports.control, auth_token=token).start()
-        except OSError as exc:
+        except (OSError, ImportError) as exc:
             if not ports.control_is_default:
                 raise
             log.warning("no control plane (health, GetStats, Drain): %s; choose a port with --control-port or "
