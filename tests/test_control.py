@@ -417,9 +417,7 @@ def test_kubernetes_probes_ask_services_the_control_plane_serves(planes) -> None
 def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
     from reducer.control.client import ControlClient
 
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
-    env.update(PYTHONPATH=os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else [])),
-               RS_AUTH_TOKEN="tok")
+    env = dict(_serve_env(), RS_AUTH_TOKEN="tok")
     proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
                              "--port", "0", "--control-port", "0", "--metrics-port", "0", "--drain-timeout", "2"],
                             env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -447,5 +445,66 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
         assert "stopped after 0 rounds" in out
     finally:
         if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+
+
+def _serve_env() -> Dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
+    return env
+
+
+def test_serve_side_port_taken() -> None:
+    import socket
+
+    from reducer.launch import free_ports
+
+    holder = socket.socket()
+    holder.bind(("127.0.0.1", 0))
+    holder.listen(1)
+    taken = holder.getsockname()[1]
+    try:
+        # Asked for explicitly: an error.
+        run = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
+                              "--port", "0", "--control-port", str(taken)], env=_serve_env(), cwd=str(ROOT),
+                             capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and f"cannot listen on 127.0.0.1:{taken}" in run.stderr, run.stderr
+        run = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
+                              "--port", "0", "--control-port", "off", "--metrics-port", str(taken)],
+                             env=_serve_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        assert run.returncode == 1 and f"cannot serve metrics on 127.0.0.1:{taken}" in run.stderr, run.stderr
+    finally:
+        holder.close()
+    # The default (data port + 1) taken: a warning, and the reducer serves without a control plane.
+    for data in free_ports(8):
+        holder = socket.socket()
+        try:
+            holder.bind(("127.0.0.1", data + 1))
+        except OSError:
+            holder.close()
+            continue
+        break
+    else:
+        pytest.fail("no free port pair found")
+    proc = None
+    try:
+        proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host",
+                                 "127.0.0.1", "--port", str(data)], env=_serve_env(), cwd=str(ROOT),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        lines = []
+        while not any("stop with SIGTERM" in line for line in lines):
+            line = proc.stdout.readline()
+            assert line, "".join(lines)
+            lines.append(line)
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+        assert proc.returncode == 0, "".join(lines) + out
+        text = "".join(lines)
+        assert f"WARNING reducer.serve: no control plane (health, GetStats, Drain): cannot listen on 127.0.0.1:{data + 1}" \
+            in text, text
+    finally:
+        holder.close()
+        if proc is not None and proc.poll() is None:
             proc.kill()
             proc.wait(10)
