@@ -77,6 +77,49 @@ def test_split_stats_maps_any_counter() -> None:
     assert strings == {"mode": "epoll"}
 
 
+class _Rows:
+    """Stands for a ReducerServer in the metric mapping tests: stats() and group_stats() as given."""
+
+    def __init__(self, stats: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
+        self._stats, self._rows = stats, rows
+
+    def stats(self) -> Dict[str, Any]:
+        return dict(self._stats)
+
+    def group_stats(self) -> List[Dict[str, Any]]:
+        return list(self._rows)
+
+
+def test_metric_mapping_of_any_stats_and_rows() -> None:
+    from prometheus_client import generate_latest
+    from prometheus_client.parser import text_string_to_metric_families
+    from prometheus_client.registry import CollectorRegistry
+
+    from reducer.control.metrics import ReducerCollector
+
+    stats = {"bytes_received": 10, "bytes_sent": 20, "rounds_completed": 3, "errors": 1, "rejected": 2,
+             "groups": 1, "memory_bytes": 4096, "limits": {"max_group_bytes": 4 << 30, "max_groups": 64},
+             "slow-rounds": 5, "state": 7, "mode": "epoll"}
+    rows = [_row("j", "g", 0, last_error="lost rank 1"), _row("j", "g", 1, bytes_received=1)]
+    registry = CollectorRegistry()
+    registry.register(ReducerCollector(_Rows(stats, rows)))
+    got: Dict[str, Dict[tuple, float]] = {}
+    for family in text_string_to_metric_families(generate_latest(registry).decode()):
+        for s in family.samples:
+            got.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
+    assert got["reduction_server_received_bytes_total"] == {(): 10}
+    assert got["reduction_server_rounds_total"] == {(): 3}
+    assert got["reduction_server_errors_total"] == {(("cause", "connection"),): 1, (("cause", "handshake_rejected"),): 2}
+    assert got["reduction_server_limits"] == {(("name", "max_group_bytes"),): 4 << 30, (("name", "max_groups"),): 64}
+    assert got["reduction_server_slow_rounds"] == {(): 5}
+    assert "reduction_server_state" not in got          # no lifecycle given; the stats key may not take the name
+    jg = (("group", "g"), ("job", "j"))
+    assert got["reduction_server_group_received_bytes_total"] == {jg: 101}
+    assert got["reduction_server_group_rounds_total"] == {jg: 7}
+    assert got["reduction_server_group_failed"] == {jg: 1}
+    assert got["reduction_server_group_connected_ranks"] == {jg: 4}
+
+
 def test_drain_mac_and_nonces() -> None:
     from reducer.control.auth import NonceBook, check_drain, drain_mac
 

@@ -7,7 +7,7 @@ name; nested dicts (``limits``) become one gauge with a ``name`` label.
 """
 from __future__ import annotations
 
-import logging
+import re
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from . import import_prometheus
@@ -17,8 +17,6 @@ from .rows import group_rows
 prometheus_client = import_prometheus()
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
-
-log = logging.getLogger(__name__)
 
 PREFIX = "reduction_server"
 
@@ -42,8 +40,20 @@ GAUGES: Dict[str, Tuple[str, str]] = {
 }
 
 
+# Names this collector makes itself: a stats() key that would collide with one is left out.
+_OWN = {"state", "errors", "group_world_size", "group_connected_ranks", "group_rounds", "group_received_bytes",
+        "group_sent_bytes", "group_age_seconds", "group_failed"}
+
+
 def _name(suffix: str) -> str:
     return f"{PREFIX}_{suffix}"
+
+
+def _other_key(key: str) -> Optional[str]:
+    """The metric suffix of a stats() key this module does not know (None: not exportable)."""
+    suffix = re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+    taken = _OWN | {s for s, _ in COUNTERS.values()} | {s for s, _ in GAUGES.values()}
+    return None if not suffix or suffix in taken else suffix
 
 
 class ReducerCollector(Collector):
@@ -68,16 +78,17 @@ class ReducerCollector(Collector):
                 yield GaugeMetricFamily(_name(suffix), text, value=stats[key])
         known = set(COUNTERS) | set(ERRORS) | set(GAUGES)
         for key, value in stats.items():
-            if key in known:
+            suffix = None if key in known else _other_key(key)
+            if suffix is None:
                 continue
             if isinstance(value, dict):
-                family = GaugeMetricFamily(_name(key), f"ReducerServer.stats()[{key!r}] entries.", labels=["name"])
+                family = GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}] entries.", labels=["name"])
                 for sub, v in value.items():
                     if isinstance(v, (int, float)):
                         family.add_metric([str(sub)], float(v))
                 yield family
             elif isinstance(value, (int, float)):
-                yield GaugeMetricFamily(_name(key), f"ReducerServer.stats()[{key!r}].", value=float(value))
+                yield GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}].", value=float(value))
         yield from self._groups()
         if self.lifecycle is not None:
             state = GaugeMetricFamily(_name("state"), "1 for the reducer's current state (serving, draining, drained).",
