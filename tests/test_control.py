@@ -281,6 +281,25 @@ def test_unauthenticated_drain_is_refused(planes) -> None:
         assert c.health() == "NOT_SERVING" and not server.running
 
 
+def test_drain_command(planes, capsys, monkeypatch, tmp_path) -> None:
+    from reducer.cli.main import main
+
+    monkeypatch.delenv("RS_AUTH_TOKEN", raising=False)
+    monkeypatch.delenv("RS_AUTH_TOKEN_FILE", raising=False)
+    ((server, lifecycle, plane),) = planes(1, auth_token="s3cret")
+    assert main(["drain", "--timeout", "1", plane.address]) == 1
+    assert "UNAUTHENTICATED" in capsys.readouterr().err
+    assert server.running and lifecycle.state == "serving"
+    token = tmp_path / "token"
+    token.write_text("s3cret\n")
+    assert main(["drain", "--timeout", "1", "--auth-token-file", str(token), plane.address]) == 0
+    assert capsys.readouterr().out == f"{plane.address}: drained\n"
+    assert not server.running and lifecycle.state == "drained"
+    monkeypatch.setenv("RS_AUTH_TOKEN", "s3cret")
+    assert main(["drain", "--no-wait", plane.address]) == 0
+    assert "a drain had already started" in capsys.readouterr().out
+
+
 def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: Dict[str, int], rounds: int, n: int) -> List[Any]:
     """Start groups {name: world} of reduce_and_hold and wait until every rank is holding."""
     futs = [pool.submit(control_tasks.reduce_and_hold, rank=r, world=w, addrs=list(addrs), group=g, rounds=rounds,
@@ -381,7 +400,7 @@ def test_status_live_table_renders(planes) -> None:
     console = Console(width=200, record=True)
     console.print(render(snapshot([plane.address, "127.0.0.1:1"], 2.0)))
     text = console.export_text()
-    assert plane.address in text and "serving" in text and "unreachable" in text
+    assert plane.address in text and "serving" in text and "no answer" in text
 
 
 def _scrape(url: str) -> Dict[str, Dict[tuple, float]]:

@@ -97,7 +97,7 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
         groups.add_column(name, justify="left" if name in ("reducer", "job", "group", "last error") else "right")
     for r in reducers:
         if "error" in r:
-            top.add_row(r["address"], "", "[red]unreachable[/red]", *[""] * 8, r["error"][:60])
+            top.add_row(r["address"], "", "[red]no answer[/red]", *[""] * 8, r["error"][:60])
             continue
         c = r["counters"]
         state = r["state"] if r["state"] == "serving" else f"[yellow]{r['state']}[/yellow]"
