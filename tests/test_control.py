@@ -7,6 +7,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 from typing import Any, Dict, List, Sequence
@@ -18,6 +19,7 @@ import control_tasks
 from conftest import addresses, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
+
 
 # One group stream as ReducerServer.group_stats() reports it.
 def _row(job: str, group: str, stream: int, **kw: Any) -> Dict[str, Any]:
@@ -305,8 +307,6 @@ def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: Dict[str, int
     futs = [pool.submit(control_tasks.reduce_and_hold, rank=r, world=w, addrs=list(addrs), group=g, rounds=rounds,
                         n=n, hold_dir=str(tmp_path)) for g, w in groups.items() for r in range(w)]
     want = [tmp_path / f"{g}.{r}.ready" for g, w in groups.items() for r in range(w)]
-    import time
-
     deadline = time.monotonic() + 90
     while not all(p.exists() for p in want):
         done = [f for f in futs if f.done()]
