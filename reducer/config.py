@@ -34,6 +34,22 @@ def _bool(text: str) -> bool:
     raise ValueError(f"not a boolean: {text!r}")
 
 
+OFF = -1   # control_port / metrics_port: the listener is disabled
+
+
+def _port_or_off(text: str) -> Optional[int]:
+    """A port 0-65535 (0 = any free port), 'off' (or -1) = disabled, '' = unset (the default)."""
+    t = text.strip().lower()
+    if t == "":
+        return None
+    if t in ("off", "none", "-1"):
+        return OFF
+    port = int(t)
+    if not 0 <= port <= 65535:
+        raise ValueError(f"not a port 0-65535 or 'off': {text!r}")
+    return port
+
+
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
     t = text.strip().upper().rstrip("B").rstrip("I")
@@ -98,6 +114,10 @@ _TABLE = [
             "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
     Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
             "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them."),
+    Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
+            "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
+    Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
+            "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

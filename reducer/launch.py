@@ -281,7 +281,9 @@ class _Launcher:
             argv = [sys.executable, "-m", "reducer.cli.main"]
             if self.log_level:
                 argv += ["--log-level", self.log_level]
-            argv += ["serve", "--host", self.host, "--drain-timeout", f"{drain:g}", "--ready-file", ready]
+            # No control plane: its default port (data port + 1) may be the next process's data port.
+            argv += ["serve", "--host", self.host, "--drain-timeout", f"{drain:g}", "--ready-file", ready,
+                     "--control-port", "off"]
             if self.reducer_threads:
                 argv += ["--threads", str(self.reducer_threads)]
             env = dict(base)

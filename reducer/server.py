@@ -79,6 +79,14 @@ class ReducerServer:
             self._server.stop(drain_timeout)
             self._started = False
 
+    def drain(self, timeout: float) -> None:
+        """Stop accepting connections (no new group, no new worker), let the rounds in flight finish
+        for up to `timeout` seconds, then close every connection. The core has no mode that keeps
+        serving its groups while refusing new ones, so the groups end after their current round:
+        their workers see the reducer gone. Blocks; used by the Drain RPC and SIGTERM
+        (docs/operations.md)."""
+        self.stop(timeout)
+
     def stats(self) -> Dict[str, Any]:
         """Counters (bytes_received, bytes_sent, rounds_completed, connected_workers, groups,
         handshakes, waiting, refused_over_limit, memory_bytes, ...) and the limits in force under

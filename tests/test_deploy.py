@@ -283,11 +283,30 @@ def test_kubernetes_cluster_matches_objects() -> None:
     (worker_c,) = job["spec"]["template"]["spec"]["containers"]
     for c in (reducer_c, worker_c):
         assert json.loads(_env(c)["RS_CLUSTER"]) == expected
-        assert [p["containerPort"] for p in c["ports"]] == [port]
+        assert c["ports"][0]["containerPort"] == port
         assert _env(c)["RS_JOB_ID"] == _env(reducer_c)["RS_JOB_ID"]
+    assert [p["containerPort"] for p in worker_c["ports"]] == [port]
     assert reducer_c["command"] == ["reduction-server", "serve"]
     assert worker_c["args"] == ["python", "examples/allreduce_numpy.py"]
-    assert sts["spec"]["template"]["spec"]["containers"][0]["readinessProbe"]["tcpSocket"]["port"] == port
+
+    # Control plane and metrics: the ports `serve` uses with this environment are the ones declared
+    # and probed (native gRPC probes; tests/test_control.py asks a real control plane the services).
+    from reducer.cli.serve import resolve_side_ports
+
+    env = {k: v for k, v in _env(reducer_c).items() if isinstance(v, str)}
+    with pytest.MonkeyPatch.context() as mp:
+        for name in ("RS_CONTROL_PORT", "RS_METRICS_PORT"):
+            mp.delenv(name, raising=False)
+            if name in env:
+                mp.setenv(name, env[name])
+        side = resolve_side_ports(None, None, port)
+    ports = {p["name"]: p["containerPort"] for p in reducer_c["ports"]}
+    assert ports == {"rs": port, "control": side.control, "metrics": side.metrics}
+    annotations = sts["spec"]["template"]["metadata"]["annotations"]
+    assert annotations["prometheus.io/port"] == str(side.metrics)
+    ready, live = reducer_c["readinessProbe"]["grpc"], reducer_c["livenessProbe"]["grpc"]
+    assert ready == {"port": side.control, "service": ""}
+    assert live == {"port": side.control, "service": "liveness"}
 
 
 def _reducer_cluster_spec(index: int) -> Dict[str, Any]:

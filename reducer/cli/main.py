@@ -17,6 +17,8 @@ from typing import List, Optional
 # (name, module) in the order `--help` shows them.
 SUBCOMMANDS = [
     ("serve", "reducer.cli.serve"),
+    ("status", "reducer.cli.status"),
+    ("drain", "reducer.cli.drain"),
     ("launch", "reducer.cli.launch"),
     ("bench", "reducer.cli.bench"),
     ("plan", "reducer.cli.plan"),

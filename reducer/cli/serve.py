@@ -11,6 +11,11 @@ Where it listens (docs/deploy.md, "serve"):
 With ``--port`` the cluster description is optional: it is only logged.
 On SIGINT/SIGTERM the reducer stops accepting, lets rounds in flight finish for up to
 ``--drain-timeout`` seconds, closes everything and exits 0 (a second signal exits at once).
+
+Beside the data port (docs/operations.md): the gRPC control plane (health, GetStats, Drain) on
+``--control-port`` (default: data port + 1; ``off`` = none) and, with ``--metrics-port``, a
+Prometheus endpoint. A Drain RPC drains like SIGTERM but the process stays up, answering
+NOT_SERVING, until it gets a signal.
 """
 from __future__ import annotations
 
@@ -19,7 +24,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
@@ -55,9 +59,27 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)")
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL,
                    help="seconds between stats lines, logged at DEBUG level; 0 = never (default %(default)s)")
+    p.add_argument("--control-port", type=_port_arg, default=None, metavar="PORT|off",
+                   help="gRPC control plane (health, GetStats, Drain); 0 = any free port, off = none "
+                        "(default: $RS_CONTROL_PORT, else the data port + 1)")
+    p.add_argument("--metrics-port", type=_port_arg, default=None, metavar="PORT|off",
+                   help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
+                        "(default: $RS_METRICS_PORT, else off)")
     p.add_argument("--ready-file", default=None,
                    help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
     p.set_defaults(func=run)
+
+
+def _port_arg(text: str) -> int:
+    from reducer import config
+
+    try:
+        value = config.SETTINGS["control_port"].parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if value is None:
+        raise argparse.ArgumentTypeError("expected a port 0-65535 or 'off'")
+    return int(value)
 
 
 # -- where to listen ----------------------------------------------------------------------------
@@ -146,6 +168,57 @@ def _format_stats(stats: Mapping[str, Any]) -> str:
     return ", ".join(f"{k}={v}" for k, v in stats.items())
 
 
+@dataclass
+class SidePorts:
+    """Where the control plane and the metrics listen (None = not at all)."""
+    control: Optional[int]
+    control_is_default: bool     # data port + 1, chosen by us: a failed bind is only a warning
+    metrics: Optional[int]
+
+
+def resolve_side_ports(control: Optional[int], metrics: Optional[int], data_port: int) -> SidePorts:
+    """--control-port / --metrics-port, else RS_CONTROL_PORT / RS_METRICS_PORT, else the defaults."""
+    from reducer import config
+
+    control = config.get("control_port", control)
+    metrics = config.get("metrics_port", metrics)
+    is_default = control is None
+    if is_default:
+        control = data_port + 1 if data_port < 65535 else None
+    return SidePorts(None if control == config.OFF else control, is_default,
+                     None if metrics is None or metrics == config.OFF else metrics)
+
+
+def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecycle: Any,
+                token: Optional[str]) -> "tuple[Any, Any]":
+    """Start the control plane and the metrics endpoint; raises OSError for a port asked for explicitly."""
+    ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
+    control = metrics = None
+    if ports.control is not None:
+        try:
+            from reducer.control.service import ControlPlane
+
+            control = ControlPlane(server, lifecycle, host=plan.host, port=ports.control, auth_token=token).start()
+        except (OSError, ImportError) as exc:
+            if not ports.control_is_default:
+                raise
+            log.warning("no control plane (health, GetStats, Drain): %s; choose a port with --control-port or "
+                        "RS_CONTROL_PORT, or set it to 'off'", exc)
+        else:
+            log.info("control plane (gRPC health, GetStats, Drain) on %s:%d", plan.host, control.port)
+    if ports.metrics is not None:
+        from reducer.control.metrics import MetricsEndpoint, reducer_registry
+
+        try:
+            metrics = MetricsEndpoint(reducer_registry(server, lifecycle), host=plan.host, port=ports.metrics)
+        except OSError as exc:
+            if control is not None:
+                control.stop(0)
+            raise OSError(f"cannot serve metrics on {plan.host}:{ports.metrics}: {exc.strerror or exc}") from None
+        log.info("Prometheus metrics on http://%s:%d/metrics", plan.host, metrics.port)
+    return control, metrics
+
+
 def run(args: argparse.Namespace) -> int:
     from reducer import config
 
@@ -195,6 +268,15 @@ def run(args: argparse.Namespace) -> int:
                 detail = f"cannot listen on {plan.host}:{plan.port}: {detail}"
             print(f"reduction-server serve: error: {detail}", file=sys.stderr)
             return 1
+        from reducer.control.lifecycle import Lifecycle
+
+        lifecycle = Lifecycle(server, args.drain_timeout)
+        try:
+            control, metrics = _start_side(args, plan, server, lifecycle, token)
+        except (OSError, ImportError) as exc:
+            server.stop()
+            print(f"reduction-server serve: error: {exc}", file=sys.stderr)
+            return 1
         if args.ready_file:
             _write_ready_file(args.ready_file, server.address)
         log.info("listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",
@@ -204,6 +286,8 @@ def run(args: argparse.Namespace) -> int:
         next_stats = time.monotonic() + interval if interval else None
         while signals["count"] == 0:
             time.sleep(0.25)
+            if control is not None:
+                control.refresh()
             if next_stats is not None and time.monotonic() >= next_stats:
                 next_stats += interval
                 if log.isEnabledFor(logging.DEBUG):
@@ -211,12 +295,15 @@ def run(args: argparse.Namespace) -> int:
 
         log.info("received %s: stopping (draining rounds in flight for up to %gs)", signals["name"],
                  args.drain_timeout)
-        # stop() blocks in C++ without the GIL; run it aside so a second signal is still handled.
-        stopper = threading.Thread(target=server.stop, args=(args.drain_timeout,), name="rs-serve-stop",
-                                   daemon=True)
-        stopper.start()
-        while stopper.is_alive():
-            stopper.join(0.25)
+        # The drain blocks in C++ without the GIL in a thread of its own, so a second signal is still
+        # handled here; a Drain RPC may have started (or finished) it already.
+        lifecycle.drain(args.drain_timeout, reason=f"received {signals['name']}")
+        while not lifecycle.wait(0.25):
+            pass
+        if control is not None:
+            control.stop()
+        if metrics is not None:
+            metrics.stop()
         stats = server.stats()
         log.info("stopped after %d rounds (%.1f MB received, %.1f MB sent)", stats.get("rounds_completed", 0),
                  stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)

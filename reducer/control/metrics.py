@@ -1,0 +1,153 @@
+"""Prometheus metrics of a reducer (`serve --metrics-port`), read from the core at scrape time.
+
+Every metric is listed in docs/operations.md. The collector asks ReducerServer.stats() and
+group_stats() on each scrape (a few microseconds under the core's lock), so the data path does
+nothing for the metrics. Keys of stats() this table does not know become gauges under their own
+name; nested dicts (``limits``) become one gauge with a ``name`` label.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from . import import_prometheus
+from .lifecycle import STATES, Lifecycle
+from .rows import group_rows
+
+prometheus_client = import_prometheus()
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
+from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
+
+PREFIX = "reduction_server"
+
+# stats() key -> (metric name without prefix, help). Counters only grow while the process lives.
+COUNTERS: Dict[str, Tuple[str, str]] = {
+    "bytes_received": ("received_bytes", "Bytes received from workers (all groups, all streams)."),
+    "bytes_sent": ("sent_bytes", "Bytes sent to workers (all groups, all streams)."),
+    "rounds_completed": ("rounds", "All-reduce rounds completed (all groups)."),
+    "chunks_reduced": ("chunks_reduced", "Pipeline chunks reduced (all groups)."),
+}
+# stats() key -> cause label of reduction_server_errors_total.
+ERRORS: Dict[str, str] = {
+    "errors": "connection",            # a data connection closed because of an error
+    "rejected": "handshake_rejected",  # a handshake refused: auth, version, conflicts, garbage
+}
+GAUGES: Dict[str, Tuple[str, str]] = {
+    "connections": ("connections", "Open data connections (after the handshake)."),
+    "connected_workers": ("workers_connected", "Workers connected (stream-0 connections: one per worker process)."),
+    "groups": ("groups", "Live groups (job, group) with members."),
+    "memory_bytes": ("memory_bytes", "Memory held by the groups' reduction buffers (arenas)."),
+}
+
+
+# Names this collector makes itself: a stats() key that would collide with one is left out.
+_OWN = {"state", "errors", "group_world_size", "group_connected_ranks", "group_rounds", "group_received_bytes",
+        "group_sent_bytes", "group_age_seconds", "group_failed"}
+
+
+def _name(suffix: str) -> str:
+    return f"{PREFIX}_{suffix}"
+
+
+def _other_key(key: str) -> Optional[str]:
+    """The metric suffix of a stats() key this module does not know (None: not exportable)."""
+    suffix = re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
+    taken = _OWN | {s for s, _ in COUNTERS.values()} | {s for s, _ in GAUGES.values()}
+    return None if not suffix or suffix in taken else suffix
+
+
+class ReducerCollector(Collector):
+    """Turns one ReducerServer (and its Lifecycle, if any) into metric families on every scrape."""
+
+    def __init__(self, server: Any, lifecycle: Optional[Lifecycle] = None) -> None:
+        self.server = server
+        self.lifecycle = lifecycle
+
+    def collect(self) -> Iterator[Any]:
+        stats = self.server.stats()
+        for key, (suffix, text) in COUNTERS.items():
+            if key in stats:
+                yield CounterMetricFamily(_name(suffix), text, value=stats[key])
+        errors = CounterMetricFamily(_name("errors"), "Errors by cause (see docs/operations.md).", labels=["cause"])
+        for key, cause in ERRORS.items():
+            if key in stats:
+                errors.add_metric([cause], stats[key])
+        yield errors
+        for key, (suffix, text) in GAUGES.items():
+            if key in stats:
+                yield GaugeMetricFamily(_name(suffix), text, value=stats[key])
+        known = set(COUNTERS) | set(ERRORS) | set(GAUGES)
+        for key, value in stats.items():
+            suffix = None if key in known else _other_key(key)
+            if suffix is None:
+                continue
+            if isinstance(value, dict):
+                family = GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}] entries.", labels=["name"])
+                for sub, v in value.items():
+                    if isinstance(v, (int, float)):
+                        family.add_metric([str(sub)], float(v))
+                yield family
+            elif isinstance(value, (int, float)):
+                yield GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}].", value=float(value))
+        yield from self._groups()
+        if self.lifecycle is not None:
+            state = GaugeMetricFamily(_name("state"), "1 for the reducer's current state (serving, draining, drained).",
+                                      labels=["state"])
+            for name in STATES:
+                state.add_metric([name], 1.0 if self.lifecycle.state == name else 0.0)
+            yield state
+
+    def _groups(self) -> Iterator[Any]:
+        labels = ["job", "group"]
+        world = GaugeMetricFamily(_name("group_world_size"), "Workers a group expects.", labels=labels)
+        connected = GaugeMetricFamily(_name("group_connected_ranks"), "Workers of a group connected.", labels=labels)
+        rounds = CounterMetricFamily(_name("group_rounds"), "Rounds a group completed.", labels=labels)
+        received = CounterMetricFamily(_name("group_received_bytes"), "Bytes a group's workers sent here.",
+                                       labels=labels)
+        sent = CounterMetricFamily(_name("group_sent_bytes"), "Bytes sent back to a group's workers.", labels=labels)
+        age = GaugeMetricFamily(_name("group_age_seconds"), "Seconds since a group was created.", labels=labels)
+        failed = GaugeMetricFamily(_name("group_failed"), "1 if a group has an error (see GetStats last_error).",
+                                   labels=labels)
+        for row in group_rows(self.server.group_stats()):
+            key = [row.job, row.group]
+            world.add_metric(key, row.world_size)
+            connected.add_metric(key, row.connected)
+            rounds.add_metric(key, row.rounds)
+            received.add_metric(key, row.bytes_received)
+            sent.add_metric(key, row.bytes_sent)
+            age.add_metric(key, row.age_s)
+            failed.add_metric(key, 1.0 if row.last_error else 0.0)
+        yield from (world, connected, rounds, received, sent, age, failed)
+
+
+def reducer_registry(server: Any, lifecycle: Optional[Lifecycle] = None) -> Any:
+    """A registry holding only this reducer's metrics (plus the process metrics of this process)."""
+    registry = CollectorRegistry()
+    registry.register(ReducerCollector(server, lifecycle))
+    prometheus_client.ProcessCollector(registry=registry)
+    return registry
+
+
+class MetricsEndpoint:
+    """Serves a registry in Prometheus text format over HTTP on host:port (0 = any free port)."""
+
+    def __init__(self, registry: Any, host: str = "0.0.0.0", port: int = 0) -> None:
+        self.registry = registry
+        self.host = host
+        self._server, self._thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    @property
+    def url(self) -> str:
+        from reducer.cluster import format_address
+
+        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        return f"http://{format_address(host, self.port)}/metrics"
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5.0)

@@ -1,0 +1,94 @@
+"""What the control plane reports, as plain Python: a reducer's counters and its per-group rows.
+
+Pure Python (no grpc, no prometheus_client): the gRPC service (reducer.control.service), the
+metrics (reducer.control.metrics) and `reduction-server status` all read the reducer through
+these two functions.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any, Dict, Iterable, List, Mapping, Tuple
+
+
+@dataclass(frozen=True)
+class GroupRow:
+    """One group (job, group) of a reducer, its streams added up (GroupStats in reducer.proto)."""
+
+    job: str
+    group: str
+    world_size: int
+    connected: int          # ranks connected (stream-0 connections)
+    complete: bool          # every rank has connected
+    rounds: int             # rounds completed (stream 0: every stream takes part in every round)
+    bytes_received: int     # all streams
+    bytes_sent: int
+    last_error: str         # "" when none (stream 0's error first)
+    age_s: float            # seconds since the oldest stream of the group was created
+    streams: int            # stream rows seen for the group
+
+    def as_dict(self) -> Dict[str, Any]:
+        return asdict(self)
+
+
+def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
+    """Fold ReducerServer.group_stats() (one dict per group *stream*) into one row per (job, group).
+
+    Each dict has job, group, stream, world_size, connected, complete, rounds, bytes_received,
+    bytes_sent, last_error, age_s. World size, connected ranks, completeness and rounds come from
+    stream 0 (the lowest stream present while a group is still forming); bytes are summed over the
+    streams; the error is stream 0's, else the first other stream's; the age is the oldest stream's.
+    Rows come back sorted by (job, group).
+    """
+    by_key: Dict[Tuple[str, str], List[Mapping[str, Any]]] = {}
+    for row in rows:
+        by_key.setdefault((str(row["job"]), str(row["group"])), []).append(row)
+    out: List[GroupRow] = []
+    for (job, group), streams in sorted(by_key.items()):
+        streams = sorted(streams, key=lambda r: int(r["stream"]))
+        first = streams[0]
+        errors = [str(r["last_error"]) for r in streams if r["last_error"]]
+        out.append(GroupRow(
+            job=job,
+            group=group,
+            world_size=int(first["world_size"]),
+            connected=int(first["connected"]),
+            complete=bool(first["complete"]),
+            rounds=int(first["rounds"]),
+            bytes_received=sum(int(r["bytes_received"]) for r in streams),
+            bytes_sent=sum(int(r["bytes_sent"]) for r in streams),
+            last_error=errors[0] if errors else "",
+            age_s=max(float(r["age_s"]) for r in streams),
+            streams=len(streams),
+        ))
+    return out
+
+
+def split_stats(stats: Mapping[str, Any], prefix: str = "") -> Tuple[Dict[str, int], Dict[str, float], Dict[str, str]]:
+    """ReducerServer.stats() as (integers, other numbers, strings), whatever keys the core reports.
+
+    Nested dicts (e.g. ``limits``) are flattened to ``"limits.max_group_bytes"``; booleans count
+    as integers 0/1; negative integers (never a counter) go with the other numbers; anything else
+    (lists, None) is left out.
+    """
+    ints: Dict[str, int] = {}
+    floats: Dict[str, float] = {}
+    strings: Dict[str, str] = {}
+    for key, value in stats.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, Mapping):
+            i, f, s = split_stats(value, prefix=f"{name}.")
+            ints.update(i)
+            floats.update(f)
+            strings.update(s)
+        elif isinstance(value, bool):
+            ints[name] = int(value)
+        elif isinstance(value, int):
+            if value >= 0:
+                ints[name] = value
+            else:
+                floats[name] = float(value)
+        elif isinstance(value, float):
+            floats[name] = value
+        elif isinstance(value, str):
+            strings[name] = value
+    return ints, floats, strings
