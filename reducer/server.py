@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import logging
+import time
 from typing import Any, Dict, List, Optional
 
 from . import config
@@ -80,12 +81,18 @@ class ReducerServer:
             self._started = False
 
     def drain(self, timeout: float) -> None:
-        """Stop accepting connections (no new group, no new worker), let the rounds in flight finish
-        for up to `timeout` seconds, then close every connection. The core has no mode that keeps
-        serving its groups while refusing new ones, so the groups end after their current round:
-        their workers see the reducer gone. Blocks; used by the Drain RPC and SIGTERM
+        """Take no new group (a hello for an unknown group gets ShuttingDown) while the groups
+        already here keep running; when they have all ended, or after `timeout` seconds, stop:
+        rounds still in flight then get what is left of the timeout to finish, and the last
+        groups' workers see the reducer go. Blocks; used by the Drain RPC and SIGTERM
         (docs/operations.md)."""
-        self.stop(timeout)
+        if not self._started:
+            return
+        self._server.drain()
+        deadline = time.monotonic() + max(0.0, float(timeout))
+        while self._server.stats()["groups"] > 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        self.stop(max(0.0, deadline - time.monotonic()))
 
     def stats(self) -> Dict[str, Any]:
         """Counters (bytes_received, bytes_sent, rounds_completed, connected_workers, groups,

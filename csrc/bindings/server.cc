@@ -7,7 +7,7 @@ namespace rs::py_bind {
 namespace {
 
 py::dict server_stats(const rs::server::Server& s) {
-  rs::server::ServerStats st = s.stats();
+  const rs::server::ServerStats st = s.stats();
   py::dict d;
   d["bytes_received"] = st.bytes_received;
   d["bytes_sent"] = st.bytes_sent;
@@ -22,6 +22,13 @@ py::dict server_stats(const rs::server::Server& s) {
   d["rejected"] = st.rejected;
   d["refused_over_limit"] = st.refused_over_limit;
   d["memory_bytes"] = st.memory_bytes;
+  d["chunks_in_flight"] = st.chunks_in_flight;
+  d["draining"] = st.draining;
+  py::dict lat;
+  lat["bounds"] = rs::server::kLatencyBounds;
+  lat["counts"] = st.round_latency_counts;
+  lat["sum"] = st.round_latency_sum;
+  d["round_latency_seconds"] = lat;
   return d;
 }
 
@@ -40,8 +47,13 @@ py::dict server_limits(const rs::server::Server& s) {
 }
 
 py::list server_group_stats(const rs::server::Server& s) {
+  std::vector<rs::server::GroupStat> rows;
+  {
+    py::gil_scoped_release release;  // waits (briefly) for every event loop's fresh snapshot
+    rows = s.group_stats();
+  }
   py::list out;
-  for (const rs::server::GroupStat& g : s.group_stats()) {
+  for (const rs::server::GroupStat& g : rows) {
     py::dict d;
     d["job"] = g.job;
     d["group"] = g.group;
@@ -96,6 +108,7 @@ void bind_server(py::module_& m) {
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)
       .def_property_readonly("running", &rs::server::Server::running)
+      .def("drain", &rs::server::Server::drain, "Take no new group; keep serving the groups already here.")
       .def("stats", &server_stats)
       .def("limits", &server_limits, "The limits in force (machine-dependent defaults resolved after start()).")
       .def("group_stats", &server_group_stats, "Live group streams and the last few that ended (refreshed every 250 ms).");

@@ -120,6 +120,13 @@ class Group {
 
   // ---- counters (for stats) ----
   uint64_t rounds = 0, bytes_received = 0, bytes_sent = 0;
+  // Round timing: when the first chunk of `round` was claimed (several rounds may be in flight).
+  void round_started(uint64_t round, Clock::time_point t) { starts_[round % kRoundStarts] = {round, t}; }
+  // Seconds since round_started(round), or a negative value if it was not recorded.
+  double round_age(uint64_t round, Clock::time_point now) const {
+    const RoundStart& r = starts_[round % kRoundStarts];
+    return r.round == round && r.set ? std::chrono::duration<double>(now - r.at).count() : -1.0;
+  }
   const std::string& last_error() const { return last_error_; }
 
  private:
@@ -138,6 +145,16 @@ class Group {
   bool failed_ = false;
   std::string left_;  // set when a member left between rounds: the next round fails with this
   std::string last_error_;
+
+  static constexpr size_t kRoundStarts = 64;
+  struct RoundStart {
+    uint64_t round = 0;
+    Clock::time_point at{};
+    bool set = false;
+    RoundStart() = default;
+    RoundStart(uint64_t r, Clock::time_point t) : round(r), at(t), set(true) {}
+  };
+  RoundStart starts_[kRoundStarts];
 
   std::vector<Slot> slots_;
   MemoryBudget::Reservation reservation_;

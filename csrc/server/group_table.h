@@ -70,6 +70,7 @@ class GroupTable {
   std::vector<std::shared_ptr<Group>> take_expired(Group::Clock::time_point now, std::chrono::milliseconds timeout);
 
   size_t size() const { return groups_.size(); }
+  bool contains(const GroupKey& key) const { return groups_.count(key) != 0; }
   template <class F>
   void for_each(F&& f) const {
     for (const auto& kv : groups_) f(*kv.second);

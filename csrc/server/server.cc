@@ -19,6 +19,7 @@
 #include <atomic>
 #include <cerrno>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <deque>
 #include <mutex>
@@ -40,6 +41,9 @@
 namespace rs::server {
 
 using net::Clock;
+
+const std::vector<double> kLatencyBounds = {0.0005, 0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1,
+                                            0.2,    0.5,   1.0,   2.0,   5.0,  10.0, 30.0};
 
 namespace {
 
@@ -67,6 +71,7 @@ struct Loop;
 struct Server::Impl {
   ServerOptions opts;
   std::vector<std::unique_ptr<Loop>> loops;
+  mutable std::mutex loops_mu;  // group_stats() (any thread) against stop() clearing `loops`
   net::Fd listener;
   uint16_t port = 0;
   std::atomic<bool> running{false};
@@ -79,6 +84,16 @@ struct Server::Impl {
   std::atomic<uint64_t> connections{0}, workers{0}, groups{0}, errors{0}, rejected{0}, over_limit{0};
   std::atomic<uint64_t> open_conns{0}, handshakes{0}, waiting{0};
   std::atomic<int64_t> busy_slots{0};
+  std::atomic<bool> draining{false};
+  std::vector<std::atomic<uint64_t>> latency_counts = std::vector<std::atomic<uint64_t>>(kLatencyBounds.size() + 1);
+  std::atomic<uint64_t> latency_sum_us{0};
+
+  void record_latency(double seconds) {
+    size_t i = 0;
+    while (i < kLatencyBounds.size() && seconds > kLatencyBounds[i]) ++i;
+    latency_counts[i]++;
+    latency_sum_us += uint64_t(seconds * 1e6);
+  }
 
   // A log line that an attacker could repeat: let through a few per period, count the rest.
   static void log_limited(LogLimiter& lim, LogLevel level, const std::string& msg) {
@@ -103,8 +118,11 @@ struct Loop {
   // accept back-off after EMFILE/ENFILE (loop 0 only)
   bool listener_paused = false;
   Clock::time_point listener_resume;
-  // group_stats() snapshot
+  // group_stats() snapshot: refreshed every sweep, and at once when group_stats() asks
   mutable std::mutex snap_mu;
+  std::condition_variable snap_cv;
+  std::atomic<uint64_t> snap_requested{0};
+  std::atomic<uint64_t> snap_done{0};  // written under snap_mu (for snap_cv)
   std::vector<GroupStat> snapshot;
   std::deque<GroupStat> ended;
 
@@ -351,6 +369,12 @@ struct Loop {
 
   // ---- groups -------------------------------------------------------------------------
   void join(Conn* c) {
+    if (srv->draining.load() && !table->contains(c->gkey)) {
+      set_state(c, ConnState::Closing);
+      reject(c, proto::Status::ShuttingDown, "reducer " + std::to_string(srv->port) +
+                                                 " is draining: it serves the groups it has but takes no new one");
+      return;
+    }
     JoinOutcome j = table->join(c, c->hello, c->gkey, c->peer_ip, c->peer);
     switch (j.kind) {
       case JoinOutcome::Kind::Rejected:
@@ -468,6 +492,7 @@ struct Loop {
       s.params = c->cur;
       s.first_rank = c->rank;
       srv->busy_slots++;
+      if (c->cur.offset == 0 && g.key().stream == 0) g.round_started(c->cur.round, Clock::now());
     } else if (s.seq == c->seq_next) {
       std::string diff = Group::mismatch(s.params, s.first_rank, c->cur, c->rank);
       if (!diff.empty()) {
@@ -571,7 +596,11 @@ struct Loop {
     if (g->failed() || --s->pending_sends > 0) return;
     if (s->params.flags & proto::kLastInStream) {
       g->rounds++;
-      if (g->key().stream == 0) srv->rounds_completed++;
+      if (g->key().stream == 0) {
+        srv->rounds_completed++;
+        const double age = g->round_age(s->params.round, Clock::now());
+        if (age >= 0) srv->record_latency(age);
+      }
     }
     g->release(*s);
     srv->busy_slots--;
@@ -685,11 +714,26 @@ struct Loop {
   }
 
   void refresh_snapshot() {
+    const uint64_t wanted = snap_requested.load();
     std::vector<GroupStat> rows;
     rows.reserve(table->size());
     table->for_each([&](const Group& g) { rows.push_back(stat_of(g)); });
-    std::lock_guard<std::mutex> lock(snap_mu);
-    snapshot.swap(rows);
+    {
+      std::lock_guard<std::mutex> lock(snap_mu);
+      snapshot.swap(rows);
+      snap_done = wanted;
+    }
+    snap_cv.notify_all();
+  }
+
+  // Called from another thread: a snapshot at most one wakeup old (or the last one after `wait`).
+  void fresh_snapshot(std::vector<GroupStat>* out, std::chrono::milliseconds wait) {
+    const uint64_t want = ++snap_requested;
+    wake();
+    std::unique_lock<std::mutex> lock(snap_mu);
+    snap_cv.wait_for(lock, wait, [&] { return snap_done >= want; });
+    out->insert(out->end(), snapshot.begin(), snapshot.end());
+    out->insert(out->end(), ended.begin(), ended.end());
   }
 
   void run() {
@@ -741,6 +785,7 @@ struct Loop {
       }
       reap();
       if (index == 0) resume_listener_if_due();
+      if (snap_requested.load() != snap_done.load()) refresh_snapshot();
       auto now = Clock::now();
       if (now - last_sweep > std::chrono::milliseconds(250)) {
         sweep_handshakes();
@@ -935,9 +980,16 @@ void Server::stop(double drain_timeout) {
   }
   for (auto& l : s.loops)
     if (l->thread.joinable()) l->thread.join();
-  s.loops.clear();
+  {
+    std::lock_guard<std::mutex> lock(s.loops_mu);
+    s.loops.clear();
+  }
   s.listener.reset();
   log_info("reducer on port " + std::to_string(s.port) + " stopped");
+}
+
+void Server::drain() {
+  if (!impl_->draining.exchange(true)) log_info("reducer draining: serving the groups it has, taking no new one");
 }
 
 ServerStats Server::stats() const {
@@ -956,16 +1008,18 @@ ServerStats Server::stats() const {
   st.rejected = s.rejected;
   st.refused_over_limit = s.over_limit;
   st.memory_bytes = s.budget.used();
+  st.chunks_in_flight = uint64_t(std::max<int64_t>(0, s.busy_slots.load()));
+  st.draining = s.draining.load();
+  for (const auto& c : s.latency_counts) st.round_latency_counts.push_back(c.load());
+  st.round_latency_sum = double(s.latency_sum_us.load()) / 1e6;
   return st;
 }
 
 std::vector<GroupStat> Server::group_stats() const {
   std::vector<GroupStat> out;
-  for (const auto& l : impl_->loops) {
-    std::lock_guard<std::mutex> lock(l->snap_mu);
-    out.insert(out.end(), l->snapshot.begin(), l->snapshot.end());
-    out.insert(out.end(), l->ended.begin(), l->ended.end());
-  }
+  std::lock_guard<std::mutex> lock(impl_->loops_mu);
+  if (!impl_->running.load()) return out;
+  for (const auto& l : impl_->loops) l->fresh_snapshot(&out, std::chrono::milliseconds(500));
   return out;
 }
 

@@ -39,7 +39,17 @@ struct ServerStats {
   uint64_t rejected = 0;           // handshakes refused (auth, version, conflicts, garbage, limits)
   uint64_t refused_over_limit = 0; // connections or groups refused by a limit
   uint64_t memory_bytes = 0;       // reduction buffers reserved by groups
+  uint64_t chunks_in_flight = 0;   // chunk slots claimed and not yet released (all groups)
+  bool draining = false;           // drain(): no new groups
+  // Round latency on the reducer (stream 0: first chunk claimed -> last result written), a
+  // cumulative-free histogram: round_latency_counts[i] rounds took <= kLatencyBounds[i] seconds
+  // (and more than the bound before); the last count is above the last bound.
+  std::vector<uint64_t> round_latency_counts;
+  double round_latency_sum = 0;  // seconds
 };
+
+// Upper bounds (seconds) of the round latency histogram's buckets.
+extern const std::vector<double> kLatencyBounds;
 
 // One group stream as the operators see it (a snapshot, refreshed by the loops every 250 ms).
 struct GroupStat {
@@ -67,6 +77,9 @@ class Server {
   uint16_t port() const;           // the bound port (valid after start)
   // Stop accepting, wait up to drain_timeout seconds for rounds in flight, then close everything.
   void stop(double drain_timeout = 0.0);
+  // Stop creating groups: a hello for a group this reducer does not have gets ShuttingDown;
+  // groups already here keep running (and may still gather their ranks). Idempotent.
+  void drain();
   bool running() const;
   ServerStats stats() const;
   std::vector<GroupStat> group_stats() const;  // live groups and the last few that ended

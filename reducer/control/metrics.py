@@ -15,7 +15,7 @@ from .lifecycle import STATES, Lifecycle
 from .rows import group_rows
 
 prometheus_client = import_prometheus()
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
 
 PREFIX = "reduction_server"
@@ -37,6 +37,11 @@ GAUGES: Dict[str, Tuple[str, str]] = {
     "connected_workers": ("workers_connected", "Workers connected (stream-0 connections: one per worker process)."),
     "groups": ("groups", "Live groups (job, group) with members."),
     "memory_bytes": ("memory_bytes", "Memory held by the groups' reduction buffers (arenas)."),
+    "chunks_in_flight": ("chunks_in_flight", "Chunk slots claimed and not yet released: the reducer's chunk queue depth."),
+}
+HISTOGRAMS: Dict[str, Tuple[str, str]] = {
+    "round_latency_seconds": ("round_latency_seconds",
+                              "Round latency on the reducer: first chunk claimed to last result written (stream 0)."),
 }
 
 
@@ -76,7 +81,10 @@ class ReducerCollector(Collector):
         for key, (suffix, text) in GAUGES.items():
             if key in stats:
                 yield GaugeMetricFamily(_name(suffix), text, value=stats[key])
-        known = set(COUNTERS) | set(ERRORS) | set(GAUGES)
+        for key, (suffix, text) in HISTOGRAMS.items():
+            if key in stats:
+                yield _histogram(_name(suffix), text, stats[key])
+        known = set(COUNTERS) | set(ERRORS) | set(GAUGES) | set(HISTOGRAMS)
         for key, value in stats.items():
             suffix = None if key in known else _other_key(key)
             if suffix is None:
@@ -118,6 +126,16 @@ class ReducerCollector(Collector):
             age.add_metric(key, row.age_s)
             failed.add_metric(key, 1.0 if row.last_error else 0.0)
         yield from (world, connected, rounds, received, sent, age, failed)
+
+
+def _histogram(name: str, text: str, h: Dict[str, Any]) -> Any:
+    """A Prometheus histogram from the core's per-bucket counts (bounds[i] = upper bound of counts[i];
+    the last count is above the last bound)."""
+    buckets, total = [], 0
+    for bound, count in zip(list(h["bounds"]) + [float("inf")], h["counts"]):
+        total += int(count)
+        buckets.append(("+Inf" if bound == float("inf") else repr(float(bound)), total))
+    return HistogramMetricFamily(name, text, buckets=buckets, sum_value=float(h["sum"]))
 
 
 def reducer_registry(server: Any, lifecycle: Optional[Lifecycle] = None) -> Any:
