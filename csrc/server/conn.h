@@ -99,6 +99,7 @@ struct Conn {
   bool close_after_flush = false;
   bool dead = false;
   bool counted = false;  // in stats.connections
+  bool error_counted = false;  // in stats.errors
   std::string why;
 
   std::string who() const { return "rank " + std::to_string(rank) + " (" + peer + ")"; }

@@ -79,7 +79,7 @@ LeaveOutcome GroupTable::leave(const std::shared_ptr<Group>& g, uint32_t rank, c
   }
   if (g->busy()) {
     out.kind = LeaveOutcome::Kind::Failed;
-    out.message = who + " disconnected in the middle of a round: " + why;
+    out.message = who + (said_bye ? " left in the middle of a round (" : " disconnected in the middle of a round (") + why + ")";
     fail(g, out.message);
     return out;
   }

@@ -168,7 +168,10 @@ struct Loop {
     if (c->dead) return;
     c->dead = true;
     c->why = why;
-    if (is_error) srv->errors++;
+    if (is_error && !c->error_counted) {
+      srv->errors++;
+      c->error_counted = true;
+    }
     dying.push_back(c);
   }
 
@@ -438,6 +441,10 @@ struct Loop {
     LeaveOutcome o = table->leave(g, c->rank, c->who() + " of group " + g->key().label(), c->said_bye, c->why);
     switch (o.kind) {
       case LeaveOutcome::Kind::Failed:
+        if (!c->error_counted) {  // leaving mid-round is an error even when the connection closed cleanly
+          srv->errors++;
+          c->error_counted = true;
+        }
         record_ended(*g);
         log_warn("group " + g->key().label() + " failed: " + o.message);
         g->for_each_member([&](Conn* m) {
