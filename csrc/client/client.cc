@@ -384,7 +384,17 @@ bool Client::pump() {
   const int S = opts_.streams;
   bool moved = false;
   try {
+    // One poll says which links can move bytes; only those are touched (no syscalls that
+    // would only report EAGAIN).
+    pfds_.resize(links_.size());
     for (size_t li = 0; li < links_.size(); ++li) {
+      fill(li);
+      pfds_[li] = {links_[li]->fd.get(), short(POLLIN | (links_[li]->out.empty() ? 0 : POLLOUT)), 0};
+    }
+    int pr = ::poll(pfds_.data(), pfds_.size(), 0);
+    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+    for (size_t li = 0; pr > 0 && li < links_.size(); ++li) {
+      if (pfds_[li].revents == 0) continue;
       Link& l = *links_[li];
       auto written = [&](uint64_t wire) {
         if (Round* r = by_wire(wire)) r->parts[li].written++;
@@ -426,18 +436,23 @@ bool Client::pump() {
         return true;
       };
       net::IoBudget budget(kLinkBudget);
-      for (;;) {
-        fill(li);
-        net::IoResult w = l.out.flush(l.fd.get(), l.peer, &budget, written);
+      uint64_t sent = 0, got = 0;
+      const short rev = pfds_[li].revents;
+      if (rev & POLLOUT) sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+      if (rev & (POLLIN | POLLHUP | POLLERR)) {
         net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
-        stats_.bytes_sent += w.bytes;
-        stats_.bytes_received += rd.bytes;
-        if (w.bytes || rd.bytes) {
-          moved = true;
-          timer_.progress();
-        }
+        got += rd.bytes;
         // Results free window slots: queue and write more before the next link's turn.
-        if (rd.frames == 0 || budget.spent()) break;
+        if (rd.frames > 0 && !budget.spent()) {
+          fill(li);
+          sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+        }
+      }
+      stats_.bytes_sent += sent;
+      stats_.bytes_received += got;
+      if (sent || got) {
+        moved = true;
+        timer_.progress();
       }
     }
     retire();

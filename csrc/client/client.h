@@ -11,6 +11,7 @@
 // the schedule (which chunk goes next on which connection) and the checks on results.
 #pragma once
 
+#include <poll.h>
 #include <sys/uio.h>
 
 #include <cstdint>
@@ -130,6 +131,7 @@ class Client {
   ClientStats stats_;
   net::Fd wake_;        // eventfd: wakes threads blocked in wait()'s poll when state changes
   int pollers_ = 0;     // threads inside that poll
+  std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
   mutable std::mutex mu_;
 };
 
