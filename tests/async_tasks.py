@@ -78,6 +78,21 @@ def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: i
             "in_flight_after": c.in_flight}
 
 
+def wait_each(c: Any, ids: Sequence[int]) -> Tuple[List[str], List[float]]:
+    """wait() for each round in turn: "ok" or "ErrorClass: message", and seconds since the first wait."""
+    outcome: List[str] = []
+    elapsed: List[float] = []
+    t0 = time.monotonic()
+    for i in ids:
+        try:
+            c.wait(i)
+            outcome.append("ok")
+        except reducer.ReductionError as exc:
+            outcome.append(f"{type(exc).__name__}: {exc}")
+        elapsed.append(time.monotonic() - t0)
+    return outcome, elapsed
+
+
 def mismatch_mid_stream(rank: int, world: int, addrs: Sequence[str], group: str, bad: int = 2,
                         rounds: int = 5) -> Dict[str, Any]:
     """Rounds of 1 MiB; in round `bad` the last rank reduces int32 instead of float32. Reports
@@ -89,13 +104,7 @@ def mismatch_mid_stream(rank: int, world: int, addrs: Sequence[str], group: str,
     for i, a in enumerate(arrays):
         dtype = "int32" if (i == bad and rank == world - 1) else "float32"
         ids.append(c.start(a, dtype, "sum"))
-    outcome: List[str] = []
-    for i in ids:
-        try:
-            c.wait(i)
-            outcome.append("ok")
-        except reducer.ReductionError as exc:
-            outcome.append(f"{type(exc).__name__}: {exc}")
+    outcome, _ = wait_each(c, ids)
     again = np.full(1000, float(rank + 1), np.float32)
     c.allreduce(again, "float32", "sum")
     stats = c.stats()
@@ -128,21 +137,13 @@ def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group:
     c.allreduce(warm, "float32", "sum")  # the whole group is there and working
     outcome: List[str] = []
     elapsed: List[float] = []
+    in_flight = 0
     if rank == 0:
         arrays = [np.ones(1 << 18, np.float32) for _ in range(stalled)]
         ids = [c.start(a, "float32", "sum") for a in arrays]
         in_flight = c.in_flight
         _touch(os.path.join(marks, "started"))
-        t0 = time.monotonic()
-        for i in ids:
-            try:
-                c.wait(i)
-                outcome.append("ok")
-            except reducer.ReductionError as exc:
-                outcome.append(f"{type(exc).__name__}: {exc}")
-            elapsed.append(time.monotonic() - t0)
-    else:
-        in_flight = 0
+        outcome, elapsed = wait_each(c, ids)
     _wait_for(os.path.join(marks, "restarted"), 60)
     value: Optional[float] = None
     attempts: List[str] = []

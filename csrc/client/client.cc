@@ -189,6 +189,7 @@ void Client::connect_all() {
   }
   links_ = std::move(links);
   wire_next_ = 0;
+  session_gen_++;
 }
 
 void Client::disconnect(bool say_bye) {
@@ -204,15 +205,19 @@ void Client::disconnect(bool say_bye) {
     }
   }
   links_.clear();
+  session_gen_++;
 }
 
 void Client::fail_all(ErrorKind kind, const std::string& why) {
-  for (Round* r : session_)
-    if (r->state == Round::State::Running) {
+  for (Round* r : session_) {
+    if (r->collected) {
+      rounds_.erase(r->id);
+    } else if (r->state == Round::State::Running) {
       r->state = Round::State::Failed;
       r->kind = kind;
       r->error = why;
     }
+  }
   session_.clear();
   running_ = 0;
   // The session is out of step with the group now: drop it; the next start() reconnects.
@@ -379,22 +384,30 @@ void Client::fill(size_t li) {
   }
 }
 
-bool Client::pump() {
+void Client::watch(std::vector<pollfd>* pfds) {
+  pfds->resize(links_.size());
+  for (size_t li = 0; li < links_.size(); ++li) {
+    fill(li);
+    (*pfds)[li] = {links_[li]->fd.get(), short(POLLIN | (links_[li]->out.empty() ? 0 : POLLOUT)), 0};
+  }
+}
+
+bool Client::pump(const pollfd* ready) {
   if (links_.empty() || running_ == 0) return false;
   const int S = opts_.streams;
   bool moved = false;
   try {
-    // One poll says which links can move bytes; only those are touched (no syscalls that
+    // A poll says which links can move bytes; only those are touched (no syscalls that
     // would only report EAGAIN).
-    pfds_.resize(links_.size());
-    for (size_t li = 0; li < links_.size(); ++li) {
-      fill(li);
-      pfds_[li] = {links_[li]->fd.get(), short(POLLIN | (links_[li]->out.empty() ? 0 : POLLOUT)), 0};
+    if (!ready) {
+      watch(&pfds_);
+      int pr = ::poll(pfds_.data(), pfds_.size(), 0);
+      if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+      if (pr < 0) for (pollfd& p : pfds_) p.revents = 0;
+      ready = pfds_.data();
     }
-    int pr = ::poll(pfds_.data(), pfds_.size(), 0);
-    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    for (size_t li = 0; pr > 0 && li < links_.size(); ++li) {
-      if (pfds_[li].revents == 0) continue;
+    for (size_t li = 0; li < links_.size(); ++li) {
+      if (ready[li].revents == 0) continue;
       Link& l = *links_[li];
       auto written = [&](uint64_t wire) {
         if (Round* r = by_wire(wire)) r->parts[li].written++;
@@ -437,7 +450,7 @@ bool Client::pump() {
       };
       net::IoBudget budget(kLinkBudget);
       uint64_t sent = 0, got = 0;
-      const short rev = pfds_[li].revents;
+      const short rev = ready[li].revents;
       if (rev & POLLOUT) sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
       if (rev & (POLLIN | POLLHUP | POLLERR)) {
         net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
@@ -496,14 +509,12 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
       auto it = rounds_.find(id);
       if (it == rounds_.end() || it->second->state != Round::State::Running) return;
     }
-    if (pump()) continue;
-    // Nothing moved: sleep until a socket is ready, another thread changed the state, or
-    // the no-progress timer needs a look. I/O happens only with the lock held (in pump);
-    // the poll below is only a wake-up, so it runs unlocked and other threads keep going.
-    pfds.resize(links_.size() + 1);
-    for (size_t i = 0; i < links_.size(); ++i)
-      pfds[i] = {links_[i]->fd.get(), short(POLLIN | (links_[i]->out.empty() ? 0 : POLLOUT)), 0};
-    pfds[links_.size()] = {wake_.get(), POLLIN, 0};
+    // Sleep until a socket is ready (at once if one is), another thread changed the state
+    // (wake_), or the no-progress timer needs a look. I/O happens only with the lock held
+    // (in pump); the poll is only a wake-up, so it runs unlocked and other threads keep going.
+    watch(&pfds);
+    pfds.push_back({wake_.get(), POLLIN, 0});
+    const uint64_t gen = session_gen_;
     const int ms = timer_.poll_ms(200);
     pollers_++;
     lk.unlock();
@@ -520,6 +531,8 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
       ssize_t n = ::read(wake_.get(), &v, sizeof v);
       (void)n;
     }
+    // The readiness applies only if the links are still the ones polled.
+    pump(pr > 0 && gen == session_gen_ ? pfds.data() : nullptr);
   }
 }
 

@@ -109,7 +109,10 @@ class Client {
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, bool may_wait, RoundId* out);
-  bool pump();                                    // one non-blocking pass over every link
+  // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
+  // poll over watch()'s set; null: poll here without waiting). True if anything moved.
+  bool pump(const pollfd* ready = nullptr);
+  void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
@@ -132,6 +135,7 @@ class Client {
   net::Fd wake_;        // eventfd: wakes threads blocked in wait()'s poll when state changes
   int pollers_ = 0;     // threads inside that poll
   std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
+  uint64_t session_gen_ = 0;  // changes whenever links_ does
   mutable std::mutex mu_;
 };
 

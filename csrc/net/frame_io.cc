@@ -73,7 +73,7 @@ bool FrameWriter::push(const uint8_t* hdr, size_t hdr_len, Payload payload, uint
 }
 
 void FrameWriter::push_copy(std::string bytes, uint64_t token) {
-  if (full()) reserve(items_.size() * 2);
+  if (full()) reserve(std::max<size_t>(1, items_.size() * 2));
   Item& it = items_[(head_ + count_) % items_.size()];
   it.hdr_len = 0;
   it.payload = Payload::none();
