@@ -168,3 +168,20 @@ def serve_on(port_file: str, port: int = 0) -> None:
         fh.write(str(srv.port))
     os.replace(port_file + ".tmp", port_file)
     time.sleep(600)
+
+
+def start_compute_wait(rank: int, world: int, addrs: Sequence[str], group: str, timeout: float = 4.0) -> float:
+    """Rank 0 starts a round, 'computes' for longer than the timeout, then waits; the last rank
+    starts only after that wait has begun. Time outside the client's calls is not "no progress",
+    so the round succeeds."""
+    c = client(addrs, rank, world, group, timeout=timeout)
+    a = np.full(1 << 16, float(rank + 1), np.float32)
+    if rank == 0:
+        i = c.start(a, "float32", "sum")
+        time.sleep(1.5 * timeout)
+        c.wait(i)
+    else:
+        time.sleep(1.5 * timeout + 0.4 * timeout)
+        c.allreduce(a, "float32", "sum")
+    c.close()
+    return float(a[0])

@@ -154,3 +154,9 @@ def test_reducer_killed_with_rounds_in_flight(pool, reducers):
     for r in out:
         assert r["value"] == 3.0, r
         assert r["reconnects"] >= 1, r
+
+
+def test_time_between_calls_is_not_a_stall(pool, reducers):
+    servers = reducers(2)
+    res = run_ranks(pool, async_tasks.start_compute_wait, 2, addrs=addresses(servers), group="compute")
+    assert res == [3.0, 3.0]

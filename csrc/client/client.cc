@@ -259,6 +259,7 @@ RoundId Client::start(void* data, size_t nbytes, DType dtype, Op op, uint64_t ta
 
 RoundId Client::start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag) {
   std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
   RoundId id = 0;
   start_locked(lk, segs, nsegs, dtype, op, tag, true, &id);
   return id;
@@ -271,6 +272,7 @@ bool Client::try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t t
 
 bool Client::try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out) {
   std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
   return start_locked(lk, segs, nsegs, dtype, op, tag, false, out);
 }
 
@@ -333,6 +335,16 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   pump();  // start streaming now
   retire();
   return true;
+}
+
+// Rounds progress only inside calls. Time in which no thread is inside start/test/wait does
+// not count as "no progress": a worker may start rounds, compute, then wait.
+Client::Driving::Driving(Client* c) : c_(c) {
+  if (c_->callers_++ == 0) c_->timer_.exclude(Clock::now() - c_->idle_since_);
+}
+
+Client::Driving::~Driving() {
+  if (--c_->callers_ == 0) c_->idle_since_ = Clock::now();
 }
 
 void Client::retire() {
@@ -559,6 +571,7 @@ bool Client::collect(RoundId id) {
 
 bool Client::test(RoundId id) {
   std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
   pump();
   return collect(id);
@@ -566,6 +579,7 @@ bool Client::test(RoundId id) {
 
 void Client::wait(RoundId id) {
   std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
   drive(lk, id, false);
   collect(id);

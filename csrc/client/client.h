@@ -130,7 +130,14 @@ class Client {
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
   size_t running_ = 0;          // rounds in session_ not finished
-  net::ProgressTimer timer_;
+  net::ProgressTimer timer_;   // no progress while some thread drives the rounds
+  struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
+    explicit Driving(Client* c);
+    ~Driving();
+    Client* c_;
+  };
+  int callers_ = 0;            // threads inside start/test/wait
+  net::Clock::time_point idle_since_ = net::Clock::now();
   ClientStats stats_;
   net::Fd wake_;        // eventfd: wakes threads blocked in wait()'s poll when state changes
   int pollers_ = 0;     // threads inside that poll

@@ -30,6 +30,8 @@ class ProgressTimer {
   explicit ProgressTimer(double seconds)
       : limit_(std::chrono::milliseconds(int64_t(seconds * 1000))), last_(Clock::now()) {}
   void progress() { last_ = Clock::now(); }
+  // Time that must not count (nobody was waiting for progress then).
+  void exclude(Clock::duration d) { last_ += d; }
   bool expired() const { return Clock::now() - last_ > limit_; }
   double seconds() const { return std::chrono::duration<double>(limit_).count(); }
   int poll_ms(int cap_ms = 200) const { return std::max(1, ms_until(last_ + limit_, cap_ms)); }
