@@ -185,3 +185,62 @@ def start_compute_wait(rank: int, world: int, addrs: Sequence[str], group: str, 
         c.allreduce(a, "float32", "sum")
     c.close()
     return float(a[0])
+
+
+def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 48,
+                    seed: int = 5) -> Dict[str, Any]:
+    """One thread starts the rounds, another polls test() on them, a third wait()s on every
+    third one (the NCCL proxy pattern: start and test from different threads)."""
+    import queue
+    import threading
+
+    specs = round_specs(seed, rounds)
+    c = client(addrs, rank, world, group, max_rounds_in_flight=4)
+    arrays = [make_data(dtype, n, rank, seed=seed * 1000 + i) for i, (dtype, op, n, _) in enumerate(specs)]
+    to_test: "queue.Queue[Optional[int]]" = queue.Queue()
+    to_wait: "queue.Queue[Optional[int]]" = queue.Queue()
+    failures: List[str] = []
+
+    def starter() -> None:
+        for i, (dtype, op, _, _) in enumerate(specs):
+            rid = c.start_ptr(arrays[i].ctypes.data, arrays[i].nbytes, dtype, op)
+            (to_wait if i % 3 == 0 else to_test).put(rid)
+        to_test.put(None)
+        to_wait.put(None)
+
+    def tester() -> None:
+        pending: List[int] = []
+        closed = False
+        while not closed or pending:
+            try:
+                rid = to_test.get(timeout=0.001)
+                if rid is None:
+                    closed = True
+                else:
+                    pending.append(rid)
+            except queue.Empty:
+                pass
+            pending = [p for p in pending if not c.test(p)]
+
+    def waiter() -> None:
+        while (rid := to_wait.get()) is not None:
+            c.wait(rid)
+
+    def guarded(fn: Any) -> Any:
+        def run() -> None:
+            try:
+                fn()
+            except BaseException as exc:  # reported to the test
+                failures.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+        return run
+
+    threads = [threading.Thread(target=guarded(f)) for f in (starter, tester, waiter)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    errors = [f"round {i}: {e}" for i, (dtype, op, n, _) in enumerate(specs)
+              if (e := check(arrays[i], dtype, op, n, world, seed=seed * 1000 + i))]
+    digests = [digest(a) for a in arrays]
+    c.close()
+    return {"failures": failures, "errors": errors, "digests": digests, "alive": any(t.is_alive() for t in threads)}

@@ -160,3 +160,12 @@ def test_time_between_calls_is_not_a_stall(pool, reducers):
     servers = reducers(2)
     res = run_ranks(pool, async_tasks.start_compute_wait, 2, addrs=addresses(servers), group="compute")
     assert res == [3.0, 3.0]
+
+
+def test_start_and_test_from_different_threads(pool, reducers):
+    servers = reducers(2)
+    res = run_ranks(pool, async_tasks.threaded_rounds, 2, addrs=addresses(servers), group="threads")
+    for r in res:
+        assert r["failures"] == [] and not r["alive"], r["failures"]
+        assert r["errors"] == [], r["errors"][:5]
+    assert res[0]["digests"] == res[1]["digests"]

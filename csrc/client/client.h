@@ -88,7 +88,8 @@ class Client {
   // threw, the id is forgotten (asking again is a Config error).
   bool test(RoundId id);
   // Blocks until round `id` is done (or throws its error): every round in flight progresses.
-  // Fails with a Timeout naming the reducers after `timeout` seconds without progress.
+  // Fails with a Timeout naming the reducers after `timeout` seconds without progress (time
+  // in which no thread was inside start/test/wait does not count: rounds only move then).
   void wait(RoundId id);
   // Rounds started and not yet finished on the network.
   size_t in_flight() const;
