@@ -8,7 +8,7 @@ import subprocess
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-SOURCES = ["tests/cpp/test_group_table.cc", "csrc/server/group_table.cc", "csrc/server/group.cc",
+SOURCES = ["tests/cpp/test_group_table.cc", "csrc/server/group_table.cc", "csrc/server/group.cc", "csrc/protocol/plan.cc",
            "csrc/server/limits.cc", "csrc/protocol/wire.cc", "csrc/common/common.cc"]
 
 

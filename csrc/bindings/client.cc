@@ -1,4 +1,14 @@
 // The worker transport (csrc/client) in reducer._core.
+//
+// Asynchronous rounds: start()/start_ptr()/start_segments() return a round id at once;
+// test(id) / wait(id) drive every round in flight (GIL released). The memory of a round is
+// NOT kept alive by the binding: the caller must keep the buffer (array, tensor, pointer
+// target) alive and untouched until test() returned True or wait() returned.
+#include <sys/uio.h>
+
+#include <optional>
+#include <tuple>
+
 #include "bindings/common.h"
 #include "client/client.h"
 
@@ -6,34 +16,66 @@ namespace rs::py_bind {
 
 namespace {
 
-void client_allreduce(rs::client::Client& c, py::buffer buf, const std::string& dtype, const std::string& op,
-                      uint64_t tag) {
+using rs::client::Client;
+using rs::client::ClientOptions;
+using rs::client::RoundId;
+
+struct Round {  // one round's arguments, parsed with the GIL held
+  std::vector<iovec> segs;
+  rs::DType dtype;
+  rs::Op op;
+  uint64_t tag;
+};
+
+Round buffer_round(py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
   BufView v = view_of(buf, true);
-  rs::DType t = dtype_arg(dtype);
-  rs::Op o = op_arg(op);
-  py::gil_scoped_release release;
-  c.allreduce(const_cast<void*>(v.ptr), v.nbytes, t, o, tag);
+  return {{iovec{const_cast<void*>(v.ptr), v.nbytes}}, dtype_arg(dtype), op_arg(op), tag};
 }
 
-void client_allreduce_ptr(rs::client::Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype,
-                          const std::string& op, uint64_t tag) {
-  rs::DType t = dtype_arg(dtype);
-  rs::Op o = op_arg(op);
+Round ptr_round(uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag) {
   if (ptr == 0 && nbytes) throw py::value_error("null pointer");
+  return {{iovec{reinterpret_cast<void*>(ptr), nbytes}}, dtype_arg(dtype), op_arg(op), tag};
+}
+
+Round segments_round(const std::vector<std::tuple<uintptr_t, size_t>>& segments, const std::string& dtype,
+                     const std::string& op, uint64_t tag) {
+  Round r{{}, dtype_arg(dtype), op_arg(op), tag};
+  for (const auto& [ptr, nbytes] : segments) {
+    if (ptr == 0 && nbytes) throw py::value_error("null pointer in segments");
+    r.segs.push_back(iovec{reinterpret_cast<void*>(ptr), nbytes});
+  }
+  return r;
+}
+
+RoundId start(Client& c, const Round& r) {
   py::gil_scoped_release release;
-  c.allreduce(reinterpret_cast<void*>(ptr), nbytes, t, o, tag);
+  return c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag);
+}
+
+std::optional<RoundId> try_start(Client& c, const Round& r) {
+  py::gil_scoped_release release;
+  RoundId id = 0;
+  if (!c.try_start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, &id)) return std::nullopt;
+  return id;
+}
+
+void run(Client& c, const Round& r) {
+  py::gil_scoped_release release;
+  c.wait(c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag));
 }
 
 }  // namespace
 
 void bind_client(py::module_& m) {
-  py::class_<rs::client::Client>(m, "Client")
+  const ClientOptions defaults;
+  py::class_<Client>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
                        const std::string& job, double timeout, double connect_timeout, const std::string& token,
-                       int streams, uint32_t chunk, int socket_buffer, int window) {
-             rs::client::ClientOptions o;
-             if (window > 0) o.window = window;
-             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;
+                       int streams, uint32_t chunk, int socket_buffer, int window, int max_rounds_in_flight) {
+             ClientOptions o;
+             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;  // -1: the core's default
+             o.window = window;
+             o.max_rounds_in_flight = max_rounds_in_flight;
              o.reducers = reducers;
              o.rank = rank;
              o.world_size = world;
@@ -45,17 +87,47 @@ void bind_client(py::module_& m) {
              o.streams = streams;
              o.chunk_bytes = chunk;
              py::gil_scoped_release release;
-             return std::make_unique<rs::client::Client>(o);
+             return std::make_unique<Client>(o);
            }),
            py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
-           py::arg("chunk_bytes"), py::arg("socket_buffer") = -1, py::arg("window") = 0)
-      .def("allreduce", &client_allreduce, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
-      .def("allreduce_ptr", &client_allreduce_ptr, py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"),
-           py::arg("tag") = 0)
-      .def("close", &rs::client::Client::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("connected", &rs::client::Client::connected)
-      .def("stats", [](const rs::client::Client& c) {
+           py::arg("chunk_bytes") = defaults.chunk_bytes, py::arg("socket_buffer") = defaults.socket_buffer,
+           py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight)
+      .def("allreduce", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
+             run(c, buffer_round(std::move(buf), dtype, op, tag));
+           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("allreduce_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
+                               uint64_t tag) { run(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("start", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
+             return start(c, buffer_round(std::move(buf), dtype, op, tag));
+           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           "Start reducing a C-contiguous writable buffer in place; returns the round id. Keep the buffer "
+           "alive and untouched until test(id) is True or wait(id) returned.")
+      .def("start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
+                           uint64_t tag) { return start(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
+                                const std::string& dtype, const std::string& op, uint64_t tag) {
+             return start(c, segments_round(segments, dtype, op, tag));
+           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           "Start a scatter-gather round over [(ptr, nbytes), ...] (one buffer made of the segments in order).")
+      .def("try_start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
+                               uint64_t tag) { return try_start(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           "As start_ptr, but returns None instead of waiting when max_rounds_in_flight rounds are unfinished.")
+      .def("try_start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
+                                    const std::string& dtype, const std::string& op, uint64_t tag) {
+             return try_start(c, segments_round(segments, dtype, op, tag));
+           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("test", &Client::test, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
+           "Progress every round without blocking; True once round `id` is done (raises its error).")
+      .def("wait", &Client::wait, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
+           "Block until round `id` is done (raises its error).")
+      .def_property_readonly("in_flight", &Client::in_flight)
+      .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
+      .def_property_readonly("connected", &Client::connected)
+      .def("stats", [](const Client& c) {
         rs::client::ClientStats st = c.stats();
         py::dict d;
         d["bytes_sent"] = st.bytes_sent;
@@ -64,7 +136,6 @@ void bind_client(py::module_& m) {
         d["reconnects"] = st.reconnects;
         return d;
       });
-
 }
 
 }  // namespace rs::py_bind

@@ -5,6 +5,7 @@
 namespace rs::py_bind {
 
 void bind_ring(py::module_& m) {
+  const rs::ring::RingOptions defaults;
   py::class_<rs::ring::Ring>(m, "Ring")
       .def(py::init([](uint32_t rank, uint32_t world, const std::string& listen_host, uint16_t port, double timeout,
                        uint32_t chunk, int socket_buffer, uint64_t session) {
@@ -19,9 +20,9 @@ void bind_ring(py::module_& m) {
              o.session = session;
              return std::make_unique<rs::ring::Ring>(o);
            }),
-           py::arg("rank"), py::arg("world_size"), py::arg("listen_host") = "0.0.0.0", py::arg("port") = 0,
-           py::arg("timeout") = 30.0, py::arg("chunk_bytes") = 1u << 20, py::arg("socket_buffer") = 4 << 20,
-           py::arg("session") = 0,
+           py::arg("rank"), py::arg("world_size"), py::arg("listen_host") = defaults.listen_host, py::arg("port") = defaults.port,
+           py::arg("timeout") = defaults.timeout, py::arg("chunk_bytes") = defaults.chunk_bytes,
+           py::arg("socket_buffer") = defaults.socket_buffer, py::arg("session") = defaults.session,
            "Ring all-reduce rank: listens at once (port 0 = any); then connect(addresses).")
       .def("connect", &rs::ring::Ring::connect, py::arg("addresses"), py::arg("connect_timeout") = 60.0,
            py::call_guard<py::gil_scoped_release>(),

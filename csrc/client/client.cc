@@ -3,7 +3,9 @@
 #include "client/handshake.h"
 
 #include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cstring>
@@ -18,79 +20,51 @@ namespace rs::client {
 
 using net::Clock;
 
-ShardPlan plan_shards(uint64_t elems, size_t reducers) {
-  ShardPlan p;
-  p.offset.resize(reducers);
-  p.count.resize(reducers);
-  uint64_t base = elems / reducers, rem = elems % reducers, off = 0;
-  for (size_t r = 0; r < reducers; ++r) {
-    p.offset[r] = off;
-    p.count[r] = base + (r < rem ? 1 : 0);
-    off += p.count[r];
-  }
-  return p;
-}
+namespace {
 
-ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round) {
-  const uint64_t nbytes = elems * elem_size;
-  size_t used = reducers;
-  if (nbytes < uint64_t(reducers) * kMinShardBytes)
-    used = size_t(std::max<uint64_t>(1, (nbytes + kMinShardBytes - 1) / kMinShardBytes));
-  ShardPlan dense = plan_shards(elems, used);
-  if (used == reducers) return dense;
-  ShardPlan p;
-  p.offset.assign(reducers, 0);
-  p.count.assign(reducers, 0);
-  const size_t rot = size_t(round % reducers);
-  for (size_t j = 0; j < used; ++j) {
-    p.offset[(j + rot) % reducers] = dense.offset[j];
-    p.count[(j + rot) % reducers] = dense.count[j];
-  }
-  return p;
-}
+// Bytes one link may move per pass before the next link gets its turn.
+constexpr size_t kLinkBudget = 8u << 20;
 
-uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
-  uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
-  c = std::max(c, kMinPipelineChunk);
-  return std::min(c, max_chunk);
-}
+}  // namespace
+
+// A round: its buffer, and its progress on every link.
+struct Client::Round {
+  RoundId id = 0;
+  uint64_t wire = 0;  // round number on the wire (per session)
+  DType dtype = DType::F32;
+  Op op = Op::Sum;
+  uint64_t tag = 0;
+  uint64_t nbytes = 0;
+  net::Segments buf;
+  struct Part {  // this round on one link: the link's share of its reducer's shard
+    uint64_t shard_off = 0;    // of the shard in the buffer
+    uint64_t shard_bytes = 0;
+    uint64_t chunk = 0;        // chunk size of this round on this shard
+    uint64_t nchunks = 0;      // chunks of this shard (all streams)
+    uint64_t expected = 0;     // chunks of this stream
+    uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
+    uint64_t written = 0;      // chunks of this stream completely written
+    uint64_t received = 0;     // results received
+  };
+  std::vector<Part> parts;     // by link
+  size_t parts_left = 0;       // parts still waiting for results
+  enum class State { Running, Done, Failed } state = State::Running;
+  bool collected = false;      // done and reported, freed when it leaves session_
+  ErrorKind kind = ErrorKind::Internal;
+  std::string error;
+};
 
 struct Client::Link {
   net::Fd fd;
   std::string peer;  // "reducer host:port (stream s)"
   size_t reducer = 0;
   int stream = 0;
-  // per round
-  uint8_t* shard = nullptr;
-  uint64_t shard_bytes = 0;
-  uint64_t chunk = 0;         // chunk size of this round on this shard
-  uint64_t nchunks = 0;       // chunks of this shard (all streams)
-  uint64_t next_send = 0;     // next chunk index to send (stream, stream + S, ...)
-  size_t sent = 0;            // bytes of the current frame written
-  uint8_t hdr_out[proto::kFrameHeaderBytes];
-  bool hdr_ready = false;
-  uint64_t expected = 0, received = 0;
-  uint8_t hdr_in[proto::kFrameHeaderBytes];
-  size_t hdr_got = 0;
-  bool have_hdr = false;
-  proto::FrameHeader in;
-  uint8_t* dst = nullptr;
-  size_t dst_got = 0;
-  std::string error_text;     // payload of an Error frame being read
-
-  bool sending_done(int streams) const { return next_send >= nchunks; }
-  // Frames sent (or being sent) on this link whose results have not come back yet.
-  uint64_t in_flight(int streams) const {
-    uint64_t started = next_send > uint64_t(stream) ? (next_send - uint64_t(stream)) / uint64_t(streams) : 0;
-    if (hdr_ready) ++started;
-    return started - std::min(started, received);
-  }
-  // A worker keeps at most `window` chunks in flight per link: the flows to all reducers then
-  // advance together instead of one racing ahead while a reducer waits for another's chunk.
-  bool may_send(int streams, uint64_t window) const {
-    return !sending_done(streams) && (hdr_ready || in_flight(streams) < window);
-  }
-  bool done(int streams) const { return sending_done(streams) && received == expected; }
+  net::FrameWriter out;
+  net::FrameReader in;
+  uint64_t send_wire = 0;   // the round whose chunks this link queues next
+  uint64_t in_flight = 0;   // chunks queued or sent whose result is not back (all rounds)
+  Round* reading = nullptr; // the round of the result frame being read
+  std::string error_text;   // payload of an Error frame being read
 };
 
 namespace {
@@ -107,22 +81,26 @@ ErrorKind kind_of(proto::ErrorCode code) {
 
 }  // namespace
 
-Client::Client(ClientOptions opts) : opts_(std::move(opts)) {
+Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeout) {
   if (opts_.reducers.empty()) throw Error(ErrorKind::Config, "no reducers given");
   if (opts_.world_size < 1) throw Error(ErrorKind::Config, "world_size must be at least 1");
   if (opts_.rank >= opts_.world_size)
     throw Error(ErrorKind::Config, "rank " + std::to_string(opts_.rank) + " out of range for world size " +
                                        std::to_string(opts_.world_size));
   if (opts_.streams < 1 || opts_.streams > proto::kMaxStreams) throw Error(ErrorKind::Config, "streams must be in 1..64");
-  if (opts_.chunk_bytes < proto::kMinChunkBytes || opts_.chunk_bytes > proto::kMaxChunkBytes || opts_.chunk_bytes % 8)
-    throw Error(ErrorKind::Config, "chunk_bytes must be a multiple of 8 between 64 and 64 MiB");
+  std::string bad_chunk = proto::check_chunk_bytes(opts_.chunk_bytes);
+  if (!bad_chunk.empty()) throw Error(ErrorKind::Config, "chunk_bytes: " + bad_chunk);
   for (const std::string& why : {proto::check_name("job id", opts_.job_id), proto::check_name("group name", opts_.group)})
     if (!why.empty()) throw Error(ErrorKind::Config, why);
   credential_ = proto::Credential::parse(opts_.auth_token);
   if (credential_.present()) credential_.key_for(opts_.job_id);  // a credential for another job fails here, clearly
   if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "timeout must be positive");
   if (opts_.window < 1 || opts_.window > 1024) throw Error(ErrorKind::Config, "window must be in 1..1024");
+  if (opts_.max_rounds_in_flight < 1 || opts_.max_rounds_in_flight > 4096)
+    throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
+  wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   connect_all();
 }
 
@@ -167,9 +145,14 @@ void Client::connect_all() {
     if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     todo.swap(retry);
   }
-  for (auto& l : links) net::set_nonblocking(l->fd.get(), true);
+  for (auto& l : links) {
+    net::set_nonblocking(l->fd.get(), true);
+    l->out.reserve(size_t(opts_.window));
+    l->in.set_max_payload(opts_.chunk_bytes);
+  }
   links_ = std::move(links);
-  round_ = 0;
+  wire_next_ = 0;
+  session_gen_++;
 }
 
 HelloParams Client::hello_for(int stream) const {
@@ -192,16 +175,47 @@ void Client::disconnect(bool say_bye) {
     proto::encode(h, b);
     for (auto& l : links_) {
       // Best effort: a link mid-frame cannot take a goodbye; the reducer then sees a plain close.
-      if (l->sent == 0 && !l->hdr_ready) ::send(l->fd.get(), b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (!l->out.mid_frame()) ::send(l->fd.get(), b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
       ::shutdown(l->fd.get(), SHUT_WR);
     }
   }
   links_.clear();
+  session_gen_++;
+}
+
+void Client::fail_all(ErrorKind kind, const std::string& why) {
+  for (Round* r : session_) {
+    if (r->collected) {
+      rounds_.erase(r->id);
+    } else if (r->state == Round::State::Running) {
+      r->state = Round::State::Failed;
+      r->kind = kind;
+      r->error = why;
+    }
+  }
+  session_.clear();
+  running_ = 0;
+  // The session is out of step with the group now: drop it; the next start() reconnects.
+  // Links at a frame boundary say goodbye, so groups that were idle on them do not report
+  // this worker as lost (which could reach the others before the real cause).
+  disconnect(true);
+  wake_waiters();
 }
 
 void Client::close() {
   std::lock_guard<std::mutex> lock(mu_);
+  if (running_ > 0) fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
+}
+
+bool Client::connected() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return !links_.empty();
+}
+
+size_t Client::in_flight() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return running_;
 }
 
 ClientStats Client::stats() const {
@@ -210,187 +224,340 @@ ClientStats Client::stats() const {
 }
 
 void Client::allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag) {
-  std::lock_guard<std::mutex> lock(mu_);
-  size_t es = dtype_size(dtype);
+  wait(start(data, nbytes, dtype, op, tag));
+}
+
+RoundId Client::start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag) {
+  iovec one{data, nbytes};
+  return start(&one, 1, dtype, op, tag);
+}
+
+RoundId Client::start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
+  RoundId id = 0;
+  start_locked(lk, segs, nsegs, dtype, op, tag, true, &id);
+  return id;
+}
+
+bool Client::try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, RoundId* out) {
+  iovec one{data, nbytes};
+  return try_start(&one, 1, dtype, op, tag, out);
+}
+
+bool Client::try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
+  return start_locked(lk, segs, nsegs, dtype, op, tag, false, out);
+}
+
+bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
+                          uint64_t tag, bool may_wait, RoundId* out) {
+  const size_t es = dtype_size(dtype);
+  uint64_t nbytes = 0;
+  for (size_t i = 0; i < nsegs; ++i) {
+    if (!segs[i].iov_base && segs[i].iov_len) throw Error(ErrorKind::Config, "null pointer in a round's buffer");
+    nbytes += segs[i].iov_len;
+  }
   if (nbytes % es)
     throw Error(ErrorKind::Config, "buffer of " + std::to_string(nbytes) + " bytes is not a whole number of " +
                                        dtype_name(dtype) + " elements");
+  const size_t max_rounds = size_t(opts_.max_rounds_in_flight);
+  if (running_ >= max_rounds) pump();
+  if (running_ >= max_rounds) {
+    if (!may_wait) return false;
+    drive(lk, 0, true);
+  }
   if (links_.empty()) {
     // First use after an error (or after close): start a fresh group session.
     connect_all();
     stats_.reconnects++;
   }
-  try {
-    run_round(static_cast<uint8_t*>(data), nbytes, dtype, op, tag);
+  auto owned = std::make_unique<Round>();
+  Round& r = *owned;
+  r.id = id_next_++;
+  r.wire = wire_next_++;
+  r.dtype = dtype;
+  r.op = op;
+  r.tag = tag;
+  r.nbytes = nbytes;
+  r.buf.assign(segs, nsegs);
+  const size_t R = addrs_.size();
+  const uint64_t S = uint64_t(opts_.streams);
+  proto::ShardPlan plan = proto::plan_round(nbytes / es, es, R, r.wire);
+  r.parts.resize(links_.size());
+  for (size_t li = 0; li < links_.size(); ++li) {
+    const Link& l = *links_[li];
+    Round::Part& p = r.parts[li];
+    p.shard_off = plan.offset[l.reducer] * es;
+    p.shard_bytes = plan.count[l.reducer] * es;
+    p.chunk = proto::chunk_for(p.shard_bytes, opts_.chunk_bytes);
+    p.nchunks = (p.shard_bytes + p.chunk - 1) / p.chunk;
+    p.next_send = uint64_t(l.stream);
+    p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
+    if (p.expected > 0) r.parts_left++;
+  }
+  if (r.parts_left == 0) {
+    r.state = Round::State::Done;  // an empty buffer: nothing to send
     stats_.rounds++;
-  } catch (...) {
-    // The session is out of step with the group now: drop it; the next call reconnects.
-    // Links at a frame boundary say goodbye, so groups that were idle on them do not report
-    // this worker as lost (which could reach the others before the real cause).
-    disconnect(true);
-    throw;
+  } else {
+    if (running_ == 0) timer_.progress();  // the no-progress clock starts with the first round in flight
+    running_++;
+  }
+  session_.push_back(&r);
+  rounds_.emplace(r.id, std::move(owned));
+  *out = r.id;
+  pump();  // start streaming now
+  retire();
+  return true;
+}
+
+// Rounds progress only inside calls. Time in which no thread is inside start/test/wait does
+// not count as "no progress": a worker may start rounds, compute, then wait.
+Client::Driving::Driving(Client* c) : c_(c) {
+  if (c_->callers_++ == 0) c_->timer_.exclude(Clock::now() - c_->idle_since_);
+}
+
+Client::Driving::~Driving() {
+  if (--c_->callers_ == 0) c_->idle_since_ = Clock::now();
+}
+
+void Client::retire() {
+  while (!session_.empty() && session_.front()->state != Round::State::Running) {
+    Round* r = session_.front();
+    session_.pop_front();
+    if (r->collected) rounds_.erase(r->id);
   }
 }
 
-void Client::run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_t tag) {
-  const uint64_t round = round_++;
-  if (nbytes == 0) return;
-  const size_t R = addrs_.size();
-  const int S = opts_.streams;
-  const size_t es = dtype_size(dtype);
-  const uint64_t window = uint64_t(opts_.window);
-  ShardPlan plan = plan_round(nbytes / es, es, R, round);
-  for (auto& lp : links_) {
-    Link& l = *lp;
-    l.shard = data + plan.offset[l.reducer] * es;
-    l.shard_bytes = plan.count[l.reducer] * es;
-    l.chunk = chunk_for(l.shard_bytes, opts_.chunk_bytes);
-    l.nchunks = (l.shard_bytes + l.chunk - 1) / l.chunk;
-    l.next_send = uint64_t(l.stream);
-    l.sent = 0;
-    l.hdr_ready = false;
-    l.expected = l.nchunks > uint64_t(l.stream) ? (l.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
-    l.received = 0;
-    l.hdr_got = 0;
-    l.have_hdr = false;
-    l.dst = nullptr;
-    l.dst_got = 0;
-  }
-  std::vector<pollfd> pfds(links_.size());
-  auto last_progress = Clock::now();
-  const auto timeout = std::chrono::milliseconds(int64_t(opts_.timeout * 1000));
+Client::Round* Client::by_wire(uint64_t wire) const {
+  if (session_.empty() || wire < session_.front()->wire) return nullptr;
+  uint64_t i = wire - session_.front()->wire;
+  return i < session_.size() ? session_[size_t(i)] : nullptr;
+}
 
-  for (;;) {
-    bool all_done = true;
-    for (size_t i = 0; i < links_.size(); ++i) {
-      Link& l = *links_[i];
-      pfds[i].fd = l.fd.get();
-      // Always watch for input: results, or an error frame from the reducer.
-      pfds[i].events = POLLIN | (l.may_send(S, window) ? POLLOUT : 0);
-      pfds[i].revents = 0;
-      all_done &= l.done(S);
+void Client::fill(size_t li) {
+  Link& l = *links_[li];
+  const uint64_t S = uint64_t(opts_.streams), window = uint64_t(opts_.window);
+  // Rounds before the oldest unfinished one are complete, so this link sent all of them.
+  if (session_.empty()) l.send_wire = wire_next_;
+  else l.send_wire = std::max(l.send_wire, session_.front()->wire);
+  while (l.in_flight < window && !l.out.full()) {
+    Round* r = by_wire(l.send_wire);
+    if (!r) break;
+    Round::Part& p = r->parts[li];
+    if (p.next_send >= p.nchunks) {
+      l.send_wire++;  // this round's chunks on this link are all queued: the next round's follow
+      continue;
     }
-    if (all_done) return;
-    auto idle = Clock::now() - last_progress;
-    if (idle > timeout) {
-      std::string waiting;
-      for (auto& lp : links_)
-        if (!lp->done(S)) {
-          if (!waiting.empty()) waiting += "; ";
-          waiting += lp->peer + ": sent " + std::to_string(std::min(lp->next_send, lp->nchunks) / S) + "/" +
-                     std::to_string(lp->expected) + " chunks, got " + std::to_string(lp->received) + "/" +
-                     std::to_string(lp->expected) + " results";
-        }
-      throw Error(ErrorKind::Timeout, "all-reduce round " + std::to_string(round) + " made no progress for " +
-                                          std::to_string(opts_.timeout) + " s (a worker of the group may be missing or " +
-                                          "slow): " + waiting);
-    }
-    int wait_ms = int(std::max<int64_t>(1, std::min<int64_t>(
-                                               200, std::chrono::duration_cast<std::chrono::milliseconds>(timeout - idle).count())));
-    int pr = ::poll(pfds.data(), pfds.size(), wait_ms);
-    if (pr < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    }
-    if (pr == 0) continue;
-    for (size_t i = 0; i < links_.size(); ++i) {
-      Link& l = *links_[i];
-      short rev = pfds[i].revents;
-      if (!rev) continue;
-      // ---- send ----
-      if ((rev & POLLOUT) && l.may_send(S, window)) {
-        for (;;) {
-          if (!l.may_send(S, window)) break;
-          const uint64_t chunk = l.chunk;
-          uint64_t off = l.next_send * chunk;
-          uint64_t len = std::min<uint64_t>(chunk, l.shard_bytes - off);
-          if (!l.hdr_ready) {
-            proto::FrameHeader h;
-            h.type = proto::FrameType::Data;
-            h.dtype = uint8_t(dtype);
-            h.op = uint8_t(op);
-            h.flags = (l.next_send + uint64_t(S) >= l.nchunks) ? proto::kLastInStream : 0;
-            h.length = uint32_t(len);
-            h.round = round;
-            h.total_bytes = nbytes;
-            h.shard_bytes = l.shard_bytes;
-            h.offset = off;
-            h.tag = tag;
-            proto::encode(h, l.hdr_out);
-            l.hdr_ready = true;
-            l.sent = 0;
-          }
-          iovec iov[2];
-          int n = 0;
-          if (l.sent < proto::kFrameHeaderBytes) iov[n++] = {l.hdr_out + l.sent, proto::kFrameHeaderBytes - l.sent};
-          size_t poff = l.sent > proto::kFrameHeaderBytes ? l.sent - proto::kFrameHeaderBytes : 0;
-          iov[n++] = {l.shard + off + poff, size_t(len - poff)};
-          ssize_t w = net::send_some(l.fd.get(), iov, n, l.peer);
-          if (w < 0) break;
-          stats_.bytes_sent += uint64_t(w);
-          last_progress = Clock::now();
-          l.sent += size_t(w);
-          if (l.sent == proto::kFrameHeaderBytes + len) {
-            l.hdr_ready = false;
-            l.sent = 0;
-            l.next_send += uint64_t(S);
-          }
-        }
-      }
-      // ---- receive ----
-      if (rev & (POLLIN | POLLHUP | POLLERR)) {
-        for (;;) {
-          if (!l.have_hdr) {
-            ssize_t n = net::recv_some(l.fd.get(), l.hdr_in + l.hdr_got, proto::kFrameHeaderBytes - l.hdr_got,
-                                       l.peer);
-            if (n < 0) break;
-            stats_.bytes_received += uint64_t(n);
-            last_progress = Clock::now();
-            l.hdr_got += size_t(n);
-            if (l.hdr_got < proto::kFrameHeaderBytes) continue;
-            l.hdr_got = 0;
-            const uint64_t chunk = l.chunk;
-            std::string err = proto::decode(l.hdr_in, &l.in, uint32_t(opts_.chunk_bytes));
-            if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from reducer " + l.peer + ": " + err);
-            if (l.in.type == proto::FrameType::Error) {
-              l.error_text.assign(l.in.length, '\0');
-              l.dst = reinterpret_cast<uint8_t*>(&l.error_text[0]);
-            } else {
-              if (l.in.type != proto::FrameType::Result)
-                throw Error(ErrorKind::Protocol, "unexpected frame type from reducer " + l.peer);
-              uint64_t idx = l.in.offset / chunk;
-              bool ok = l.in.round == round && l.in.dtype == uint8_t(dtype) && l.in.op == uint8_t(op) &&
-                        l.in.shard_bytes == l.shard_bytes && l.in.total_bytes == nbytes && l.in.offset % chunk == 0 &&
-                        idx % uint64_t(S) == uint64_t(l.stream) && idx < l.nchunks &&
-                        l.in.length == std::min<uint64_t>(chunk, l.shard_bytes - l.in.offset) && l.received < l.expected &&
-                        l.in.offset + l.in.length <= l.next_send * chunk;  // only chunks we already sent
-              if (!ok)
-                throw Error(ErrorKind::Protocol, l.peer + " sent a result that does not belong to round " +
-                                                     std::to_string(round) + " (offset " + std::to_string(l.in.offset) + ")");
-              l.dst = l.shard + l.in.offset;
-            }
-            l.have_hdr = true;
-            l.dst_got = 0;
-          }
-          if (l.dst_got < l.in.length) {
-            ssize_t n = net::recv_some(l.fd.get(), l.dst + l.dst_got, l.in.length - l.dst_got, l.peer);
-            if (n < 0) break;
-            stats_.bytes_received += uint64_t(n);
-            last_progress = Clock::now();
-            l.dst_got += size_t(n);
-            if (l.dst_got < l.in.length) continue;
-          }
-          l.have_hdr = false;
-          if (l.in.type == proto::FrameType::Error) {
-            proto::ErrorCode code = proto::ErrorCode(l.in.flags);
-            throw Error(kind_of(code), "reducer " + addrs_[l.reducer].str() + ": " + l.error_text);
-          }
-          l.received++;
-          if (l.done(S)) break;
-        }
-      }
-    }
+    const uint64_t off = p.next_send * p.chunk;
+    const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
+    proto::FrameHeader h;
+    h.type = proto::FrameType::Data;
+    h.dtype = uint8_t(r->dtype);
+    h.op = uint8_t(r->op);
+    h.flags = (p.next_send + S >= p.nchunks) ? proto::kLastInStream : 0;
+    h.length = uint32_t(len);
+    h.round = r->wire;
+    h.total_bytes = r->nbytes;
+    h.shard_bytes = p.shard_bytes;
+    h.offset = off;
+    h.tag = r->tag;
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
+    l.out.push(hdr, sizeof hdr, net::Payload::range(r->buf, p.shard_off + off, len), r->wire);
+    p.next_send += S;
+    l.in_flight++;
   }
+}
+
+void Client::watch(std::vector<pollfd>* pfds) {
+  pfds->resize(links_.size());
+  for (size_t li = 0; li < links_.size(); ++li) {
+    fill(li);
+    (*pfds)[li] = {links_[li]->fd.get(), short(POLLIN | (links_[li]->out.empty() ? 0 : POLLOUT)), 0};
+  }
+}
+
+bool Client::pump(const pollfd* ready) {
+  if (links_.empty() || running_ == 0) return false;
+  const int S = opts_.streams;
+  bool moved = false;
+  try {
+    // A poll says which links can move bytes; only those are touched (no syscalls that
+    // would only report EAGAIN).
+    if (!ready) {
+      watch(&pfds_);
+      int pr = ::poll(pfds_.data(), pfds_.size(), 0);
+      if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+      if (pr < 0) for (pollfd& p : pfds_) p.revents = 0;
+      ready = pfds_.data();
+    }
+    for (size_t li = 0; li < links_.size(); ++li) {
+      if (ready[li].revents == 0) continue;
+      Link& l = *links_[li];
+      auto written = [&](uint64_t wire) {
+        if (Round* r = by_wire(wire)) r->parts[li].written++;
+      };
+      auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
+        if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from reducer " + l.peer + ": " + err);
+        if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
+        if (h.type != proto::FrameType::Result)
+          throw Error(ErrorKind::Protocol, "unexpected frame type from reducer " + l.peer);
+        Round* r = by_wire(h.round);
+        bool ok = r != nullptr && r->state == Round::State::Running;
+        if (ok) {
+          const Round::Part& p = r->parts[li];
+          const uint64_t chunk = p.chunk, idx = h.offset / chunk;
+          ok = h.dtype == uint8_t(r->dtype) && h.op == uint8_t(r->op) && h.shard_bytes == p.shard_bytes &&
+               h.total_bytes == r->nbytes && h.offset % chunk == 0 && idx % uint64_t(S) == uint64_t(l.stream) &&
+               idx < p.nchunks && h.length == std::min<uint64_t>(chunk, p.shard_bytes - h.offset) &&
+               p.received < p.expected && idx / uint64_t(S) < p.written;  // only chunks already sent
+        }
+        if (!ok)
+          throw Error(ErrorKind::Protocol, l.peer + " sent a result that does not belong to any round in flight " +
+                                               "(round " + std::to_string(h.round) + ", offset " +
+                                               std::to_string(h.offset) + ")");
+        l.reading = r;
+        return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset);
+      };
+      auto on_frame = [&](const proto::FrameHeader& h) -> bool {
+        if (h.type == proto::FrameType::Error)
+          throw Error(kind_of(proto::ErrorCode(h.flags)), "reducer " + addrs_[l.reducer].str() + ": " + l.error_text);
+        Round& r = *l.reading;
+        Round::Part& p = r.parts[li];
+        p.received++;
+        l.in_flight--;
+        if (p.received == p.expected && --r.parts_left == 0) {
+          r.state = Round::State::Done;
+          running_--;
+          stats_.rounds++;
+        }
+        return true;
+      };
+      net::IoBudget budget(kLinkBudget);
+      uint64_t sent = 0, got = 0;
+      const short rev = ready[li].revents;
+      if (rev & POLLOUT) sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+      if (rev & (POLLIN | POLLHUP | POLLERR)) {
+        net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
+        got += rd.bytes;
+        // Results free window slots: queue and write more before the next link's turn.
+        if (rd.frames > 0 && !budget.spent()) {
+          fill(li);
+          sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+        }
+      }
+      stats_.bytes_sent += sent;
+      stats_.bytes_received += got;
+      if (sent || got) {
+        moved = true;
+        timer_.progress();
+      }
+    }
+    retire();
+    if (running_ > 0 && timer_.expired()) throw Error(ErrorKind::Timeout, describe_stall());
+  } catch (const Error& e) {
+    fail_all(e.kind(), e.what());
+    return true;
+  }
+  if (moved) wake_waiters();
+  return moved;
+}
+
+std::string Client::describe_stall() const {
+  const Round& r = *session_.front();
+  std::string waiting;
+  for (size_t li = 0; li < links_.size(); ++li) {
+    const Round::Part& p = r.parts[li];
+    if (p.received == p.expected) continue;
+    if (!waiting.empty()) waiting += "; ";
+    waiting += links_[li]->peer + ": sent " + std::to_string(p.written) + "/" + std::to_string(p.expected) +
+               " chunks, got " + std::to_string(p.received) + "/" + std::to_string(p.expected) + " results";
+  }
+  std::string more = running_ > 1 ? " (" + std::to_string(running_) + " rounds in flight)" : "";
+  return "all-reduce round " + std::to_string(r.wire) + " made no progress for " + std::to_string(opts_.timeout) +
+         " s (a worker of the group may be missing or slow): " + waiting + more;
+}
+
+void Client::wake_waiters() {
+  if (pollers_ == 0) return;
+  uint64_t one = 1;
+  ssize_t n = ::write(wake_.get(), &one, sizeof one);
+  (void)n;
+}
+
+void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot) {
+  std::vector<pollfd> pfds;
+  for (;;) {
+    if (until_slot) {
+      if (running_ < size_t(opts_.max_rounds_in_flight)) return;
+    } else {
+      auto it = rounds_.find(id);
+      if (it == rounds_.end() || it->second->state != Round::State::Running) return;
+    }
+    // Sleep until a socket is ready (at once if one is), another thread changed the state
+    // (wake_), or the no-progress timer needs a look. I/O happens only with the lock held
+    // (in pump); the poll is only a wake-up, so it runs unlocked and other threads keep going.
+    watch(&pfds);
+    pfds.push_back({wake_.get(), POLLIN, 0});
+    const uint64_t gen = session_gen_;
+    const int ms = timer_.poll_ms(200);
+    pollers_++;
+    lk.unlock();
+    int pr = ::poll(pfds.data(), pfds.size(), ms);
+    int err = errno;
+    lk.lock();
+    pollers_--;
+    if (pr < 0 && err != EINTR) {
+      fail_all(ErrorKind::Internal, std::string("poll failed: ") + errno_text(err));
+      continue;
+    }
+    if (pr > 0 && (pfds.back().revents & POLLIN)) {
+      uint64_t v;
+      ssize_t n = ::read(wake_.get(), &v, sizeof v);
+      (void)n;
+    }
+    // The readiness applies only if the links are still the ones polled.
+    pump(pr > 0 && gen == session_gen_ ? pfds.data() : nullptr);
+  }
+}
+
+bool Client::collect(RoundId id) {
+  auto it = rounds_.find(id);
+  if (it == rounds_.end())
+    throw Error(ErrorKind::Config, "round " + std::to_string(id) +
+                                       (id < id_next_ ? " was already waited for" : " was never started"));
+  Round& r = *it->second;
+  if (r.collected)
+    throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
+  if (r.state == Round::State::Running) return false;
+  if (r.state == Round::State::Failed) {  // failed rounds are no longer in session_
+    Error e(r.kind, r.error);
+    rounds_.erase(it);
+    throw e;
+  }
+  // A finished round may still sit in session_ behind an unfinished older one: it is
+  // freed when it leaves session_.
+  if (by_wire(r.wire) == &r) r.collected = true;
+  else rounds_.erase(it);
+  return true;
+}
+
+bool Client::test(RoundId id) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
+  if (!rounds_.count(id)) collect(id);  // throws: unknown id
+  pump();
+  return collect(id);
+}
+
+void Client::wait(RoundId id) {
+  std::unique_lock<std::mutex> lk(mu_);
+  Driving driving(this);
+  if (!rounds_.count(id)) collect(id);  // throws: unknown id
+  drive(lk, id, false);
+  collect(id);
 }
 
 }  // namespace rs::client

@@ -1,17 +1,34 @@
 // The worker transport: splits a buffer into one contiguous shard per reducer,
 // streams each shard in chunks over `streams` TCP connections per reducer, and
 // receives the reduced chunks straight back into the buffer (in place, no copy).
+//
+// Rounds are asynchronous: start() queues a round and returns; test() / wait() drive every
+// round in flight and report one. Several rounds stream at once (round n+1 starts while
+// round n drains). On each connection a round's chunks follow the previous round's, and
+// every worker starts the same rounds in the same order, so the reducer (which keys chunks
+// by their sequence number on the stream) pairs them up; results are matched back to rounds
+// by round number and offset. The byte moving is csrc/net/frame_io.h; this file keeps only
+// the schedule (which chunk goes next on which connection) and the checks on results.
 #pragma once
 
+#include <poll.h>
+#include <sys/uio.h>
+
 #include <cstdint>
+#include <deque>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
+#include "common/error.h"
 #include "kernels/kernels.h"
+#include "net/deadline.h"
+#include "net/frame_io.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
+#include "protocol/plan.h"
 
 namespace rs::client {
 
@@ -28,8 +45,9 @@ struct ClientOptions {
   std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
   int streams = 1;
   uint32_t chunk_bytes = 1u << 20;  // the largest chunk; a round uses smaller ones for smaller shards
-  int window = 4;                   // chunks in flight per connection (sent, result not yet back)
+  int window = 4;                   // chunks in flight per connection (sent, result not yet back), across rounds
   int socket_buffer = 4 << 20;
+  int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
 };
 
 struct ClientStats {
@@ -39,24 +57,9 @@ struct ClientStats {
   uint64_t reconnects = 0;
 };
 
-// How a buffer of `elems` elements is cut: shard r is [offset[r], offset[r] + count[r]) elements.
-struct ShardPlan {
-  std::vector<uint64_t> offset;
-  std::vector<uint64_t> count;
-};
-ShardPlan plan_shards(uint64_t elems, size_t reducers);
-
-// Buffers smaller than reducers x kMinShardBytes use fewer reducers (at least this much each),
-// rotated by round number so that small rounds spread over all reducers. Every worker derives
-// the same plan from (size, round), so no coordination is needed.
-constexpr uint64_t kMinShardBytes = 64 << 10;
-ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
-
-// Chunk size for a shard: about shard / kChunksPerShard (so pipeline fill and drain cost a few
-// percent), at least kMinPipelineChunk, at most max_chunk; a multiple of 4 KiB (or all of max_chunk).
-constexpr uint64_t kChunksPerShard = 64;
-constexpr uint64_t kMinPipelineChunk = 64 << 10;
-uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
+// Identifies a round for test()/wait(); unique for the life of the Client (not reset when
+// the session reconnects).
+using RoundId = uint64_t;
 
 class Client {
  public:
@@ -65,26 +68,87 @@ class Client {
   Client(const Client&) = delete;
   Client& operator=(const Client&) = delete;
 
-  // Reduces `nbytes` at `data` in place across the group. Thread-safe (serialised).
+  // Reduces `nbytes` at `data` in place across the group: wait(start(...)).
   void allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0);
-  void close();  // says goodbye to every reducer; idempotent
-  bool connected() const { return !links_.empty(); }
+
+  // Starts reducing `nbytes` at `data` in place and returns at once, unless
+  // max_rounds_in_flight rounds are unfinished: then it drives them until one finishes
+  // (failing after `timeout` seconds without progress). Connects first if the session was
+  // dropped by an error (stats().reconnects counts it). The memory must stay valid and
+  // untouched until test() returned true or wait() returned. Every worker of the group must
+  // start the same rounds (size, dtype, op, tag) in the same order.
+  RoundId start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0);
+  // A scatter-gather round: the buffer is the concatenation of `segs` (sent with writev
+  // straight from them, results received straight back into them).
+  RoundId start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag = 0);
+  // As start(), but returns false (starting nothing) instead of waiting when
+  // max_rounds_in_flight rounds are unfinished.
+  bool try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, RoundId* out);
+  bool try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out);
+
+  // Moves bytes of every round in flight without blocking; true once round `id` is done
+  // (its result is in the buffer). Rethrows the round's error. After it returned true or
+  // threw, the id is forgotten (asking again is a Config error).
+  bool test(RoundId id);
+  // Blocks until round `id` is done (or throws its error): every round in flight progresses.
+  // Fails with a Timeout naming the reducers after `timeout` seconds without progress (time
+  // in which no thread was inside start/test/wait does not count: rounds only move then).
+  void wait(RoundId id);
+  // Rounds started and not yet finished on the network.
+  size_t in_flight() const;
+
+  // Says goodbye to every reducer; rounds in flight fail. Idempotent; a later start() reconnects.
+  void close();
+  bool connected() const;
   ClientStats stats() const;
   const ClientOptions& options() const { return opts_; }
 
+  // Any error fails every round in flight: the session is out of step with the group then,
+  // so it is dropped (links at a frame boundary say goodbye) and the next start() reconnects.
+
  private:
   struct Link;
+  struct Round;
   void connect_all();
   HelloParams hello_for(int stream) const;
   void disconnect(bool say_bye);
-  void run_round(uint8_t* data, size_t nbytes, DType dtype, Op op, uint64_t tag);
+  bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
+                    uint64_t tag, bool may_wait, RoundId* out);
+  // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
+  // poll over watch()'s set; null: poll here without waiting). True if anything moved.
+  bool pump(const pollfd* ready = nullptr);
+  void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
+  void fill(size_t li);                           // queue the frames the window allows on link li
+  void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
+  void fail_all(ErrorKind kind, const std::string& why);
+  Round* by_wire(uint64_t wire) const;            // a round of this session by round number
+  bool collect(RoundId id);                       // true (and forgets it) if done; rethrows its error
+  void retire();                                  // drops finished rounds from the front of session_
+  std::string describe_stall() const;
+  void wake_waiters();
 
   ClientOptions opts_;
   std::vector<net::HostPort> addrs_;
   proto::Credential credential_;
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[r * streams + s]
-  uint64_t round_ = 0;
+  uint64_t wire_next_ = 0;                    // round number of the next round of this session
+  RoundId id_next_ = 0;
+  std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
+  std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
+  size_t running_ = 0;          // rounds in session_ not finished
+  net::ProgressTimer timer_;   // no progress while some thread drives the rounds
+  struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
+    explicit Driving(Client* c);
+    ~Driving();
+    Client* c_;
+  };
+  int callers_ = 0;            // threads inside start/test/wait
+  net::Clock::time_point idle_since_ = net::Clock::now();
   ClientStats stats_;
+  net::Fd wake_;        // eventfd: wakes threads blocked in wait()'s poll when state changes
+  int pollers_ = 0;     // threads inside that poll
+  std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
+  uint64_t session_gen_ = 0;  // changes whenever links_ does
   mutable std::mutex mu_;
 };
 

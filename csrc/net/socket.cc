@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -138,9 +139,8 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
         set_nonblocking(fd.get(), true);
         int r = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
         if (r != 0 && errno == EINPROGRESS) {
-          auto left = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
           pollfd p{fd.get(), POLLOUT, 0};
-          int pr = ::poll(&p, 1, int(std::max<long>(1, std::min<long>(left, 5000))));
+          int pr = ::poll(&p, 1, std::max(1, ms_until(deadline, 5000)));
           if (pr == 1) {
             int err = 0;
             socklen_t len = sizeof err;
@@ -168,16 +168,11 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
   }
 }
 
-static int ms_left(Clock::time_point deadline) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return ms < 0 ? 0 : int(std::min<long long>(ms, 1 << 30));
-}
-
 void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (len > 0) {
     pollfd pfd{fd, POLLOUT, 0};
-    int pr = ::poll(&pfd, 1, ms_left(deadline));
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out sending to " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;
@@ -197,7 +192,7 @@ void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const 
   auto* p = static_cast<uint8_t*>(data);
   while (len > 0) {
     pollfd pfd{fd, POLLIN, 0};
-    int pr = ::poll(&pfd, 1, ms_left(deadline));
+    int pr = ::poll(&pfd, 1, ms_until(deadline));
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out waiting for " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;
@@ -230,6 +225,20 @@ ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer)
 ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer) {
   for (;;) {
     ssize_t n = ::recv(fd, data, len, MSG_DONTWAIT);
+    if (n > 0) return n;
+    if (n == 0) throw Error(ErrorKind::PeerLost, peer + " closed the connection");
+    if (errno == EINTR) continue;
+    if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
+    throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
+  }
+}
+
+ssize_t recv_some(int fd, const iovec* iov, int iovcnt, const std::string& peer) {
+  msghdr msg{};
+  msg.msg_iov = const_cast<iovec*>(iov);
+  msg.msg_iovlen = size_t(iovcnt);
+  for (;;) {
+    ssize_t n = ::recvmsg(fd, &msg, MSG_DONTWAIT);
     if (n > 0) return n;
     if (n == 0) throw Error(ErrorKind::PeerLost, peer + " closed the connection");
     if (errno == EINTR) continue;

@@ -10,9 +10,9 @@
 #include <string>
 #include <utility>
 
-namespace rs::net {
+#include "net/deadline.h"
 
-using Clock = std::chrono::steady_clock;
+namespace rs::net {
 
 class Fd {
  public:
@@ -63,6 +63,7 @@ void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const 
 // Throw Error(PeerLost) on EOF/reset with the peer's name.
 ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer);
 ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer);
+ssize_t recv_some(int fd, const iovec* iov, int iovcnt, const std::string& peer);  // readv
 
 // Name of the remote end of a connected socket, "host:port".
 std::string peer_name(int fd);

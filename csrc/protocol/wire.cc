@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "kernels/kernels.h"
+#include "protocol/plan.h"
 
 namespace rs::proto {
 
@@ -76,9 +77,7 @@ std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* j
     return "rank " + std::to_string(h->rank) + " out of range for world size " + std::to_string(h->world_size);
   if (h->num_streams == 0 || h->num_streams > kMaxStreams) return "streams " + std::to_string(h->num_streams) + " out of range 1..64";
   if (h->stream_index >= h->num_streams) return "stream index out of range";
-  if (h->chunk_bytes < kMinChunkBytes || h->chunk_bytes > kMaxChunkBytes || h->chunk_bytes % 8)
-    return "chunk size " + std::to_string(h->chunk_bytes) + " must be a multiple of 8 in 64..64 MiB";
-  return "";
+  return check_chunk_bytes(h->chunk_bytes);
 }
 
 const char* const kNameRule = "1 to 256 bytes of ASCII letters, digits and ._-:/@+=#";

@@ -8,6 +8,8 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "net/frame_io.h"
+#include "protocol/plan.h"
 #include "protocol/wire.h"
 
 namespace rs::ring {
@@ -52,11 +54,6 @@ std::string describe_header(const uint8_t* b) {
          " bytes of " + dt + ", op " + op;
 }
 
-int ms_until(Clock::time_point deadline) {
-  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
-  return int(std::max<int64_t>(0, std::min<int64_t>(ms, 1 << 30)));
-}
-
 }  // namespace
 
 Ring::Ring(RingOptions opts) : opts_(std::move(opts)) {
@@ -64,8 +61,8 @@ Ring::Ring(RingOptions opts) : opts_(std::move(opts)) {
   if (opts_.rank >= opts_.world_size)
     throw Error(ErrorKind::Config, "ring: rank " + std::to_string(opts_.rank) + " out of range for world size " +
                                        std::to_string(opts_.world_size));
-  if (opts_.chunk_bytes < proto::kMinChunkBytes || opts_.chunk_bytes > proto::kMaxChunkBytes || opts_.chunk_bytes % 8)
-    throw Error(ErrorKind::Config, "ring: chunk_bytes must be a multiple of 8 between 64 and 64 MiB");
+  std::string bad_chunk = proto::check_chunk_bytes(opts_.chunk_bytes);
+  if (!bad_chunk.empty()) throw Error(ErrorKind::Config, "ring: chunk_bytes: " + bad_chunk);
   if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "ring: timeout must be positive");
   if (opts_.world_size > 1) {
     listen_fd_ = net::listen_on(opts_.listen_host, opts_.port, &port_);
@@ -112,7 +109,7 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
   net::HostPort raddr = net::parse_host_port(addresses[right]);
   right_addr_ = raddr.str();
   left_addr_ = net::parse_host_port(addresses[left]).str();
-  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(connect_timeout * 1000));
+  const auto deadline = net::deadline_after(connect_timeout);
   try {
     // 1. connect to the right neighbour (every rank listens before anyone connects,
     //    and the kernel completes the handshake from the listen backlog, so this
@@ -129,7 +126,7 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
     // 2. accept the left neighbour; anything else that connects is turned away.
     while (!left_.valid()) {
       pollfd p{listen_fd_.get(), POLLIN, 0};
-      int pr = ::poll(&p, 1, ms_until(deadline));
+      int pr = ::poll(&p, 1, net::ms_until(deadline));
       if (pr < 0 && errno == EINTR) continue;
       if (pr <= 0)
         throw Error(ErrorKind::Timeout, "ring rank " + std::to_string(r) + ": " + left_name() + " did not connect to port " +
@@ -205,25 +202,23 @@ void Ring::run(uint8_t* data, size_t nbytes, DType dtype, Op op) {
   if (!wire_acc && acc_.size() < chunk / es * acc_elem_size(dtype)) acc_.resize(chunk / es * acc_elem_size(dtype));
 
   // Segments: n element-aligned pieces in rank order.
-  std::vector<uint64_t> seg_off(static_cast<size_t>(n)), seg_len(static_cast<size_t>(n));
-  {
-    uint64_t base = elems / uint64_t(n), rem = elems % uint64_t(n), off = 0;
-    for (int64_t j = 0; j < n; ++j) {
-      uint64_t c = base + (uint64_t(j) < rem ? 1 : 0);
-      seg_off[size_t(j)] = off * es;
-      seg_len[size_t(j)] = c * es;
-      off += c;
-    }
+  proto::ShardPlan split = proto::even_split(elems, size_t(n));
+  std::vector<uint64_t>& seg_off = split.offset;
+  std::vector<uint64_t>& seg_len = split.count;
+  for (size_t j = 0; j < size_t(n); ++j) {
+    seg_off[j] *= es;
+    seg_len[j] *= es;
   }
   const int64_t T = 2 * (n - 1);  // steps: [0, n-1) reduce-scatter, [n-1, T) all-gather
   auto mod = [n](int64_t x) { return size_t(((x % n) + n) % n); };
   auto send_seg = [&](int64_t s) { return s < n - 1 ? mod(r - s) : mod(r + 1 - (s - (n - 1))); };
   auto recv_seg = [&](int64_t s) { return s < n - 1 ? mod(r - s - 1) : mod(r - (s - (n - 1))); };
 
-  // Cursors: step and bytes done within that step's segment.
-  int64_t ss = 0, rs_ = 0;
-  uint64_t sdone = 0, rdone = 0;
-  size_t hdr_sent = 0, hdr_got = 0;
+  // Cursors: step and bytes done within that step's segment. Sending: bytes queued on the
+  // frame writer (qs, qdone) and steps completely written (sent_steps); receiving: (rs_, rdone).
+  int64_t qs = 0, rs_ = 0, sent_steps = 0;
+  uint64_t qdone = 0, rdone = 0;
+  size_t hdr_got = 0;
   uint8_t hdr_out[kHeaderBytes], hdr_in[kHeaderBytes];
   encode_header(hdr_out, round, nbytes, dtype, op, opts_.session);
   auto skip_empty = [&](int64_t& s, uint64_t& done, bool sending) {
@@ -232,17 +227,18 @@ void Ring::run(uint8_t* data, size_t nbytes, DType dtype, Op op) {
       done = 0;
     }
   };
-  skip_empty(ss, sdone, true);
+  skip_empty(qs, qdone, true);
   skip_empty(rs_, rdone, false);
 
-  // Bytes of send step `ss` that may be sent: its segment was finished by recv step ss-1
-  // up to the last complete chunk (recv step ss-1 and send step ss use the same segment).
-  auto send_limit = [&]() -> uint64_t {
-    uint64_t len = seg_len[send_seg(ss)];
-    if (ss == 0 || rs_ > ss - 1) return len;
-    if (rs_ < ss - 1) return 0;
+  // Bytes of send step `s` that may be sent: its segment was finished by recv step s-1
+  // up to the last complete chunk (recv step s-1 and send step s use the same segment).
+  auto send_limit = [&](int64_t s) -> uint64_t {
+    uint64_t len = seg_len[send_seg(s)];
+    if (s == 0 || rs_ > s - 1) return len;
+    if (rs_ < s - 1) return 0;
     return std::min(len, rdone / chunk * chunk);
   };
+  auto sendable = [&] { return qs < T && send_limit(qs) > qdone; };
 
   // Reduce a received chunk (reduce-scatter step s) into the buffer.
   auto reduce_chunk = [&](int64_t s, uint64_t off_in_seg, uint64_t len) {
@@ -260,47 +256,45 @@ void Ring::run(uint8_t* data, size_t nbytes, DType dtype, Op op) {
     }
   };
 
-  const auto timeout = std::chrono::milliseconds(int64_t(opts_.timeout * 1000));
-  auto last_progress = Clock::now();
+  // The schedule: the round header, then every range as soon as it may be sent, as one
+  // continuous byte stream (frames without headers). A frame's token is the number of
+  // steps completely sent once it is written.
+  out_.clear();
+  out_.push(hdr_out, kHeaderBytes, net::Payload::none(), uint64_t(qs));
+  auto queue_ready = [&] {
+    while (!out_.full() && sendable()) {
+      const uint64_t lim = send_limit(qs);
+      net::Payload p = net::Payload::bytes(data + seg_off[send_seg(qs)] + qdone, lim - qdone);
+      qdone = lim;
+      skip_empty(qs, qdone, true);
+      out_.push(nullptr, 0, p, uint64_t(qs));
+    }
+  };
+  auto written = [&](uint64_t steps) { sent_steps = int64_t(steps); };
+
+  net::ProgressTimer timer(opts_.timeout);
   const std::string lname = left_name(), rname = right_name();
   pollfd pfd[2];
   for (;;) {
-    const bool send_hdr_left = hdr_sent < kHeaderBytes;
-    const bool recv_all_done = hdr_got == kHeaderBytes && rs_ >= T;
-    const bool send_all_done = !send_hdr_left && ss >= T;
-    if (recv_all_done && send_all_done) return;
-    bool want_send = send_hdr_left || (ss < T && send_limit() > sdone);
-
-    // ---- send to the right: header, then as much of the ready range as the socket takes ----
-    if (want_send) {
-      for (;;) {
-        iovec iov[2];
-        int k = 0;
-        if (hdr_sent < kHeaderBytes) iov[k++] = {hdr_out + hdr_sent, kHeaderBytes - hdr_sent};
-        uint64_t lim = ss < T ? send_limit() : 0;
-        if (ss < T && lim > sdone) iov[k++] = {data + seg_off[send_seg(ss)] + sdone, size_t(lim - sdone)};
-        if (k == 0) break;
-        ssize_t w = net::send_some(right_.get(), iov, k, rname);
-        if (w <= 0) break;
-        last_progress = Clock::now();
-        stats_.bytes_sent += uint64_t(w);
-        size_t hw = std::min(size_t(w), kHeaderBytes - hdr_sent);
-        hdr_sent += hw;
-        sdone += uint64_t(size_t(w) - hw);
-        skip_empty(ss, sdone, true);
-      }
+    // ---- send to the right: whatever the schedule allows, as much as the socket takes ----
+    queue_ready();
+    net::IoResult w = out_.flush(right_.get(), rname, nullptr, written);
+    if (w.bytes) {
+      timer.progress();
+      stats_.bytes_sent += w.bytes;
     }
 
     // ---- receive from the left: header, then reduce-scatter chunks or all-gather bytes ----
     bool unblocked = false;
     for (;;) {
+      net::IoResult rd;
       if (hdr_got < kHeaderBytes) {
-        ssize_t got = net::recv_some(left_.get(), hdr_in + hdr_got, kHeaderBytes - hdr_got, lname);
-        if (got < 0) break;
-        last_progress = Clock::now();
-        stats_.bytes_received += uint64_t(got);
-        hdr_got += size_t(got);
-        if (hdr_got < kHeaderBytes) continue;
+        net::read_into(left_.get(), lname, hdr_in, kHeaderBytes, &hdr_got, &rd);
+        if (rd.bytes) {
+          timer.progress();
+          stats_.bytes_received += rd.bytes;
+        }
+        if (hdr_got < kHeaderBytes) break;
         if (proto::get_u32(hdr_in) != kRoundMagic || proto::get_u16(hdr_in + 4) != kRingVersion ||
             proto::get_u64(hdr_in + 24) != opts_.session)
           throw Error(ErrorKind::Protocol, "ring rank " + std::to_string(r) + ": " + lname + " sent a bad round header");
@@ -311,60 +305,52 @@ void Ring::run(uint8_t* data, size_t nbytes, DType dtype, Op op) {
         continue;
       }
       if (rs_ >= T) break;
+      // One chunk at a time: reduce-scatter chunks into scratch (reduced once whole),
+      // all-gather chunks straight into place.
+      const bool reducing = rs_ < n - 1;
       const uint64_t len = seg_len[recv_seg(rs_)];
-      if (rs_ < n - 1) {
-        // reduce-scatter: one chunk at a time into scratch, reduced as soon as it is whole
-        uint64_t cstart = rdone / chunk * chunk, clen = std::min(chunk, len - cstart);
-        uint64_t have = rdone - cstart;
-        ssize_t got = net::recv_some(left_.get(), scratch_.data() + have, size_t(clen - have), lname);
-        if (got < 0) break;
-        last_progress = Clock::now();
-        stats_.bytes_received += uint64_t(got);
-        rdone += uint64_t(got);
-        if (rdone - cstart == clen) reduce_chunk(rs_, cstart, clen);
-      } else {
-        // all-gather: straight into place
-        ssize_t got = net::recv_some(left_.get(), data + seg_off[recv_seg(rs_)] + rdone, size_t(len - rdone), lname);
-        if (got < 0) break;
-        last_progress = Clock::now();
-        stats_.bytes_received += uint64_t(got);
-        rdone += uint64_t(got);
+      const uint64_t cstart = rdone / chunk * chunk, clen = std::min(chunk, len - cstart);
+      size_t have = size_t(rdone - cstart);
+      uint8_t* dst = reducing ? scratch_.data() : data + seg_off[recv_seg(rs_)] + cstart;
+      net::read_into(left_.get(), lname, dst, size_t(clen), &have, &rd);
+      if (rd.bytes) {
+        timer.progress();
+        stats_.bytes_received += rd.bytes;
       }
+      rdone = cstart + have;
+      if (have < clen) break;  // would block
+      if (reducing) reduce_chunk(rs_, cstart, clen);
       skip_empty(rs_, rdone, false);
       // new data may have unblocked sends: go send before draining more
-      if (ss < T && send_limit() > sdone) {
+      if (sendable()) {
         unblocked = true;
         break;
       }
     }
 
-    if (hdr_got == kHeaderBytes && rs_ >= T && hdr_sent == kHeaderBytes && ss >= T) return;
-    want_send = hdr_sent < kHeaderBytes || (ss < T && send_limit() > sdone);
-    if (want_send && unblocked) continue;  // received data made more sendable: no need to wait
-    auto idle = Clock::now() - last_progress;
-    if (idle > timeout) {
+    const bool receiving = hdr_got < kHeaderBytes || rs_ < T;
+    const bool sending = !out_.empty() || qs < T;
+    if (!receiving && !sending) return;
+    if (unblocked) continue;  // received data made more sendable: no need to wait
+    if (timer.expired()) {
       throw Error(ErrorKind::Timeout,
                   "ring all-reduce round " + std::to_string(round) + " on rank " + std::to_string(r) +
-                      " made no progress for " + std::to_string(opts_.timeout) + " s: sent " + std::to_string(ss) + "/" +
-                      std::to_string(T) + " steps to the " + rname + ", received " + std::to_string(rs_) + "/" +
-                      std::to_string(T) + " steps from the " + lname + " (a rank may be missing, slow or reducing "
-                      "something else)");
+                      " made no progress for " + std::to_string(opts_.timeout) + " s: sent " +
+                      std::to_string(sent_steps) + "/" + std::to_string(T) + " steps to the " + rname + ", received " +
+                      std::to_string(rs_) + "/" + std::to_string(T) + " steps from the " + lname +
+                      " (a rank may be missing, slow or reducing something else)");
     }
-    int wait_ms = int(std::max<int64_t>(
-        1, std::min<int64_t>(200, std::chrono::duration_cast<std::chrono::milliseconds>(timeout - idle).count())));
     // While we still have to send, watch the right link for input too: it never carries
     // data to us, so readable means the neighbour closed or failed (recv_some then
     // throws PeerLost). Once our part is sent, the right neighbour may finish and leave.
-    const bool sending = hdr_sent < kHeaderBytes || ss < T;
-    const bool receiving = hdr_got < kHeaderBytes || rs_ < T;
     nfds_t np = 0;
     int ri = -1;
     if (receiving) pfd[np++] = {left_.get(), short(POLLIN), 0};
     if (sending) {
       ri = int(np);
-      pfd[np++] = {right_.get(), short(POLLIN | (want_send ? POLLOUT : 0)), 0};
+      pfd[np++] = {right_.get(), short(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0};
     }
-    int pr = ::poll(pfd, np, wait_ms);
+    int pr = ::poll(pfd, np, timer.poll_ms(200));
     if (pr < 0) {
       if (errno == EINTR) continue;
       throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));

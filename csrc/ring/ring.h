@@ -41,6 +41,7 @@
 #include <vector>
 
 #include "kernels/kernels.h"
+#include "net/frame_io.h"
 #include "net/socket.h"
 
 namespace rs::ring {
@@ -102,6 +103,7 @@ class Ring {
   RingStats stats_;
   std::vector<uint8_t> scratch_;  // one received chunk (reduce-scatter)
   std::vector<uint8_t> acc_;      // float32 accumulator for 16-bit dtypes
+  net::FrameWriter out_{16};      // to the right neighbour: the round header, then ready ranges
 };
 
 }  // namespace rs::ring

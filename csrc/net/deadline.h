@@ -1,0 +1,44 @@
+// Time limits for network waits: an absolute deadline (handshakes, connects) and a
+// "no progress for T seconds" timer (data transfers: a transfer may take long as a
+// whole, but it fails once no byte has moved for T seconds).
+#pragma once
+
+#include <algorithm>
+#include <chrono>
+#include <cstdint>
+
+namespace rs::net {
+
+using Clock = std::chrono::steady_clock;
+
+// The point `seconds` from now.
+inline Clock::time_point deadline_after(double seconds) {
+  return Clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+}
+
+// Milliseconds left until `deadline` for poll(): 0 once it has passed, at most `cap_ms`.
+inline int ms_until(Clock::time_point deadline, int cap_ms = 1 << 30) {
+  auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
+  return int(std::max<int64_t>(0, std::min<int64_t>(ms, cap_ms)));
+}
+
+// Fails a transfer after `seconds` without progress. Call progress() whenever a byte
+// moves (or a new transfer starts after an idle period); expired() says when to give up;
+// poll_ms() is how long a poll() may sleep (at least 1 ms, at most cap_ms and the time left).
+class ProgressTimer {
+ public:
+  explicit ProgressTimer(double seconds)
+      : limit_(std::chrono::milliseconds(int64_t(seconds * 1000))), last_(Clock::now()) {}
+  void progress() { last_ = Clock::now(); }
+  // Time that must not count (nobody was waiting for progress then).
+  void exclude(Clock::duration d) { last_ += d; }
+  bool expired() const { return Clock::now() - last_ > limit_; }
+  double seconds() const { return std::chrono::duration<double>(limit_).count(); }
+  int poll_ms(int cap_ms = 200) const { return std::max(1, ms_until(last_ + limit_, cap_ms)); }
+
+ private:
+  Clock::duration limit_;
+  Clock::time_point last_;
+};
+
+}  // namespace rs::net

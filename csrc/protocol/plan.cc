@@ -1,0 +1,52 @@
+#include "protocol/plan.h"
+
+#include <algorithm>
+
+#include "protocol/wire.h"
+
+namespace rs::proto {
+
+std::string check_chunk_bytes(uint64_t chunk_bytes) {
+  if (chunk_bytes < kMinChunkBytes || chunk_bytes > kMaxChunkBytes || chunk_bytes % 8)
+    return "chunk size " + std::to_string(chunk_bytes) + " must be a multiple of 8 in 64..64 MiB";
+  return "";
+}
+
+ShardPlan even_split(uint64_t units, size_t parts) {
+  ShardPlan p;
+  p.offset.resize(parts);
+  p.count.resize(parts);
+  uint64_t base = units / parts, rem = units % parts, off = 0;
+  for (size_t j = 0; j < parts; ++j) {
+    p.offset[j] = off;
+    p.count[j] = base + (j < rem ? 1 : 0);
+    off += p.count[j];
+  }
+  return p;
+}
+
+ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round) {
+  const uint64_t nbytes = elems * elem_size;
+  size_t used = reducers;
+  if (nbytes < uint64_t(reducers) * kMinShardBytes)
+    used = size_t(std::max<uint64_t>(1, (nbytes + kMinShardBytes - 1) / kMinShardBytes));
+  ShardPlan dense = even_split(elems, used);
+  if (used == reducers) return dense;
+  ShardPlan p;
+  p.offset.assign(reducers, 0);
+  p.count.assign(reducers, 0);
+  const size_t rot = size_t(round % reducers);
+  for (size_t j = 0; j < used; ++j) {
+    p.offset[(j + rot) % reducers] = dense.offset[j];
+    p.count[(j + rot) % reducers] = dense.count[j];
+  }
+  return p;
+}
+
+uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
+  uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
+  c = std::max(c, kMinPipelineChunk);
+  return std::min(c, max_chunk);
+}
+
+}  // namespace rs::proto
