@@ -123,6 +123,10 @@ struct NarF16 {
   static void store(W* p, __m512 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
+  }
   static W s(float a) { return float_to_half(a); }
 };
 struct NarBF16 {
@@ -136,6 +140,10 @@ struct NarBF16 {
     const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
     r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, qnan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
   }
   static W s(float a) { return float_to_bf16(a); }
 };
@@ -193,6 +201,10 @@ struct NarBF16 {
       return;
     }
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
   }
   static W s(float a) { return float_to_bf16(a); }
 };
