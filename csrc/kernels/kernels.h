@@ -53,7 +53,8 @@ bool widen(DType wire, float* out, const void* in, size_t n);
 // Name of the instruction set chosen at run time for the hot kernels
 // ("avx512bf16", "avx512", "avx2", "scalar").
 const char* isa_name();
-// Force a lower ISA (for tests/benchmarks): "scalar", "avx2", "avx512", "avx512bf16" or "auto". Returns false if unsupported here.
+// Force an ISA (for tests/benchmarks): "scalar", "avx2", "avx512", "avx512bf16" or "auto".
+// Returns false if unsupported here.
 bool set_isa(const std::string& name);
 
 }  // namespace kernels
