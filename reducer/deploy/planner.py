@@ -28,11 +28,11 @@ logger = logging.getLogger(__name__)
 DEFAULT_REDUCER_MACHINE = "n1-highcpu-16"
 
 # CPU per byte of a reducer: Gbit/s of worker contributions one reducer thread receives, sums
-# and sends back per CPU second (float32; bfloat16/float16 cost about twice the CPU per byte).
+# and sends back per CPU second (float32; bfloat16/float16 cost about 1.5x the CPU per byte).
 # Measured: python benchmarks/bench_reducer_cpu.py --workers 2 --nbytes 64M --iters 10
 # (loopback, ReducerServer(threads=1)), 2-core AMD EPYC dev VM: see docs/performance.md,
 # "CPU per byte on the reducer". Override with --reducer-core-gbps.
-REDUCER_CORE_GBPS = 8 * 2.3
+REDUCER_CORE_GBPS = 8 * 1.9
 # ReducerServer's default thread count: the CPUs, at most 8 (csrc/server/server.cc).
 REDUCER_DEFAULT_MAX_THREADS = 8
 
