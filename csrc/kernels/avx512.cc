@@ -208,13 +208,20 @@ struct NarBF16 {
   }
   static W s(float a) { return float_to_bf16(a); }
 };
-// The generic loops again, compiled for this target; unqualified NarBF16 is the one above.
+// The generic loops again, for this target; only narrow_loop is instantiated (below), with
+// the NarBF16 above.
 #include "kernels/simd_loops.inc"
 }  // namespace bf16
 }  // namespace
 
+// *t is a copy of the avx512 table: only the bfloat16 rounding (finalize, hence narrow) changes.
 RS_AVX512BF16 bool fill_avx512bf16(Table* t) {
-  bf16::fill_table(t, "avx512bf16", &avg_i32_avx512);
+  t->name = "avx512bf16";
+  const int d = di(DType::BF16);
+  t->fin[d][oi(Op::Sum)] = &bf16::narrow_loop<bf16::NarBF16, false>;
+  t->fin[d][oi(Op::Avg)] = &bf16::narrow_loop<bf16::NarBF16, true>;
+  t->fin[d][oi(Op::Min)] = &bf16::narrow_loop<bf16::NarBF16, false>;
+  t->fin[d][oi(Op::Max)] = &bf16::narrow_loop<bf16::NarBF16, false>;
   return true;
 }
 #pragma GCC pop_options
