@@ -62,6 +62,10 @@ FIXED_GPU_MACHINES: Dict[str, FixedGpuMachine] = {
 }
 
 # N1 + GPUs: (GPU model, GPU count) -> (bandwidth cap in Gbps, most vCPUs N1 allows with it).
+# The vCPU limits were checked against a stored copy of "GPU machine types"; the per-count caps
+# of T4/V100 (and the 10 Gbps rule for <= 5 vCPUs) are the "Network bandwidths and GPUs" table
+# as we know it: its overview (up to 100 Gbps by GPU and vCPU count) was checked, the table rows
+# could not be re-read here. Check them before relying on a 2- or 4-GPU figure.
 # T4/V100: the cap grows with the GPU count; P100/P4: the N1 default cap of 32 Gbps.
 # (P100 x 4 allows 96 vCPUs in most zones, 64 in a few.)
 N1_GPUS: Dict[Tuple[str, int], Tuple[float, int]] = {
