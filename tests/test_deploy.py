@@ -17,8 +17,8 @@ import pytest
 import yaml
 
 from reducer.cli.main import main
-from reducer.deploy import planner, vertex
-from reducer.deploy.planner import plan_reducers
+from reducer.deploy import bandwidth, planner, vertex
+from reducer.deploy.planner import REDUCER_CORE_GBPS, plan_reducers
 from reducer.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -134,17 +134,13 @@ def test_vertex_job_single_worker_keeps_pool_indices(capsys: pytest.CaptureFixtu
 
 
 def test_vertex_job_worker_bandwidth(capsys: pytest.CaptureFixture) -> None:
-    assert vertex.worker_egress_gbps("a3-highgpu-8g") == 200
-    assert vertex.worker_egress_gbps("a2-megagpu-16g") == 100
-    assert vertex.worker_egress_gbps("n1-standard-16") == 32
-    assert vertex.worker_egress_gbps("n1-standard-4") == 8
-    assert vertex.worker_egress_gbps("g2-standard-48") is None
     # 8 x a2-megagpu-16g -> the documented 25 n1-highcpu-16
     job = vertex.build_custom_job(8, "a2-megagpu-16g", "w", "r", "NVIDIA_TESLA_A100", 16)
     assert job.reducers == 25 and job.plan is not None and job.plan.workers_total_gbps == 800
     assert job.spec["workerPoolSpecs"][1]["replicaCount"] == 7
+    assert job.worker_bandwidth is not None and "a2-megagpu-16g" in job.worker_bandwidth.reason
     # Unknown machine: needs --worker-gbps.
-    argv = ["vertex-job", "--workers", "2", "--machine-type", "g2-standard-48", "--image", "w",
+    argv = ["vertex-job", "--workers", "2", "--machine-type", "c3-standard-44", "--image", "w",
             "--reducer-image", "r"]
     assert main(argv) == 2
     assert "--worker-gbps" in capsys.readouterr().err
@@ -157,6 +153,131 @@ def test_vertex_job_worker_bandwidth(capsys: pytest.CaptureFixture) -> None:
     spec = yaml.safe_load(capsys.readouterr().out)
     assert spec["workerPoolSpecs"][2]["replicaCount"] == 4        # 100 / 32
     assert "acceleratorType" not in spec["workerPoolSpecs"][0]["machineSpec"]
+
+
+# -- worker bandwidth: machine family x GPU model x GPU count ----------------------------------
+
+@pytest.mark.parametrize("machine, gpu, count, gbps", [
+    ("n1-highmem-96", "NVIDIA_TESLA_V100", 8, 100),   # the Vertex AI doc's example worker
+    ("n1-standard-32", "NVIDIA_TESLA_V100", 4, 50),
+    ("n1-standard-16", "NVIDIA_TESLA_V100", 2, 32),
+    ("n1-standard-8", "NVIDIA_TESLA_V100", 1, 16),    # min(2 x 8 vCPUs, 32)
+    ("n1-standard-64", "NVIDIA_TESLA_V100", 8, 100),
+    ("n1-highcpu-32", "NVIDIA_TESLA_V100", 8, 64),    # min(2 x 32 vCPUs, 100)
+    ("n1-standard-4", "NVIDIA_TESLA_T4", 1, 10),      # <= 5 vCPUs: 10 Gbps
+    ("n1-standard-48", "NVIDIA_TESLA_T4", 2, 50),
+    ("n1-highmem-96", "NVIDIA_TESLA_T4", 4, 100),
+    ("n1-standard-16", "NVIDIA_TESLA_P100", 1, 32),   # P100/P4 keep the N1 cap
+    ("n1-standard-96", "NVIDIA_TESLA_P4", 4, 32),
+    ("n1-standard-4", "NVIDIA_TESLA_P4", 1, 8),
+    ("n1-standard-16", None, 1, 32),                   # no GPU: 2 Gbps per vCPU, at most 32
+    ("n1-standard-4", None, 1, 8),
+    ("n2-highcpu-8", None, 1, 16),
+    ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 100),
+    ("a2-highgpu-1g", None, 1, 24),                    # the machine type alone is enough
+    ("a2-ultragpu-4g", "NVIDIA_A100_80GB", 4, 50),
+    ("a2-megagpu-16g", "NVIDIA_TESLA_A100", 16, 100),
+    ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 200),
+    ("g2-standard-48", "NVIDIA_L4", 4, 50),
+    ("g2-standard-4", "NVIDIA_L4", 1, 10),
+])
+def test_worker_bandwidth_table(machine: str, gpu: Any, count: int, gbps: float) -> None:
+    bw = bandwidth.worker_bandwidth(machine, gpu, count)
+    assert bw.gbps == gbps
+    assert machine in bw.reason and bandwidth.SOURCE in bw.reason
+    if gpu:
+        assert gpu in bw.reason
+
+
+@pytest.mark.parametrize("machine, gpu, count, match", [
+    ("n1-standard-16", "NVIDIA_TESLA_V100", 3, "--worker-gbps"),   # no such GPU count
+    ("n1-standard-16", "NVIDIA_L4", 1, "--worker-gbps"),           # not an N1 GPU
+    ("n1-standard-16", "NVIDIA_TESLA_K80", 1, "--worker-gbps"),    # no rule in the table
+    ("c3-standard-44", None, 1, "--worker-gbps"),
+    ("a3-megagpu-8g", "NVIDIA_H100_MEGA_80GB", 8, "--worker-gbps"),
+    ("custom-8-30720", None, 1, "--worker-gbps"),
+    ("n1-highmem-96", "NVIDIA_TESLA_V100", 1, "at most 12 vCPUs"),  # Compute Engine refuses it too
+    ("n2-standard-16", "NVIDIA_TESLA_T4", 1, "N1"),
+    ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 4, "comes with 8 x NVIDIA_TESLA_A100"),
+    ("g2-standard-48", "NVIDIA_TESLA_T4", 4, "comes with 4 x NVIDIA_L4"),
+])
+def test_worker_bandwidth_refuses_to_guess(machine: str, gpu: Any, count: int, match: str) -> None:
+    with pytest.raises(ConfigError, match=match):
+        bandwidth.worker_bandwidth(machine, gpu, count)
+
+
+def test_vertex_job_doc_example_sizes_16_reducers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    """The Vertex AI doc's example: 5 x n1-highmem-96 + 8 V100 (100 Gbps each) -> 16 x n1-highcpu-16."""
+    argv = ["vertex-job", "--workers", "5", "--machine-type", "n1-highmem-96", "--accelerator-type",
+            "NVIDIA_TESLA_V100", "--accelerator-count", "8", "--image", "w", "--reducer-image", "r"]
+    assert main(argv) == 0
+    captured = capsys.readouterr()
+    spec = yaml.safe_load(captured.out)
+    assert spec["workerPoolSpecs"][2]["replicaCount"] == 16
+    header = [line for line in captured.out.splitlines() if line.startswith("#")]
+    assert any("Worker bandwidth assumed: 100 Gbps" in h and "NVIDIA_TESLA_V100" in h for h in header)
+    assert "worker bandwidth assumed: 100 Gbps" in captured.err
+    out = tmp_path / "job.yaml"
+    assert main(argv + ["--output", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "16 reducers" in printed and "worker bandwidth assumed: 100 Gbps" in printed
+    # An explicit figure wins, and says so.
+    assert main(argv + ["--worker-gbps", "32"]) == 0
+    captured = capsys.readouterr()
+    assert yaml.safe_load(captured.out)["workerPoolSpecs"][2]["replicaCount"] == 5
+    assert "32 Gbps: given with --worker-gbps" in captured.err
+    # A combination the table does not know: refused, asking for --worker-gbps.
+    bad = list(argv)
+    bad[bad.index("--accelerator-count") + 1] = "3"
+    assert main(bad) == 2
+    assert "--worker-gbps" in capsys.readouterr().err
+
+
+# -- reducer CPU: the slower of NIC and cores ---------------------------------------------------
+
+def test_plan_core_limit() -> None:
+    # The measured figure makes an n1-highcpu-16 (8 reducer threads) NIC-bound.
+    default = plan_reducers(5, 100)
+    assert default.reducer_threads == 8 and default.limited_by == "NIC" and default.reducers == 16
+    assert default.reducer_cores_gbps == pytest.approx(8 * REDUCER_CORE_GBPS)
+    # Slow cores: 8 threads x 2 Gbps = 16 Gbps per reducer -> ceil(500 / 16) = 32 reducers.
+    slow = plan_reducers(5, 100, core_gbps=2)
+    assert (slow.reducer_gbps, slow.reducers, slow.limited_by) == (16, 32, "cores")
+    assert slow.reducer_nic_gbps == 32
+    # More threads lift the CPU limit up to the NIC.
+    assert plan_reducers(5, 100, core_gbps=2, reducer_threads=16).reducers == 16
+    assert plan_reducers(5, 100, core_gbps=2, reducer_threads=12).reducers == 21   # 24 Gbps each
+    # n1-highcpu-8: 8 vCPUs -> 8 threads; its 16 Gbps NIC binds first.
+    small = plan_reducers(4, 32, reducer_machine="n1-highcpu-8", core_gbps=3)
+    assert (small.reducer_threads, small.reducer_gbps, small.reducers) == (8, 16, 8)
+    # A custom reducer (only --reducer-gbps): its CPU is unknown unless the threads are given.
+    custom = plan_reducers(4, 100, reducer_gbps=50, core_gbps=1)
+    assert custom.reducer_threads is None and custom.reducer_gbps == 50 and custom.reducers == 8
+    custom = plan_reducers(4, 100, reducer_gbps=50, core_gbps=10, reducer_threads=2)
+    assert (custom.reducer_gbps, custom.reducers, custom.limited_by) == (20, 20, "cores")
+
+
+@pytest.mark.parametrize("kwargs", [dict(core_gbps=0), dict(core_gbps=float("inf")), dict(reducer_threads=0),
+                                    dict(reducer_threads=1.5)])
+def test_plan_core_args_rejected(kwargs: Dict[str, Any]) -> None:
+    with pytest.raises(ConfigError):
+        plan_reducers(4, 100, **kwargs)
+
+
+def test_plan_cli_core_limit(capsys: pytest.CaptureFixture) -> None:
+    assert main(["plan", "--workers", "5", "--worker-gbps", "100", "--reducer-core-gbps", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "32 x n1-highcpu-16" in out and "cores-bound" in out and "8 threads x 2 Gbps = 16 Gbps" in out
+    assert main(["plan", "--workers", "5", "--worker-gbps", "100"]) == 0
+    assert "NIC-bound" in capsys.readouterr().out
+    assert main(BASE + ["--workers", "4", "--reducer-core-gbps", "2"]) == 0   # 400 / 16 = 25
+    assert yaml.safe_load(capsys.readouterr().out)["workerPoolSpecs"][2]["replicaCount"] == 25
+
+
+def test_core_figure_is_documented() -> None:
+    """docs/performance.md records the measured figure the planner uses."""
+    text = (ROOT / "docs" / "performance.md").read_text()
+    assert f"{REDUCER_CORE_GBPS / 8:.2f} GB/s" in text and "bench_reducer_cpu.py" in text
 
 
 @pytest.mark.parametrize("extra, match", [

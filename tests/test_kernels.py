@@ -23,7 +23,7 @@ DTYPES = {
 }
 FLOATS = ("float32", "float64", "float16", "bfloat16")
 OPS = ("sum", "avg", "min", "max")
-ISAS = ("scalar", "avx2", "avx512")
+ISAS = ("scalar", "avx2", "avx512", "avx512bf16")
 SIZES = (0, 1, 7, 31, 33, 1023, 100_003)
 
 

@@ -131,21 +131,41 @@ struct NarF16 {
   static void store(W* p, __m256 v) {
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), _mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT));
   }
+  static void store2(W* p, __m256 a, __m256 b) {
+    store(p, a);
+    store(p + 8, b);
+  }
   static W s(float a) { return float_to_half(a); }
 };
 struct NarBF16 {
   using V = VF;
   using W = uint16_t;
-  static void store(W* p, __m256 v) {
+  // (x + 0x7fff + lsb) >> 16 per lane: round to nearest even (a carry into the exponent gives
+  // the next binade or inf); wrong only for NaN lanes.
+  static __m256i round(__m256 v) {
     const __m256i x = _mm256_castps_si256(v);
     const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(1));
-    __m256i r = _mm256_srli_epi32(_mm256_add_epi32(x, _mm256_add_epi32(lsb, _mm256_set1_epi32(0x7fff))), 16);
+    return _mm256_srli_epi32(_mm256_add_epi32(_mm256_add_epi32(x, _mm256_set1_epi32(0x7fff)), lsb), 16);
+  }
+  static void store(W* p, __m256 v) {
+    const __m256i x = _mm256_castps_si256(v);
     const __m256i qnan = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi32(x, 16), _mm256_set1_epi32(0x8000)),
                                          _mm256_set1_epi32(0x7fc0));
-    r = _mm256_blendv_epi8(r, qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
+    __m256i r = _mm256_blendv_epi8(round(v), qnan, _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q)));
     // 8 x u32 (each <= 0xffff) -> 8 x u16
     __m128i p16 = _mm_packus_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
     _mm_storeu_si128(reinterpret_cast<__m128i*>(p), p16);
+  }
+  // 16 elements: one unordered compare finds a NaN in either vector (then the blending path
+  // above), otherwise one pack (per 128-bit lane) and a cross-lane permute put them in order.
+  static void store2(W* p, __m256 a, __m256 b) {
+    if (__builtin_expect(_mm256_movemask_ps(_mm256_cmp_ps(a, b, _CMP_UNORD_Q)) != 0, 0)) {
+      store(p, a);
+      store(p + 8, b);
+      return;
+    }
+    const __m256i r = _mm256_permute4x64_epi64(_mm256_packus_epi32(round(a), round(b)), 0xd8);
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), r);
   }
   static W s(float a) { return float_to_bf16(a); }
 };

@@ -123,6 +123,10 @@ struct NarF16 {
   static void store(W* p, __m512 v) {
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
   }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
+  }
   static W s(float a) { return float_to_half(a); }
 };
 struct NarBF16 {
@@ -136,6 +140,10 @@ struct NarBF16 {
     const __m512i qnan = _mm512_or_si512(_mm512_and_si512(hi, _mm512_set1_epi32(0x8000)), _mm512_set1_epi32(0x7fc0));
     r = _mm512_mask_blend_epi32(_mm512_cmp_ps_mask(v, v, _CMP_UNORD_Q), r, qnan);
     _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), _mm512_cvtepi32_epi16(r));
+  }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
   }
   static W s(float a) { return float_to_bf16(a); }
 };
@@ -166,6 +174,58 @@ RS_AVX512 bool fill_avx512(Table* t) {
   return true;
 }
 
+// ---- AVX512_BF16: the avx512 table, with VCVTNEPS2BF16 doing the bfloat16 rounding ----------
+// The instruction rounds to nearest even with the same `x + 0x7fff + lsb` rule as NarBF16
+// (overflow -> inf included), but flushes float32 denormal inputs to +-0 and keeps a NaN's
+// payload. A vector holding either goes through NarBF16's integer rounding instead (one
+// compare per vector and a branch that is never taken on normal data), so the results are
+// the same bits on every ISA. (AVX512_FP16 adds nothing here: VCVTPS2PH of AVX-512F already
+// converts float32 -> float16 with the same rounding, and VCVTPH2PS widens exactly.)
+#pragma GCC push_options
+#pragma GCC target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")
+#define RS_AVX512BF16 __attribute__((target("avx512f,avx512bw,avx512vl,avx512bf16,avx2,fma,f16c")))
+namespace {
+using NarBF16Int = NarBF16;
+namespace bf16 {
+struct NarBF16 {
+  using V = VF;
+  using W = uint16_t;
+  static void store(W* p, __m512 v) {
+    const __m512i mag = _mm512_and_si512(_mm512_castps_si512(v), _mm512_set1_epi32(0x7fffffff));
+    // denormal: 0 < mag < 0x00800000 (unsigned mag - 1 < 0x007fffff); NaN: mag > 0x7f800000
+    const __mmask16 redo =
+        _mm512_cmplt_epu32_mask(_mm512_sub_epi32(mag, _mm512_set1_epi32(1)), _mm512_set1_epi32(0x007fffff)) |
+        _mm512_cmpgt_epu32_mask(mag, _mm512_set1_epi32(0x7f800000));
+    if (__builtin_expect(redo != 0, 0)) {
+      NarBF16Int::store(p, v);
+      return;
+    }
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(p), (__m256i)_mm512_cvtneps_pbh(v));
+  }
+  static void store2(W* p, __m512 a, __m512 b) {
+    store(p, a);
+    store(p + 16, b);
+  }
+  static W s(float a) { return float_to_bf16(a); }
+};
+// The generic loops again, for this target; only narrow_loop is instantiated (below), with
+// the NarBF16 above.
+#include "kernels/simd_loops.inc"
+}  // namespace bf16
+}  // namespace
+
+// *t is a copy of the avx512 table: only the bfloat16 rounding (finalize, hence narrow) changes.
+RS_AVX512BF16 bool fill_avx512bf16(Table* t) {
+  t->name = "avx512bf16";
+  const int d = di(DType::BF16);
+  t->fin[d][oi(Op::Sum)] = &bf16::narrow_loop<bf16::NarBF16, false>;
+  t->fin[d][oi(Op::Avg)] = &bf16::narrow_loop<bf16::NarBF16, true>;
+  t->fin[d][oi(Op::Min)] = &bf16::narrow_loop<bf16::NarBF16, false>;
+  t->fin[d][oi(Op::Max)] = &bf16::narrow_loop<bf16::NarBF16, false>;
+  return true;
+}
+#pragma GCC pop_options
+
 }  // namespace detail
 }  // namespace kernels
 }  // namespace rs
@@ -179,6 +239,7 @@ namespace rs {
 namespace kernels {
 namespace detail {
 bool fill_avx512(Table*) { return false; }
+bool fill_avx512bf16(Table*) { return false; }
 }  // namespace detail
 }  // namespace kernels
 }  // namespace rs

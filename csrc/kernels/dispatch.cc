@@ -1,8 +1,8 @@
 // dtype/op helpers and the run-time ISA dispatch of the kernels.
 //
-// Three tables of function pointers (scalar, avx2, avx512) are built once, on
-// first use (thread-safe static init); the active one is an atomic pointer so
-// set_isa() can switch it (tests/benchmarks) while other threads keep running.
+// Four tables of function pointers (scalar, avx2, avx512, avx512bf16) are built
+// once, on first use (thread-safe static init); the active one is an atomic pointer
+// so set_isa() can switch it (tests/benchmarks) while other threads keep running.
 #include <atomic>
 #include <cstring>
 
@@ -93,8 +93,8 @@ namespace {
 using detail::Table;
 
 struct Tables {
-  Table scalar{}, avx2{}, avx512{};
-  bool has_avx2 = false, has_avx512 = false;
+  Table scalar{}, avx2{}, avx512{}, avx512bf16{};
+  bool has_avx2 = false, has_avx512 = false, has_avx512bf16 = false;
 
   Tables() {
     detail::fill_scalar(&scalar);
@@ -102,6 +102,8 @@ struct Tables {
     has_avx2 = cpu_avx2() && detail::fill_avx2(&avx2);
     avx512 = avx2;
     has_avx512 = has_avx2 && cpu_avx512() && detail::fill_avx512(&avx512);
+    avx512bf16 = avx512;
+    has_avx512bf16 = has_avx512 && cpu_avx512bf16() && detail::fill_avx512bf16(&avx512bf16);
   }
 
   static bool cpu_avx2() {
@@ -122,7 +124,18 @@ struct Tables {
 #endif
   }
 
-  const Table* best() const { return has_avx512 ? &avx512 : has_avx2 ? &avx2 : &scalar; }
+  static bool cpu_avx512bf16() {
+#if defined(__x86_64__) && (defined(__GNUC__) || defined(__clang__))
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx512bf16");
+#else
+    return false;
+#endif
+  }
+
+  const Table* best() const {
+    return has_avx512bf16 ? &avx512bf16 : has_avx512 ? &avx512 : has_avx2 ? &avx2 : &scalar;
+  }
 };
 
 const Tables& tables() {
@@ -160,6 +173,22 @@ void finalize(DType t, Op op, void* out, const void* acc, size_t n, uint32_t cou
   active().fin[detail::di(t)][detail::oi(op)](out, acc, n, count);
 }
 
+// The conversions are the accumulator's own widening (init) and its one rounding
+// (finalize of a sum of one contribution), so a client converts exactly like the reducer.
+static bool is_wire16(DType t) { return t == DType::F16 || t == DType::BF16; }
+
+bool narrow(DType wire, void* out, const float* in, size_t n) {
+  if (!is_wire16(wire)) return false;
+  if (n) active().fin[detail::di(wire)][detail::oi(Op::Sum)](out, in, n, 1);
+  return true;
+}
+
+bool widen(DType wire, float* out, const void* in, size_t n) {
+  if (!is_wire16(wire)) return false;
+  if (n) active().init[detail::di(wire)](out, in, n);
+  return true;
+}
+
 const char* isa_name() { return active().name; }
 
 bool set_isa(const std::string& name) {
@@ -169,6 +198,7 @@ bool set_isa(const std::string& name) {
   else if (name == "scalar") t = &ts.scalar;
   else if (name == "avx2" && ts.has_avx2) t = &ts.avx2;
   else if (name == "avx512" && ts.has_avx512) t = &ts.avx512;
+  else if (name == "avx512bf16" && ts.has_avx512bf16) t = &ts.avx512bf16;
   if (!t) return false;
   g_active.store(t, std::memory_order_release);
   return true;

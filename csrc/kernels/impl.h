@@ -29,6 +29,7 @@ struct Table {
 void fill_scalar(Table* t);
 bool fill_avx2(Table* t);
 bool fill_avx512(Table* t);
+bool fill_avx512bf16(Table* t);  // over a copy of the avx512 table: VCVTNEPS2BF16 for the bfloat16 rounding
 
 constexpr int di(DType t) { return static_cast<int>(t); }
 constexpr int oi(Op o) { return static_cast<int>(o); }

@@ -42,9 +42,19 @@ void accumulate(DType t, Op op, void* acc, const void* x, size_t n);
 // out may equal acc when acc_is_wire_type(t).
 void finalize(DType t, Op op, void* out, const void* acc, size_t n, uint32_t count);
 
-// Name of the instruction set chosen at run time for the hot kernels ("avx512", "avx2", "scalar").
+// float32 <-> 16-bit wire conversion (the compressed all-reduce's client side), wire = F16 or BF16.
+// narrow: out[i] = (wire) in[i], rounded to nearest even exactly like finalize (it IS finalize's
+// rounding): NaN stays NaN (quiet; bfloat16 NaN = 0x7fc0 | sign), overflow -> inf, subnormals
+// rounded; bit-identical on every ISA and to numpy/ml_dtypes astype for every non-NaN input.
+// widen: out[i] = (float) in[i], exact. Both return false (doing nothing) for any other dtype.
+bool narrow(DType wire, void* out, const float* in, size_t n);
+bool widen(DType wire, float* out, const void* in, size_t n);
+
+// Name of the instruction set chosen at run time for the hot kernels
+// ("avx512bf16", "avx512", "avx2", "scalar").
 const char* isa_name();
-// Force a lower ISA (for tests/benchmarks): "scalar", "avx2", "avx512" or "auto". Returns false if unsupported here.
+// Force an ISA (for tests/benchmarks): "scalar", "avx2", "avx512", "avx512bf16" or "auto".
+// Returns false if unsupported here.
 bool set_isa(const std::string& name);
 
 }  // namespace kernels

@@ -3,8 +3,10 @@
 Pure Python with no dependency on the C++ core, so `reduction-server plan` and
 `vertex-job` work on a laptop without a build.
 """
+from .bandwidth import WorkerBandwidth, worker_bandwidth
 from .planner import (
     DEFAULT_REDUCER_MACHINE,
+    REDUCER_CORE_GBPS,
     REDUCER_MACHINES,
     MachineType,
     Plan,
@@ -13,10 +15,11 @@ from .planner import (
     plan_reducers,
     reducer_egress_gbps,
 )
-from .vertex import VertexJob, build_custom_job, render_spec, worker_egress_gbps
+from .vertex import VertexJob, build_custom_job, render_spec
 
 __all__ = [
     "DEFAULT_REDUCER_MACHINE",
+    "REDUCER_CORE_GBPS",
     "REDUCER_MACHINES",
     "MachineType",
     "Plan",
@@ -27,5 +30,6 @@ __all__ = [
     "plan_reducers",
     "reducer_egress_gbps",
     "render_spec",
-    "worker_egress_gbps",
+    "worker_bandwidth",
+    "WorkerBandwidth",
 ]

@@ -5,9 +5,14 @@ bandwidth should match or exceed the workers' total bandwidth, so
 
     reducers = ceil(workers * worker_gbps / reducer_gbps)
 
+where one reducer's usable bandwidth is the slower of its NIC and its cores:
+
+    reducer_gbps = min(egress cap, threads * REDUCER_CORE_GBPS)
+
+(a reducer receives as many bytes as it sends, and every received byte costs CPU).
 The per-VM egress caps below are Compute Engine's published maximums for traffic
 inside a VPC network (docs/deploy.md cites the pages). They are upper bounds, not
-measured throughput.
+measured throughput. REDUCER_CORE_GBPS is measured (docs/performance.md).
 """
 from __future__ import annotations
 
@@ -21,6 +26,15 @@ from ..errors import ConfigError
 logger = logging.getLogger(__name__)
 
 DEFAULT_REDUCER_MACHINE = "n1-highcpu-16"
+
+# CPU per byte of a reducer: Gbit/s of worker contributions one reducer thread receives, sums
+# and sends back per CPU second (float32; bfloat16/float16 cost about 1.5x the CPU per byte).
+# Measured: python benchmarks/bench_reducer_cpu.py --workers 2 --nbytes 64M --iters 10
+# (loopback, ReducerServer(threads=1)), 2-core AMD EPYC dev VM: see docs/performance.md,
+# "CPU per byte on the reducer". Override with --reducer-core-gbps.
+REDUCER_CORE_GBPS = 8 * 1.9
+# ReducerServer's default thread count: the CPUs, at most 8 (csrc/server/server.cc).
+REDUCER_DEFAULT_MAX_THREADS = 8
 
 
 @dataclass(frozen=True)
@@ -54,9 +68,22 @@ class Plan:
     workers: int
     worker_gbps: float
     reducer_machine: Optional[str]   # None when only --reducer-gbps was given
-    reducer_gbps: float              # egress of one reducer used for the sizing
+    reducer_gbps: float              # usable bandwidth of one reducer: min(NIC, cores)
     tier1: bool
     reducers: int
+    reducer_nic_gbps: float = 0.0    # egress cap of one reducer
+    reducer_threads: Optional[int] = None  # None: CPU not known (custom machine)
+    core_gbps: float = REDUCER_CORE_GBPS
+
+    @property
+    def reducer_cores_gbps(self) -> Optional[float]:
+        """What one reducer's threads can sum, Gbps (None if its CPU count is unknown)."""
+        return None if self.reducer_threads is None else self.reducer_threads * self.core_gbps
+
+    @property
+    def limited_by(self) -> str:
+        cores = self.reducer_cores_gbps
+        return "cores" if cores is not None and cores < self.reducer_nic_gbps else "NIC"
 
     @property
     def workers_total_gbps(self) -> float:
@@ -103,26 +130,43 @@ def plan_reducers(
     reducer_machine: Optional[str] = None,
     reducer_gbps: Optional[float] = None,
     tier1: bool = False,
+    core_gbps: Optional[float] = None,
+    reducer_threads: Optional[int] = None,
 ) -> Plan:
-    """Number of reducers whose total egress >= workers * worker_gbps.
+    """Number of reducers whose total usable bandwidth >= workers * worker_gbps.
 
-    `reducer_gbps` overrides the table (the machine name, any name, is then only a label);
-    with neither, the default machine n1-highcpu-16 (32 Gbps) is used.
+    One reducer's bandwidth is min(its egress cap, reducer_threads * core_gbps).
+    `reducer_gbps` overrides the egress cap of the table (the machine name is then only a label,
+    known or not); with neither, the default machine n1-highcpu-16 (32 Gbps) is used.
+    `reducer_threads` defaults to the reducer's own default, min(vCPUs, 8), for a machine of the
+    table; for another machine the CPU limit is left out unless it is given.
+    `core_gbps` (Gbit/s one reducer thread sums) defaults to the measured REDUCER_CORE_GBPS.
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"workers must be an integer >= 1, got {workers!r}")
     _positive("worker_gbps", worker_gbps)
+    if core_gbps is None:
+        core_gbps = REDUCER_CORE_GBPS
+    _positive("core_gbps", core_gbps)
+    if reducer_threads is not None and (isinstance(reducer_threads, bool) or not isinstance(reducer_threads, int)
+                                        or reducer_threads < 1):
+        raise ConfigError(f"reducer_threads must be an integer >= 1, got {reducer_threads!r}")
     if reducer_gbps is not None:
         _positive("reducer_gbps", reducer_gbps)
-        per_reducer = float(reducer_gbps)  # reducer_machine, if any, is only a label here
+        nic = float(reducer_gbps)  # reducer_machine, if any, is only a label here
     else:
         if reducer_machine is None:
             reducer_machine = DEFAULT_REDUCER_MACHINE
-        per_reducer = reducer_egress_gbps(reducer_machine, tier1)
+        nic = reducer_egress_gbps(reducer_machine, tier1)
+    spec = REDUCER_MACHINES.get(reducer_machine) if reducer_machine else None
+    if reducer_threads is None and spec is not None:
+        reducer_threads = min(spec.vcpus, REDUCER_DEFAULT_MAX_THREADS)
+    per_reducer = nic if reducer_threads is None else min(nic, reducer_threads * float(core_gbps))
     total = workers * float(worker_gbps)
     # round() guards against 800/32 = 25.000000000000004-style float noise.
     count = max(1, math.ceil(round(total / per_reducer, 9)))
-    plan = Plan(workers, float(worker_gbps), reducer_machine, per_reducer, tier1, count)
+    plan = Plan(workers, float(worker_gbps), reducer_machine, per_reducer, tier1, count,
+                reducer_nic_gbps=nic, reducer_threads=reducer_threads, core_gbps=float(core_gbps))
     logger.debug("reducer plan: %s", plan)
     return plan
 
@@ -135,10 +179,18 @@ def format_plan(plan: Plan) -> str:
     """A human-readable summary of a Plan."""
     machine = plan.reducer_machine or "custom"
     tier = " (Tier_1)" if plan.tier1 else ""
+    cores = plan.reducer_cores_gbps
+    if cores is None:
+        per = f"{_gbps(plan.reducer_nic_gbps)} (NIC; CPU limit unknown for this machine: give --reducer-threads)"
+    else:
+        per = (f"min(NIC {_gbps(plan.reducer_nic_gbps)}, cores {plan.reducer_threads} threads x "
+               f"{_gbps(round(plan.core_gbps, 2))} = {_gbps(round(cores, 2))}) = {_gbps(plan.reducer_gbps)}, "
+               f"{plan.limited_by}-bound")
     lines = [
         f"reducers needed:        {plan.reducers} x {machine}{tier}",
         f"workers' total:         {plan.workers} x {_gbps(plan.worker_gbps)} = {_gbps(plan.workers_total_gbps)}",
-        f"reducers' total egress: {plan.reducers} x {_gbps(plan.reducer_gbps)} = {_gbps(plan.reducers_total_gbps)}",
+        f"one reducer:            {per}",
+        f"reducers' total:        {plan.reducers} x {_gbps(plan.reducer_gbps)} = {_gbps(plan.reducers_total_gbps)}",
         f"connections per worker: {plan.connections_per_worker} (one per reducer)",
     ]
     return "\n".join(lines)

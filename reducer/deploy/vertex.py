@@ -16,27 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Dict, List, Optional, Sequence
 
 from ..errors import ConfigError
+from .bandwidth import WorkerBandwidth, worker_bandwidth
 from .planner import DEFAULT_REDUCER_MACHINE, REDUCER_MACHINES, Plan, plan_reducers
 
 logger = logging.getLogger(__name__)
-
-# Per-VM egress caps of GPU worker machines, Gbps (Compute Engine GPU network
-# bandwidth tables; see docs/deploy.md). Machine types not listed need --worker-gbps.
-WORKER_EGRESS_GBPS: Dict[str, float] = {
-    "a2-highgpu-1g": 24.0,
-    "a2-highgpu-2g": 32.0,
-    "a2-highgpu-4g": 50.0,
-    "a2-highgpu-8g": 100.0,
-    "a2-megagpu-16g": 100.0,
-    "a2-ultragpu-1g": 24.0,
-    "a2-ultragpu-2g": 32.0,
-    "a2-ultragpu-4g": 50.0,
-    "a2-ultragpu-8g": 100.0,
-    "a3-highgpu-8g": 200.0,
-}
-
-# N1/N2 machines (e.g. n1-standard-16 + V100/T4): default cap of 2 Gbps per vCPU, 32 at most.
-_GENERAL_PURPOSE = re.compile(r"^(n1|n2)-(standard|highmem|highcpu)-(\d+)$")
 
 KNOWN_ACCELERATORS = (
     "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4",
@@ -47,16 +30,6 @@ KNOWN_ACCELERATORS = (
 DEFAULT_PORT = 2222
 
 
-def worker_egress_gbps(machine_type: str) -> Optional[float]:
-    """Known egress cap of a worker machine type, or None if this table does not know it."""
-    if machine_type in WORKER_EGRESS_GBPS:
-        return WORKER_EGRESS_GBPS[machine_type]
-    m = _GENERAL_PURPOSE.match(machine_type)
-    if m:
-        return float(min(2 * int(m.group(3)), 32))
-    return None
-
-
 @dataclass(frozen=True)
 class VertexJob:
     """A generated CustomJobSpec plus how its reducer count was chosen."""
@@ -64,6 +37,7 @@ class VertexJob:
     spec: Dict[str, Any]          # camelCase CustomJobSpec, as gcloud --config expects
     reducers: int
     plan: Optional[Plan]          # None when the reducer count was given explicitly
+    worker_bandwidth: Optional[WorkerBandwidth] = None  # the figure the plan assumed, and why
 
 
 def _machine_spec(machine_type: str, accelerator_type: Optional[str],
@@ -87,12 +61,16 @@ def build_custom_job(
     worker_gbps: Optional[float] = None,
     args: Optional[Sequence[str]] = None,
     reducer_gbps: Optional[float] = None,
+    core_gbps: Optional[float] = None,
+    reducer_threads: Optional[int] = None,
 ) -> VertexJob:
     """The CustomJobSpec of `workers` GPU workers plus a pool of reducers.
 
     With `reducers` None the count comes from plan_reducers(); the worker bandwidth is
-    `worker_gbps`, else looked up from the machine type (ConfigError if unknown); the reducer
-    bandwidth is `reducer_gbps`, else the planner's value for `reducer_machine`.
+    `worker_gbps`, else looked up from the machine type, GPU model and GPU count
+    (bandwidth.worker_bandwidth; ConfigError if unknown); the reducer bandwidth is
+    `reducer_gbps`, else the planner's value for `reducer_machine`, and at most what its
+    threads sum (`core_gbps`, `reducer_threads`: see plan_reducers).
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
@@ -114,14 +92,15 @@ def build_custom_job(
             raise ConfigError(f"--accelerator-count must be an integer >= 1, got {accelerator_count!r}")
 
     plan: Optional[Plan] = None
+    bandwidth: Optional[WorkerBandwidth] = None
     if reducers is None:
-        gbps = worker_gbps if worker_gbps is not None else worker_egress_gbps(machine_type)
-        if gbps is None:
-            raise ConfigError(
-                f"unknown network bandwidth of worker machine {machine_type!r}: pass --worker-gbps "
-                f"(known: {', '.join(WORKER_EGRESS_GBPS)}, n1-*/n2-*) or --reducers"
-            )
-        plan = plan_reducers(workers, gbps, reducer_machine=reducer_machine, reducer_gbps=reducer_gbps)
+        if worker_gbps is not None:
+            bandwidth = WorkerBandwidth(float(worker_gbps), "given with --worker-gbps")
+        else:
+            bandwidth = worker_bandwidth(machine_type, accelerator_type, accelerator_count)
+        logger.debug("worker bandwidth %g Gbps: %s", bandwidth.gbps, bandwidth.reason)
+        plan = plan_reducers(workers, bandwidth.gbps, reducer_machine=reducer_machine, reducer_gbps=reducer_gbps,
+                             core_gbps=core_gbps, reducer_threads=reducer_threads)
         reducers = plan.reducers
     else:
         if isinstance(reducers, bool) or not isinstance(reducers, int) or reducers < 1:
@@ -146,7 +125,7 @@ def build_custom_job(
     pools.append({"machineSpec": {"machineType": reducer_machine}, "replicaCount": reducers,
                   "containerSpec": {"imageUri": reducer_image}})
     logger.debug("vertex job: %d workers, %d reducers", workers, reducers)
-    return VertexJob(spec={"workerPoolSpecs": pools}, reducers=reducers, plan=plan)
+    return VertexJob(spec={"workerPoolSpecs": pools}, reducers=reducers, plan=plan, worker_bandwidth=bandwidth)
 
 
 def gcloud_command(config_path: str, display_name: str, region: str = "REGION") -> str:
