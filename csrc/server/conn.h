@@ -1,4 +1,6 @@
-// A worker connection on the reducer and its output queue.
+// A worker connection on the reducer. Its frames go through net/frame_io: a FrameWriter queues
+// results (pointing into group slots, no copy) and control messages; a FrameReader reads data
+// frames straight into the group's receive buffers.
 //
 // Ownership rule (the reducer's threading model, see server.cc): a Conn is owned by exactly one
 // event loop, through that loop's connection table. Loop 0 owns every connection while it runs
@@ -13,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "net/frame_io.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/wire.h"
@@ -20,34 +23,6 @@
 #include "server/limits.h"
 
 namespace rs::server {
-
-// One frame (or control message) waiting to be written to a connection.
-struct OutItem {
-  uint8_t hdr[proto::kFrameHeaderBytes];
-  size_t hdr_len = 0;
-  const uint8_t* payload = nullptr;  // result data (points into a group slot)
-  size_t payload_len = 0;
-  size_t sent = 0;
-  Slot* slot = nullptr;              // released when every member got its copy
-  std::string ctl;                   // control bytes (handshake replies, errors): rare, not the hot path
-};
-
-// Fixed-capacity FIFO reused for the life of the connection: results are queued per chunk
-// without touching the heap (it grows only if control messages pile up).
-class OutQueue {
- public:
-  explicit OutQueue(size_t cap = 16) : items_(cap) {}
-  bool empty() const { return count_ == 0; }
-  size_t size() const { return count_; }
-  OutItem& front() { return items_[head_]; }
-  OutItem& push();
-  void pop();
-
- private:
-  void grow();
-  std::vector<OutItem> items_;
-  size_t head_ = 0, count_ = 0;
-};
 
 enum class ConnState {
   Hello,    // reading the fixed part of the hello
@@ -82,20 +57,16 @@ struct Conn {
   uint32_t rank = 0;
   bool member = false;  // counted in group's members
   // frames
-  uint8_t hdr[proto::kFrameHeaderBytes];
-  size_t hdr_got = 0;
-  bool have_hdr = false;
-  bool paused = false;  // header read, waiting for its slot to free
-  proto::FrameHeader cur;
+  net::FrameReader reader;
+  proto::FrameHeader cur;  // the frame being read
   Slot* cur_slot = nullptr;
-  uint8_t* dst = nullptr;  // where the current payload goes
-  size_t dst_got = 0;
+  bool paused = false;     // a header was read but its slot is busy: reading stops until it frees
   std::string text;        // payload of a BYE frame (rare)
   int64_t seq_next = 0;
   uint64_t last_round = 0;
   bool said_bye = false;
   // lifecycle
-  OutQueue out;
+  net::FrameWriter out;  // tokens: the Slot* of a result, 0 for control messages
   bool close_after_flush = false;
   bool dead = false;
   bool counted = false;  // in stats.connections

@@ -47,9 +47,9 @@ const std::vector<double> kLatencyBounds = {0.0005, 0.001, 0.002, 0.005, 0.01, 0
 
 namespace {
 
-// Every frame costs the reader at least this much of its per-wakeup budget, so frames without
-// payload (a flood of BYE headers) cannot starve the other connections of a loop.
-constexpr size_t kFrameCost = 4096;
+// Read budget per connection per wakeup; every frame costs at least its header plus
+// net::IoBudget::kFrameCharge, so frames without payload (a flood of BYE headers) cannot starve
+// the other connections of a loop.
 constexpr size_t kReadBudget = 8u << 20;  // bytes per connection per wakeup
 constexpr size_t kEndedGroupsKept = 16;   // ended groups still shown by group_stats()
 
@@ -113,6 +113,7 @@ struct Loop {
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
   std::unique_ptr<GroupTable> table;
   std::vector<Conn*> dying;
+  std::vector<Slot*> delivered_scratch;  // flush(): results written, reused (no allocation per chunk)
   std::mutex inbox_mu;
   std::vector<std::unique_ptr<Conn>> inbox;
   // accept back-off after EMFILE/ENFILE (loop 0 only)
@@ -177,8 +178,7 @@ struct Loop {
 
   // ---- output --------------------------------------------------------------------
   void send_ctl(Conn* c, std::string bytes) {
-    OutItem& it = c->out.push();
-    it.ctl = std::move(bytes);
+    c->out.push_copy(std::move(bytes), 0);
     flush(c);
   }
 
@@ -200,38 +200,26 @@ struct Loop {
     send_ctl(c, make_reply(status, msg, c->authenticated, c->key, c->hello.nonce, c->nonce));
   }
 
+  // Writes what the connection's queue holds. Results whose last byte went out are handled after
+  // the write (never from inside the writer: handling one may queue more on this connection).
   void flush(Conn* c) {
     if (c->dead) return;
+    std::vector<Slot*>& delivered = delivered_scratch;
+    const size_t mark = delivered.size();  // flush() may nest through result_delivered()
     try {
-      while (!c->out.empty()) {
-        OutItem& it = c->out.front();
-        iovec iov[2];
-        int n = 0;
-        size_t total;
-        if (!it.ctl.empty()) {
-          total = it.ctl.size();
-          iov[n++] = {const_cast<char*>(it.ctl.data()) + it.sent, total - it.sent};
-        } else {
-          total = it.hdr_len + it.payload_len;
-          if (it.sent < it.hdr_len) iov[n++] = {it.hdr + it.sent, it.hdr_len - it.sent};
-          size_t poff = it.sent > it.hdr_len ? it.sent - it.hdr_len : 0;
-          if (it.payload_len > poff) iov[n++] = {const_cast<uint8_t*>(it.payload) + poff, it.payload_len - poff};
-        }
-        ssize_t w = net::send_some(c->fd.get(), iov, n, c->peer);
-        if (w < 0) break;
-        srv->bytes_sent += uint64_t(w);
-        if (c->group) c->group->bytes_sent += uint64_t(w);
-        it.sent += size_t(w);
-        if (it.sent < total) continue;
-        Slot* slot = it.slot;
-        c->out.pop();
-        if (slot) result_delivered(c, slot);
-        if (c->dead) return;
-      }
+      net::IoResult res = c->out.flush(c->fd.get(), c->peer, nullptr, [&](uint64_t token) {
+        if (token) delivered.push_back(reinterpret_cast<Slot*>(token));
+      });
+      srv->bytes_sent += res.bytes;
+      if (c->group) c->group->bytes_sent += res.bytes;
     } catch (const Error& e) {
+      delivered.resize(mark);
       kill(c, e.what(), true);
       return;
     }
+    for (size_t i = mark; i < delivered.size() && !c->dead; ++i) result_delivered(c, delivered[i]);
+    delivered.resize(mark);
+    if (c->dead) return;
     if (c->out.empty() && c->close_after_flush) {
       kill(c, c->why.empty() ? "closed after error" : c->why, false);
       return;
@@ -410,6 +398,8 @@ struct Loop {
     if (j.kind != JoinOutcome::Kind::Completed) return;
     log_info("group " + c->gkey.label() + " complete: " + std::to_string(g.world()) + " ranks");
     g.for_each_member([&](Conn* m) {
+      m->out.reserve(size_t(srv->opts.group_slots) + 8);  // one result per slot + control: never full
+      m->reader.set_max_payload(g.chunk());
       set_state(m, ConnState::Active);
       srv->connections++;
       if (m->gkey.stream == 0) srv->workers++;
@@ -513,8 +503,6 @@ struct Loop {
     }
     c->paused = false;
     c->cur_slot = &s;
-    c->dst = g.contribution(s, c->rank);
-    c->dst_got = 0;
     return true;
   }
 
@@ -527,38 +515,42 @@ struct Loop {
     if (!c->dead && !c->close_after_flush) send_error(c, proto::ErrorCode::Protocol, c->why);
   }
 
-  void on_header(Conn* c) {
-    std::string err = proto::decode(c->hdr, &c->cur, c->group->chunk());
-    c->hdr_got = 0;
-    if (err.empty() && c->cur.type == proto::FrameType::Bye) {
-      c->have_hdr = true;
-      c->cur_slot = nullptr;
-      c->text.assign(c->cur.length, '\0');
-      c->dst = reinterpret_cast<uint8_t*>(&c->text[0]);
-      c->dst_got = 0;
-      if (c->cur.length == 0) on_bye(c);
-      return;
+  // The reader's header callback: where the payload of `h` goes.
+  net::Sink on_header(Conn* c, const proto::FrameHeader& h, const std::string& decode_error) {
+    std::string err = decode_error;
+    if (err.empty() && h.type == proto::FrameType::Bye) {
+      c->cur = h;
+      return net::Sink::text_into(&c->text);
     }
-    if (err.empty() && c->cur.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
-    if (err.empty() && c->cur.round < c->last_round) err = "round number went backwards";
+    if (err.empty() && h.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
+    if (err.empty() && h.round < c->last_round) err = "round number went backwards";
     if (!err.empty()) {
       protocol_error(c, err);
-      return;
+      return net::Sink::stop();
     }
-    if (!c->group->left().empty() || c->group->failed()) {
-      fail_group(c->group, proto::ErrorCode::PeerLost,
-                 c->group->left().empty() ? c->group->last_error() : c->group->left());
-      if (!c->dead && !c->close_after_flush)
-        send_error(c, proto::ErrorCode::PeerLost,
-                   c->group->left().empty() ? c->group->last_error() : c->group->left());
-      return;
+    Group& g = *c->group;
+    if (!g.left().empty() || g.failed()) {
+      const std::string why = g.left().empty() ? g.last_error() : g.left();
+      fail_group(c->group, proto::ErrorCode::PeerLost, why);
+      if (!c->dead && !c->close_after_flush) send_error(c, proto::ErrorCode::PeerLost, why);
+      return net::Sink::stop();
     }
-    c->have_hdr = true;
-    try_claim(c);
+    c->cur = h;
+    if (try_claim(c)) return net::Sink::memory(g.contribution(*c->cur_slot, c->rank));
+    return c->paused ? net::Sink::pause() : net::Sink::stop();
+  }
+
+  // The reader's frame callback; false stops reading this connection for now.
+  bool on_frame(Conn* c) {
+    if (c->cur.type == proto::FrameType::Bye) {
+      on_bye(c);
+      return false;
+    }
+    on_payload(c);
+    return !c->dead && !c->close_after_flush && !c->paused && c->state == ConnState::Active;
   }
 
   void on_bye(Conn* c) {
-    c->have_hdr = false;
     c->said_bye = true;
     set_state(c, ConnState::Leaving);  // nothing more is read from this connection
     std::string text;
@@ -570,16 +562,11 @@ struct Loop {
   }
 
   void on_payload(Conn* c) {
-    if (c->cur.type == proto::FrameType::Bye) {
-      on_bye(c);
-      return;
-    }
     Slot& s = *c->cur_slot;
     Group& g = *c->group;
     s.arrived[c->rank] = 1;
     c->seq_next++;
     c->last_round = c->cur.round;
-    c->have_hdr = false;
     c->cur_slot = nullptr;
     if (!g.advance(s)) return;
     srv->chunks_reduced++;
@@ -587,13 +574,12 @@ struct Loop {
     h.type = proto::FrameType::Result;
     s.pending_sends = g.world();
     std::shared_ptr<Group> keep = c->group;
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
     g.for_each_member([&](Conn* m) {
-      OutItem& it = m->out.push();
-      proto::encode(h, it.hdr);
-      it.hdr_len = proto::kFrameHeaderBytes;
-      it.payload = s.data;
-      it.payload_len = h.length;
-      it.slot = &s;
+      // A member's queue holds at most one result per slot plus control messages (reserved at join).
+      if (!m->out.push(hdr, sizeof hdr, net::Payload::bytes(s.data, h.length), reinterpret_cast<uint64_t>(&s)))
+        throw Error(ErrorKind::Internal, "output queue of " + m->peer + " is full");
     });
     keep->for_each_member([&](Conn* m) { flush(m); });
   }
@@ -612,33 +598,22 @@ struct Loop {
     g->release(*s);
     srv->busy_slots--;
     g->for_each_member([&](Conn* m) {
-      if (m->paused && !m->dead && try_claim(m)) update_mask(m);
+      if (!m->paused || m->dead) return;
+      m->paused = false;  // the reader offers the waiting header again
+      read_data(m);
+      update_mask(m);
     });
   }
 
   void read_data(Conn* c) {
-    size_t budget = kReadBudget;
-    while (budget > 0 && !c->dead && !c->paused && !c->close_after_flush && c->state == ConnState::Active) {
-      if (!c->have_hdr) {
-        ssize_t n = net::recv_some(c->fd.get(), c->hdr + c->hdr_got, proto::kFrameHeaderBytes - c->hdr_got, c->peer);
-        if (n < 0) return;
-        srv->bytes_received += uint64_t(n);
-        c->hdr_got += size_t(n);
-        if (c->hdr_got == proto::kFrameHeaderBytes) {
-          budget -= std::min(budget, kFrameCost);
-          on_header(c);
-        }
-        continue;
-      }
-      size_t want = c->cur.length - c->dst_got;
-      ssize_t n = net::recv_some(c->fd.get(), c->dst + c->dst_got, want, c->peer);
-      if (n < 0) return;
-      srv->bytes_received += uint64_t(n);
-      c->group->bytes_received += uint64_t(n);
-      c->dst_got += size_t(n);
-      budget -= std::min(budget, size_t(n));
-      if (c->dst_got == c->cur.length) on_payload(c);
-    }
+    if (c->dead || c->paused || c->close_after_flush || c->state != ConnState::Active) return;
+    net::IoBudget budget(kReadBudget);
+    net::IoResult res = c->reader.pump(
+        c->fd.get(), c->peer, &budget,
+        [&](const proto::FrameHeader& h, const std::string& err) { return on_header(c, h, err); },
+        [&](const proto::FrameHeader&) { return on_frame(c); });
+    srv->bytes_received += res.bytes;
+    if (c->group) c->group->bytes_received += res.bytes;
   }
 
   // Returns false if the connection was handed to another loop: the caller must not touch it.
@@ -817,7 +792,7 @@ struct Loop {
         h.length = uint32_t(msg.size());
         uint8_t hb[proto::kFrameHeaderBytes];
         proto::encode(h, hb);
-        if (c->out.empty() || c->out.front().sent == 0) {
+        if (!c->out.mid_frame()) {
           ::send(c->fd.get(), hb, sizeof hb, MSG_NOSIGNAL | MSG_DONTWAIT);
           ::send(c->fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
         }
