@@ -12,7 +12,8 @@ from setuptools import setup
 # Compile the sources in parallel (RS_BUILD_JOBS, default: every CPU).
 ParallelCompile("RS_BUILD_JOBS").install()
 
-sources = sorted(glob("csrc/**/*.cc", recursive=True))
+# csrc/fuzz holds the libFuzzer targets (scripts/fuzz.sh builds them), not part of the module.
+sources = sorted(src for src in glob("csrc/**/*.cc", recursive=True) if not src.startswith("csrc/fuzz/"))
 
 ext = Pybind11Extension(
     "reducer._core",
