@@ -42,15 +42,17 @@ done
 "$out/make_seeds" "$out/corpus"
 
 log="$out/fuzz.log"
+parallel=()
+if [[ "$jobs" != 1 ]]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
 set +e
 ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}" \
 UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
   "$out/wire_fuzz" -max_total_time="$seconds" -max_len=4400 -timeout=10 -rss_limit_mb=1024 \
-  -print_final_stats=1 -artifact_prefix="$out/artifacts/" -jobs="$jobs" -workers="$jobs" \
+  -print_final_stats=1 -artifact_prefix="$out/artifacts/" "${parallel[@]}" \
   "$@" "$out/corpus" >"$log" 2>&1
 status=$?
 set -e
-if [[ "$jobs" != 1 ]]; then cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log; fi
+if [[ "$jobs" != 1 ]]; then cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log; fi  # libFuzzer's job logs
 # Summary: the last status line and the final stats.
 grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true
 grep -E '^stat::' "$log" || true
