@@ -19,7 +19,6 @@ import hashlib
 import hmac
 import json
 import os
-import re
 import resource
 import select
 import selectors
@@ -31,7 +30,7 @@ import threading
 import time
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable, Dict, Iterator, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -45,11 +44,8 @@ CHALLENGE = struct.Struct("<IHBBII32s")            # 48 bytes
 HELLO = struct.Struct("<IHHIIHHIHHI32s32s")         # 96 bytes, then job id and group name
 REPLY = struct.Struct("<IHH32s")                   # 40 bytes, then the message
 FRAME = struct.Struct("<BBBBIQQQQQ")               # 48 bytes, then `length` payload bytes
-HELLO_MAC_OFFSET = 64
 REPLY_MAC_OFFSET = 8
-MAX_NAME = 256
 MAX_MESSAGE = 4096
-NAME_CHARS = re.compile(rb"^[A-Za-z0-9._\-:/@+=#]{1,256}$")
 
 DATA, RESULT, ERROR, BYE = 1, 2, 3, 4
 F32, F64, F16, BF16, I32, I64 = 0, 1, 2, 3, 4, 5
@@ -87,14 +83,6 @@ def job_key(secret: bytes, job: bytes) -> bytes:
 def job_credential(job: str, key: bytes) -> str:
     """The job credential a worker may hold instead of the shared secret."""
     return f"{CREDENTIAL_PREFIX}:{job}:{key.hex()}"
-
-
-def key_for(token: bytes, job: bytes) -> bytes:
-    """The key a worker holding `token` signs with for `job` (the credential's key, whatever job it names)."""
-    text = token.decode("ascii", "replace")
-    if text.startswith(CREDENTIAL_PREFIX + ":"):
-        return bytes.fromhex(text.rsplit(":", 1)[1])
-    return job_key(token, job)
 
 
 @dataclass
@@ -189,6 +177,17 @@ def recv_exact(sock: socket.socket, n: int) -> bytes:
             raise ConnectionError(f"closed after {len(buf)} of {n} bytes")
         buf += chunk
     return bytes(buf)
+
+
+def recv_exact_into(sock: socket.socket, buf: bytearray) -> None:
+    """Fills `buf` from the socket (no allocation: for large payloads)."""
+    view = memoryview(buf)
+    got = 0
+    while got < len(buf):
+        n = sock.recv_into(view[got:])
+        if not n:
+            raise ConnectionError(f"closed after {got} of {len(buf)} bytes")
+        got += n
 
 
 def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
@@ -720,20 +719,18 @@ class Flood:
             t.start()
         return self
 
+    def join(self) -> None:
+        """Waits until the flood has run its course (max_calls made or `seconds` passed)."""
+        for t in self._threads:
+            t.join(self.seconds + 30)
+
     def stop(self) -> None:
         self._stop.set()
-        for t in self._threads:
-            t.join(30)
+        self.join()
 
     def __enter__(self) -> "Flood":
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def log_records(records: Sequence[object]) -> Iterator[str]:
-    """The formatted messages of captured logging records."""
-    for r in records:
-        yield r.getMessage()  # type: ignore[attr-defined]
 
