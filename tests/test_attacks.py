@@ -186,7 +186,7 @@ def test_bye_flood_does_not_starve_the_loop():
             while not stop.is_set() and time.monotonic() < deadline and n < 500:
                 n += 1
                 try:
-                    w = RawWorker(srv.port, 0, 1, group=f"bye-flood-{n}".encode(), timeout=5)
+                    w = RawWorker(srv.port, 0, 1, group=f"bye-flood-{n}".encode(), chunk=4096, timeout=5)
                     if w.reply().status != Status.OK:
                         w.close()
                         continue
@@ -386,11 +386,12 @@ def test_descriptor_exhaustion_backs_off(tmp_path):
             time.sleep(3.0)
             cpu = (cpu_seconds(rp.pid) - c0) / (time.monotonic() - t0)
             assert rp.alive(), rp.log_text()[-2000:]
-            assert cpu < 0.5, f"reducer used {cpu:.0%} of a core while out of descriptors"
+            assert cpu < 0.2, f"reducer used {cpu:.0%} of a core while out of descriptors"
         finally:
             close_all(socks)
         accept_lines = [ln for ln in rp.log_text().splitlines() if "accept" in ln.lower()]
-        assert 1 <= len(accept_lines) <= 20, accept_lines[:5] + [f"... {len(accept_lines)} lines"]
+        # Rate-limited (or none at all, if the connection cap keeps accept() clear of the limit).
+        assert len(accept_lines) <= 20, accept_lines[:5] + [f"... {len(accept_lines)} lines"]
         run_good_group(rp.address, "after-the-flood", rounds=3, connect_timeout=20)
 
 
