@@ -614,15 +614,19 @@ def expected_sum(world: int, n: int, round_: int) -> np.ndarray:
 class GoodGroup:
     """`world` real workers (reducer.Communicator, one thread each) doing `rounds` all-reduces.
 
+    comm_kwargs go to every rank's Communicator, rank_kwargs[r] to rank r's only.
+
     Each rank contributes arange(n) * (rank + 1) + round as int32; every result is compared
     exactly with expected_sum. `timeout` is the workers' normal progress timeout, so a
     starved reducer shows up as ReductionTimeout. join() re-raises the first failure.
     """
 
     def __init__(self, address: str, group: str, rounds: int = 20, world: int = 2, n: int = 4096,
-                 timeout: float = 10.0, connect_timeout: float = 10.0, **comm_kwargs: object) -> None:
+                 timeout: float = 10.0, connect_timeout: float = 10.0,
+                 rank_kwargs: Optional[Sequence[Dict[str, object]]] = None, **comm_kwargs: object) -> None:
         self.address, self.group, self.rounds, self.world, self.n = address, group, rounds, world, n
         self.timeout, self.connect_timeout, self.comm_kwargs = timeout, connect_timeout, comm_kwargs
+        self.rank_kwargs = list(rank_kwargs) if rank_kwargs is not None else [{}] * world
         self.errors: List[BaseException] = []
         self.done_rounds = [0] * world
         self.connected = threading.Barrier(world + 1)
@@ -631,8 +635,9 @@ class GoodGroup:
     def _rank(self, rank: int) -> None:
         signalled = False
         try:
+            kwargs = dict(self.comm_kwargs, **self.rank_kwargs[rank])
             with reducer.Communicator([self.address], rank, self.world, group=self.group, timeout=self.timeout,
-                                      connect_timeout=self.connect_timeout, **self.comm_kwargs) as comm:
+                                      connect_timeout=self.connect_timeout, **kwargs) as comm:
                 try:
                     self.connected.wait(self.connect_timeout + 5)
                 except threading.BrokenBarrierError:
