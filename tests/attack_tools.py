@@ -691,6 +691,7 @@ class GoodGroup:
 def run_good_group(address: str, group: str, rounds: int = 3, **kw: object) -> None:
     """A well-behaved group forms, all-reduces `rounds` times correctly and leaves."""
     g = GoodGroup(address, group, rounds=rounds, **kw).start()
+    g.wait_connected()
     g.join()
 
 
