@@ -373,6 +373,22 @@ def test_per_peer_connection_cap():
             close_all(socks)
 
 
+def test_total_connection_cap():
+    cap = 24
+    with serve(threads=2, max_connections=cap, handshake_timeout=30) as srv:
+        assert srv.stats()["limits"]["max_connections"] == cap
+        srcs = peers(4)
+        socks = [connect(srv.port, srcs[i % len(srcs)], timeout=5) for i in range(40)]
+        try:
+            closed = closed_within(socks, 3.0)
+            assert closed.count(False) <= cap, f"{closed.count(False)} connections kept open (cap {cap})"
+            assert srv.stats()["refused_over_limit"] >= 40 - cap
+        finally:
+            close_all(socks)
+        # Room again once the flood is gone.
+        run_good_group(srv.address, "after-the-cap", rounds=3)
+
+
 @pytest.mark.slow
 def test_descriptor_exhaustion_backs_off(tmp_path):
     """A reducer under RLIMIT_NOFILE=256 flooded past the limit: it does not spin on accept,
