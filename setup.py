@@ -24,8 +24,9 @@ PLUGIN_CORE_DIRS = ["common", "client", "net", "protocol", "kernels"]
 
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
 
+# csrc/nccl_plugin is its own library (below); csrc/fuzz holds the libFuzzer targets (scripts/fuzz.sh).
 sources = sorted(s for s in glob("csrc/**/*.cc", recursive=True)
-                 if not s.startswith(PLUGIN_DIR + os.sep))
+                 if not s.startswith((PLUGIN_DIR + os.sep, os.path.join("csrc", "fuzz") + os.sep)))
 
 ext = Pybind11Extension(
     "reducer._core",

@@ -1,12 +1,11 @@
-"""The wire protocol from the outside: an independent Python encoder of docs/protocol.md
-talks to a real reducer, and malformed input never hurts anyone else."""
+"""The wire protocol from the outside: the independent Python encoder of docs/protocol.md
+(tests/attack_tools.py) talks to a real reducer, and malformed input never hurts anyone else."""
 from __future__ import annotations
 
 import hashlib
 import hmac
 import os
 import socket
-import struct
 import threading
 import time
 
@@ -16,21 +15,15 @@ import pytest
 import reducer
 from reducer._native import core
 
-pytestmark = pytest.mark.timeout(60)
+pytestmark = [pytest.mark.timeout(60), pytest.mark.sanitize]
 
-MAGIC = 0x56525352
-VERSION = 1
-CHALLENGE = struct.Struct("<IHBBII32s")          # 48 bytes
-HELLO = struct.Struct("<IHHIIHHIHHI32s")          # 64 bytes
-REPLY = struct.Struct("<IHH")                    # 8 bytes
-FRAME = struct.Struct("<BBBBIQQQQQ")             # 48 bytes
-DATA, RESULT, ERROR, BYE = 1, 2, 3, 4
-F32, SUM = 0, 0
+from attack_tools import (CHALLENGE, DATA, ERR_PROTOCOL, ERROR, F32, FRAME, HELLO, REPLY, RESULT, SUM, VERSION,
+                          RawWorker, Status, closed_by_peer, frame, job_credential, job_key, recv_exact)
 
 
 def test_layout_sizes():
-    assert (CHALLENGE.size, HELLO.size, REPLY.size, FRAME.size) == (48, 64, 8, 48)
-    assert core.PROTOCOL_VERSION == VERSION
+    assert (CHALLENGE.size, HELLO.size, REPLY.size, FRAME.size) == (48, 96, 40, 48)
+    assert core.PROTOCOL_VERSION == VERSION == 2
 
 
 def test_hmac_matches_python():
@@ -39,44 +32,12 @@ def test_hmac_matches_python():
         assert core.hmac_sha256(key.decode(), msg.decode()) == want
 
 
-def recv_exact(sock: socket.socket, n: int) -> bytes:
-    buf = b""
-    while len(buf) < n:
-        chunk = sock.recv(n - len(buf))
-        if not chunk:
-            raise ConnectionError("closed")
-        buf += chunk
-    return buf
-
-
-class RawWorker:
-    """A worker written from docs/protocol.md, not from the C++ code."""
-
-    def __init__(self, port: int, rank: int = 0, world: int = 1, group: bytes = b"raw", job: bytes = b"j",
-                 token: bytes = b"", version: int = VERSION, chunk: int = 1 << 20):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=10)
-        magic, ver, auth, _, maxchunk, _, nonce = CHALLENGE.unpack(recv_exact(self.sock, 48))
-        assert magic == MAGIC and ver == VERSION
-        self.auth_required = bool(auth)
-        fields = [MAGIC, version, 0, world, rank, 0, 1, chunk, len(job), len(group), 0]
-        unsigned = HELLO.pack(*fields, b"\0" * 32) + job + group
-        mac = hmac.new(token, nonce + unsigned, hashlib.sha256).digest() if token else b"\0" * 32
-        self.sock.sendall(HELLO.pack(*fields, mac) + job + group)
-
-    def reply(self):
-        magic, status, n = REPLY.unpack(recv_exact(self.sock, 8))
-        assert magic == MAGIC
-        return status, recv_exact(self.sock, n).decode()
-
-    def send_data(self, payload: bytes, round_: int = 0, total: int = None, offset: int = 0, flags: int = 1,
-                  length: int = None, dtype: int = F32):
-        total = len(payload) if total is None else total
-        length = len(payload) if length is None else length
-        self.sock.sendall(FRAME.pack(DATA, dtype, SUM, flags, length, round_, total, total, offset, 0) + payload)
-
-    def frame(self):
-        t, dt, op, fl, length, rnd, total, shard, off, tag = FRAME.unpack(recv_exact(self.sock, 48))
-        return t, fl, rnd, off, recv_exact(self.sock, length)
+def test_job_key_matches_the_documented_derivation():
+    # K_job = HMAC-SHA256(secret, "reduction-server job key v1" || 0x00 || job id)
+    for secret, job in [("s3cret", "job-A"), ("s3cret", "job-B"), ("x" * 200, "j" * 256)]:
+        want = hmac.new(secret.encode(), b"reduction-server job key v1\0" + job.encode(), hashlib.sha256).digest()
+        assert core.job_key(secret, job) == want == job_key(secret.encode(), job.encode())
+    assert core.job_key("s3cret", "job-A") != core.job_key("s3cret", "job-B")
 
 
 @pytest.fixture
@@ -87,13 +48,17 @@ def server():
 
 def test_raw_worker_round_trip(server):
     a, b = RawWorker(server.port, 0, 2), RawWorker(server.port, 1, 2)
-    assert a.reply() == (0, "welcome") and b.reply()[0] == 0
+    assert not a.challenge.auth_required and a.challenge.version == VERSION
+    ra, rb = a.reply(), b.reply()
+    assert (ra.status, ra.message) == (Status.OK, "welcome") and rb.status == Status.OK
+    # Without a secret the reducer cannot sign: the reply MAC is zeros.
+    assert ra.mac == rb.mac == b"\0" * 32
     x = np.arange(10, dtype="<f4")
     a.send_data(x.tobytes())
     b.send_data((2 * x).tobytes())
     for w in (a, b):
         t, fl, rnd, off, payload = w.frame()
-        assert (t, rnd, off) == (RESULT, 0, 0)
+        assert (t, fl, rnd, off) == (RESULT, 1, 0, 0)
         np.testing.assert_array_equal(np.frombuffer(payload, "<f4"), 3 * x)
 
 
@@ -102,18 +67,6 @@ def assert_still_serving(server):
         a = np.ones(4, np.float32)
         c.allreduce(a)
         assert a.tolist() == [1, 1, 1, 1]
-
-
-def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
-    sock.settimeout(timeout)
-    try:
-        while True:
-            if not sock.recv(65536):
-                return True
-    except (ConnectionResetError, BrokenPipeError):
-        return True
-    except socket.timeout:
-        return False
 
 
 def test_garbage_is_dropped(server):
@@ -127,15 +80,77 @@ def test_garbage_is_dropped(server):
 
 def test_wrong_version_gets_reply(server):
     w = RawWorker(server.port, version=99)
-    status, msg = w.reply()
-    assert status == 1 and "version" in msg and "99" in msg
+    r = w.reply()
+    assert r.status == Status.BAD_VERSION and "version" in r.message and "99" in r.message
     assert_still_serving(server)
 
 
-def test_bad_hello_fields(server):
-    w = RawWorker(server.port, rank=5, world=2)
-    status, msg = w.reply()
-    assert status == 3 and "rank 5" in msg
+BAD_HELLO_FIELDS = [
+    (dict(world=(1 << 31) - 1), "world size"),
+    (dict(world=0), "world size"),
+    (dict(world=65537), "world size"),
+    (dict(rank=5, world=2), "rank 5"),
+    (dict(chunk=0), "chunk size"),
+    (dict(chunk=56), "chunk size"),
+    (dict(chunk=1001), "chunk size"),
+    (dict(chunk=(64 << 20) + 8), "chunk size"),
+    (dict(streams=0), "streams"),
+    (dict(streams=65), "streams"),
+    (dict(stream=2, streams=2), "stream index"),
+]
+
+
+@pytest.mark.parametrize("fields,fragment", BAD_HELLO_FIELDS,
+                         ids=["-".join(f"{k}={v}" for k, v in f[0].items()) for f in BAD_HELLO_FIELDS])
+def test_out_of_range_hello_fields_rejected_for_the_sender_only(server, fields, fragment):
+    neighbour = RawWorker(server.port, 0, 2, group=b"neighbour")
+    w = RawWorker(server.port, group=b"bad", **fields)
+    r = w.reply()
+    assert r.status == Status.BAD_HELLO, (r.status, r.message)
+    assert fragment in r.message
+    assert closed_by_peer(w.sock)
+    # The neighbour still forms its group and reduces.
+    other = RawWorker(server.port, 1, 2, group=b"neighbour")
+    assert neighbour.reply().status == other.reply().status == Status.OK
+    x = np.arange(4, dtype="<f4")
+    neighbour.send_data(x.tobytes())
+    other.send_data(x.tobytes())
+    assert np.array_equal(np.frombuffer(neighbour.frame()[4], "<f4"), 2 * x)
+
+
+BAD_HEADERS = [
+    (dict(dtype=9), b"unknown dtype"),
+    (dict(op=7), b"unknown op"),
+    (dict(type_=9), b"unknown frame type"),
+    (dict(type_=RESULT), b"unexpected frame type"),
+    (dict(offset=(1 << 64) - 8, length=16, total=64), b"outside the shard"),
+    (dict(offset=8, length=(1 << 32) - 8, total=1 << 40), b"exceeds the chunk size"),
+    (dict(length=0, total=16), b"positive multiple"),
+    (dict(length=6, total=16), b"positive multiple"),
+    (dict(offset=2, length=4, total=16), b"aligned"),
+    (dict(shard=32, total=16, length=16), b"shard larger"),
+]
+
+
+@pytest.mark.parametrize("fields,fragment", BAD_HEADERS, ids=[f[1].decode() + str(i) for i, f in enumerate(BAD_HEADERS)])
+def test_out_of_range_data_headers_rejected_for_the_sender_only(server, fields, fragment):
+    kw = dict(type_=DATA, length=16, total=16)
+    kw.update(fields)
+    type_ = kw.pop("type_")
+    bystander = RawWorker(server.port, 0, 1, group=b"bystander")
+    assert bystander.reply().status == Status.OK
+    a = RawWorker(server.port, 0, 1, group=b"hdr")
+    assert a.reply().status == Status.OK
+    a.sock.sendall(frame(type_, **kw))
+    t, fl, _, _, msg = a.frame()
+    assert t == ERROR and fl == ERR_PROTOCOL and fragment in msg, msg
+    assert closed_by_peer(a.sock)
+    # The other group on the reducer is untouched.
+    x = np.arange(8, dtype="<f4")
+    bystander.send_data(x.tobytes())
+    t, _, _, _, payload = bystander.frame()
+    assert t == RESULT and np.array_equal(np.frombuffer(payload, "<f4"), x)
+    assert_still_serving(server)
 
 
 def test_oversized_frame_fails_group_not_server(server):
@@ -194,11 +209,47 @@ def test_many_bad_clients_concurrently(server):
     assert_still_serving(server)
 
 
-def test_raw_auth(server):
-    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token="tok") as srv:
-        good = RawWorker(srv.port, token=b"tok")
-        assert good.auth_required
-        assert good.reply()[0] == 0
-        bad = RawWorker(srv.port, token=b"nope")
-        status, msg = bad.reply()
-        assert status == 2 and "authentication failed" in msg
+def test_raw_auth():
+    secret = b"tok"
+    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=secret.decode()) as srv:
+        good = RawWorker(srv.port, job=b"job-A", key=job_key(secret, b"job-A"))
+        assert good.challenge.auth_required
+        r = good.reply()
+        assert r.status == Status.OK
+        # The reducer proves it knows the secret: the reply is signed with K_job over both nonces.
+        assert good.reply_mac_ok(r)
+        assert r.mac != b"\0" * 32
+        bad = RawWorker(srv.port, job=b"job-A", key=job_key(b"nope", b"job-A"))
+        r = bad.reply()
+        assert r.status == Status.AUTH_FAILED and "authentication failed" in r.message
+        unsigned = RawWorker(srv.port, job=b"job-A")
+        assert unsigned.reply().status == Status.AUTH_FAILED
+
+
+def test_raw_auth_mac_covers_every_byte():
+    # Each byte of the signed hello matters: change one after signing and the reducer refuses.
+    secret = b"tok"
+    key = job_key(secret, b"job-A")
+    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=secret.decode()) as srv:
+        for pos in (4 + 2, 8, 12, 20, 32, 96, 96 + 5):  # flags, world, rank, chunk, worker nonce, job, group
+            w = RawWorker(srv.port, 0, 1, job=b"job-A", group=b"group", key=key, send_hello=False)
+            tampered = bytearray(w.hello_bytes)
+            tampered[pos] ^= 0x01
+            w.sock.sendall(bytes(tampered))
+            r = w.reply()
+            assert r.status in (Status.AUTH_FAILED, Status.BAD_HELLO), (pos, r)
+            if pos >= 32:
+                assert r.status == Status.AUTH_FAILED, (pos, r)
+
+
+def test_raw_auth_with_job_credential():
+    secret = b"s3cret"
+    cred = job_credential("job-A", job_key(secret, b"job-A"))
+    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=secret.decode()) as srv:
+        key = bytes.fromhex(cred.rsplit(":", 1)[1])
+        w = RawWorker(srv.port, job=b"job-A", key=key)
+        r = w.reply()
+        assert r.status == Status.OK and w.reply_mac_ok(r)
+        # The same key presented for another job is refused by the reducer itself.
+        other = RawWorker(srv.port, job=b"job-B", key=key)
+        assert other.reply().status == Status.AUTH_FAILED
