@@ -37,8 +37,10 @@ for src in "${helpers[@]}"; do
   objs+=("$obj")
 done
 "$CXX_FUZZ" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  csrc/fuzz/wire_fuzz.cc csrc/protocol/wire.cc "${objs[@]}" -o "$out/wire_fuzz"
-"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc csrc/protocol/wire.cc "${objs[@]}" -o "$out/make_seeds"
+  csrc/fuzz/wire_fuzz.cc csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc \
+  csrc/server/handshake.cc "${objs[@]}" -o "$out/wire_fuzz"
+"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc \
+  csrc/protocol/hmac.cc "${objs[@]}" -o "$out/make_seeds"
 "$out/make_seeds" "$out/corpus"
 
 log="$out/fuzz.log"

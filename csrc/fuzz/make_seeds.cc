@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "protocol/auth.h"
 #include "protocol/wire.h"
 
 namespace proto = rs::proto;
@@ -51,9 +52,17 @@ int main(int argc, char** argv) {
   h.job_id = "j";
   h.group = "g";
   ok &= write_seed(dir, "hello-1", 1, proto::encode(h));
+  // An authenticated hello as the reducer's decision sees it (secret "secret", zero challenge nonce).
+  h.mac = proto::hello_mac(proto::job_key("secret", h.job_id), h, std::array<uint8_t, proto::kNonceBytes>{});
+  ok &= write_seed(dir, "server-hello-0", 4, proto::encode(h));
 
-  ok &= write_seed(dir, "reply-0", 2, proto::encode_reply(proto::Status::Ok, "welcome"));
-  ok &= write_seed(dir, "reply-1", 2, proto::encode_reply(proto::Status::GroupConflict, "world size 3 differs"));
+  proto::Reply reply;
+  reply.message = "welcome";
+  ok &= write_seed(dir, "reply-0", 2, proto::encode(reply));
+  reply.status = proto::Status::GroupConflict;
+  reply.message = "world size 3 differs";
+  for (size_t k = 0; k < reply.mac.size(); ++k) reply.mac[k] = uint8_t(k + 3);
+  ok &= write_seed(dir, "reply-1", 2, proto::encode(reply));
 
   struct F { proto::FrameType t; uint8_t dtype; uint32_t len; uint64_t total, shard, off; std::string text; };
   std::vector<F> frames = {

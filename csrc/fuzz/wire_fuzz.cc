@@ -15,6 +15,7 @@
 
 #include "kernels/kernels.h"
 #include "protocol/wire.h"
+#include "server/handshake.h"
 
 namespace {
 
@@ -63,23 +64,30 @@ void fuzz_hello(const uint8_t* p, size_t n) {
   std::string orig(reinterpret_cast<const char*>(p), proto::kHelloFixedBytes + names);
   std::memset(&orig[28], 0, 4);
   FUZZ_CHECK(again == orig);
-  // The MAC input covers the whole hello with the MAC zeroed.
-  std::array<uint8_t, proto::kNonceBytes> nonce{};
-  std::string mi = proto::mac_input(h, nonce);
-  FUZZ_CHECK(mi.size() >= again.size());
+  // What the MAC covers is the whole hello with the MAC zeroed.
+  std::string unsigned_bytes = proto::encode_unsigned(h);
+  FUZZ_CHECK(unsigned_bytes.size() == again.size());
+  FUZZ_CHECK(std::memcmp(unsigned_bytes.data() + 64, std::string(proto::kMacBytes, '\0').data(), proto::kMacBytes) == 0);
+  // Names the reducer accepts contain only the documented characters (they reach logs and keys).
+  for (const std::string* name : {&h.job_id, &h.group}) {
+    if (!proto::check_name("name", *name).empty()) continue;
+    FUZZ_CHECK(!name->empty() && name->size() <= proto::kMaxNameBytes);
+    for (char ch : *name) FUZZ_CHECK(ch > 32 && ch < 127 && ch != '\\' && ch != '"' && ch != '\'');
+  }
 }
 
 void fuzz_reply(const uint8_t* p, size_t n) {
   if (n < proto::kReplyFixedBytes) return;
-  proto::Status s;
+  proto::Reply r;
   size_t msg_len = 0;
-  if (!proto::decode_reply_fixed(p, &s, &msg_len).empty()) return;
+  if (!proto::decode_reply_fixed(p, &r, &msg_len).empty()) return;
   FUZZ_CHECK(msg_len <= proto::kMaxMessageBytes);
-  (void)proto::status_name(s);
+  (void)proto::status_name(r.status);
   if (n - proto::kReplyFixedBytes < msg_len) return;
-  std::string msg(reinterpret_cast<const char*>(p + proto::kReplyFixedBytes), msg_len);
-  std::string again = proto::encode_reply(s, msg);
+  r.message.assign(reinterpret_cast<const char*>(p + proto::kReplyFixedBytes), msg_len);
+  std::string again = proto::encode(r);
   FUZZ_CHECK(again.size() == proto::kReplyFixedBytes + msg_len);
+  FUZZ_CHECK(std::memcmp(again.data(), p, proto::kReplyFixedBytes + msg_len) == 0);
 }
 
 void fuzz_frame(const uint8_t* p, size_t n) {
@@ -108,17 +116,37 @@ void fuzz_frame(const uint8_t* p, size_t n) {
   FUZZ_CHECK(h.offset % es == 0);
 }
 
+// The reducer's whole decision on a hello (server/handshake.h), with a secret configured: an
+// accepted hello has valid names and a MAC made with the job's key.
+void fuzz_server_hello(const uint8_t* p, size_t n) {
+  if (n < proto::kHelloFixedBytes) return;
+  proto::Hello h;
+  size_t job_len = 0, group_len = 0;
+  rs::server::Verdict v = rs::server::check_hello_fixed(p, &h, &job_len, &group_len, "peer");
+  if (!v.ok() || n - proto::kHelloFixedBytes < job_len + group_len) return;
+  std::string names(reinterpret_cast<const char*>(p + proto::kHelloFixedBytes), job_len + group_len);
+  std::array<uint8_t, proto::kNonceBytes> nonce{};
+  proto::Key key{};
+  bool authenticated = false;
+  v = rs::server::check_hello_names(&h, names, job_len, "secret", nonce, "peer", &key, &authenticated);
+  if (!v.ok()) return;
+  FUZZ_CHECK(authenticated);
+  FUZZ_CHECK(proto::check_name("job", h.job_id).empty() && proto::check_name("group", h.group).empty());
+  FUZZ_CHECK(proto::hello_mac(proto::job_key("secret", h.job_id), h, nonce) == h.mac);
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
   const uint8_t* p = data + 1;
   const size_t n = size - 1;
-  switch (data[0] % 4) {
+  switch (data[0] % 5) {
     case 0: fuzz_challenge(p, n); break;
     case 1: fuzz_hello(p, n); break;
     case 2: fuzz_reply(p, n); break;
-    default: fuzz_frame(p, n); break;
+    case 3: fuzz_frame(p, n); break;
+    default: fuzz_server_hello(p, n); break;
   }
   return 0;
 }

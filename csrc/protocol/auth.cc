@@ -57,7 +57,7 @@ Key Credential::key_for(const std::string& job) const {
     case Kind::Secret: return job_key(secret_, job);
     case Kind::JobToken:
       if (job != job_)
-        throw Error(ErrorKind::Config, "the job credential is for job '" + job_ + "', not for job '" + job +
+        throw Error(ErrorKind::Auth, "authentication failed: the job credential is for job '" + job_ + "', not for job '" + job +
                                            "' (set RS_JOB_ID to the credential's job, or make a credential for this job)");
       return key_;
     case Kind::None: break;

@@ -28,7 +28,7 @@ class Credential {
   // Throws Error(Config) for a malformed "rsjob1:" credential.
   static Credential parse(const std::string& token);
   bool present() const { return kind_ != Kind::None; }
-  // The key for `job`; throws Error(Config) if this is a credential for another job.
+  // The key for `job`; throws Error(Auth) if this is a credential for another job.
   Key key_for(const std::string& job) const;
 
  private:

@@ -466,8 +466,8 @@ struct Loop {
       if (g->world() - g->joined() > 8) missing += ", ...";
       const std::string msg = "group " + g->key().label() + ": only " + std::to_string(g->joined()) + " of " +
                               std::to_string(g->world()) + " ranks joined within " +
-                              std::to_string(int(srv->opts.group_timeout)) + " s (group_timeout); missing ranks " +
-                              missing;
+                              std::to_string(int(srv->opts.group_timeout)) + " s (group_timeout): " +
+                              std::to_string(g->world() - g->joined()) + " missing (ranks " + missing + ")";
       g->mark_failed(msg);
       record_ended(*g);
       log_warn(msg);
