@@ -36,7 +36,7 @@ ROOT = Path(__file__).resolve().parents[1]
 REDUCER_DOCKERFILE = ROOT / "docker" / "reducer.Dockerfile"
 WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(240)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 _ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
              "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_LOG_LEVEL", "RS_THREADS", "LOCAL_RANK",
@@ -136,7 +136,7 @@ def venv(tmp_path_factory) -> Dict[str, Path]:
     assert not list(src.rglob("*.so")), "the copy must not carry a prebuilt extension"
     # The Dockerfiles' `pip wheel .`, without build isolation (no network here).
     subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
-                    "-w", str(wheels)], check=True, timeout=200, cwd=str(tmp))
+                    "-w", str(wheels)], check=True, timeout=480, cwd=str(tmp))
     (wheel,) = wheels.glob("reduction_server-*.whl")
 
     env_dir = tmp / "venv"
