@@ -155,8 +155,8 @@ void Client::connect_all() {
   session_gen_++;
 }
 
-HelloParams Client::hello_for(int stream) const {
-  HelloParams h;
+proto::Hello Client::hello_for(int stream) const {
+  proto::Hello h;
   h.world_size = opts_.world_size;
   h.rank = opts_.rank;
   h.stream_index = uint16_t(stream);

@@ -32,7 +32,6 @@
 
 namespace rs::client {
 
-struct HelloParams;  // client/handshake.h
 
 struct ClientOptions {
   std::vector<std::string> reducers;  // "host:port" / "[v6]:port"
@@ -110,7 +109,7 @@ class Client {
   struct Link;
   struct Round;
   void connect_all();
-  HelloParams hello_for(int stream) const;
+  proto::Hello hello_for(int stream) const;
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, bool may_wait, RoundId* out);

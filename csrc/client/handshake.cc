@@ -21,7 +21,7 @@ namespace {
 
 }  // namespace
 
-PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, const HelloParams& p,
+PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, proto::Hello h,
                             const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline) {
   PendingLink l;
   l.peer = peer;
@@ -42,18 +42,10 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
                                         "refusing to send gradients to a reducer that cannot prove who it is");
   l.challenge_nonce = ch.nonce;
   proto::random_bytes(l.worker_nonce.data(), l.worker_nonce.size());
-  proto::Hello h;
-  h.world_size = p.world_size;
-  h.rank = p.rank;
-  h.stream_index = p.stream_index;
-  h.num_streams = p.num_streams;
-  h.chunk_bytes = p.chunk_bytes;
-  h.job_id = p.job_id;
-  h.group = p.group;
   h.nonce = l.worker_nonce;
   if (cred.present()) {
     l.authenticated = true;
-    l.key = cred.key_for(p.job_id);
+    l.key = cred.key_for(h.job_id);
     h.mac = proto::hello_mac(l.key, h, ch.nonce);
   }
   std::string bytes = proto::encode(h);

@@ -13,16 +13,6 @@
 
 namespace rs::client {
 
-struct HelloParams {
-  uint32_t world_size = 1;
-  uint32_t rank = 0;
-  uint16_t stream_index = 0;
-  uint16_t num_streams = 1;
-  uint32_t chunk_bytes = 0;
-  std::string job_id;
-  std::string group;
-};
-
 // A connection whose hello is sent and whose reply is still to come.
 struct PendingLink {
   net::Fd fd;
@@ -33,8 +23,9 @@ struct PendingLink {
   std::array<uint8_t, proto::kNonceBytes> challenge_nonce{};
 };
 
-// Phase 1. Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`.
-PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, const HelloParams& hello,
+// Phase 1: `hello` says who this worker is; its nonce and MAC are filled in here.
+// Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`.
+PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, proto::Hello hello,
                             const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline);
 
 // Phase 2: returns Status::Ok, or Status::RankTaken (retryable); throws for every other status,
