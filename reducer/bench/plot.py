@@ -98,7 +98,7 @@ def plot_steps(rows: List[Dict[str, Any]], path: str, workers: int, reducers: in
             if r.get("speedup_vs_gloo") and a != "gloo":
                 ax.text(x, r["step_us"] / 1e3, f"{r['speedup_vs_gloo']:.2f}x", ha="center", va="bottom", fontsize=7)
     ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"cap {cap:g} MiB\ncompute {ms:.0f} ms" for cap, ms in cases], fontsize=8)
+    ax.set_xticklabels([f"cap {cap:g} MiB\ncompute {ms:.1f} ms" for cap, ms in cases], fontsize=8)
     ax.set_ylabel("step time (ms): slowest rank's median")
     model = rows[0].get("model", "?")
     where = f"{emulate_gbps:g} Gbit/s emulated NICs" if emulate_gbps else "loopback (one machine)"
