@@ -30,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MARKER = "@@rsb "
 
@@ -99,6 +99,15 @@ class _Algo:
         pass
 
 
+def _slices(counts: List[int]) -> List[Tuple[int, int]]:
+    """(offset, count) of each bucket: laid out one after another in the flat gradient buffer."""
+    out, off = [], 0
+    for n in counts:
+        out.append((off, n))
+        off += n
+    return out
+
+
 class _RS(_Algo):
     hook_name = "allreduce_hook"
 
@@ -129,11 +138,7 @@ class _RS(_Algo):
         self._hook = getattr(hooks, self.hook_name)
         self._state = hooks.HookState(self.comm)
         flat = torch.from_numpy(buf)
-        out, off = [], 0
-        for k, n in enumerate(counts):
-            out.append(_GradBucket(k, flat[off:off + n]))
-            off += n
-        return out
+        return [_GradBucket(k, flat[off:off + n]) for k, (off, n) in enumerate(_slices(counts))]
 
     def start_bucket(self, bucket: Any) -> Any:
         return self._hook(self._state, bucket)
@@ -174,9 +179,6 @@ class _GradBucket:
     def buffer(self) -> Any:
         return self._tensor
 
-    def is_last(self) -> bool:
-        return False
-
 
 class _Ring(_Algo):
     def __init__(self, job: Dict[str, Any]):
@@ -204,12 +206,7 @@ class _Ring(_Algo):
         self.ring.allreduce_ptr(int(self._tiny.ctypes.data), 4, "float32", "sum")
 
     def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
-        out, off = [], 0
-        for n in counts:
-            view = buf[off:off + n]
-            out.append((int(view.ctypes.data), int(view.nbytes)))
-            off += n
-        return out
+        return [(int(buf[off:].ctypes.data), n * buf.itemsize) for off, n in _slices(counts)]
 
     def start_bucket(self, bucket: Any) -> Any:
         self.ring.allreduce_ptr(bucket[0], bucket[1], self.dtype, "avg")  # one at a time, in order
@@ -279,11 +276,7 @@ class _Gloo(_Algo):
 
     def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
         flat = self._tensors[id(buf)][1]
-        out, off = [], 0
-        for n in counts:
-            out.append(flat[off:off + n])
-            off += n
-        return out
+        return [flat[off:off + n] for off, n in _slices(counts)]
 
     def start_bucket(self, bucket: Any) -> Any:
         # DDP's default communication: divide by the world size, then an asynchronous sum

@@ -122,7 +122,7 @@ class StepPlan:
                  + (f" (scaled by {self.scale:g}, bucket limits too)" if self.scale != 1 else "")]
         for cap, buckets in self.plans.items():
             sizes = [b.count * ELEMENT_SIZE for b in buckets]
-            lines.append(f"# DDP buckets, bucket_cap_mb={cap:g}, first bucket <= {self.first_bucket_mb:g} MiB: "
+            lines.append(f"# DDP buckets, bucket_cap_mb={cap:g}, first-bucket limit {self.first_bucket_mb:g} MiB: "
                          f"{len(buckets)} buckets, in all-reduce order (MB): "
                          + " ".join(f"{s / 1e6:.2f}" for s in sizes))
         return lines
