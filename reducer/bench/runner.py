@@ -453,7 +453,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     load1 = os.getloadavg()[0]
 
     run_id = uuid.uuid4().hex[:8]
-    n_hosts = cfg.workers + (cfg.reducers if any(report.uses_reducers(a) for a in algos) else 0)
+    n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in algos) else 0)
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
