@@ -14,7 +14,7 @@ model and mode: tensors, MB, all-reduce rounds per step (as counted by each work
 which is also what each reducer counts; agreement probes included), median step time, and
 the speed-up of fusion over fusion off.
 
-The parameter shapes are written out below: ResNet-50 exactly as torchvision's
+The parameter shapes come from reducer.bench.models: ResNet-50 exactly as torchvision's
 ``resnet50().named_parameters()`` (161 tensors, 25,557,032 parameters) and BERT-base as
 Hugging Face's ``BertModel`` (embeddings, 12 identical encoder layers of 16 tensors, pooler:
 199 tensors, 109,482,240 parameters). ``small1000`` (1,000 tensors of 1 KiB) shows the case
@@ -29,7 +29,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List, Tuple
+from typing import Dict, List
 
 import numpy as np
 
@@ -37,213 +37,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
     sys.path.insert(0, ROOT)
 
-Shapes = List[Tuple[str, Tuple[int, ...]]]
-
-# torchvision.models.resnet50(), named_parameters() order
-RESNET50: Shapes = [
-    ("conv1.weight", (64, 3, 7, 7)),
-    ("bn1.weight", (64,)),
-    ("bn1.bias", (64,)),
-    ("layer1.0.conv1.weight", (64, 64, 1, 1)),
-    ("layer1.0.bn1.weight", (64,)),
-    ("layer1.0.bn1.bias", (64,)),
-    ("layer1.0.conv2.weight", (64, 64, 3, 3)),
-    ("layer1.0.bn2.weight", (64,)),
-    ("layer1.0.bn2.bias", (64,)),
-    ("layer1.0.conv3.weight", (256, 64, 1, 1)),
-    ("layer1.0.bn3.weight", (256,)),
-    ("layer1.0.bn3.bias", (256,)),
-    ("layer1.0.downsample.0.weight", (256, 64, 1, 1)),
-    ("layer1.0.downsample.1.weight", (256,)),
-    ("layer1.0.downsample.1.bias", (256,)),
-    ("layer1.1.conv1.weight", (64, 256, 1, 1)),
-    ("layer1.1.bn1.weight", (64,)),
-    ("layer1.1.bn1.bias", (64,)),
-    ("layer1.1.conv2.weight", (64, 64, 3, 3)),
-    ("layer1.1.bn2.weight", (64,)),
-    ("layer1.1.bn2.bias", (64,)),
-    ("layer1.1.conv3.weight", (256, 64, 1, 1)),
-    ("layer1.1.bn3.weight", (256,)),
-    ("layer1.1.bn3.bias", (256,)),
-    ("layer1.2.conv1.weight", (64, 256, 1, 1)),
-    ("layer1.2.bn1.weight", (64,)),
-    ("layer1.2.bn1.bias", (64,)),
-    ("layer1.2.conv2.weight", (64, 64, 3, 3)),
-    ("layer1.2.bn2.weight", (64,)),
-    ("layer1.2.bn2.bias", (64,)),
-    ("layer1.2.conv3.weight", (256, 64, 1, 1)),
-    ("layer1.2.bn3.weight", (256,)),
-    ("layer1.2.bn3.bias", (256,)),
-    ("layer2.0.conv1.weight", (128, 256, 1, 1)),
-    ("layer2.0.bn1.weight", (128,)),
-    ("layer2.0.bn1.bias", (128,)),
-    ("layer2.0.conv2.weight", (128, 128, 3, 3)),
-    ("layer2.0.bn2.weight", (128,)),
-    ("layer2.0.bn2.bias", (128,)),
-    ("layer2.0.conv3.weight", (512, 128, 1, 1)),
-    ("layer2.0.bn3.weight", (512,)),
-    ("layer2.0.bn3.bias", (512,)),
-    ("layer2.0.downsample.0.weight", (512, 256, 1, 1)),
-    ("layer2.0.downsample.1.weight", (512,)),
-    ("layer2.0.downsample.1.bias", (512,)),
-    ("layer2.1.conv1.weight", (128, 512, 1, 1)),
-    ("layer2.1.bn1.weight", (128,)),
-    ("layer2.1.bn1.bias", (128,)),
-    ("layer2.1.conv2.weight", (128, 128, 3, 3)),
-    ("layer2.1.bn2.weight", (128,)),
-    ("layer2.1.bn2.bias", (128,)),
-    ("layer2.1.conv3.weight", (512, 128, 1, 1)),
-    ("layer2.1.bn3.weight", (512,)),
-    ("layer2.1.bn3.bias", (512,)),
-    ("layer2.2.conv1.weight", (128, 512, 1, 1)),
-    ("layer2.2.bn1.weight", (128,)),
-    ("layer2.2.bn1.bias", (128,)),
-    ("layer2.2.conv2.weight", (128, 128, 3, 3)),
-    ("layer2.2.bn2.weight", (128,)),
-    ("layer2.2.bn2.bias", (128,)),
-    ("layer2.2.conv3.weight", (512, 128, 1, 1)),
-    ("layer2.2.bn3.weight", (512,)),
-    ("layer2.2.bn3.bias", (512,)),
-    ("layer2.3.conv1.weight", (128, 512, 1, 1)),
-    ("layer2.3.bn1.weight", (128,)),
-    ("layer2.3.bn1.bias", (128,)),
-    ("layer2.3.conv2.weight", (128, 128, 3, 3)),
-    ("layer2.3.bn2.weight", (128,)),
-    ("layer2.3.bn2.bias", (128,)),
-    ("layer2.3.conv3.weight", (512, 128, 1, 1)),
-    ("layer2.3.bn3.weight", (512,)),
-    ("layer2.3.bn3.bias", (512,)),
-    ("layer3.0.conv1.weight", (256, 512, 1, 1)),
-    ("layer3.0.bn1.weight", (256,)),
-    ("layer3.0.bn1.bias", (256,)),
-    ("layer3.0.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.0.bn2.weight", (256,)),
-    ("layer3.0.bn2.bias", (256,)),
-    ("layer3.0.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.0.bn3.weight", (1024,)),
-    ("layer3.0.bn3.bias", (1024,)),
-    ("layer3.0.downsample.0.weight", (1024, 512, 1, 1)),
-    ("layer3.0.downsample.1.weight", (1024,)),
-    ("layer3.0.downsample.1.bias", (1024,)),
-    ("layer3.1.conv1.weight", (256, 1024, 1, 1)),
-    ("layer3.1.bn1.weight", (256,)),
-    ("layer3.1.bn1.bias", (256,)),
-    ("layer3.1.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.1.bn2.weight", (256,)),
-    ("layer3.1.bn2.bias", (256,)),
-    ("layer3.1.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.1.bn3.weight", (1024,)),
-    ("layer3.1.bn3.bias", (1024,)),
-    ("layer3.2.conv1.weight", (256, 1024, 1, 1)),
-    ("layer3.2.bn1.weight", (256,)),
-    ("layer3.2.bn1.bias", (256,)),
-    ("layer3.2.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.2.bn2.weight", (256,)),
-    ("layer3.2.bn2.bias", (256,)),
-    ("layer3.2.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.2.bn3.weight", (1024,)),
-    ("layer3.2.bn3.bias", (1024,)),
-    ("layer3.3.conv1.weight", (256, 1024, 1, 1)),
-    ("layer3.3.bn1.weight", (256,)),
-    ("layer3.3.bn1.bias", (256,)),
-    ("layer3.3.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.3.bn2.weight", (256,)),
-    ("layer3.3.bn2.bias", (256,)),
-    ("layer3.3.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.3.bn3.weight", (1024,)),
-    ("layer3.3.bn3.bias", (1024,)),
-    ("layer3.4.conv1.weight", (256, 1024, 1, 1)),
-    ("layer3.4.bn1.weight", (256,)),
-    ("layer3.4.bn1.bias", (256,)),
-    ("layer3.4.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.4.bn2.weight", (256,)),
-    ("layer3.4.bn2.bias", (256,)),
-    ("layer3.4.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.4.bn3.weight", (1024,)),
-    ("layer3.4.bn3.bias", (1024,)),
-    ("layer3.5.conv1.weight", (256, 1024, 1, 1)),
-    ("layer3.5.bn1.weight", (256,)),
-    ("layer3.5.bn1.bias", (256,)),
-    ("layer3.5.conv2.weight", (256, 256, 3, 3)),
-    ("layer3.5.bn2.weight", (256,)),
-    ("layer3.5.bn2.bias", (256,)),
-    ("layer3.5.conv3.weight", (1024, 256, 1, 1)),
-    ("layer3.5.bn3.weight", (1024,)),
-    ("layer3.5.bn3.bias", (1024,)),
-    ("layer4.0.conv1.weight", (512, 1024, 1, 1)),
-    ("layer4.0.bn1.weight", (512,)),
-    ("layer4.0.bn1.bias", (512,)),
-    ("layer4.0.conv2.weight", (512, 512, 3, 3)),
-    ("layer4.0.bn2.weight", (512,)),
-    ("layer4.0.bn2.bias", (512,)),
-    ("layer4.0.conv3.weight", (2048, 512, 1, 1)),
-    ("layer4.0.bn3.weight", (2048,)),
-    ("layer4.0.bn3.bias", (2048,)),
-    ("layer4.0.downsample.0.weight", (2048, 1024, 1, 1)),
-    ("layer4.0.downsample.1.weight", (2048,)),
-    ("layer4.0.downsample.1.bias", (2048,)),
-    ("layer4.1.conv1.weight", (512, 2048, 1, 1)),
-    ("layer4.1.bn1.weight", (512,)),
-    ("layer4.1.bn1.bias", (512,)),
-    ("layer4.1.conv2.weight", (512, 512, 3, 3)),
-    ("layer4.1.bn2.weight", (512,)),
-    ("layer4.1.bn2.bias", (512,)),
-    ("layer4.1.conv3.weight", (2048, 512, 1, 1)),
-    ("layer4.1.bn3.weight", (2048,)),
-    ("layer4.1.bn3.bias", (2048,)),
-    ("layer4.2.conv1.weight", (512, 2048, 1, 1)),
-    ("layer4.2.bn1.weight", (512,)),
-    ("layer4.2.bn1.bias", (512,)),
-    ("layer4.2.conv2.weight", (512, 512, 3, 3)),
-    ("layer4.2.bn2.weight", (512,)),
-    ("layer4.2.bn2.bias", (512,)),
-    ("layer4.2.conv3.weight", (2048, 512, 1, 1)),
-    ("layer4.2.bn3.weight", (2048,)),
-    ("layer4.2.bn3.bias", (2048,)),
-    ("fc.weight", (1000, 2048)),
-    ("fc.bias", (1000,)),
-]
-
-# Hugging Face BertModel (bert-base-uncased: hidden 768, 12 layers, intermediate 3072, vocab 30522)
-BERT_EMBEDDINGS: Shapes = [
-    ("embeddings.word_embeddings.weight", (30522, 768)),
-    ("embeddings.position_embeddings.weight", (512, 768)),
-    ("embeddings.token_type_embeddings.weight", (2, 768)),
-    ("embeddings.LayerNorm.weight", (768,)),
-    ("embeddings.LayerNorm.bias", (768,)),
-]
-BERT_LAYER: Shapes = [  # encoder.layer.{i}.<name>, for i in 0..11
-    ("attention.self.query.weight", (768, 768)),
-    ("attention.self.query.bias", (768,)),
-    ("attention.self.key.weight", (768, 768)),
-    ("attention.self.key.bias", (768,)),
-    ("attention.self.value.weight", (768, 768)),
-    ("attention.self.value.bias", (768,)),
-    ("attention.output.dense.weight", (768, 768)),
-    ("attention.output.dense.bias", (768,)),
-    ("attention.output.LayerNorm.weight", (768,)),
-    ("attention.output.LayerNorm.bias", (768,)),
-    ("intermediate.dense.weight", (3072, 768)),
-    ("intermediate.dense.bias", (3072,)),
-    ("output.dense.weight", (768, 3072)),
-    ("output.dense.bias", (768,)),
-    ("output.LayerNorm.weight", (768,)),
-    ("output.LayerNorm.bias", (768,)),
-]
-BERT_POOLER: Shapes = [
-    ("pooler.dense.weight", (768, 768)),
-    ("pooler.dense.bias", (768,)),
-]
-BERT_BASE: Shapes = BERT_EMBEDDINGS + [(f"encoder.layer.{i}.{n}", s) for i in range(12) for n, s in BERT_LAYER] \
-    + BERT_POOLER
+from reducer.bench.models import Shapes, parameters  # noqa: E402  (after the sys.path set-up)
 
 # Not a model: 1,000 tensors of 256 float32 (1 KiB each), where per-round latency dominates (the
 # case tensor fusion exists for, like the biases and norm weights of a large model).
 SMALL1000: Shapes = [(f"small.{i}", (256,)) for i in range(1000)]
 
-MODELS: Dict[str, Shapes] = {"resnet50": RESNET50, "bert-base": BERT_BASE, "small1000": SMALL1000}
-assert len(RESNET50) == 161 and sum(math.prod(s) for _, s in RESNET50) == 25_557_032
-assert len(BERT_BASE) == 199 and sum(math.prod(s) for _, s in BERT_BASE) == 109_482_240
+MODELS: Dict[str, Shapes] = {"resnet50": parameters("resnet50"), "bert-base": parameters("bert-base"),
+                             "small1000": SMALL1000}
 
 
 def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: List[str], steps: int,

@@ -15,7 +15,7 @@ from typing import Tuple
 
 import numpy as np
 
-from ..dtypes import numpy_dtype
+from ..dtypes import numpy_dtype, wire_name
 
 PERIOD = 251
 SHIFT = 37
@@ -77,3 +77,31 @@ def count_wrong(out: np.ndarray, expected: np.ndarray, tol: float, block: int = 
         e = expected[s:s + block].astype(np.float64)
         wrong += int(np.count_nonzero(np.abs(o - e) > tol * np.maximum(1.0, np.abs(e))))
     return wrong
+
+
+# A multiple of the period (so every tile starts at phase 0) of about a million elements: whole
+# models' gradient buffers are filled and checked tile by tile, without a second full-size copy.
+TILE = PERIOD * 4096
+
+
+def fill_input(out: np.ndarray, rank: int) -> None:
+    """Write rank's input (make_input) into `out` in place."""
+    tile = make_input(rank, min(TILE, out.size), wire_name(out.dtype))
+    for s in range(0, out.size, TILE):
+        n = min(TILE, out.size - s)
+        out[s:s + n] = tile[:n]
+
+
+def count_wrong_tiled(out: np.ndarray, world: int, op: str, tol: float) -> int:
+    """count_wrong against reference(world, out.size, ..., op), a tile at a time."""
+    expected, _ = reference(world, min(TILE, out.size), wire_name(out.dtype), op)
+    return sum(count_wrong(out[s:s + TILE], expected[:min(TILE, out.size - s)], tol)
+               for s in range(0, out.size, TILE))
+
+
+
+def step_tolerance(wire: str, world: int) -> float:
+    """Relative tolerance of an averaged gradient sent as `wire`: every input (divided by the
+    world size first, as DDP's gloo path and the 16-bit hooks do) and every partial sum may be
+    rounded to the wire type. With the inputs above, a misplaced chunk is off by >= 1/world."""
+    return max(2, world) * _eps(numpy_dtype(wire))

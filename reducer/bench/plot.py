@@ -5,7 +5,8 @@ from typing import Any, Dict, List, Optional
 
 from .report import MIN_BOUND_SIZE, TCP_PAYLOAD_FRACTION, bus_factor, rs_factor
 
-STYLE = {"rs": ("tab:blue", "o"), "ring": ("tab:orange", "s"), "gloo": ("tab:green", "^")}
+STYLE = {"rs": ("tab:blue", "o"), "rs+bf16": ("tab:purple", "D"), "ring": ("tab:orange", "s"),
+         "gloo": ("tab:green", "^")}
 
 
 def _pyplot():
@@ -68,3 +69,43 @@ def _human(n: int) -> str:
         if n >= 1 << k and n % (1 << k) == 0:
             return f"{n >> k}{unit}"
     return str(n)
+
+
+def plot_steps(rows: List[Dict[str, Any]], path: str, workers: int, reducers: int,
+               emulate_gbps: Optional[float] = None) -> None:
+    """Training steps: one group of bars per (bucket cap, backward time), one bar per algorithm,
+    split into compute (grey) and exposed communication; speed-up over gloo on top."""
+    plt = _pyplot()
+    cases = list(dict.fromkeys((r["bucket_cap_mb"], r["compute_ms"]) for r in rows))
+    algos = list(dict.fromkeys(r["algo"] for r in rows))
+    by = {(r["algo"], r["bucket_cap_mb"], r["compute_ms"]): r for r in rows}
+    width = 0.8 / max(1, len(algos))
+    fig, ax = plt.subplots(figsize=(max(6.0, 1.6 + 1.4 * len(cases) * max(1, len(algos)) / 2), 4.8), dpi=110)
+    for j, a in enumerate(algos):
+        color = STYLE.get(a, (None, None))[0]
+        xs, compute, exposed = [], [], []
+        for i, (cap, ms) in enumerate(cases):
+            r = by.get((a, cap, ms))
+            if r is None:
+                continue
+            xs.append(i - 0.4 + width * (j + 0.5))
+            compute.append(r["compute_ms"])
+            exposed.append(r["exposed_us"] / 1e3)
+        ax.bar(xs, compute, width, color="0.85", edgecolor="0.6", label="compute (backward)" if j == 0 else None)
+        ax.bar(xs, exposed, width, bottom=compute, color=color, label=f"{a}: exposed communication")
+        for x, (cap, ms) in zip(xs, [c for c in cases if (a, *c) in by]):
+            r = by[(a, cap, ms)]
+            if r.get("speedup_vs_gloo") and a != "gloo":
+                ax.text(x, r["step_us"] / 1e3, f"{r['speedup_vs_gloo']:.2f}x", ha="center", va="bottom", fontsize=7)
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"cap {cap:g} MiB\ncompute {ms:.1f} ms" for cap, ms in cases], fontsize=8)
+    ax.set_ylabel("step time (ms): slowest rank's median")
+    model = rows[0].get("model", "?")
+    where = f"{emulate_gbps:g} Gbit/s emulated NICs" if emulate_gbps else "loopback (one machine)"
+    ax.set_title(f"{model}: one DDP step's gradients, W={workers}, R={reducers}, {where}\n"
+                 "(label: speed-up over gloo)", fontsize=10)
+    ax.grid(True, axis="y", alpha=0.3)
+    ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

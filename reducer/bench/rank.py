@@ -5,16 +5,20 @@ namespace when hosts are emulated). It reads one JSON job from stdin and talks t
 runner in JSON lines: its own messages on stdout start with MARKER (anything else a
 library prints there is passed through as log text), the runner's answers come on stdin.
 
-Worker life cycle (spawned once per algorithm, all sizes in one process):
+Worker life cycle (spawned once per algorithm, all sizes or steps in one process):
   -> {"event": "listen", "port": P}        its ring / gloo-store port (or null)
   <- {"addresses": ["host:port", ...]}     every rank's listen address
   -> {"event": "ready"}                    connected to the group
-  -> {"event": "size", "size": S, "samples_us": [...], "wrong": k}   per size
+  -> {"event": "result", "key": K, "samples_us": [...], "wrong": k}   per size / step case
   -> {"event": "done", "stats": {...}}
-Per size and iteration: restore the input, barrier, time one all-reduce, barrier,
-check the result against the reference. The barrier is a one-element all-reduce of
+Sizes (job "sizes"), per size and iteration: restore the input, barrier, time one all-reduce,
+barrier, check the result against the reference. The barrier is a one-element all-reduce of
 the algorithm itself, so no measured rank starts an iteration before all have finished
 the previous one and every rank's clock starts at (nearly) the same moment.
+Training steps (job "steps": one case per bucket plan and backward time, key = its index):
+the same, but the timed part is one step of DDP's gradient traffic (step_once): bucket k
+is started when its release time has passed, as DDP starts it when its last gradient is
+ready; the step ends when every bucket is reduced (op avg, as DDP averages).
 
 Reducer life cycle:
   -> {"event": "ready", "port": P} ... runs until stdin closes ... -> {"event": "done", "stats": {...}}
@@ -26,7 +30,7 @@ import os
 import sys
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 MARKER = "@@rsb "
 
@@ -74,6 +78,20 @@ class _Algo:
     def barrier(self) -> None:
         raise NotImplementedError
 
+    # -- training steps: DDP's buckets, views of one flat gradient buffer, in bucket order
+    wire = "float32"  # what a gradient travels as (the result's precision)
+
+    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+        """What start_bucket takes for each bucket of `counts` elements laid out in `buf`."""
+        raise NotImplementedError
+
+    def start_bucket(self, bucket: Any) -> Any:
+        """Start averaging one bucket; returns what finish_step waits for."""
+        raise NotImplementedError
+
+    def finish_step(self, pending: List[Any]) -> None:
+        """Wait until every bucket started is reduced."""
+
     def stats(self) -> Dict[str, Any]:
         return {}
 
@@ -81,7 +99,18 @@ class _Algo:
         pass
 
 
+def _slices(counts: List[int]) -> List[Tuple[int, int]]:
+    """(offset, count) of each bucket: laid out one after another in the flat gradient buffer."""
+    out, off = [], 0
+    for n in counts:
+        out.append((off, n))
+        off += n
+    return out
+
+
 class _RS(_Algo):
+    hook_name = "allreduce_hook"
+
     def __init__(self, job: Dict[str, Any]):
         self.job = job
         self.dtype = job["dtype"]
@@ -89,12 +118,34 @@ class _RS(_Algo):
     def connect(self, addresses: List[str]) -> None:
         import numpy as np
 
+        from .. import config
         from ..communicator import Communicator
 
         j = self.job
+        extra: Dict[str, Any] = {}
+        if "steps" in j and config.env_text("fusion_threshold") is None:
+            extra["fusion_threshold"] = 0  # as reducer.torch.HookState connects for DDP's (already fused) buckets
         self.comm = Communicator(j["reducers"], rank=j["rank"], world_size=j["world"], group=j["group"],
-                                 job_id="bench", timeout=j["timeout"], connect_timeout=j["connect_timeout"])
+                                 job_id="bench", timeout=j["timeout"], connect_timeout=j["connect_timeout"], **extra)
         self._tiny = np.zeros(1, dtype=np.float32)
+
+    # The DDP hook path: every bucket goes through reducer.torch's hook, as DDP calls it.
+    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+        import torch
+
+        from ..torch import hooks
+
+        self._hook = getattr(hooks, self.hook_name)
+        self._state = hooks.HookState(self.comm)
+        flat = torch.from_numpy(buf)
+        return [_GradBucket(k, flat[off:off + n]) for k, (off, n) in enumerate(_slices(counts))]
+
+    def start_bucket(self, bucket: Any) -> Any:
+        return self._hook(self._state, bucket)
+
+    def finish_step(self, pending: List[Any]) -> None:
+        for fut in pending:
+            fut.wait()
 
     def prepare(self, buf: Any) -> Callable[[], None]:
         comm, op = self.comm, self.job["op"]
@@ -108,6 +159,25 @@ class _RS(_Algo):
 
     def close(self) -> None:
         self.comm.close()
+
+
+class _RSBf16(_RS):
+    """The bf16 hook: each bucket cast to bfloat16 (divided by the world size), summed, cast back."""
+    hook_name = "bf16_compress_hook"
+    wire = "bfloat16"
+
+
+class _GradBucket:
+    """What a DDP communication hook reads of torch.distributed.GradBucket."""
+
+    def __init__(self, index: int, tensor: Any):
+        self._index, self._tensor = index, tensor
+
+    def index(self) -> int:
+        return self._index
+
+    def buffer(self) -> Any:
+        return self._tensor
 
 
 class _Ring(_Algo):
@@ -134,6 +204,13 @@ class _Ring(_Algo):
 
     def barrier(self) -> None:
         self.ring.allreduce_ptr(int(self._tiny.ctypes.data), 4, "float32", "sum")
+
+    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+        return [(int(buf[off:].ctypes.data), n * buf.itemsize) for off, n in _slices(counts)]
+
+    def start_bucket(self, bucket: Any) -> Any:
+        self.ring.allreduce_ptr(bucket[0], bucket[1], self.dtype, "avg")  # one at a time, in order
+        return None
 
     def stats(self) -> Dict[str, Any]:
         return dict(self.ring.stats())
@@ -197,6 +274,19 @@ class _Gloo(_Algo):
     def release(self, buf: Any) -> None:
         self._tensors.pop(id(buf), None)
 
+    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+        flat = self._tensors[id(buf)][1]
+        return [flat[off:off + n] for off, n in _slices(counts)]
+
+    def start_bucket(self, bucket: Any) -> Any:
+        # DDP's default communication: divide by the world size, then an asynchronous sum
+        bucket.div_(self.job["world"])
+        return self.dist.all_reduce(bucket, op=self.dist.ReduceOp.SUM, async_op=True)
+
+    def finish_step(self, pending: List[Any]) -> None:
+        for work in pending:
+            work.wait()
+
     def barrier(self) -> None:
         self.dist.all_reduce(self._tiny)
 
@@ -207,28 +297,56 @@ class _Gloo(_Algo):
             pass
 
 
-ALGOS = {"rs": _RS, "ring": _Ring, "gloo": _Gloo}
+ALGOS = {"rs": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gloo}
 
 
 # ------------------------------------------------------------------------ worker
 def run_worker(job: Dict[str, Any]) -> int:
-    import numpy as np
-
-    from .data import count_wrong, make_input, reference
-
     algo = ALGOS[job["algo"]](job)
     emit(event="listen", port=algo.listen_port())
     reply = _read_json_line()
     algo.connect(reply["addresses"])
     emit(event="ready", cpu_s=cpu_seconds())
-    rank, world, dtype, op = job["rank"], job["world"], job["dtype"], job["op"]
+    if "steps" in job:
+        _step_loop(algo, job)
+    else:
+        _size_loop(algo, job)
+    emit(event="done", stats=algo.stats(), cpu_s=cpu_seconds())
+    algo.close()
+    return 0
+
+
+class _CpuSampler:
+    """Rank 0 samples the whole machine's CPU over the timed parts of the iterations."""
+
+    def __init__(self, rank: int):
+        from .cpu_monitor import read_cpu_times
+
+        self._read = read_cpu_times if rank == 0 else None
+        self.busy = self.total = 0
+        self._c0: Any = None
+
+    def start(self) -> None:
+        self._c0 = self._read() if self._read else None
+
+    def stop(self, timed: bool) -> None:
+        c1 = self._read() if self._read else None
+        if timed and self._c0 and c1:
+            self.busy, self.total = self.busy + c1[0] - self._c0[0], self.total + c1[1] - self._c0[1]
+
+    def percent(self, samples_us: List[float]) -> Optional[float]:
+        # /proc/stat counts in clock ticks (10 ms): only meaningful over enough timed time
+        return 100.0 * self.busy / self.total if self.total and sum(samples_us) >= 2e5 else None
+
+
+def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
+    import numpy as np
+
     from ..dtypes import numpy_dtype
+    from .data import count_wrong, make_input, reference
 
+    rank, world, dtype, op = job["rank"], job["world"], job["dtype"], job["op"]
     esize = numpy_dtype(dtype).itemsize
-    from .cpu_monitor import read_cpu_times
-
-    # rank 0 samples the whole machine's CPU over the timed iterations
-    cpu_times = read_cpu_times if rank == 0 else None
     for size in job["sizes"]:
         count = size // esize
         inp = make_input(rank, count, dtype)
@@ -237,30 +355,64 @@ def run_worker(job: Dict[str, Any]) -> int:
         fn = algo.prepare(buf)
         samples: List[float] = []
         wrong = 0
-        busy = total = 0
+        cpu = _CpuSampler(rank)
         for it in range(job["warmup"] + job["iters"]):
             np.copyto(buf, inp)
             algo.barrier()
-            c0 = cpu_times() if cpu_times else None
+            cpu.start()
             t0 = time.perf_counter()
             fn()
             t1 = time.perf_counter()
-            c1 = cpu_times() if cpu_times else None
+            cpu.stop(it >= job["warmup"])
             algo.barrier()  # nobody checks (uses CPU) while another rank is still timing
             if it >= job["warmup"]:
                 samples.append((t1 - t0) * 1e6)
                 wrong = max(wrong, count_wrong(buf, expected, tol))
-                if c0 and c1:
-                    busy, total = busy + c1[0] - c0[0], total + c1[1] - c0[1]
-        # /proc/stat counts in clock ticks (10 ms): only meaningful over enough timed time
-        cpu = 100.0 * busy / total if total and sum(samples) >= 2e5 else None
-        emit(event="size", size=size, samples_us=samples, wrong=wrong, cpu_percent=cpu)
+        emit(event="result", key=size, samples_us=samples, wrong=wrong, cpu_percent=cpu.percent(samples))
         if hasattr(algo, "release"):
             algo.release(buf)
         del inp, expected, buf, fn
-    emit(event="done", stats=algo.stats(), cpu_s=cpu_seconds())
-    algo.close()
-    return 0
+
+
+def step_once(algo: _Algo, buckets: List[Any], release_s: List[float]) -> None:
+    """One training step's gradient traffic: bucket k starts once release_s[k] seconds have passed."""
+    t0 = time.perf_counter()
+    pending = []
+    for bucket, at in zip(buckets, release_s):
+        delay = t0 + at - time.perf_counter()
+        if delay > 0:
+            time.sleep(delay)  # the backward pass runs on the accelerator: the host CPU is free
+        pending.append(algo.start_bucket(bucket))
+    algo.finish_step(pending)
+
+
+def _step_loop(algo: _Algo, job: Dict[str, Any]) -> None:
+    from .data import count_wrong_tiled, fill_input, step_tolerance
+
+    rank, world = job["rank"], job["world"]
+    buf = algo.alloc(job["elements"])
+    tol = step_tolerance(algo.wire, world)
+    n_iter = job["warmup"] + job["iters"]
+    for case in job["steps"]:
+        buckets = algo.bucket_objects(buf, case["counts"])
+        samples: List[float] = []
+        wrong = 0
+        cpu = _CpuSampler(rank)
+        for it in range(n_iter):
+            fill_input(buf, rank)
+            algo.barrier()
+            cpu.start()
+            t0 = time.perf_counter()
+            step_once(algo, buckets, case["release_s"])
+            t1 = time.perf_counter()
+            cpu.stop(it >= job["warmup"])
+            algo.barrier()
+            if it >= job["warmup"]:
+                samples.append((t1 - t0) * 1e6)
+                if it in (job["warmup"], n_iter - 1):  # a whole model's check is slow: first and last
+                    wrong = max(wrong, count_wrong_tiled(buf, world, "avg", tol))
+        emit(event="result", key=case["key"], samples_us=samples, wrong=wrong, cpu_percent=cpu.percent(samples))
+        del buckets
 
 
 # ------------------------------------------------------------------------ reducer

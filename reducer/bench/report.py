@@ -15,9 +15,15 @@ TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 
 
 ALGO_TITLES = {
     "rs": "rs: reduction server (this project; {w} workers -> {r} reducers -> {w} workers)",
+    "rs+bf16": "rs+bf16: reduction server, gradients sent as bfloat16 (reducer.torch.bf16_compress_hook)",
     "ring": "ring: ring all-reduce (this project's C++ ring over the same transport and kernels)",
     "gloo": "gloo: torch.distributed gloo backend (ring all-reduce)",
 }
+
+
+def uses_reducers(algo: str) -> bool:
+    """rs and its variants (rs+bf16) run through reducer processes."""
+    return algo == "rs" or algo.startswith("rs+")
 
 
 def bus_factor(n: int) -> float:
@@ -38,7 +44,7 @@ def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int
     algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
     row = {
         "algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
-        "workers": workers, "reducers": reducers if algo == "rs" else 0,
+        "workers": workers, "reducers": reducers if uses_reducers(algo) else 0,
         "time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "wrong": wrong,
         "rank_median_us": medians, "samples_us": [list(s) for s in samples_by_rank],
     }
@@ -125,6 +131,40 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
                 else:
                     cells.append(f"{'-':>11}")
         lines.append("  " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def format_step_table(rows: List[Dict[str, Any]], title: str, width: int = 130) -> str:
+    """Training steps (rows of reducer.bench.steps, finished) as a rich table, plus what rs hides."""
+    from io import StringIO
+
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=title, title_justify="left", show_lines=False)
+    for name, justify in (("algo", "left"), ("bucket cap", "right"), ("buckets", "right"), ("compute ms", "right"),
+                          ("step ms", "right"), ("exposed ms", "right"), ("steps/s", "right"),
+                          ("vs gloo", "right"), ("exposed/total", "right"), ("#wrong", "right"), ("cpu%", "right")):
+        t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
+    for r in rows:
+        t.add_row(r["algo"], f"{r['bucket_cap_mb']:g} MiB", str(r["buckets"]),
+                  f"{r['compute_ms']:.1f}" + (" (gloo)" if r.get("compute_from") == "gloo" else ""),
+                  f"{r['step_us'] / 1e3:.1f}", f"{r['exposed_us'] / 1e3:.1f}",
+                  f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
+                  f"{r['speedup_vs_gloo']:.2f}x" if r.get("speedup_vs_gloo") else "-",
+                  f"{r['exposed_fraction']:.2f}" if r.get("exposed_fraction") is not None else "-",
+                  str(r["wrong"]), _fmt_cpu(r.get("cpu_percent")))
+    buf = StringIO()
+    Console(file=buf, width=width, force_terminal=False, color_system=None).print(t)
+    lines = [buf.getvalue().rstrip()]
+    lines.append("# step = slowest rank's median step time (backward start to the last bucket averaged); exposed = "
+                 "step - compute; vs gloo = gloo's step / this step (same buckets and compute); exposed/total = "
+                 "exposed / this algorithm's step with no compute; compute '(gloo)' = gloo's communication time")
+    for r in rows:
+        if r.get("exposed_fraction") is not None:
+            lines.append(f"# {r['algo']}, {r['label']}: {r['exposed_us'] / 1e3:.1f} ms of its "
+                         f"{r['comm_us'] / 1e3:.1f} ms of communication stay exposed (exposed/total "
+                         f"{r['exposed_fraction']:.2f}): it hides {100 * r['hidden_fraction']:.0f}%")
     return "\n".join(lines)
 
 

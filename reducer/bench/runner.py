@@ -30,7 +30,8 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import cpu_monitor, report
+from . import cpu_monitor, report, steps
+from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
 
@@ -57,6 +58,12 @@ class BenchConfig:
     netns_prefix: str = "rsb"
     progress: bool = True
     cpu_warn_percent: float = 70.0
+    # training steps (reducer.bench.steps): set `model` to measure steps instead of sizes
+    model: Optional[str] = None
+    bucket_cap_mb: List[float] = field(default_factory=lambda: [25.0])
+    first_bucket_mb: float = 1.0             # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
+    compute_ms: str = "0"                    # backward time(s), ms, comma list; 'gloo' = gloo's comm time
+    scale: float = 1.0                       # shrink every tensor and bucket limit (tests)
 
 
 def parse_sizes(text: str) -> List[int]:
@@ -81,11 +88,17 @@ def parse_sizes(text: str) -> List[int]:
     return sizes
 
 
-def available_algos() -> Dict[str, Optional[str]]:
-    """algo -> None if it can run here, else the reason it cannot."""
+def available_algos(steps: bool = False) -> Dict[str, Optional[str]]:
+    """algo -> None if it can run here, else the reason it cannot. steps: the training-step
+    algorithms, whose rs variants go through reducer.torch's DDP hooks."""
     out: Dict[str, Optional[str]] = {"rs": None, "ring": None, "gloo": None}
+    if steps:
+        out = {"rs": None, "rs+bf16": None, "ring": None, "gloo": None}
     if importlib.util.find_spec("torch") is None:
-        out["gloo"] = "torch is not installed (pip install 'reduction-server[torch]')"
+        missing = "torch is not installed (pip install 'reduction-server[torch]')"
+        for a in out:
+            if a != "ring" and (a == "gloo" or steps):
+                out[a] = missing
     return out
 
 
@@ -225,16 +238,18 @@ def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: 
 
 def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: float,
               on_other: Optional[Callable[[_Proc, Dict[str, Any]], None]] = None,
-              watch: Optional[List[_Proc]] = None) -> Dict[_Proc, Dict[str, Any]]:
+              watch: Optional[List[_Proc]] = None, idle: bool = False) -> Dict[_Proc, Dict[str, Any]]:
     """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout.
-    On an error, a process of `watch` (default `procs`) that died is named as the cause."""
+    On an error, a process of `watch` (default `procs`) that died is named as the cause.
+    idle: `timeout` counts from the last message received, not from the start."""
     got: Dict[_Proc, Dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while len(got) < len(procs):
         left = deadline - time.monotonic()
         if left <= 0:
             missing = ", ".join(p.name for p in procs if p not in got)
-            raise BenchError(f"timed out after {timeout:.0f} s waiting for '{event}' from {missing}")
+            raise BenchError(f"timed out after {timeout:.0f} s {'without a message ' if idle else ''}waiting for "
+                             f"'{event}' from {missing}")
         try:
             proc, msg = events.get(timeout=min(left, 1.0))
         except queue.Empty:
@@ -252,6 +267,8 @@ def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: fl
                 continue
             code = proc.p.wait()
             raise BenchError(f"{proc.name} exited (code {code}) before '{event}':\n{proc.stderr_tail()}")
+        if idle:
+            deadline = time.monotonic() + timeout
         if ev == event and proc in procs:
             got[proc] = msg
         elif on_other is not None:
@@ -276,9 +293,15 @@ def _dead_peer(procs: List[_Proc], reporter: _Proc, grace: float = 1.0) -> Optio
 
 
 # ------------------------------------------------------------------------ one algorithm
-def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progress: Any, run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
+
+
+def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
+              run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
+    "steps" and "elements"), and turn each result key's W messages into a row with
+    make_row(algo, key, messages in rank order, wall seconds)."""
     W, R = cfg.workers, cfg.reducers
-    esize = numpy_dtype(cfg.dtype).itemsize
     events: "queue.Queue" = queue.Queue()
     procs: List[_Proc] = []
     rows: List[Dict[str, Any]] = []
@@ -287,7 +310,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
         reducer_addrs: List[str] = []
         rprocs: List[_Proc] = []
         rready: Dict[_Proc, Dict[str, Any]] = {}
-        if algo == "rs":
+        if uses_reducers(algo):
             for k in range(R):
                 h = W + k if hosts.emulated else 0
                 rprocs.append(_spawn(hosts, h, f"reducer {k}",
@@ -300,11 +323,11 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
                 reducer_addrs.append(format_address(host, rready[p]["port"]))
         wprocs = []
         for i in range(W):
-            job = {"role": "worker", "algo": algo, "rank": i, "world": W, "sizes": sizes, "dtype": cfg.dtype,
+            job = {"role": "worker", "algo": algo, "rank": i, "world": W, "dtype": cfg.dtype,
                    "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF}
+                   "session": int(run_id, 16) & 0xFFFFFFFF, **work}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
         procs += wprocs
         listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
@@ -318,37 +341,23 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
         ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
         t_ready = time.monotonic()
 
-        pending: Dict[int, Dict[_Proc, Dict[str, Any]]] = {}
+        pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
         t_wall = time.monotonic()
-        done_sizes = 0
         stall_timeout = max(600.0, 4 * cfg.timeout)
 
-        def on_size(proc: _Proc, msg: Dict[str, Any]) -> None:
-            nonlocal t_wall, done_sizes
-            if msg.get("event") != "size":
+        def on_result(proc: _Proc, msg: Dict[str, Any]) -> None:
+            nonlocal t_wall
+            if msg.get("event") != "result":
                 return
-            per = pending.setdefault(msg["size"], {})
+            per = pending.setdefault(msg["key"], {})
             per[proc] = msg
             if len(per) < W:
                 return
-            cpu = next((m.get("cpu_percent") for m in per.values() if m.get("cpu_percent") is not None), None)
-            size = msg["size"]
-            ordered = [per[p] for p in wprocs]
-            row = report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, W, R,
-                                  [m["samples_us"] for m in ordered], sum(int(m["wrong"]) for m in ordered),
-                                  cpu_percent=cpu, wall_s=time.monotonic() - t_wall,
-                                  emulate_gbps=cfg.emulate_gbps, iters=cfg.iters, warmup=cfg.warmup,
-                                  chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                                  streams=int(rs_config.get("streams")) if algo == "rs" else 1,
-                                  **({"window": int(rs_config.get("window"))} if algo == "rs" else {}))
+            rows.append(make_row(algo, msg["key"], [per[p] for p in wprocs], time.monotonic() - t_wall))
             t_wall = time.monotonic()
-            rows.append(row)
-            done_sizes += 1
-            if progress is not None:
-                progress(algo, size)
 
-        # Sizes stream in; 'done' comes after the last one.
-        done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_size, watch=procs)
+        # Results stream in; 'done' comes after the last one.
+        done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_result, watch=procs, idle=True)
         wall = time.monotonic() - t_ready
         cpu_s = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs)
         if rprocs:
@@ -373,34 +382,64 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, sizes: List[int], progres
 
 
 # ------------------------------------------------------------------------ the run
+def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, Optional[str]],
+                  out: Callable[[str], None]) -> List[str]:
+    if cfg.algos:
+        unknown = [a for a in cfg.algos if a not in candidates]
+        if unknown:
+            raise ConfigError(f"unknown algorithm(s) {', '.join(unknown)}: choose from {', '.join(candidates)}")
+        wanted = list(dict.fromkeys(cfg.algos))
+    else:
+        wanted = list(candidates)
+    algos = []
+    for a in wanted:
+        if avail.get(a):
+            out(f"# note: skipping {a}: {avail[a]}")
+        else:
+            algos.append(a)
+    return algos
+
+
+def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
+    def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+        cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
+        return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
+                               [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
+                               cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
+                               warmup=cfg.warmup,
+                               chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
+                               streams=int(rs_config.get("streams")) if algo == "rs" else 1,
+                               **({"window": int(rs_config.get("window"))} if algo == "rs" else {}))
+
+    return make
+
+
 def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, Any]]:
-    """Run the benchmark, print its tables with `out`, write JSON / plot; returns the rows."""
+    """Run the benchmark, print its tables with `out`, write JSON / plot; returns the rows.
+
+    cfg.model set: training steps of that model (reducer.bench.steps); otherwise buffer sizes."""
     if cfg.workers < 1 or cfg.reducers < 1:
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
     cfg = dataclasses.replace(cfg, op=check_op(cfg.op))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
-    esize = numpy_dtype(cfg.dtype).itemsize
-    sizes = sorted({s - s % esize for s in cfg.sizes if s >= esize})
-    if not sizes:
-        raise ConfigError(f"no size holds a whole {cfg.dtype} element")
-    avail = available_algos()
-    if cfg.algos:
-        unknown = [a for a in cfg.algos if a not in avail]
-        if unknown:
-            raise ConfigError(f"unknown algorithm(s) {', '.join(unknown)}: choose from {', '.join(ALL_ALGOS)}")
-        algos = []
-        for a in cfg.algos:
-            if avail[a]:
-                out(f"# note: skipping {a}: {avail[a]}")
-            else:
-                algos.append(a)
+    plan = None
+    sizes: List[int] = []
+    if cfg.model:
+        if cfg.dtype != "float32":
+            raise ConfigError("--model replays float32 gradients: --dtype must be float32")
+        cfg = dataclasses.replace(cfg, op="avg")  # DDP averages
+        plan = steps.StepPlan(cfg.model, cfg.bucket_cap_mb, cfg.first_bucket_mb, cfg.compute_ms, cfg.scale)
+        algos = _choose_algos(cfg, steps.ALGOS, available_algos(steps=True), out)
+        if plan.needs_gloo and "gloo" not in algos:
+            raise ConfigError("--compute-ms gloo needs the gloo algorithm (and torch)")
     else:
-        algos = [a for a in ALL_ALGOS if avail[a] is None]
-        for a in ALL_ALGOS:
-            if avail[a]:
-                out(f"# note: skipping {a}: {avail[a]}")
+        esize = numpy_dtype(cfg.dtype).itemsize
+        sizes = sorted({s - s % esize for s in cfg.sizes if s >= esize})
+        if not sizes:
+            raise ConfigError(f"no size holds a whole {cfg.dtype} element")
+        algos = _choose_algos(cfg, ALL_ALGOS, available_algos(), out)
     if cfg.plot_path:
         from .plot import _pyplot
 
@@ -411,21 +450,33 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     time.sleep(1.0)
     b1 = cpu_monitor.read_cpu_times()
     background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
+    load1 = os.getloadavg()[0]
 
     run_id = uuid.uuid4().hex[:8]
+    n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in algos) else 0)
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
-             f"{cfg.workers + (cfg.reducers if 'rs' in algos else 0)} hosts" if cfg.emulate_gbps else "loopback")
+             f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
         f"iters={cfg.iters} warmup={cfg.warmup} algos={','.join(algos)}")
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
-    out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores"
-        + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
+    out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
+        f"{load1:.2f}" + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
+    if plan is not None:
+        for line in plan.describe():
+            out(line)
 
     all_rows: List[Dict[str, Any]] = []
+    if plan is not None:
+        work_passes: Any = ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
+        make_row = plan.make_row(cfg)
+    else:
+        work_passes = ((a, {"sizes": sizes}, len(sizes)) for a in algos)
+        make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize,
+                                   cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
     errors: Dict[str, Optional[str]] = {}
     cpu_by_algo: Dict[str, Any] = {}
     emu_ctx = None
@@ -433,7 +484,6 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         if cfg.emulate_gbps:
             from . import emulate
 
-            n_hosts = cfg.workers + (cfg.reducers if "rs" in algos else 0)
             try:
                 emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
                 hosts: Any = _EmulatedHosts(emu_ctx.__enter__())
@@ -443,17 +493,28 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         else:
             hosts = _LoopbackHosts()
 
-        prog, advance = _progress(cfg, algos, sizes)
+        prog, add_task = _progress(cfg)
         try:
-            for algo in algos:
+            for algo, work, n_results in work_passes:
+                if n_results == 0 or errors.get(algo):
+                    continue
                 mon = cpu_monitor.CpuMonitor(interval=0.5).start()
+                advance = add_task(algo, n_results) if add_task else None
+
+                def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
+                                     advance: Any = advance) -> Dict[str, Any]:
+                    row = make_row(a, key, msgs, wall)
+                    if advance is not None:
+                        advance(row.get("label") or f"{row['size']} B")
+                    return row
+
                 try:
-                    rows, err = _run_algo(algo, cfg, hosts, sizes, advance, run_id)
+                    rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id)
                 finally:
                     mon.stop()
                     cpu_by_algo[algo] = mon
                 all_rows += rows
-                errors[algo] = err
+                errors[algo] = errors.get(algo) or err
                 if err:
                     log.error("%s failed: %s", algo, err)
         finally:
@@ -463,10 +524,22 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         if emu_ctx is not None:
             emu_ctx.__exit__(None, None, None)
 
-    for algo in algos:
+    if plan is not None:
+        steps.finish(all_rows)
+        all_rows.sort(key=steps.sort_key)
+        where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
         out("")
-        out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers, cfg.reducers,
-                                     errors.get(algo)))
+        out(report.format_step_table(all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
+                                               f"R={cfg.reducers}, {where_short}"))
+        for algo in algos:
+            if errors.get(algo):
+                out(f"# {algo} FAILED: {errors[algo]}")
+    else:
+        for algo in algos:
+            out("")
+            out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
+                                         cfg.reducers, errors.get(algo)))
+    for algo in algos:
         mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
         if algo in cpu_by_algo:
             mon = cpu_by_algo[algo]
@@ -476,26 +549,30 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                 txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
                         "kernel network processing in softirq, and any other load)")
             out(txt)
-    if all_rows:
+    if all_rows and plan is None:
         out("")
         out(report.format_summary(all_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
     if cfg.emulate_gbps:
         for algo in algos:
             hot = [r for r in all_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
             if hot:
-                which = ", ".join(f"{r['size']} B ({r['cpu_percent']:.0f}%)" for r in hot)
+                which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)" for r in hot)
                 out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during the "
                     f"timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
                     f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
     for r in all_rows:
         r["background_cpu_percent"] = background
+        r["load_average_1m"] = load1
     if cfg.json_path:
         report.write_json(cfg.json_path, all_rows)
         out(f"# wrote {len(all_rows)} rows to {cfg.json_path}")
     if cfg.plot_path and all_rows:
-        from .plot import plot
+        from . import plot
 
-        plot(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+        if plan is not None:
+            plot.plot_steps(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+        else:
+            plot.plot(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
         out(f"# wrote plot {cfg.plot_path}")
     failed = [a for a in algos if errors.get(a)]
     if failed:
@@ -503,8 +580,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     return all_rows
 
 
-def _progress(cfg: BenchConfig, algos: List[str], sizes: List[int]):
-    """A rich progress bar on stderr (one task per algorithm); returns (progress, advance)."""
+def _progress(cfg: BenchConfig):
+    """A rich progress bar on stderr; returns (progress, add_task), add_task(algo, total) -> advance(label)."""
     if not cfg.progress:
         return None, None
     try:
@@ -512,13 +589,13 @@ def _progress(cfg: BenchConfig, algos: List[str], sizes: List[int]):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
     except ImportError:
         return None, None
-    prog = Progress(TextColumn("{task.description:<6}"), BarColumn(), MofNCompleteColumn(),
+    prog = Progress(TextColumn("{task.description:<7}"), BarColumn(), MofNCompleteColumn(),
                     TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
                     console=Console(stderr=True), transient=False)
-    tasks = {a: prog.add_task(a, total=len(sizes), last="") for a in algos}
     prog.start()
 
-    def advance(algo: str, size: int) -> None:
-        prog.update(tasks[algo], advance=1, last=f"{size} B")
+    def add_task(algo: str, total: int) -> Callable[[str], None]:
+        task = prog.add_task(algo, total=total, last="")
+        return lambda label: prog.update(task, advance=1, last=label)
 
-    return prog, advance
+    return prog, add_task

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reducer.bench.models import MODELS
 from reducer.dtypes import OPS, SUPPORTED
 
 
@@ -18,13 +19,28 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--algos", default=None,
-                   help="comma list of rs, ring, gloo (default: all available; gloo needs torch)")
+                   help="comma list of rs, ring, gloo (with --model also rs+bf16) (default: all available; "
+                        "gloo and, with --model, rs and rs+bf16 need torch)")
+    m = p.add_argument_group("training step (--model): one step's gradient traffic as PyTorch DDP produces it")
+    m.add_argument("--model", default=None, choices=list(MODELS),
+                   help="replay one training step of this model (its DDP buckets) instead of --sizes")
+    m.add_argument("--bucket-cap-mb", default="25",
+                   help="DDP bucket_cap_mb, MiB; a comma list measures each (e.g. 25,64) (default 25)")
+    m.add_argument("--first-bucket-mb", type=float, default=1.0,
+                   help="DDP's first_bucket_bytes_cap in MiB (torch's default 1 MiB) (default 1)")
+    m.add_argument("--compute-ms", default="0",
+                   help="backward time in ms over which the buckets are released (in proportion to their "
+                        "size); a comma list measures each; 'gloo' = gloo's communication time measured in "
+                        "this run (e.g. 0,gloo) (default 0)")
+    m.add_argument("--scale", type=float, default=1.0,
+                   help="shrink every tensor and bucket limit by this factor (0 < S <= 1; for tests)")
     p.add_argument("--emulate-gbps", type=float, default=None, metavar="B",
                    help="run every worker and reducer in its own network namespace with a B Gbit/s "
                         "full-duplex link (needs root and iproute2)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the rows as JSON")
     p.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
-                   help="write algbw vs size (log-log) as an image (needs matplotlib)")
+                   help="write algbw vs size (log-log), with --model step times as bars, as an image "
+                        "(needs matplotlib)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds without progress before an all-reduce fails (default 60)")
     p.add_argument("--ring-chunk-bytes", default=None,
@@ -35,7 +51,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def register(subparsers) -> None:
     p = subparsers.add_parser(
-        "bench", help="benchmark rs vs ring vs gloo all-reduce (nccl-tests-style tables)",
+        "bench", help="benchmark rs vs ring vs gloo all-reduce (nccl-tests-style tables, or DDP training steps)",
         description="Benchmark this project's reduction server (rs) against a ring all-reduce over the same "
                     "transport (ring) and torch.distributed's gloo, in the same run on the same hosts. "
                     "See docs/performance.md.")
@@ -46,14 +62,21 @@ def register(subparsers) -> None:
 def config_from_args(args: argparse.Namespace):
     from reducer.bench import BenchConfig, parse_sizes
     from reducer.config import parse_size
+    from reducer.errors import ConfigError
 
+    try:
+        caps = [float(c) for c in args.bucket_cap_mb.split(",") if c.strip()]
+    except ValueError:
+        raise ConfigError(f"bad --bucket-cap-mb {args.bucket_cap_mb!r}: MiB, or a comma list") from None
     return BenchConfig(
         workers=args.workers, reducers=args.reducers, sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op,
         iters=args.iters, warmup=args.warmup,
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
-        netns_prefix=args.netns_prefix, progress=not args.no_progress and sys.stderr.isatty())
+        netns_prefix=args.netns_prefix, progress=not args.no_progress and sys.stderr.isatty(),
+        model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
+        scale=args.scale)
 
 
 def run(args: argparse.Namespace) -> int:
