@@ -200,3 +200,46 @@ def test_ddp_compress_hooks_match_the_definition(tpool, reducers):  # noqa: F811
             assert_same_float32(r[name], expected(local, name, "avg"))
         before, after = r["fusion_stats"]
         assert after.get("tensors", 0) == before.get("tensors", 0), "compressed buckets went through fusion"
+
+
+# ------------------------------------------------------------------------------------- benchmark
+def test_bench_summary_with_compression():
+    """The summary's theory and %bound count the 16-bit wire bytes of compressed rs and gloo-bf16."""
+    from reducer.bench import report
+
+    def row(algo: str, t: float, wire: str) -> dict:
+        return report.make_row(algo, 64 << 20, 16 << 20, "float32", "sum", 4, 4, [[t], [t]], 0, wire_dtype=wire)
+
+    rows = [row("rs", 1000.0, "bfloat16"), row("gloo", 3000.0, "float32"), row("gloo-bf16", 1500.0, "bfloat16")]
+    text = report.format_summary(rows, 4, 4, emulate_gbps=1.0)
+    assert "theory = 2 x 2(n-1)/n = 3.000" in text and "2(n-1)/n = 1.500" in text
+    line = [ln for ln in text.splitlines() if ln.strip().startswith(str(64 << 20))][0].split()
+    assert line[4:7] == ["3.00x", "1.50x", "3.00x"]  # rs/gloo, rs/gloo-bf16, theory
+    rate = report.TCP_PAYLOAD_FRACTION * 1e9 / 8
+    bounds = [float(c.rstrip("%")) for c in line[7:]]
+    # rs: S/2 per link; gloo: S x 1.5; gloo-bf16: S/2 x 1.5
+    for got, nbytes, t in zip(bounds, ((64 << 20) / 2, (64 << 20) * 1.5, (64 << 20) * 0.75), (1e-3, 3e-3, 1.5e-3)):
+        assert got == pytest.approx(100 * nbytes / rate / t, abs=0.06)
+
+
+@needs_torch
+def test_bench_compression_end_to_end(tmp_path):
+    """`reduction-server bench --compression bf16`: rs sends 16-bit (results checked), gloo-bf16 runs
+    by default as its baseline; --compression needs float32."""
+    import json
+
+    from test_bench import _bench
+
+    jp = tmp_path / "bench.json"
+    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,256K", "--iters", "2", "--warmup", "1",
+                  "--algos", "rs,gloo-bf16", "--compression", "bf16", "--op", "avg", "--json", str(jp)], timeout=200)
+    assert res.returncode == 0, res.stdout + res.stderr
+    assert "compression=bf16" in res.stdout and "rs/gloo-bf16" in res.stdout
+    rows = json.loads(jp.read_text())
+    assert sorted({r["algo"] for r in rows}) == ["gloo-bf16", "rs"] and len(rows) == 4
+    for r in rows:
+        assert r["wrong"] == 0 and r["dtype"] == "float32" and r["wire_dtype"] == "bfloat16"
+        if r["algo"] == "rs":
+            assert r["compression"] == "bf16"
+    res = _bench(["--workers", "2", "--reducers", "1", "--sizes", "4K", "--dtype", "float64", "--compression", "fp16"])
+    assert res.returncode == 2 and "compresses float32 buffers" in res.stderr

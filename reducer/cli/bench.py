@@ -18,7 +18,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--algos", default=None,
-                   help="comma list of rs, ring, gloo (default: all available; gloo needs torch)")
+                   help="comma list of rs, ring, gloo, gloo-bf16 (default: rs, ring, gloo, and gloo-bf16 with "
+                        "--compression; gloo needs torch)")
+    p.add_argument("--compression", default=None, choices=("bf16", "fp16"),
+                   help="rs sends the float32 buffer as bfloat16 / float16 on the wire (converted chunk by chunk "
+                        "in the transport); gloo-bf16 is its baseline: gloo all-reducing a bfloat16 copy")
     p.add_argument("--emulate-gbps", type=float, default=None, metavar="B",
                    help="run every worker and reducer in its own network namespace with a B Gbit/s "
                         "full-duplex link (needs root and iproute2)")
@@ -53,7 +57,7 @@ def config_from_args(args: argparse.Namespace):
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
-        netns_prefix=args.netns_prefix, progress=not args.no_progress and sys.stderr.isatty())
+        netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty())
 
 
 def run(args: argparse.Namespace) -> int:
