@@ -16,7 +16,9 @@
 // into a per-link staging chunk and widened (kernels::widen) straight into the float32 buffer.
 // The reducers see an ordinary 16-bit round (they accumulate in float32 in rank order and
 // round once), so the result is: each input rounded once, summed in float32 in rank order,
-// rounded once, widened. Shards and chunks are planned on the wire bytes (half the buffer).
+// rounded once, widened. Shards are planned on the wire bytes (half the buffer); chunks carry
+// as many wire bytes as the uncompressed round's would (twice the elements), so the bytes in
+// flight per link stay what the reducers' chunk slots allow.
 #pragma once
 
 #include <poll.h>
