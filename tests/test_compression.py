@@ -19,10 +19,9 @@ import reducer
 from async_tasks import client
 from compression_tasks import expected, make_values
 from conftest import addresses, run_ranks
-from reducer._native import core
 from reducer.errors import ConfigError
 from test_convert import assert_same_float32
-from test_torch import _run, needs_sklearn, needs_torch, tpool  # noqa: F401  (tpool: fixture)
+from test_torch import _run, needs_sklearn, needs_torch, task_hook_grads, tpool  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -187,19 +186,19 @@ def test_rounds_from_two_threads(reducers):
 @needs_torch
 @needs_sklearn
 def test_ddp_compress_hooks_match_the_definition(tpool, reducers):  # noqa: F811
-    """bf16_compress_hook / fp16_compress_hook on float32 CPU buckets: the mean of the gradients
-    by the definition (each rounded once, averaged in float32, rounded once), bit for bit, on
-    every worker; sent by the transport (no fusion-engine round, no cast copy)."""
+    """bf16_compress_hook / fp16_compress_hook on float32 CPU buckets, 3 workers: the mean of the
+    local gradients by the definition (each rounded once, averaged in float32, rounded once), bit
+    for bit, on every worker. (torch's recipe, dividing each 16-bit gradient by 3 before the sum,
+    rounds more often and gives other bits.)"""
     servers = reducers(2)
-    res = _run(tpool, compression_tasks.compress_hooks, 2, [s.address for s in servers])
+    res = _run(tpool, task_hook_grads, 3, [s.address for s in servers])
     local = res[0]["local"]
     for r in res:
         for a, b in zip(r["local"], local):
             np.testing.assert_array_equal(a, b)  # the same local gradients everywhere
         for name in ("bf16", "fp16"):
             assert_same_float32(r[name], expected(local, name, "avg"))
-        before, after = r["fusion_stats"]
-        assert after.get("tensors", 0) == before.get("tensors", 0), "compressed buckets went through fusion"
+            assert r[name].tobytes() == res[0][name].tobytes()
 
 
 # ------------------------------------------------------------------------------------- benchmark
