@@ -339,6 +339,13 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     connect_all();
     stats_.reconnects++;
   }
+  if (compressed) {
+    for (auto& l : links_) {  // the staging of compressed rounds: once per session and link
+      if (!l->tx.empty()) continue;
+      l->tx.resize(staging_slots() * opts_.chunk_bytes);
+      l->rx.resize(opts_.chunk_bytes);
+    }
+  }
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -354,7 +361,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   proto::ShardPlan plan = proto::plan_round(elems, wes, R, r.wire);
   r.parts.resize(links_.size());
   for (size_t li = 0; li < links_.size(); ++li) {
-    Link& l = *links_[li];
+    const Link& l = *links_[li];
     Round::Part& p = r.parts[li];
     p.shard_off = plan.offset[l.reducer] * wes;
     p.shard_bytes = plan.count[l.reducer] * wes;
@@ -367,10 +374,6 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     p.next_send = uint64_t(l.stream);
     p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
     if (p.expected > 0) r.parts_left++;
-    if (compressed && p.expected > 0 && l.tx.empty()) {  // once per session and link
-      l.tx.resize(staging_slots() * opts_.chunk_bytes);
-      l.rx.resize(opts_.chunk_bytes);
-    }
   }
   if (r.parts_left == 0) {
     r.state = Round::State::Done;  // an empty buffer: nothing to send
