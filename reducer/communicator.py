@@ -78,7 +78,8 @@ class Communicator:
         self.compression: Optional[str] = config.get("compression", compression)
         from .fusion import compression_dtype
 
-        compression_dtype(self.compression)  # validate now, not on the first allreduce_async
+        wire = compression_dtype(self.compression)  # validated now, not on the first all-reduce
+        self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
         self._engine: Any = None
         self._engine_lock = threading.Lock()
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
@@ -132,12 +133,10 @@ class Communicator:
 
         The setting (compression=None) applies to float32 only; an explicit one to any dtype
         (the core refuses it for anything but float32, with a ConfigError)."""
+        if compression is None:
+            return self._float32_wire if dtype == "float32" else ""
         from .fusion import compression_dtype
 
-        if compression is None:
-            if dtype != "float32":
-                return ""
-            compression = self.compression
         wire = compression_dtype(compression)
         return "" if wire is None else wire_name(wire)
 
