@@ -27,10 +27,11 @@ class Communicator:
     default (docs/configuration.md). The constructor returns once every worker of
     the group has connected (bounded by connect_timeout).
 
-    fusion_threshold / cycle_time_ms / compression configure allreduce_async (tensor
-    fusion, docs/worker-library.md): fused buffer size in bytes (0 = fusion off), age in ms
-    after which a partly filled buffer is flushed (inf = only on wait/synchronize), and
-    wire compression of float32 ('bf16', 'fp16' or None).
+    fusion_threshold / cycle_time_ms configure allreduce_async (tensor fusion,
+    docs/worker-library.md): fused buffer size in bytes (0 = fusion off), age in ms after
+    which a partly filled buffer is flushed (inf = only on wait/synchronize). compression
+    ('bf16', 'fp16' or None) is the wire compression of float32 buffers, for every all-reduce
+    of this communicator unless a call says otherwise.
     """
 
     def __init__(
@@ -77,7 +78,8 @@ class Communicator:
         self.compression: Optional[str] = config.get("compression", compression)
         from .fusion import compression_dtype
 
-        compression_dtype(self.compression)  # validate now, not on the first allreduce_async
+        wire = compression_dtype(self.compression)  # validated now, not on the first all-reduce
+        self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
         self._engine: Any = None
         self._engine_lock = threading.Lock()
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
@@ -87,24 +89,56 @@ class Communicator:
                                    config.socket_buffer_arg(socket_buffer), int(config.get("window", window)))
 
     # -- blocking all-reduce ------------------------------------------------------------------
-    def allreduce(self, array: Any, op: str = "sum") -> Any:
+    def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:
         """Reduce `array` in place across the group and return it.
 
         Accepts numpy arrays (float32/64, float16, ml_dtypes.bfloat16, int32/64) and
         other C-contiguous buffers; see reducer.arrays for framework tensors.
+        compression: 'bf16' / 'fp16' send a float32 array as 16-bit values (converted chunk by
+        chunk in the transport; each input rounded once, summed in float32, rounded once);
+        'none' sends it as it is; None takes the communicator's setting (RS_COMPRESSION).
         """
         from .arrays import host_view
 
         view = host_view(array)
-        self.allreduce_raw(view.ptr, view.nbytes, view.dtype, op)
+        self.allreduce_raw(view.ptr, view.nbytes, view.dtype, op, compression=compression)
         return array
 
-    def allreduce_raw(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0) -> None:
-        """All-reduce `nbytes` of wire dtype `dtype` at address `ptr` (host memory), in place."""
+    def allreduce_raw(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
+                      compression: Optional[str] = None) -> None:
+        """All-reduce `nbytes` of wire dtype `dtype` at address `ptr` (host memory), in place.
+
+        compression: as in allreduce (an explicit 'bf16' / 'fp16' needs dtype float32)."""
+        self._client.wait(self._start(ptr, nbytes, dtype, op, tag, compression))
+
+    def allreduce_raw_async(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
+                            compression: Optional[str] = None) -> "RawRound":
+        """Start allreduce_raw and return at once: a RawRound (.wait(), .done()).
+
+        One round, no fusion; the memory must stay valid and untouched until the round is done.
+        Rounds reach the reducers in the order they are started (after allreduce_async work
+        submitted earlier), so every worker must start the same rounds in the same order."""
+        return RawRound(self._client, self._start(ptr, nbytes, dtype, op, tag, compression))
+
+    def _start(self, ptr: int, nbytes: int, dtype: str, op: str, tag: int, compression: Optional[str]) -> int:
+        wire = self._compression_for(dtype, compression)
         if self._engine is not None:
             # Rounds go to the reducers in program order: finish what allreduce_async queued first.
             self._engine.synchronize(raise_errors=False)
-        self._client.allreduce_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1))
+        return int(self._client.start_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1),
+                                          compression=wire))
+
+    def _compression_for(self, dtype: str, compression: Optional[str]) -> str:
+        """The core's compression argument ('' or a 16-bit wire name) for a round of `dtype`.
+
+        The setting (compression=None) applies to float32 only; an explicit one to any dtype
+        (the core refuses it for anything but float32, with a ConfigError)."""
+        if compression is None:
+            return self._float32_wire if dtype == "float32" else ""
+        from .fusion import compression_dtype
+
+        wire = compression_dtype(compression)
+        return "" if wire is None else wire_name(wire)
 
     # -- asynchronous all-reduce with tensor fusion (reducer.fusion) --------------------------
     def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:
@@ -187,6 +221,46 @@ class Communicator:
     def __repr__(self) -> str:
         return (f"Communicator(rank={self.rank}, world_size={self.world_size}, group={self.group!r}, "
                 f"reducers={len(self.reducers)})")
+
+
+class RawRound:
+    """A round started by Communicator.allreduce_raw_async: wait() blocks until its result is in
+    place (bounded by the communicator's timeout), done() does not block; both raise the round's
+    error (every time they are asked)."""
+
+    __slots__ = ("_client", "_id", "_lock", "_finished", "_error")
+
+    def __init__(self, client: Any, round_id: int) -> None:
+        self._client = client
+        self._id = round_id
+        self._lock = threading.Lock()
+        self._finished = False
+        self._error: Optional[BaseException] = None
+
+    def done(self) -> bool:
+        return self._settle(block=False)
+
+    def wait(self) -> None:
+        self._settle(block=True)
+
+    def _settle(self, block: bool) -> bool:
+        with self._lock:
+            if not self._finished:  # the core forgets a round once it reported it: ask it once
+                try:
+                    if block:
+                        self._client.wait(self._id)
+                        self._finished = True
+                    else:
+                        self._finished = bool(self._client.test(self._id))
+                except Exception as exc:
+                    self._finished, self._error = True, exc
+            if self._error is not None:
+                raise self._error
+            return self._finished
+
+    def __repr__(self) -> str:
+        state = "pending" if not self._finished else ("failed" if self._error else "done")
+        return f"<reducer.RawRound {self._id} {state}>"
 
 
 def init(**overrides: Any) -> Communicator:

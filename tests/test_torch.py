@@ -298,7 +298,8 @@ def task_hook_grads(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any
             torch.nn.functional.cross_entropy(model(bx), by).backward()
             local.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
         stacked = torch.stack(local).double()
-        out: Dict[str, Any] = {"mean": stacked.mean(0).numpy(), "mean_abs": stacked.abs().mean(0).numpy()}
+        out: Dict[str, Any] = {"mean": stacked.mean(0).numpy(), "mean_abs": stacked.abs().mean(0).numpy(),
+                               "local": [g.numpy() for g in local]}
         state = rst.HookState()
         not_done_at_return = 0
 

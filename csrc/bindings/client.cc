@@ -4,6 +4,9 @@
 // test(id) / wait(id) drive every round in flight (GIL released). The memory of a round is
 // NOT kept alive by the binding: the caller must keep the buffer (array, tensor, pointer
 // target) alive and untouched until test() returned True or wait() returned.
+//
+// Every round method takes compression="" | "bf16" | "fp16": a float32 buffer then travels as
+// 16-bit values (converted chunk by chunk in the client; see csrc/client/client.h).
 #include <sys/uio.h>
 
 #include <optional>
@@ -18,6 +21,7 @@ namespace {
 
 using rs::client::Client;
 using rs::client::ClientOptions;
+using rs::client::Compression;
 using rs::client::RoundId;
 
 struct Round {  // one round's arguments, parsed with the GIL held
@@ -25,21 +29,31 @@ struct Round {  // one round's arguments, parsed with the GIL held
   rs::DType dtype;
   rs::Op op;
   uint64_t tag;
+  Compression comp;
 };
 
-Round buffer_round(py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
-  BufView v = view_of(buf, true);
-  return {{iovec{const_cast<void*>(v.ptr), v.nbytes}}, dtype_arg(dtype), op_arg(op), tag};
+Compression compression_arg(const std::string& s) {
+  Compression c;
+  if (!rs::client::parse_compression(s, &c))
+    throw py::value_error("unknown compression '" + s + "' (use '', 'bf16' or 'fp16')");
+  return c;
 }
 
-Round ptr_round(uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag) {
+Round buffer_round(py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
+                   const std::string& comp) {
+  BufView v = view_of(buf, true);
+  return {{iovec{const_cast<void*>(v.ptr), v.nbytes}}, dtype_arg(dtype), op_arg(op), tag, compression_arg(comp)};
+}
+
+Round ptr_round(uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag,
+                const std::string& comp) {
   if (ptr == 0 && nbytes) throw py::value_error("null pointer");
-  return {{iovec{reinterpret_cast<void*>(ptr), nbytes}}, dtype_arg(dtype), op_arg(op), tag};
+  return {{iovec{reinterpret_cast<void*>(ptr), nbytes}}, dtype_arg(dtype), op_arg(op), tag, compression_arg(comp)};
 }
 
 Round segments_round(const std::vector<std::tuple<uintptr_t, size_t>>& segments, const std::string& dtype,
-                     const std::string& op, uint64_t tag) {
-  Round r{{}, dtype_arg(dtype), op_arg(op), tag};
+                     const std::string& op, uint64_t tag, const std::string& comp) {
+  Round r{{}, dtype_arg(dtype), op_arg(op), tag, compression_arg(comp)};
   for (const auto& [ptr, nbytes] : segments) {
     if (ptr == 0 && nbytes) throw py::value_error("null pointer in segments");
     r.segs.push_back(iovec{reinterpret_cast<void*>(ptr), nbytes});
@@ -49,19 +63,19 @@ Round segments_round(const std::vector<std::tuple<uintptr_t, size_t>>& segments,
 
 RoundId start(Client& c, const Round& r) {
   py::gil_scoped_release release;
-  return c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag);
+  return c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, r.comp);
 }
 
 std::optional<RoundId> try_start(Client& c, const Round& r) {
   py::gil_scoped_release release;
   RoundId id = 0;
-  if (!c.try_start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, &id)) return std::nullopt;
+  if (!c.try_start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, &id, r.comp)) return std::nullopt;
   return id;
 }
 
 void run(Client& c, const Round& r) {
   py::gil_scoped_release release;
-  c.wait(c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag));
+  c.wait(c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, r.comp));
 }
 
 }  // namespace
@@ -93,33 +107,47 @@ void bind_client(py::module_& m) {
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
            py::arg("chunk_bytes") = defaults.chunk_bytes, py::arg("socket_buffer") = defaults.socket_buffer,
            py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight)
-      .def("allreduce", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
-             run(c, buffer_round(std::move(buf), dtype, op, tag));
-           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+      .def("allreduce", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
+                           const std::string& comp) {
+             run(c, buffer_round(std::move(buf), dtype, op, tag, comp));
+           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
       .def("allreduce_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                               uint64_t tag) { run(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
-      .def("start", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag) {
-             return start(c, buffer_round(std::move(buf), dtype, op, tag));
+                               uint64_t tag, const std::string& comp) {
+             run(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
+           },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           py::arg("compression") = "")
+      .def("start", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
+                       const std::string& comp) {
+             return start(c, buffer_round(std::move(buf), dtype, op, tag, comp));
            }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           py::arg("compression") = "",
            "Start reducing a C-contiguous writable buffer in place; returns the round id. Keep the buffer "
            "alive and untouched until test(id) is True or wait(id) returned.")
       .def("start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                           uint64_t tag) { return start(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+                           uint64_t tag, const std::string& comp) {
+             return start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
+           },
+           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           py::arg("compression") = "")
       .def("start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
-                                const std::string& dtype, const std::string& op, uint64_t tag) {
-             return start(c, segments_round(segments, dtype, op, tag));
-           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+                                const std::string& dtype, const std::string& op, uint64_t tag,
+                                const std::string& comp) {
+             return start(c, segments_round(segments, dtype, op, tag, comp));
+           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "",
            "Start a scatter-gather round over [(ptr, nbytes), ...] (one buffer made of the segments in order).")
       .def("try_start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                               uint64_t tag) { return try_start(c, ptr_round(ptr, nbytes, dtype, op, tag)); },
+                               uint64_t tag, const std::string& comp) {
+             return try_start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
+           },
            py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+           py::arg("compression") = "",
            "As start_ptr, but returns None instead of waiting when max_rounds_in_flight rounds are unfinished.")
       .def("try_start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
-                                    const std::string& dtype, const std::string& op, uint64_t tag) {
-             return try_start(c, segments_round(segments, dtype, op, tag));
-           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0)
+                                    const std::string& dtype, const std::string& op, uint64_t tag,
+                                const std::string& comp) {
+             return try_start(c, segments_round(segments, dtype, op, tag, comp));
+           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
       .def("test", &Client::test, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
            "Progress every round without blocking; True once round `id` is done (raises its error).")
       .def("wait", &Client::wait, py::arg("id"), py::call_guard<py::gil_scoped_release>(),

@@ -9,6 +9,16 @@
 // by their sequence number on the stream) pairs them up; results are matched back to rounds
 // by round number and offset. The byte moving is csrc/net/frame_io.h; this file keeps only
 // the schedule (which chunk goes next on which connection) and the checks on results.
+//
+// Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
+// buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
+// into a slot of a small per-link staging ring as it is queued, and each result chunk is read
+// into a per-link staging chunk and widened (kernels::widen) straight into the float32 buffer.
+// The reducers see an ordinary 16-bit round (they accumulate in float32 in rank order and
+// round once), so the result is: each input rounded once, summed in float32 in rank order,
+// rounded once, widened. Shards are planned on the wire bytes (half the buffer); chunks carry
+// as many wire bytes as the uncompressed round's would (twice the elements), so the bytes in
+// flight per link stay what the reducers' chunk slots allow.
 #pragma once
 
 #include <poll.h>
@@ -32,6 +42,12 @@
 
 namespace rs::client {
 
+
+// 16-bit wire compression of a float32 round.
+enum class Compression : uint8_t { None = 0, BF16 = 1, F16 = 2 };
+// "" / "none" -> None, "bf16" / "bfloat16" -> BF16, "fp16" / "float16" / "half" -> F16; false if unknown.
+bool parse_compression(const std::string& s, Compression* out);
+const char* compression_name(Compression c);  // "none", "bf16", "fp16"
 
 struct ClientOptions {
   std::vector<std::string> reducers;  // "host:port" / "[v6]:port"
@@ -68,22 +84,29 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Reduces `nbytes` at `data` in place across the group: wait(start(...)).
-  void allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0);
+  void allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0,
+                 Compression comp = Compression::None);
 
   // Starts reducing `nbytes` at `data` in place and returns at once, unless
   // max_rounds_in_flight rounds are unfinished: then it drives them until one finishes
   // (failing after `timeout` seconds without progress). Connects first if the session was
   // dropped by an error (stats().reconnects counts it). The memory must stay valid and
   // untouched until test() returned true or wait() returned. Every worker of the group must
-  // start the same rounds (size, dtype, op, tag) in the same order.
-  RoundId start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0);
+  // start the same rounds (size, dtype, op, tag, compression) in the same order.
+  // `comp` other than None sends the float32 buffer as 16-bit values (see the top of this
+  // file); it needs dtype F32 and segments of whole, 4-byte aligned floats (else a Config error).
+  RoundId start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0,
+                Compression comp = Compression::None);
   // A scatter-gather round: the buffer is the concatenation of `segs` (sent with writev
   // straight from them, results received straight back into them).
-  RoundId start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag = 0);
+  RoundId start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag = 0,
+                Compression comp = Compression::None);
   // As start(), but returns false (starting nothing) instead of waiting when
   // max_rounds_in_flight rounds are unfinished.
-  bool try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, RoundId* out);
-  bool try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out);
+  bool try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, RoundId* out,
+                 Compression comp = Compression::None);
+  bool try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out,
+                 Compression comp = Compression::None);
 
   // Moves bytes of every round in flight without blocking; true once round `id` is done
   // (its result is in the buffer). Rethrows the round's error. After it returned true or
@@ -112,12 +135,13 @@ class Client {
   proto::Hello hello_for(int stream) const;
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
-                    uint64_t tag, bool may_wait, RoundId* out);
+                    uint64_t tag, Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li
+  size_t staging_slots() const;                   // narrowed chunks a link may have queued, unwritten
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
   Round* by_wire(uint64_t wire) const;            // a round of this session by round number

@@ -148,11 +148,13 @@ class _RS(_Algo):
             fut.wait()
 
     def prepare(self, buf: Any) -> Callable[[], None]:
-        comm, op = self.comm, self.job["op"]
-        return lambda: comm.allreduce(buf, op=op)
+        # compression: 'bf16' / 'fp16' (the float32 buffer goes 16-bit on the wire) or 'none',
+        # explicitly: RS_COMPRESSION in the environment does not change what is measured.
+        comm, op, comp = self.comm, self.job["op"], self.job.get("compression") or "none"
+        return lambda: comm.allreduce(buf, op=op, compression=comp)
 
     def barrier(self) -> None:
-        self.comm.allreduce(self._tiny)
+        self.comm.allreduce(self._tiny, compression="none")
 
     def stats(self) -> Dict[str, Any]:
         return self.comm.stats()
@@ -297,7 +299,29 @@ class _Gloo(_Algo):
             pass
 
 
-ALGOS = {"rs": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gloo}
+class _GlooBF16(_Gloo):
+    """gloo all-reducing a bfloat16 copy of the float32 buffer, as torch's bf16_compress_hook does
+    (cast, divide by the world size for avg, all-reduce, copy back): the baseline of rs with
+    compression. The cast copies are part of the timed call, as they are in the hook."""
+
+    def prepare(self, buf: Any) -> Callable[[], None]:
+        torch, dist = self.torch, self.dist
+        t = self._tensors[id(buf)][1]
+        op, world = self.job["op"], self.job["world"]
+        rop = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
+               "max": dist.ReduceOp.MAX}[op]
+
+        def run() -> None:
+            c = t.to(torch.bfloat16)
+            if op == "avg":
+                c.div_(world)
+            dist.all_reduce(c, op=rop)
+            t.copy_(c)
+
+        return run
+
+
+ALGOS = {"rs": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gloo, "gloo-bf16": _GlooBF16}
 
 
 # ------------------------------------------------------------------------ worker
@@ -350,7 +374,7 @@ def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
     for size in job["sizes"]:
         count = size // esize
         inp = make_input(rank, count, dtype)
-        expected, tol = reference(world, count, dtype, op)
+        expected, tol = reference(world, count, dtype, op, wire=job.get("wire_dtype"))
         buf = algo.alloc(count)
         fn = algo.prepare(buf)
         samples: List[float] = []

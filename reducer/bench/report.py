@@ -18,7 +18,16 @@ ALGO_TITLES = {
     "rs+bf16": "rs+bf16: reduction server, gradients sent as bfloat16 (reducer.torch.bf16_compress_hook)",
     "ring": "ring: ring all-reduce (this project's C++ ring over the same transport and kernels)",
     "gloo": "gloo: torch.distributed gloo backend (ring all-reduce)",
+    "gloo-bf16": "gloo-bf16: gloo all-reducing a bfloat16 copy of the buffer (torch's bf16 hook: cast, all-reduce, "
+                 "copy back; the casts are timed)",
 }
+ALGO_ORDER = ("rs", "ring", "gloo", "gloo-bf16")
+
+
+def wire_fraction(row: Dict[str, Any]) -> float:
+    """Bytes on the wire per byte of the buffer: 1/2 when float32 travels as a 16-bit type."""
+    wire = row.get("wire_dtype")
+    return 0.5 if wire in ("bfloat16", "float16") and row.get("dtype") == "float32" else 1.0
 
 
 def uses_reducers(algo: str) -> bool:
@@ -63,8 +72,10 @@ def _fmt_cpu(p: Optional[float]) -> str:
 
 
 def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reducers: int,
-                      error: Optional[str] = None) -> str:
+                      error: Optional[str] = None, compression: Optional[str] = None) -> str:
     title = ALGO_TITLES.get(algo, algo).format(w=workers, r=reducers)
+    if compression:
+        title += f"; compression {compression}: the buffer travels as 16-bit values (half the bytes)"
     out = [f"# {title}", "# in-place all-reduce; time = slowest rank's median; GB = 1e9 B; "
            f"busbw = algbw x 2(n-1)/n, n = {workers}",
            "# cpu% = whole machine busy during the timed iterations ('-': too short to sample)",
@@ -87,38 +98,49 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
                    emulate_gbps: Optional[float] = None) -> str:
     by = {(r["algo"], r["size"]): r for r in rows}
     sizes = sorted({r["size"] for r in rows})
-    algos = [a for a in ("rs", "ring", "gloo") if any(r["algo"] == a for r in rows)]
-    theory = bus_factor(workers)
+    algos = [a for a in ALGO_ORDER if any(r["algo"] == a for r in rows)]
+    frac = {a: next(wire_fraction(r) for r in rows if r["algo"] == a) for a in algos}
+    # theory: rs vs an algorithm moving the buffer's full bytes; with compressed rs, twice the ring's factor
+    theory = bus_factor(workers) / frac.get("rs", 1.0)
     rsf = rs_factor(workers, reducers)
-    cols = [f"{'size(B)':>12}"] + [f"{a + '(us)':>11}" for a in algos]
+    tw = {a: max(11, len(a) + 4) for a in algos}  # column widths: time, speed-up, %bound
+    sw = {a: max(8, len(a) + 3) for a in algos}
+    bw = {a: max(11, len(a) + 6) for a in algos}
+    cols = [f"{'size(B)':>12}"] + [f"{a + '(us)':>{tw[a]}}" for a in algos]
     if "rs" in algos:
-        cols += [f"{'rs/' + a:>8}" for a in algos if a != "rs"]
+        cols += [f"{'rs/' + a:>{sw[a]}}" for a in algos if a != "rs"]
     cols.append(f"{'theory':>7}")
     if rsf > 1:
         cols.append(f"{'theory@R':>8}")
     if emulate_gbps:
-        cols += [f"{a + '%bound':>11}" for a in algos]
+        cols += [f"{a + '%bound':>{bw[a]}}" for a in algos]
     lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {workers} workers, {reducers} reducers",
-             f"# theory = 2(n-1)/n = {theory:.3f} (ring bytes per worker / rs bytes per worker, reducers not the limit)"]
+             f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
+             "reducers not the limit)"]
+    if frac.get("rs", 1.0) < 1:
+        lines[-1] = (f"# theory = 2 x 2(n-1)/n = {theory:.3f}: rs sends the float32 buffer as 16-bit values (half the "
+                     f"bytes) vs an algorithm sending float32; vs gloo-bf16 (also 16-bit) it is 2(n-1)/n = "
+                     f"{bus_factor(workers):.3f}")
     if rsf > 1:
-        lines.append(f"# theory@R = 2(n-1)/n / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
+        lines.append(f"# theory@R = theory / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
                      "the bytes of a worker's link and become the bottleneck")
     if emulate_gbps:
         lines.append(f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
-                     f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n; shown from 1 MiB")
+                     f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n, S halved for "
+                     "16-bit wire data; shown from 1 MiB")
     lines.append("# " + " ".join(cols))
     for s in sizes:
         cells = [f"{s:>12}"]
         times = {a: (by[(a, s)]["time_us"] if (a, s) in by else None) for a in algos}
-        cells += [f"{_fmt_time(times[a]):>11}" for a in algos]
+        cells += [f"{_fmt_time(times[a]):>{tw[a]}}" for a in algos]
         if "rs" in algos:
             for a in algos:
                 if a == "rs":
                     continue
                 if times["rs"] and times[a]:
-                    cells.append(f"{times[a] / times['rs']:>7.2f}x")
+                    cells.append(f"{times[a] / times['rs']:>{sw[a] - 1}.2f}x")
                 else:
-                    cells.append(f"{'-':>8}")
+                    cells.append(f"{'-':>{sw[a]}}")
         cells.append(f"{theory:>6.2f}x")
         if rsf > 1:
             cells.append(f"{theory / rsf:>7.2f}x")
@@ -126,10 +148,10 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
             rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
             for a in algos:
                 if times[a] and s >= MIN_BOUND_SIZE:
-                    bound_s = s * (rsf if a == "rs" else theory) / rate
-                    cells.append(f"{100 * bound_s / (times[a] * 1e-6):>10.1f}%")
+                    bound_s = s * frac[a] * (rsf if a == "rs" else bus_factor(workers)) / rate
+                    cells.append(f"{100 * bound_s / (times[a] * 1e-6):>{bw[a] - 1}.1f}%")
                 else:
-                    cells.append(f"{'-':>11}")
+                    cells.append(f"{'-':>{bw[a]}}")
         lines.append("  " + " ".join(cells))
     return "\n".join(lines)
 

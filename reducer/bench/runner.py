@@ -36,6 +36,8 @@ from .report import uses_reducers
 log = logging.getLogger("reducer.bench")
 
 ALL_ALGOS = ("rs", "ring", "gloo")
+# Also available: gloo all-reducing a bfloat16 copy (as torch's bf16 hook); run by default with --compression.
+EXTRA_ALGOS = ("gloo-bf16",)
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 # ------------------------------------------------------------------------ configuration
@@ -55,6 +57,7 @@ class BenchConfig:
     timeout: float = 60.0                    # per all-reduce, seconds without progress
     connect_timeout: float = 120.0
     chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
+    compression: Optional[str] = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
     netns_prefix: str = "rsb"
     progress: bool = True
     cpu_warn_percent: float = 70.0
@@ -91,15 +94,37 @@ def parse_sizes(text: str) -> List[int]:
 def available_algos(steps: bool = False) -> Dict[str, Optional[str]]:
     """algo -> None if it can run here, else the reason it cannot. steps: the training-step
     algorithms, whose rs variants go through reducer.torch's DDP hooks."""
-    out: Dict[str, Optional[str]] = {"rs": None, "ring": None, "gloo": None}
+    out: Dict[str, Optional[str]] = {"rs": None, "ring": None, "gloo": None, "gloo-bf16": None}
     if steps:
         out = {"rs": None, "rs+bf16": None, "ring": None, "gloo": None}
     if importlib.util.find_spec("torch") is None:
         missing = "torch is not installed (pip install 'reduction-server[torch]')"
         for a in out:
-            if a != "ring" and (a == "gloo" or steps):
+            if a != "ring" and (a.startswith("gloo") or steps):
                 out[a] = missing
     return out
+
+
+def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
+    """The 16-bit type `algo` puts the float32 buffer on the wire as (None: the buffer's own)."""
+    if algo == "gloo-bf16":
+        return "bfloat16"
+    if algo == "rs" and cfg.compression:
+        return {"bf16": "bfloat16", "fp16": "float16"}[cfg.compression]
+    return None
+
+
+def _check_compression(cfg: BenchConfig) -> BenchConfig:
+    """cfg with compression normalised to None, 'bf16' or 'fp16'; ConfigError if it cannot apply."""
+    from ..fusion import compression_dtype
+
+    wire = compression_dtype(cfg.compression)
+    comp = None if wire is None else ("bf16" if wire == numpy_dtype("bfloat16") else "fp16")
+    if comp and cfg.dtype != "float32":
+        raise ConfigError(f"--compression {comp} compresses float32 buffers: use --dtype float32 (not {cfg.dtype})")
+    if cfg.dtype != "float32" and cfg.algos and "gloo-bf16" in cfg.algos:
+        raise ConfigError("gloo-bf16 all-reduces a bfloat16 copy of a float32 buffer: use --dtype float32")
+    return dataclasses.replace(cfg, compression=comp)
 
 
 def machine_description() -> str:
@@ -327,7 +352,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                    "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF, **work}
+                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if algo == "rs" else None,
+                   "wire_dtype": wire_dtype(algo, cfg), **work}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
         procs += wprocs
         listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
@@ -383,14 +409,15 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
 
 # ------------------------------------------------------------------------ the run
 def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, Optional[str]],
-                  out: Callable[[str], None]) -> List[str]:
+                  out: Callable[[str], None], default: Optional[Sequence[str]] = None) -> List[str]:
+    """The algorithms asked for (--algos) or `default` (all candidates), minus those unavailable here."""
     if cfg.algos:
         unknown = [a for a in cfg.algos if a not in candidates]
         if unknown:
             raise ConfigError(f"unknown algorithm(s) {', '.join(unknown)}: choose from {', '.join(candidates)}")
         wanted = list(dict.fromkeys(cfg.algos))
     else:
-        wanted = list(candidates)
+        wanted = list(candidates if default is None else default)
     algos = []
     for a in wanted:
         if avail.get(a):
@@ -409,7 +436,9 @@ def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
                                warmup=cfg.warmup,
                                chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
                                streams=int(rs_config.get("streams")) if algo == "rs" else 1,
-                               **({"window": int(rs_config.get("window"))} if algo == "rs" else {}))
+                               wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
+                               **({"window": int(rs_config.get("window")), "compression": cfg.compression}
+                                  if algo == "rs" else {}))
 
     return make
 
@@ -421,7 +450,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     if cfg.workers < 1 or cfg.reducers < 1:
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
-    cfg = dataclasses.replace(cfg, op=check_op(cfg.op))
+    cfg = _check_compression(dataclasses.replace(cfg, op=check_op(cfg.op)))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
     plan = None
@@ -439,7 +468,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         sizes = sorted({s - s % esize for s in cfg.sizes if s >= esize})
         if not sizes:
             raise ConfigError(f"no size holds a whole {cfg.dtype} element")
-        algos = _choose_algos(cfg, ALL_ALGOS, available_algos(), out)
+        algos = _choose_algos(cfg, ALL_ALGOS + EXTRA_ALGOS, available_algos(), out,
+                              default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()))
     if cfg.plot_path:
         from .plot import _pyplot
 
@@ -457,7 +487,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
-        f"iters={cfg.iters} warmup={cfg.warmup} algos={','.join(algos)}")
+        f"iters={cfg.iters} warmup={cfg.warmup} algos={','.join(algos)}"
+        + (f" compression={cfg.compression} (rs: float32 sent as 16-bit)" if cfg.compression else ""))
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
     out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
@@ -538,7 +569,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         for algo in algos:
             out("")
             out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
-                                         cfg.reducers, errors.get(algo)))
+                                         cfg.reducers, errors.get(algo),
+                                         compression=cfg.compression if algo == "rs" else None))
     for algo in algos:
         mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
         if algo in cpu_by_algo:

@@ -19,8 +19,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--algos", default=None,
-                   help="comma list of rs, ring, gloo (with --model also rs+bf16) (default: all available; "
-                        "gloo and, with --model, rs and rs+bf16 need torch)")
+                   help="comma list of rs, ring, gloo, gloo-bf16 (with --model: rs, rs+bf16, ring, gloo) "
+                        "(default: rs, ring, gloo, and gloo-bf16 with --compression; gloo and, with --model, rs and "
+                        "rs+bf16 need torch)")
+    p.add_argument("--compression", default=None, choices=("bf16", "fp16"),
+                   help="rs sends the float32 buffer as bfloat16 / float16 on the wire (converted chunk by chunk "
+                        "in the transport); gloo-bf16 is its baseline: gloo all-reducing a bfloat16 copy")
     m = p.add_argument_group("training step (--model): one step's gradient traffic as PyTorch DDP produces it")
     m.add_argument("--model", default=None, choices=list(MODELS),
                    help="replay one training step of this model (its DDP buckets) instead of --sizes")
@@ -74,7 +78,7 @@ def config_from_args(args: argparse.Namespace):
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
-        netns_prefix=args.netns_prefix, progress=not args.no_progress and sys.stderr.isatty(),
+        netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty(),
         model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
         scale=args.scale)
 

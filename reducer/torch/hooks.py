@@ -6,9 +6,11 @@
 
 Semantics match torch's built-in hooks (torch.distributed.algorithms.ddp_comm_hooks.default_hooks):
 the Future holds one tensor shaped like ``bucket.buffer()`` holding the mean over workers.
-Each bucket is handed to ``Communicator.allreduce_async`` as soon as DDP has it, so the network
-work overlaps the rest of the backward pass; one completion thread per communicator waits for
-the handles in submission order and completes the futures in that order.
+Each bucket is handed to ``Communicator.allreduce_async`` as soon as DDP has it (the compress
+hooks start a compressed round of a float32 CPU bucket with ``Communicator.allreduce_raw_async``:
+the transport converts it chunk by chunk), so the network work overlaps the rest of the backward
+pass; one completion thread per communicator waits for the handles in submission order and
+completes the futures in that order.
 """
 import logging
 import queue
@@ -221,10 +223,27 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
     return reduce_async(comm, [target], "avg", finish, name=f"ddp.bucket{bucket.index()}")
 
 
-def _compress_hook(dtype: torch.dtype, state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
+def _compress_hook(dtype: torch.dtype, compression: str, state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
     comm = _comm_of(state)
     buffer = bucket.buffer()
-    # As torch's built-ins: cast, divide by the world size (keeps fp16 sums in range), sum, cast back.
+    if buffer.dtype == torch.float32 and buffer.device.type == "cpu":
+        # The transport narrows each chunk as it sends it and widens the mean straight back into
+        # the bucket: no cast copy. Each gradient is rounded once to 16 bits, the reducers sum in
+        # float32 and divide by the world size, the mean is rounded once.
+        target = buffer if buffer.is_contiguous() else buffer.contiguous()
+        rounds = [comm.allreduce_raw_async(target.data_ptr(), target.numel() * 4, "float32", "avg",
+                                           compression=compression)] if target.numel() else []
+
+        def finish_in_place() -> torch.Tensor:
+            if target is not buffer:
+                buffer.copy_(target)
+            return buffer
+
+        fut = _future_for([buffer])
+        _completer(comm).submit(rounds, fut, finish_in_place)
+        return fut
+    # Other dtypes, and device buckets (casting on the device halves the copy to the host too):
+    # as torch's built-ins: cast, divide by the world size (keeps fp16 sums in range), sum, cast back.
     compressed = buffer.to(dtype).div_(comm.world_size)
     if not compressed.is_contiguous():
         compressed = compressed.contiguous()
@@ -237,13 +256,19 @@ def _compress_hook(dtype: torch.dtype, state: Any, bucket: dist.GradBucket) -> t
 
 
 def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Like allreduce_hook, but the bucket travels as float16 (half the bytes)."""
-    return _compress_hook(torch.float16, state, bucket)
+    """Like allreduce_hook, but the bucket travels as float16 (half the bytes).
+
+    A float32 CPU bucket is converted by the transport chunk by chunk (no copy); the result is
+    each gradient rounded once to float16, averaged in float32, rounded once."""
+    return _compress_hook(torch.float16, "fp16", state, bucket)
 
 
 def reducer_bf16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """Like allreduce_hook, but the bucket travels as bfloat16 (half the bytes, float32's range)."""
-    return _compress_hook(torch.bfloat16, state, bucket)
+    """Like allreduce_hook, but the bucket travels as bfloat16 (half the bytes, float32's range).
+
+    A float32 CPU bucket is converted by the transport chunk by chunk (no copy); the result is
+    each gradient rounded once to bfloat16, averaged in float32, rounded once."""
+    return _compress_hook(torch.bfloat16, "bf16", state, bucket)
 
 
 # Public name bf16_compress_hook, but not as the function's __name__: DDP refuses any hook *named*
