@@ -5,11 +5,20 @@ Three threads share the work:
 * the caller's thread only appends an *entry* (host memory, dtypes, op, name, fingerprint) to
   the submission list;
 * the *fusion thread* runs the agreement probes, has the planner (reducer.fusion.planner) cut
-  the agreed entries into rounds, packs fused rounds into two reusable fusion buffers (double
-  buffering), unpacks results and completes handles;
-* the *network thread* runs the blocking C++ all-reduce (the GIL is released) on one round
-  at a time, in the order the fusion thread queued them. One round is on the wire while the
-  fusion thread packs the next one and unpacks the previous one.
+  the agreed entries into rounds, turns each round into (address, length) *segments*, and on
+  completion writes back casts and completes handles. A round's segments are the entries' own
+  memory (the caller's CPU arrays, or the pinned buffer a device array was staged into): no
+  packing copy, no unpacking copy. Only an entry whose wire dtype differs from its own
+  (compression) is cast, once, into staging memory (reducer.fusion.staging), itself a segment;
+* the *network thread* is the only one that calls the C++ client: it starts every round handed
+  over as a scatter-gather round (``try_start_segments``: sent with writev straight from the
+  segments, results received straight back into them), several at once, and waits for the oldest
+  (GIL released). So round n+1 streams while round n drains; rounds finish, and handles complete,
+  in submission order.
+
+Memory: rounds in flight are bounded by the client's ``max_rounds_in_flight``; the engine's own
+memory is the staging ring for casts, bounded by ``STAGING_FACTOR x fusion_threshold`` bytes (or
+one round, if a single round is larger): a round whose casts do not fit waits for earlier ones.
 
 Agreed flush points. A partly filled buffer is never cut on one worker's say-so. Before each
 batch of data rounds the workers run a 16-byte *probe* all-reduce (int64, op min) of
@@ -33,7 +42,7 @@ import math
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +50,7 @@ from ..dtypes import BFLOAT16, check_op, wire_name
 from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
 from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
 from .planner import Cut, Planner
+from .staging import StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +58,7 @@ __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 _PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
+STAGING_FACTOR = 2  # staging memory for casts: this many fusion thresholds (or one larger round)
 
 
 def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
@@ -148,29 +159,10 @@ class _Entry:
         return text + ")"
 
 
-class _Slot:
-    """A reusable, 64-byte aligned fusion buffer that only ever grows."""
-
-    __slots__ = ("buf", "cap")
-
-    def __init__(self) -> None:
-        self.buf = np.empty(0, np.uint8)
-        self.cap = 0
-
-    def reserve(self, nbytes: int) -> None:
-        if nbytes > self.cap:
-            raw = np.empty(nbytes + 64, np.uint8)
-            off = (-raw.ctypes.data) % 64
-            self.buf = raw[off:off + nbytes]
-            self.cap = nbytes
-
-    @property
-    def ptr(self) -> int:
-        return int(self.buf.ctypes.data)
-
-
 class _Round:
-    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "slot", "ptr", "values")
+    """One round in the agreed sequence: a probe, or a planner cut (FUSED or ALONE) of entries."""
+
+    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "stage_sizes", "segments", "casts", "values")
 
     def __init__(self, kind: int, entries: List[_Entry], wire: str, op: str, nbytes: int) -> None:
         self.kind = kind
@@ -179,34 +171,35 @@ class _Round:
         self.op = op
         self.nbytes = nbytes
         self.tag = 0
-        self.slot: Optional[_Slot] = None
-        self.ptr = 0
-        self.values: Optional[np.ndarray] = None
+        self.stage_sizes: List[int] = []  # bytes of each entry the engine casts into staging memory
+        self.segments: List[Tuple[int, int]] = []  # (address, length) in order: what start_segments sends
+        self.casts: List[Tuple[_Entry, np.ndarray]] = []  # entries cast into staging, with their staged bytes
+        self.values: Optional[np.ndarray] = None  # the probe's two int64
 
-    def needs_slot(self) -> bool:
-        if self.kind == _PROBE:
-            return False
-        if len(self.entries) > 1:
-            return True
-        e = self.entries[0]
-        return e.wire != e.src  # a cast (compression) needs a buffer; one uncast entry goes in place
 
-    def describe(self) -> str:
-        if self.kind == _PROBE:
-            return "the fusion agreement probe"
-        first, last = self.entries[0].index, self.entries[-1].index
-        what = f"tensor #{first}" if len(self.entries) == 1 else f"{len(self.entries)} tensors (#{first}..#{last})"
-        return f"fused round of {what}, {self.wire} {self.op}, {self.nbytes} bytes"
+def _segments(pieces: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(address, length) pieces in order, empty ones dropped and adjacent ones merged."""
+    out: List[Tuple[int, int]] = []
+    for ptr, n in pieces:
+        if n == 0:
+            continue
+        if out and out[-1][0] + out[-1][1] == ptr:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((ptr, n))
+    return out
 
 
 class FusionEngine:
     """The background machinery behind ``Communicator.allreduce_async`` (one per communicator).
 
-    client: the C++ client (``allreduce_ptr``); threshold: fused buffer size in bytes (0 turns
-    fusion off: one round per tensor, no probes); cycle_time_ms: age after which a worker
-    asks for its partly filled buffers to be flushed (``inf`` = only on wait/synchronize);
-    compression: None, 'bf16' or 'fp16'; diag_client: makes a fresh client for the
-    fingerprint diagnosis (None disables it); timeout: bounds the diagnosis.
+    client: the C++ client (``try_start_segments``, ``start_segments``, ``wait``, ``in_flight``);
+    threshold: fused buffer size in bytes (0 turns fusion off: one round per tensor, no probes);
+    cycle_time_ms: age after which a worker asks for its partly filled buffers to be flushed
+    (``inf`` = only on wait/synchronize); compression: None, 'bf16' or 'fp16'; diag_client:
+    makes a fresh client for the fingerprint diagnosis (None disables it); timeout: bounds the
+    diagnosis. Staging memory (casts only) is bounded by ``2 * threshold`` bytes, or one round
+    when a single round is larger.
     """
 
     def __init__(
@@ -245,18 +238,21 @@ class FusionEngine:
         # planning (fusion thread, under _cv: the network thread reads it for the probe)
         self._agreed = 0  # C of the last probe: entries below it are planned
         self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
-        self._plan: Deque[_Round] = deque()  # cut, not yet packed
-        self._free: List[_Slot] = [_Slot(), _Slot()]
+        self._plan: Deque[_Round] = deque()  # cut, not yet staged and handed to the network thread
+        self._ring = StagingRing(STAGING_FACTOR * self.threshold)  # cast copies (fusion thread only)
         self._probe_out = False
         self._probe_buf = np.zeros(2, np.int64)
         # network
-        self._netq: Deque[_Round] = deque()
-        self._done: Deque[Tuple[_Round, Optional[BaseException]]] = deque()
+        self._netq: Deque[_Round] = deque()  # ready to start, in the agreed order
+        self._done: Deque[Tuple[_Round, Optional[BaseException]]] = deque()  # finished, in the same order
         self._net_error: Optional[BaseException] = None
         # life cycle
         self._error: Optional[BaseException] = None  # sticky: the engine has stopped
         self._closing = False
-        self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0}
+        # Counters identical on every worker (they follow the agreed rounds), and peaks that depend on timing.
+        self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0,
+                      "segments": 0, "staged_tensors": 0, "staged_bytes": 0}
+        self.peaks = {"max_in_flight": 0, "max_staging_bytes": 0}
         self._diagnosis: Optional[Diagnosis] = None
         if diag_client is not None:
             self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
@@ -364,7 +360,7 @@ class FusionEngine:
                         if self._closing or self._error is not None:
                             return
                         now = time.monotonic()
-                        if self._done or (self._fusion_off and self._submitted) or self._can_pack() \
+                        if self._done or (self._fusion_off and self._submitted) or self._can_prepare() \
                                 or self._want_probe(now):
                             break
                         self._cv.wait(self._sleep_for(now))
@@ -376,13 +372,13 @@ class FusionEngine:
                     self._complete(rnd, err)
                     if self._error is not None:
                         return
-                self._pack_ready()
+                self._prepare_ready()
                 with self._cv:
                     if self._want_probe(time.monotonic()):
                         rnd = _Round(_PROBE, [], "int64", "min", 16)
                         rnd.tag = PROBE_TAG
                         rnd.values = self._probe_buf
-                        rnd.ptr = int(self._probe_buf.ctypes.data)
+                        rnd.segments = [(int(self._probe_buf.ctypes.data), 16)]
                         self._probe_out = True
                         self._netq.append(rnd)
                         self._cv.notify_all()
@@ -434,13 +430,22 @@ class FusionEngine:
             return None
         return max(0.0005, oldest + self._cycle - now)
 
-    def _can_pack(self) -> bool:
-        return bool(self._plan) and (bool(self._free) or not self._plan[0].needs_slot())
+    def _can_prepare(self) -> bool:
+        """The next cut round can be staged now (its casts fit in the staging ring)."""
+        if not self._plan:
+            return False
+        sizes = self._plan[0].stage_sizes
+        return not sizes or self._ring.fits(sizes)
+
+    def _casts(self, e: _Entry) -> bool:
+        """Whether the engine stages `e` through a cast into staging memory (its wire dtype differs)."""
+        return e.wire_dt != e.host.dtype
 
     def _round(self, cut: Cut[_Entry]) -> _Round:
         entries = cut.entries
         rnd = _Round(cut.kind, entries, entries[0].wire, entries[0].op, cut.nbytes)
         rnd.tag = round_tag(cut.kind, rnd.wire, rnd.op, rnd.nbytes, ((e.index, e.fp.dhash) for e in entries))
+        rnd.stage_sizes = [e.nbytes for e in entries if e.nbytes and self._casts(e)]
         return rnd
 
     def _plan_range(self, agreed: int, flush: bool) -> None:
@@ -460,38 +465,51 @@ class FusionEngine:
             cuts += self._planner.flush()
         self._plan.extend(self._round(c) for c in cuts)
 
-    def _pack_ready(self) -> None:
+    def _prepare_ready(self) -> None:
+        """Stage the cut rounds that can be staged and hand them to the network thread, in order.
+
+        Rounds that copy nothing are handed over together, so that the network thread starts all
+        of them before it blocks on the oldest one; a round that cast data is handed over at once.
+        """
+        batch: List[_Round] = []
         while True:
             with self._cv:
-                if not self._can_pack():
+                ready = self._can_prepare()
+                if batch and (not ready or batch[-1].casts):
+                    self._netq.extend(batch)
+                    self._cv.notify_all()
+                    batch = []
+                if not ready:
                     return
                 rnd = self._plan.popleft()
-                slot = self._free.pop() if rnd.needs_slot() else None
-            try:
-                self._pack(rnd, slot)
-            except BaseException:
-                if slot is not None:
-                    self._free.append(slot)
-                raise
-            with self._cv:
-                self._netq.append(rnd)
-                self._cv.notify_all()
+            self._prepare(rnd)
+            batch.append(rnd)
 
-    def _pack(self, rnd: _Round, slot: Optional[_Slot]) -> None:
+    def _prepare(self, rnd: _Round) -> None:
+        """The round's segments: the entries' own memory, or their cast copy in staging memory."""
+        views: List[np.ndarray] = []
+        if rnd.stage_sizes:
+            taken = self._ring.take(rnd.stage_sizes)
+            assert taken is not None, "_can_prepare said the round fits"
+            views = taken
+            self.peaks["max_staging_bytes"] = self._ring.peak
+        staged = iter(views)
+        pieces: List[Tuple[int, int]] = []
         for e in rnd.entries:
-            e.staged.before_read()
-        if slot is None:
-            e = rnd.entries[0]
-            rnd.ptr = int(e.host.ctypes.data) if e.host.size else 0
-            return
-        slot.reserve(rnd.nbytes)
-        rnd.slot = slot
-        rnd.ptr = slot.ptr
-        off = 0
-        for e in rnd.entries:
-            if e.nbytes:
-                np.copyto(slot.buf[off:off + e.nbytes].view(e.wire_dt), e.host, casting="unsafe")
-            off += e.nbytes
+            e.staged.before_read()  # a device array's copy to the host has landed
+            if not e.nbytes:
+                continue
+            if self._casts(e):
+                view = next(staged)
+                np.copyto(view.view(e.wire_dt), e.host, casting="unsafe")
+                rnd.casts.append((e, view))
+                pieces.append((int(view.ctypes.data), e.nbytes))
+            else:
+                pieces.append((int(e.host.ctypes.data), e.nbytes))
+        rnd.segments = _segments(pieces)
+        st = self.stats
+        st["staged_tensors"] += len(rnd.casts)
+        st["staged_bytes"] += sum(rnd.stage_sizes)
 
     def _complete(self, rnd: _Round, err: Optional[BaseException]) -> None:
         if err is not None:
@@ -504,64 +522,119 @@ class FusionEngine:
                 self._probe_out = False
                 self._plan_range(agreed, flush)
             return
-        slot = rnd.slot
-        if slot is not None:
-            off = 0
-            for e in rnd.entries:
-                if e.nbytes:
-                    np.copyto(e.host, slot.buf[off:off + e.nbytes].view(e.wire_dt), casting="unsafe")
-                off += e.nbytes
+        for e, view in rnd.casts:
+            np.copyto(e.host, view.view(e.wire_dt), casting="unsafe")
+        if rnd.casts:
+            with self._cv:
+                self._ring.release()
         for e in rnd.entries:
             e.staged.after_write()
         with self._cv:
-            if slot is not None:
-                rnd.slot = None
-                self._free.append(slot)
             for e in rnd.entries:
                 self._pending.pop(e.index, None)
         for e in rnd.entries:
             e.handle._set(None)
 
     # ================================================================ network thread
+    # The network thread is the only thread of the engine that calls the client: it starts every
+    # round handed over (up to the client's max_rounds_in_flight), then waits for the oldest, and
+    # again. So round n+1 streams while round n drains, results are reported in submission order,
+    # and once a round has failed no later round is started (the client would reconnect for it).
     def _net_main(self) -> None:
+        started: Deque[Tuple[_Round, Optional[int], Optional[BaseException]]] = deque()
         while True:
             with self._cv:
-                while not self._netq and not self._closing and self._error is None:
+                while not started and not self._netq and not self._closing and self._error is None:
                     self._cv.wait()
                 if self._closing or self._error is not None:
+                    return
+            self._start_ready(started)
+            if not started:
+                continue
+            rnd, rid, err = started.popleft()
+            if err is None and rid is not None:
+                try:
+                    self._client.wait(rid)
+                except BaseException as exc:
+                    err = self._net_failure(rnd, exc)
+            if err is None and rnd.nbytes:  # a round of 0 bytes is never sent, nor counted
+                self._count_round(rnd)
+            with self._cv:
+                if err is not None and self._net_error is None:
+                    self._net_error = err
+                self._done.append((rnd, err))
+                self._cv.notify_all()
+
+    def _start_ready(self, started: Deque[Tuple[_Round, Optional[int], Optional[BaseException]]]) -> None:
+        """Start the rounds handed over, in order, while the client takes more (network thread)."""
+        while True:
+            if started and not self._client.connected:
+                # A round in flight failed inside an earlier call (the client dropped the session):
+                # starting another would reconnect this worker alone. Its wait() reports the error.
+                return
+            with self._cv:
+                if not self._netq or self._closing or self._error is not None:
                     return
                 rnd = self._netq.popleft()
                 err = self._net_error
                 if rnd.kind == _PROBE and err is None:
                     rnd.values[0] = self._count
                     rnd.values[1] = -1 if self._wants_flush(time.monotonic()) else 0
-            if err is None and rnd.nbytes:
-                try:
-                    self._client.allreduce_ptr(rnd.ptr, rnd.nbytes, rnd.wire, rnd.op, rnd.tag)
-                except ReductionError as exc:
-                    err = exc
-                    if rnd.kind == _PROBE and isinstance(exc, ReductionTimeout):
-                        err = ReductionTimeout(
-                            f"{exc} [while agreeing on the next fused buffers: this worker has submitted "
-                            f"{self._count} tensors and waits for every other worker to submit more or to flush; "
-                            "all workers must submit the same sequence of tensors]")
-                except BaseException as exc:  # pragma: no cover - e.g. MemoryError
-                    err = ReductionError(f"all-reduce failed: {exc!r}")
-                if err is None:
-                    st = self.stats
-                    st["rounds"] += 1
-                    if rnd.kind == _PROBE:
-                        st["probes"] += 1
-                    else:
-                        st["tensors"] += len(rnd.entries)
-                        st["bytes"] += rnd.nbytes
-                        if len(rnd.entries) > 1:
-                            st["fused_rounds"] += 1
-            with self._cv:
-                if err is not None and self._net_error is None:
-                    self._net_error = err
-                self._done.append((rnd, err))
-                self._cv.notify_all()
+            if err is not None or not rnd.nbytes:  # after an error nothing more is sent; 0 bytes: nothing to send
+                started.append((rnd, None, err))
+                continue
+            try:
+                rid = self._start(rnd, block=not started)
+            except BaseException as exc:
+                err = self._net_failure(rnd, exc)
+                with self._cv:
+                    if self._net_error is None:
+                        self._net_error = err
+                started.append((rnd, None, err))
+                continue
+            if rid is None:  # the client has max_rounds_in_flight rounds: wait for the oldest first
+                with self._cv:
+                    self._netq.appendleft(rnd)
+                return
+            started.append((rnd, rid, None))
+            self.peaks["max_in_flight"] = max(self.peaks["max_in_flight"], int(self._client.in_flight))
+
+    def _start(self, rnd: _Round, block: bool) -> Optional[int]:
+        """Start one round on the client: its segments, sent and received in place; None if the
+        client has no room (only when `block` is false). The one call that puts data rounds on the wire.
+
+        Seam for compression in the transport: today an entry whose wire dtype differs from its
+        own is cast into staging memory by ``_prepare`` (``_casts``), and the round goes out in
+        its wire dtype. When the client narrows float32 per chunk itself, ``_casts`` returns False
+        for float32 -> bf16/fp16 and this call passes the float32 segments with ``compression=``.
+        """
+        if block:
+            return int(self._client.start_segments(rnd.segments, rnd.wire, rnd.op, rnd.tag))
+        rid = self._client.try_start_segments(rnd.segments, rnd.wire, rnd.op, rnd.tag)
+        return None if rid is None else int(rid)
+
+    def _net_failure(self, rnd: _Round, exc: BaseException) -> BaseException:
+        """The error to report for a round the client failed (typed: the client's ReductionError subclasses)."""
+        if not isinstance(exc, ReductionError):
+            return ReductionError(f"all-reduce failed: {exc!r}")
+        if rnd.kind == _PROBE and isinstance(exc, ReductionTimeout):
+            return ReductionTimeout(
+                f"{exc} [while agreeing on the next fused buffers: this worker has submitted "
+                f"{self._count} tensors and waits for every other worker to submit more or to flush; "
+                "all workers must submit the same sequence of tensors]")
+        return exc
+
+    def _count_round(self, rnd: _Round) -> None:
+        st = self.stats
+        st["rounds"] += 1
+        if rnd.kind == _PROBE:
+            st["probes"] += 1
+            return
+        st["tensors"] += len(rnd.entries)
+        st["bytes"] += rnd.nbytes
+        st["segments"] += len(rnd.segments)
+        if len(rnd.entries) > 1:
+            st["fused_rounds"] += 1
 
     # ================================================================ failure
     def _die(self, err: BaseException) -> None:
@@ -579,6 +652,7 @@ class FusionEngine:
             self._planner.clear()
             self._plan.clear()
             self._netq.clear()
+            self._ring.clear()
         for e in entries:
             try:
                 e.staged.release()
