@@ -51,6 +51,11 @@ class Communicator:
         socket_buffer: Optional[int] = None,
         window: Optional[int] = None,
     ) -> None:
+        # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
+        self._closed = False
+        self._client: Any = None
+        self._engine: Any = None
+        self._engine_lock = threading.Lock()
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
         self.reducers: List[str] = list(reducers)
@@ -78,8 +83,6 @@ class Communicator:
         from .fusion import compression_dtype
 
         compression_dtype(self.compression)  # validate now, not on the first allreduce_async
-        self._engine: Any = None
-        self._engine_lock = threading.Lock()
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
@@ -123,9 +126,17 @@ class Communicator:
         if self._engine is not None:
             self._engine.synchronize(timeout)
 
-    def fusion_stats(self) -> dict:
-        """Counters of the asynchronous path: rounds, probes, fused_rounds, tensors, bytes, flushes."""
-        return dict(self._engine.stats) if self._engine is not None else {}
+    def fusion_stats(self, peaks: bool = False) -> dict:
+        """Counters of the asynchronous path, identical on every worker: rounds, probes, fused_rounds,
+        tensors, bytes, flushes, segments, staged_tensors, staged_bytes. With peaks=True also
+        max_in_flight and max_staging_bytes, which depend on timing (docs/worker-library.md)."""
+        engine = self._engine
+        if engine is None:
+            return {}
+        out = dict(engine.stats)
+        if peaks:
+            out.update(engine.peaks)
+        return out
 
     def _fusion(self) -> Any:
         engine = self._engine
@@ -133,7 +144,7 @@ class Communicator:
             with self._engine_lock:
                 engine = self._engine
                 if engine is None:
-                    if getattr(self, "_closed", False):
+                    if self._closed:
                         from .errors import ReductionError
 
                         raise ReductionError("the communicator is closed")
@@ -162,15 +173,12 @@ class Communicator:
         """Say goodbye to the reducers. Idempotent. Stops the allreduce_async threads first
         (handles still pending then fail: call synchronize() before close())."""
         self._closed = True
-        lock = getattr(self, "_engine_lock", None)
-        if lock is not None:
-            with lock:
-                engine, self._engine = self._engine, None
-            if engine is not None:
-                engine.stop()
-        client = getattr(self, "_client", None)
-        if client is not None:
-            client.close()
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop()
+        if self._client is not None:
+            self._client.close()
 
     def __enter__(self) -> "Communicator":
         return self
