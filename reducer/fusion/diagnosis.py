@@ -16,6 +16,7 @@ mismatch; the client it runs on bounds it by the communicator's timeout.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
@@ -117,7 +118,9 @@ class Fingerprint(NamedTuple):
     fields: Tuple[int, ...]     # the descriptor: one value per FIELDS entry
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def fingerprint(d: Described) -> Fingerprint:
+    """The descriptor and its hash (pure: cached, as a training loop submits the same tensors every step)."""
     fields = tuple(int(f.value(d)) for f in FIELDS)
     return Fingerprint(h62(np.array(fields, np.int64).tobytes()), fields)
 

@@ -301,10 +301,15 @@ class FusionEngine:
             self._count += 1
             e.t = time.monotonic()
             self._submitted.append(e)
+            before = self._unagreed_bytes
             self._unagreed_bytes += e.nbytes
             self._pending[e.index] = e
             self._history.add(e.fp, e.describe(), self._lowest_pending)
-            self._cv.notify_all()
+            # Wake the fusion thread only when this entry changes what it waits for: fusion off (plan
+            # it now), the first entry not yet agreed (starts the cycle timer), or a threshold's worth
+            # of entries not yet agreed (probe now). Waking it per entry only costs the caller time.
+            if self._fusion_off or len(self._submitted) == 1 or before < self.threshold <= self._unagreed_bytes:
+                self._cv.notify_all()
         return handle
 
     def request_flush(self, upto: int) -> None:
