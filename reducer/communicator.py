@@ -15,6 +15,8 @@ from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+PROBE_CHUNK_BYTES = 4096  # the fusion probe group's chunk size: its rounds are 16 bytes
+
 
 class Communicator:
     """Connects this worker to every reducer and reduces buffers with the group.
@@ -153,18 +155,32 @@ class Communicator:
                     engine = self._engine = FusionEngine(
                         self._client, threshold=self.fusion_threshold, cycle_time_ms=self.cycle_time_ms,
                         compression=self.compression, rank=self.rank, timeout=self.timeout,
+                        probe_client=self._probe_client_factory(),
                         diag_client=self._diagnostic_client_factory())
         return engine
 
-    def _diagnostic_client_factory(self) -> Any:
-        """Makes separate connections for the fusion fingerprint check (bounded by the timeout).
+    def _side_client_factory(self, suffix: str, reducers: Sequence[str], chunk_bytes: int) -> Any:
+        """Makes a separate client for the fusion engine: reducer group `<group><suffix>`, one
+        connection per reducer, connect bounded by the timeout.
 
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
         import functools
 
-        return functools.partial(core.Client, list(self.reducers), self.rank, self.world_size,
-                                 self.group + "/fusion-check", self.job_id, self.timeout,
-                                 min(self.connect_timeout, self.timeout), self._auth_token, 1, self.chunk_bytes)
+        return functools.partial(core.Client, list(reducers), self.rank, self.world_size, self.group + suffix,
+                                 self.job_id, self.timeout, min(self.connect_timeout, self.timeout), self._auth_token,
+                                 1, chunk_bytes)
+
+    def _diagnostic_client_factory(self) -> Any:
+        """Connections for the fusion fingerprint check (made when a round fails)."""
+        return self._side_client_factory("/fusion-check", self.reducers, self.chunk_bytes)
+
+    def _probe_client_factory(self) -> Any:
+        """The connection the fusion agreement probes run on (16-byte rounds): to one reducer,
+        the same on every worker (picked by the group name), with small chunks."""
+        import zlib
+
+        one = self.reducers[zlib.crc32(self.group.encode()) % len(self.reducers)]
+        return self._side_client_factory("/fusion-probe", [one], PROBE_CHUNK_BYTES)
 
     def stats(self) -> dict:
         return dict(self._client.stats())

@@ -178,6 +178,41 @@ def test_compression_stages_each_cast_tensor_once(reducers):
         {k: v for k, v in res[1][2].items() if not k.startswith("max_")}
 
 
+def test_large_rounds_go_as_client_rounds_of_bounded_size(reducers):
+    """A round above CLIENT_ROUND_BYTES is sent as consecutive client rounds of at most that size
+    (cut between elements, same tag), straight from the tensors; results exact."""
+    from reducer.fusion.engine import CLIENT_ROUND_BYTES
+
+    servers = reducers(2)
+    addrs, world = addresses(servers), 2
+    big = (2 * CLIENT_ROUND_BYTES + 3 * 8) // 8  # float64 elements: two full pieces and 24 bytes
+    sizes = [big, 1000, 7, CLIENT_ROUND_BYTES // 4 - 3]  # float64 alone; small float32 ones fused
+
+    def work(r):
+        arrays = [np.arange(sizes[0], dtype=np.float64) * (r + 1)]
+        arrays += [np.arange(n, dtype=np.float32) + r for n in sizes[1:]]
+        with comm(addrs, r, world, "pieces", fusion_threshold=64 << 20, cycle_time_ms=INF) as c:
+            spy = c._fusion()._client = _Spy(c._client)
+            for a in arrays:
+                c.allreduce_async(a)
+            c.synchronize()
+            return arrays, spy, c.fusion_stats()
+
+    for arrays, spy, st in ok(run_workers(world, work)):
+        np.testing.assert_array_equal(arrays[0], np.arange(sizes[0], dtype=np.float64) * 3)
+        for a, n in zip(arrays[1:], sizes[1:]):
+            np.testing.assert_array_equal(a, np.arange(n, dtype=np.float32) * 2 + 1)
+        data = [(call, segs) for call, segs in zip(spy.calls, spy.segments)]
+        assert all(call[1] <= CLIENT_ROUND_BYTES for call, _ in data)
+        f64 = [call for call, _ in data if call[2] == "float64"]
+        assert [c[1] for c in f64] == [CLIENT_ROUND_BYTES, CLIENT_ROUND_BYTES, 24] and len({c[4] for c in f64}) == 1
+        f32 = [segs for call, segs in data if call[2] == "float32"]
+        f32_bytes = sum(n for n in sizes[1:]) * 4
+        assert [sum(n for _, n in segs) for segs in f32] == [CLIENT_ROUND_BYTES, f32_bytes - CLIENT_ROUND_BYTES]
+        assert _ranges(seg for segs in f32 for seg in segs) == _ranges((a.ctypes.data, a.nbytes) for a in arrays[1:])
+        assert st["rounds"] - st["probes"] == 2 and st["fused_rounds"] == 1  # agreed rounds, not client rounds
+
+
 # ---------------------------------------------------------------------------- rounds in flight
 class _Gate(_Spy):
     """A client spy that holds this worker's first data round until `ready()` is true (bounded)."""

@@ -59,6 +59,11 @@ __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 _PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
 STAGING_FACTOR = 2  # staging memory for casts: this many fusion thresholds (or one larger round)
+# A round larger than this goes to the client as several consecutive rounds of at most this size
+# (same cut on every worker). The client plans chunks from a round's shard size (about shard/64,
+# up to chunk_bytes): measured on loopback (docs/worker-library.md), 64 MiB rounds moved 8-13%
+# slower than the same bytes as per-tensor rounds, and 8 MiB pieces as fast or faster.
+CLIENT_ROUND_BYTES = 8 << 20
 
 
 def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
@@ -162,7 +167,8 @@ class _Entry:
 class _Round:
     """One round in the agreed sequence: a probe, or a planner cut (FUSED or ALONE) of entries."""
 
-    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "stage_sizes", "segments", "casts", "values")
+    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "stage_sizes", "pieces", "next_piece", "casts",
+                 "values")
 
     def __init__(self, kind: int, entries: List[_Entry], wire: str, op: str, nbytes: int) -> None:
         self.kind = kind
@@ -172,9 +178,27 @@ class _Round:
         self.nbytes = nbytes
         self.tag = 0
         self.stage_sizes: List[int] = []  # bytes of each entry the engine casts into staging memory
-        self.segments: List[Tuple[int, int]] = []  # (address, length) in order: what start_segments sends
+        # the client rounds this round is sent as: (address, length) segments, CLIENT_ROUND_BYTES at most each
+        self.pieces: List[List[Tuple[int, int]]] = []
+        self.next_piece = 0  # pieces started so far (network thread)
         self.casts: List[Tuple[_Entry, np.ndarray]] = []  # entries cast into staging, with their staged bytes
         self.values: Optional[np.ndarray] = None  # the probe's two int64
+
+
+def _split(segments: List[Tuple[int, int]], limit: int) -> List[List[Tuple[int, int]]]:
+    """Segments cut into consecutive client rounds of at most `limit` bytes (a multiple of 8, so
+    every cut falls between elements). Deterministic: the same round gives the same pieces."""
+    out: List[List[Tuple[int, int]]] = [[]]
+    room = limit
+    for ptr, n in segments:
+        while n:
+            if room == 0:
+                out.append([])
+                room = limit
+            take = min(n, room)
+            out[-1].append((ptr, take))
+            ptr, n, room = ptr + take, n - take, room - take
+    return out if out[0] else []
 
 
 def _segments(pieces: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
@@ -193,13 +217,15 @@ def _segments(pieces: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
 class FusionEngine:
     """The background machinery behind ``Communicator.allreduce_async`` (one per communicator).
 
-    client: the C++ client (``try_start_segments``, ``start_segments``, ``wait``, ``in_flight``);
-    threshold: fused buffer size in bytes (0 turns fusion off: one round per tensor, no probes);
-    cycle_time_ms: age after which a worker asks for its partly filled buffers to be flushed
-    (``inf`` = only on wait/synchronize); compression: None, 'bf16' or 'fp16'; diag_client:
-    makes a fresh client for the fingerprint diagnosis (None disables it); timeout: bounds the
-    diagnosis. Staging memory (casts only) is bounded by ``2 * threshold`` bytes, or one round
-    when a single round is larger.
+    client: the C++ client (``try_start_segments``, ``start_segments``, ``wait``, ``in_flight``,
+    ``connected``); threshold: fused buffer size in bytes (0 turns fusion off: one round per
+    tensor, no probes); cycle_time_ms: age after which a worker asks for its partly filled buffers
+    to be flushed (``inf`` = only on wait/synchronize); compression: None, 'bf16' or 'fp16';
+    probe_client: makes the client the agreement probes run on (its own connection, so a probe
+    never queues behind data; required unless fusion is off); diag_client: makes a fresh client
+    for the fingerprint diagnosis (None disables it); timeout: bounds the diagnosis. Staging
+    memory (casts only) is bounded by ``2 * threshold`` bytes, or one round when a single round
+    is larger.
     """
 
     def __init__(
@@ -211,6 +237,7 @@ class FusionEngine:
         compression: Optional[str] = None,
         rank: int = 0,
         timeout: float = 30.0,
+        probe_client: Optional[Callable[[], Any]] = None,
         diag_client: Optional[Callable[[], Any]] = None,
     ) -> None:
         if threshold < 0:
@@ -218,7 +245,10 @@ class FusionEngine:
         cycle = float(cycle_time_ms)
         if math.isnan(cycle) or cycle < 0:
             raise ConfigError(f"cycle time must be >= 0 ms (inf: no timer), got {cycle_time_ms}")
+        if threshold > 0 and probe_client is None:
+            raise ConfigError("fusion needs a client for its agreement probes (probe_client)")
         self._client = client
+        self._make_probe_client = probe_client
         self.threshold = int(threshold)
         self.cycle_time_ms = cycle
         self._cycle: Optional[float] = None if math.isinf(cycle) else cycle / 1000.0
@@ -240,7 +270,9 @@ class FusionEngine:
         self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
         self._plan: Deque[_Round] = deque()  # cut, not yet staged and handed to the network thread
         self._ring = StagingRing(STAGING_FACTOR * self.threshold)  # cast copies (fusion thread only)
-        self._probe_out = False
+        self._probe_out = False  # a probe is wanted or running (fusion thread sets, completion clears)
+        self._probe_next: Optional[_Round] = None  # handed to the probe thread
+        self._probe_conn: Any = None  # the probe thread's client, made on the first probe
         self._probe_buf = np.zeros(2, np.int64)
         # network
         self._netq: Deque[_Round] = deque()  # ready to start, in the agreed order
@@ -260,8 +292,10 @@ class FusionEngine:
 
         self._fusion_thread = threading.Thread(target=self._fusion_main, name=f"reducer-fusion-{rank}", daemon=True)
         self._net_thread = threading.Thread(target=self._net_main, name=f"reducer-net-{rank}", daemon=True)
+        self._probe_thread = threading.Thread(target=self._probe_main, name=f"reducer-probe-{rank}", daemon=True)
         self._fusion_thread.start()
         self._net_thread.start()
+        self._probe_thread.start()
 
     # ================================================================ caller side
     def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
@@ -346,12 +380,13 @@ class FusionEngine:
             raise _copy_error(first_error)
 
     def stop(self, join_timeout: Optional[float] = None) -> None:
-        """Stop both threads; handles still pending fail. Idempotent."""
+        """Stop the three threads; handles still pending fail. Idempotent."""
         with self._cv:
             self._closing = True
             self._cv.notify_all()
+        self._close_probe_conn()
         t = self.timeout + 5.0 if join_timeout is None else join_timeout
-        for th in (self._fusion_thread, self._net_thread):
+        for th in (self._fusion_thread, self._net_thread, self._probe_thread):
             if th is not threading.current_thread():
                 th.join(t)
         self._fail_all(ReductionError("the communicator was closed before this all-reduce finished"))
@@ -383,9 +418,8 @@ class FusionEngine:
                         rnd = _Round(_PROBE, [], "int64", "min", 16)
                         rnd.tag = PROBE_TAG
                         rnd.values = self._probe_buf
-                        rnd.segments = [(int(self._probe_buf.ctypes.data), 16)]
                         self._probe_out = True
-                        self._netq.append(rnd)
+                        self._probe_next = rnd
                         self._cv.notify_all()
         except BaseException as exc:  # a bug or an interpreter shutdown: fail loudly, never hang
             log.exception("fusion thread failed")
@@ -511,7 +545,7 @@ class FusionEngine:
                 pieces.append((int(view.ctypes.data), e.nbytes))
             else:
                 pieces.append((int(e.host.ctypes.data), e.nbytes))
-        rnd.segments = _segments(pieces)
+        rnd.pieces = _split(_segments(pieces), CLIENT_ROUND_BYTES)
         st = self.stats
         st["staged_tensors"] += len(rnd.casts)
         st["staged_bytes"] += sum(rnd.stage_sizes)
@@ -546,7 +580,9 @@ class FusionEngine:
     # again. So round n+1 streams while round n drains, results are reported in submission order,
     # and once a round has failed no later round is started (the client would reconnect for it).
     def _net_main(self) -> None:
-        started: Deque[Tuple[_Round, Optional[int], Optional[BaseException]]] = deque()
+        # (round, client round id or None, error, whether it is the round's last piece)
+        started: Deque[Tuple[_Round, Optional[int], Optional[BaseException], bool]] = deque()
+        failed: Optional[_Round] = None  # a round already reported failed (its later pieces are dropped)
         while True:
             with self._cv:
                 while not started and not self._netq and not self._closing and self._error is None:
@@ -556,22 +592,26 @@ class FusionEngine:
             self._start_ready(started)
             if not started:
                 continue
-            rnd, rid, err = started.popleft()
+            rnd, rid, err, last = started.popleft()
             if err is None and rid is not None:
                 try:
                     self._client.wait(rid)
                 except BaseException as exc:
                     err = self._net_failure(rnd, exc)
-            if err is None and rnd.nbytes:  # a round of 0 bytes is never sent, nor counted
-                self._count_round(rnd)
+            if rnd is failed or (err is None and not last):
+                continue
+            if err is not None:
+                failed = rnd
             with self._cv:
+                if err is None and rnd.nbytes:  # a round of 0 bytes is never sent, nor counted
+                    self._count_round(rnd)
                 if err is not None and self._net_error is None:
                     self._net_error = err
                 self._done.append((rnd, err))
                 self._cv.notify_all()
 
-    def _start_ready(self, started: Deque[Tuple[_Round, Optional[int], Optional[BaseException]]]) -> None:
-        """Start the rounds handed over, in order, while the client takes more (network thread)."""
+    def _start_ready(self, started: Deque[Tuple[_Round, Optional[int], Optional[BaseException], bool]]) -> None:
+        """Start the rounds handed over, piece by piece in order, while the client takes more."""
         while True:
             if started and not self._client.connected:
                 # A round in flight failed inside an earlier call (the client dropped the session):
@@ -580,33 +620,38 @@ class FusionEngine:
             with self._cv:
                 if not self._netq or self._closing or self._error is not None:
                     return
-                rnd = self._netq.popleft()
+                rnd = self._netq[0]
                 err = self._net_error
-                if rnd.kind == _PROBE and err is None:
-                    rnd.values[0] = self._count
-                    rnd.values[1] = -1 if self._wants_flush(time.monotonic()) else 0
-            if err is not None or not rnd.nbytes:  # after an error nothing more is sent; 0 bytes: nothing to send
-                started.append((rnd, None, err))
+                if err is not None or not rnd.pieces:  # after an error nothing more is sent; 0 bytes: nothing
+                    self._netq.popleft()
+            if err is not None or not rnd.pieces:
+                started.append((rnd, None, err, True))
                 continue
             try:
-                rid = self._start(rnd, block=not started)
+                rid = self._start(rnd, rnd.pieces[rnd.next_piece], block=not started)
             except BaseException as exc:
                 err = self._net_failure(rnd, exc)
                 with self._cv:
                     if self._net_error is None:
                         self._net_error = err
-                started.append((rnd, None, err))
+                    if self._netq and self._netq[0] is rnd:
+                        self._netq.popleft()
+                started.append((rnd, None, err, True))
                 continue
             if rid is None:  # the client has max_rounds_in_flight rounds: wait for the oldest first
-                with self._cv:
-                    self._netq.appendleft(rnd)
                 return
-            started.append((rnd, rid, None))
+            rnd.next_piece += 1
+            last = rnd.next_piece == len(rnd.pieces)
+            if last:
+                with self._cv:
+                    if self._netq and self._netq[0] is rnd:
+                        self._netq.popleft()
+            started.append((rnd, rid, None, last))
             self.peaks["max_in_flight"] = max(self.peaks["max_in_flight"], int(self._client.in_flight))
 
-    def _start(self, rnd: _Round, block: bool) -> Optional[int]:
-        """Start one round on the client: its segments, sent and received in place; None if the
-        client has no room (only when `block` is false). The one call that puts data rounds on the wire.
+    def _start(self, rnd: _Round, segments: List[Tuple[int, int]], block: bool) -> Optional[int]:
+        """Start one client round of `rnd`: `segments`, sent and received in place; None if the
+        client has no room (only when `block` is false). The one call that puts data on the wire.
 
         Seam for compression in the transport: today an entry whose wire dtype differs from its
         own is cast into staging memory by ``_prepare`` (``_casts``), and the round goes out in
@@ -614,8 +659,8 @@ class FusionEngine:
         for float32 -> bf16/fp16 and this call passes the float32 segments with ``compression=``.
         """
         if block:
-            return int(self._client.start_segments(rnd.segments, rnd.wire, rnd.op, rnd.tag))
-        rid = self._client.try_start_segments(rnd.segments, rnd.wire, rnd.op, rnd.tag)
+            return int(self._client.start_segments(segments, rnd.wire, rnd.op, rnd.tag))
+        rid = self._client.try_start_segments(segments, rnd.wire, rnd.op, rnd.tag)
         return None if rid is None else int(rid)
 
     def _net_failure(self, rnd: _Round, exc: BaseException) -> BaseException:
@@ -630,6 +675,7 @@ class FusionEngine:
         return exc
 
     def _count_round(self, rnd: _Round) -> None:
+        """Count a finished round (caller holds _cv: the network and probe threads both count)."""
         st = self.stats
         st["rounds"] += 1
         if rnd.kind == _PROBE:
@@ -637,9 +683,63 @@ class FusionEngine:
             return
         st["tensors"] += len(rnd.entries)
         st["bytes"] += rnd.nbytes
-        st["segments"] += len(rnd.segments)
+        st["segments"] += sum(len(p) for p in rnd.pieces)
         if len(rnd.entries) > 1:
             st["fused_rounds"] += 1
+
+    # ================================================================ probe thread
+    # Agreement probes run on their own client (reducer group ``<group>/fusion-probe``, one
+    # connection), so a probe never waits behind the data rounds in flight: the next batch is cut
+    # while the previous one streams. Probes are still strictly sequential and identical in number
+    # and order on every worker (the next one is only sent after the previous one's cuts).
+    def _probe_main(self) -> None:
+        while True:
+            with self._cv:
+                while self._probe_next is None and not self._closing and self._error is None:
+                    self._cv.wait()
+                if self._closing or self._error is not None:
+                    return
+                rnd, self._probe_next = self._probe_next, None
+            err: Optional[BaseException] = None
+            try:
+                client = self._probe_client()
+                if client is None:
+                    return  # closing
+                with self._cv:  # the values go out at once: they are as fresh as they can be
+                    rnd.values[0] = self._count
+                    rnd.values[1] = -1 if self._wants_flush(time.monotonic()) else 0
+                client.allreduce_ptr(int(rnd.values.ctypes.data), 16, "int64", "min", PROBE_TAG)
+            except BaseException as exc:
+                err = self._net_failure(rnd, exc)
+            with self._cv:
+                if err is None:
+                    self._count_round(rnd)
+                self._done.append((rnd, err))
+                self._cv.notify_all()
+
+    def _probe_client(self) -> Any:
+        """The probe thread's client (connects on first use); None once the engine stops."""
+        with self._cv:
+            conn = self._probe_conn
+        if conn is not None:
+            return conn
+        conn = self._make_probe_client()
+        with self._cv:
+            if not self._closing and self._error is None:
+                self._probe_conn = conn
+                return conn
+        conn.close()
+        return None
+
+    def _close_probe_conn(self) -> None:
+        """Close the probe client: a probe waiting for the other workers fails at once."""
+        with self._cv:
+            conn, self._probe_conn = self._probe_conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # pragma: no cover - best effort
+                pass
 
     # ================================================================ failure
     def _die(self, err: BaseException) -> None:
@@ -647,6 +747,7 @@ class FusionEngine:
             if self._error is None:
                 self._error = err
             self._cv.notify_all()
+        self._close_probe_conn()
         self._fail_all(self._error)
 
     def _fail_all(self, err: BaseException) -> None:
