@@ -270,53 +270,59 @@ def _gated(addrs, world, group, make, hold_until, **kw):
     return run_workers(world, work)
 
 
+# Five fused rounds cut by one agreed flush: 40 tensors of 250 elements, tensor i in the buffer
+# of dtype STEP_DTYPES[i % 5]; with a 64 KiB threshold and no cycle timer the only probe is the
+# one synchronize() asks for, after every tensor was submitted, so all five rounds are cut at once.
+STEP_DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
+STEP = dict(fusion_threshold=64 << 10, cycle_time_ms=INF)
+
+
+def _step(r: int, n: int = 40) -> List[np.ndarray]:
+    return [np.full(250, i + r, STEP_DTYPES[i % 5]) for i in range(n)]
+
+
 def test_fused_rounds_overlap(reducers):
     """The network thread starts fused round n+1 while round n is unfinished (client in_flight > 1)."""
     servers = reducers(2)
     addrs, world = addresses(servers), 2
-    n = 40
-
-    def make(r):
-        return [np.full(250, float(i + r), np.float32) for i in range(n)]  # 1000 bytes: 4 per fused round
-
-    res = ok(_gated(addrs, world, "overlap", make, 3, fusion_threshold=4096, cycle_time_ms=INF))
+    res = ok(_gated(addrs, world, "overlap", _step, 3, **STEP))
     for arrays, hs, err, spy, st in res:
         assert err is None and all(h.done() and h.exception() is None for h in hs)
         for i, a in enumerate(arrays):
-            assert (a == 2 * i + 1).all()
-        assert st["fused_rounds"] == 10 and st["staged_bytes"] == 0
+            assert a.dtype == STEP_DTYPES[i % 5] and (a == 2 * i + 1).all()
+        assert st["fused_rounds"] == 5 and st["probes"] == 1 and st["staged_bytes"] == 0
     assert res[0][4]["max_in_flight"] >= 3  # rank 0 had three fused rounds on the wire at once
     assert res[0][4]["max_in_flight"] <= 8  # the client's max_rounds_in_flight
 
 
 def test_mismatch_with_rounds_in_flight(reducers):
-    """A mismatch in the 6th of 10 fused rounds, with rounds in flight: every handle from the
-    differing tensor on fails with the diagnosed MismatchError, earlier ones hold correct sums or
-    that error, and the blocking path still works afterwards (no stray round)."""
+    """A mismatch in the 2nd of 5 fused rounds, with rounds in flight: every handle of that round
+    and the later ones fails with the diagnosed MismatchError naming the differing tensor, the
+    first round's handles hold correct sums or that error, and the blocking path still works
+    afterwards (no stray round)."""
     servers = reducers(2)
     addrs, world = addresses(servers), 2
-    n = 40
 
     def make(r):
-        arrays = [np.full(250, float(i + r), np.float32) for i in range(n)]
+        arrays = _step(r)
         if r == 1:
-            arrays[21] = np.full(251, 21.0 + r, np.float32)
+            arrays[21] = np.full(251, 21.0 + r, np.float64)  # 21 % 5 == 1: the float64 round
         return arrays
 
-    res = ok(_gated(addrs, world, "mm-inflight", make, 3, fusion_threshold=4096, cycle_time_ms=INF, timeout=5.0))
+    res = ok(_gated(addrs, world, "mm-inflight", make, 3, timeout=5.0, **STEP))
     for r, (arrays, hs, err, spy, st) in enumerate(res):
         assert isinstance(err, MismatchError), err
         assert "first difference is at tensor #21" in str(err) and f"on rank {r}" in str(err)
         assert all(h.done() for h in hs)
         for i, h in enumerate(hs):
-            if i >= 20:  # the 6th round holds tensors 20..23
+            if i % 5:  # rounds 2..5
                 assert isinstance(h.exception(), MismatchError), (i, h.exception())
             elif h.exception() is None:
                 assert (arrays[i] == 2 * i + 1).all()
             else:
                 assert isinstance(h.exception(), MismatchError)
         with pytest.raises(MismatchError):
-            hs[30].wait()
+            hs[21].wait()
     assert res[0][4]["max_in_flight"] >= 3
 
 

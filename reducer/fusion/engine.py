@@ -1,20 +1,22 @@
 """The fusion engine: the threads behind ``Communicator.allreduce_async`` and its handles.
 
-Three threads share the work:
+Four threads share the work:
 
 * the caller's thread only appends an *entry* (host memory, dtypes, op, name, fingerprint) to
   the submission list;
-* the *fusion thread* runs the agreement probes, has the planner (reducer.fusion.planner) cut
-  the agreed entries into rounds, turns each round into (address, length) *segments*, and on
+* the *fusion thread* decides when to probe, has the planner (reducer.fusion.planner) cut the
+  agreed entries into rounds, turns each round into (address, length) *segments*, and on
   completion writes back casts and completes handles. A round's segments are the entries' own
   memory (the caller's CPU arrays, or the pinned buffer a device array was staged into): no
   packing copy, no unpacking copy. Only an entry whose wire dtype differs from its own
   (compression) is cast, once, into staging memory (reducer.fusion.staging), itself a segment;
-* the *network thread* is the only one that calls the C++ client: it starts every round handed
-  over as a scatter-gather round (``try_start_segments``: sent with writev straight from the
-  segments, results received straight back into them), several at once, and waits for the oldest
-  (GIL released). So round n+1 streams while round n drains; rounds finish, and handles complete,
-  in submission order.
+* the *network thread* is the only one that calls the data client: it starts every round handed
+  over as scatter-gather client rounds (``try_start_segments``: sent with writev straight from
+  the segments, results received straight back into them; a round above CLIENT_ROUND_BYTES as
+  several), several at once, and waits for the oldest (GIL released). So round n+1 streams while
+  round n drains; rounds finish, and handles complete, in submission order;
+* the *probe thread* runs the agreement probes on a client of its own (reducer group
+  ``<group>/fusion-probe``), so a probe never queues behind data in flight.
 
 Memory: rounds in flight are bounded by the client's ``max_rounds_in_flight``; the engine's own
 memory is the staging ring for casts, bounded by ``STAGING_FACTOR x fusion_threshold`` bytes (or
@@ -28,7 +30,9 @@ a flush. Each worker then plans entries up to ``C``, and if ``F`` also cuts ever
 buffer. A worker wants a flush when a caller waits (``Handle.wait``, ``synchronize``) on an entry
 that is not cut yet, or when its oldest waiting entry is older than ``cycle_time_ms``. So the
 cycle timer, and where each worker calls ``wait``, only decide *when* a probe is sent; where
-buffers are cut is a function of agreed values only.
+buffers are cut is a function of agreed values only. Probes are sequential (the next one is
+sent once the previous one's cuts are handed to the network thread), while data rounds of
+earlier batches are still in flight.
 
 After an error the asynchronous path stops: every pending handle fails with the error (a
 mismatch first goes through reducer.fusion.diagnosis, which names the differing tensor), later
@@ -37,6 +41,7 @@ reconnects to the group on its next call).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
@@ -154,14 +159,19 @@ class _Entry:
                  "fp")
 
     def describe(self) -> str:
-        shape = "x".join(str(d) for d in self.shape) or "scalar"
-        text = f"tensor #{self.index}"
-        if self.name:
-            text += f" {self.name!r}"
-        text += f" ({self.src}[{shape}], op {self.op}"
-        if self.wire != self.src:
-            text += f", sent as {self.wire}"
-        return text + ")"
+        return _describe(self.index, self.name, self.src, self.shape, self.op, self.wire)
+
+
+def _describe(index: int, name: Optional[str], src: str, shape: Tuple[int, ...], op: str, wire: str) -> str:
+    """How errors name a submitted tensor."""
+    dims = "x".join(str(d) for d in shape) or "scalar"
+    text = f"tensor #{index}"
+    if name:
+        text += f" {name!r}"
+    text += f" ({src}[{dims}], op {op}"
+    if wire != src:
+        text += f", sent as {wire}"
+    return text + ")"
 
 
 class _Round:
@@ -338,7 +348,8 @@ class FusionEngine:
             before = self._unagreed_bytes
             self._unagreed_bytes += e.nbytes
             self._pending[e.index] = e
-            self._history.add(e.fp, e.describe(), self._lowest_pending)
+            self._history.add(e.fp, functools.partial(_describe, e.index, name, src, e.shape, op, e.wire),
+                              self._lowest_pending)
             # Wake the fusion thread only when this entry changes what it waits for: fusion off (plan
             # it now), the first entry not yet agreed (starts the cycle timer), or a threshold's worth
             # of entries not yet agreed (probe now). Waking it per entry only costs the caller time.
@@ -655,8 +666,10 @@ class FusionEngine:
 
         Seam for compression in the transport: today an entry whose wire dtype differs from its
         own is cast into staging memory by ``_prepare`` (``_casts``), and the round goes out in
-        its wire dtype. When the client narrows float32 per chunk itself, ``_casts`` returns False
-        for float32 -> bf16/fp16 and this call passes the float32 segments with ``compression=``.
+        its wire dtype. When the client narrows float32 per chunk itself, this call passes the
+        float32 segments with ``compression=``; then ``_casts`` returns False for float32 ->
+        bf16/fp16, those entries' segments are their float32 bytes, and they need a planner key
+        of their own (docs/worker-library.md, "Compression").
         """
         if block:
             return int(self._client.start_segments(segments, rnd.wire, rnd.op, rnd.tag))
