@@ -102,7 +102,7 @@ class Handle:
     that error (every handle of the round, and every later one, gets it).
     """
 
-    __slots__ = ("_engine", "_entry", "array", "name", "index", "_event", "_error", "_finished")
+    __slots__ = ("_engine", "_entry", "array", "name", "index", "_done", "_error", "_finished")
 
     def __init__(self, engine: "FusionEngine", entry: "_Entry", array: Any, name: Optional[str]) -> None:
         self._engine = engine
@@ -110,21 +110,21 @@ class Handle:
         self.array = array  # what wait() returns: the caller's own array, reduced in place
         self.name = name
         self.index = -1  # position in the submitted sequence (0-based, per communicator)
-        self._event = threading.Event()
+        self._done = False  # set once, by the fusion thread (then the engine's _completion is notified)
         self._error: Optional[BaseException] = None
         self._finished = False
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def exception(self) -> Optional[BaseException]:
         """The error of a finished, failed handle (None while pending or on success)."""
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
-        if not self._event.is_set():
+        if not self._done:
             self._engine.request_flush(self.index + 1)
-            if not self._event.wait(timeout):
+            if not self._engine.await_handles([self], timeout):
                 raise ReductionTimeout(f"all-reduce of {self._describe()} not finished after {timeout} s")
         self._finish()
         if self._error is not None:
@@ -146,8 +146,9 @@ class Handle:
         return entry.describe() if entry is not None else (repr(self.name) if self.name else "a tensor")
 
     def _set(self, error: Optional[BaseException]) -> None:
+        """Mark done (the caller then notifies the engine's _completion, once for many handles)."""
         self._error = error
-        self._event.set()
+        self._done = True
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._error else "done")
@@ -268,6 +269,7 @@ class FusionEngine:
         self._fusion_off = self.threshold == 0
 
         self._cv = threading.Condition()
+        self._completion = threading.Condition(threading.Lock())  # handles done (waited on by callers)
         # submissions (caller threads, under _cv)
         self._submitted: Deque[_Entry] = deque()  # not yet planned, in order
         self._count = 0  # entries ever submitted
@@ -375,13 +377,11 @@ class FusionEngine:
             if self._count > self._flush_upto:
                 self._flush_upto = self._count
                 self._cv.notify_all()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for h in handles:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not h._event.wait(left):
-                if raise_errors:
-                    raise ReductionTimeout(f"synchronize: {h._describe()} not finished after {timeout} s")
-                return
+        if not self.await_handles(handles, timeout):
+            if raise_errors:
+                late = next(h for h in handles if not h._done)
+                raise ReductionTimeout(f"synchronize: {late._describe()} not finished after {timeout} s")
+            return
         first_error = None
         for h in handles:
             h._finish()
@@ -389,6 +389,22 @@ class FusionEngine:
                 first_error = h._error
         if raise_errors and first_error is not None:
             raise _copy_error(first_error)
+
+    def await_handles(self, handles: List[Handle], timeout: Optional[float]) -> bool:
+        """Wait until every handle is done; False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._completion:
+            for h in handles:
+                while not h._done:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._completion.wait(left)
+        return True
+
+    def _notify_done(self) -> None:
+        with self._completion:
+            self._completion.notify_all()
 
     def stop(self, join_timeout: Optional[float] = None) -> None:
         """Stop the three threads; handles still pending fail. Idempotent."""
@@ -584,6 +600,7 @@ class FusionEngine:
                 self._pending.pop(e.index, None)
         for e in rnd.entries:
             e.handle._set(None)
+        self._notify_done()
 
     # ================================================================ network thread
     # The network thread is the only thread of the engine that calls the client: it starts every
@@ -778,6 +795,7 @@ class FusionEngine:
             except Exception:  # pragma: no cover - best effort
                 pass
             e.handle._set(err)
+        self._notify_done()
 
     def _check_usable(self) -> None:
         if self._error is not None:
