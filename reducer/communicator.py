@@ -115,8 +115,8 @@ class Communicator:
     def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:
         """Start reducing `array` in place; returns a reducer.Handle (.wait(), .done()).
 
-        Small arrays are packed into fused buffers per (dtype, op) and sent together
-        (docs/worker-library.md). Every worker must submit the same sequence of arrays
+        Small arrays are fused per (dtype, op) and sent together as one round straight from
+        their own memory (docs/worker-library.md). Every worker must submit the same sequence of arrays
         (sizes, dtypes, ops, names); a difference raises MismatchError on every worker,
         naming the first differing tensor. Do not touch `array` until the handle is done.
         Accepts numpy arrays, torch tensors (CPU and CUDA), CuPy arrays, DLPack objects.
