@@ -7,12 +7,16 @@ Every step submits each gradient of the model with ``comm.allreduce_async`` (in 
 order: last layer first) and calls ``comm.synchronize()``, as a training loop would after its
 backward pass. "fusion on" rows use the given thresholds (default: 64M, the default setting,
 and 4M) with the default 5 ms cycle time; "fusion off" is ``fusion_threshold=0``: one
-all-reduce round per gradient (still pipelined by the background thread). The modes are
-interleaved step by step so that load changes on the machine affect them alike. W worker
-processes and R reducers (ReducerServer in this process) talk over loopback. Printed per
-model and mode: tensors, MB, all-reduce rounds per step (as counted by each worker's client,
-which is also what each reducer counts; agreement probes included), median step time, and
-the speed-up of fusion over fusion off.
+all-reduce round per gradient (still asynchronous, several rounds in flight). Both send every
+float32 gradient straight from its own memory (scatter-gather rounds, no packing copy). The
+modes are interleaved step by step so that load changes on the machine affect them alike. W
+worker processes and R reducers (ReducerServer in this process) talk over loopback. Printed per
+model and mode: tensors, MB, all-reduce rounds per step (``fusion_stats()["rounds"]``:
+data rounds plus agreement probes, which run on their own connection), probes per step, the
+most rounds this worker had in flight at once, median step time of the slowest worker, the
+speed-up of fusion over fusion off, and the median CPU time per step of the busier worker
+process (a load-independent check: on a busy machine step times vary, CPU time much less).
+The load average is printed at the start and at the end.
 
 The parameter shapes come from reducer.bench.models: ResNet-50 exactly as torchvision's
 ``resnet50().named_parameters()`` (161 tensors, 25,557,032 parameters) and BERT-base as
@@ -61,6 +65,7 @@ def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: L
                 comms[mode] = reducer.Communicator(addrs, rank, world, group=f"bench-{model}-{mode}",
                                                    fusion_threshold=threshold)
             times: Dict[str, List[float]] = {m: [] for m in modes}
+            cpu: Dict[str, List[float]] = {m: [] for m in modes}
             rounds: Dict[str, List[int]] = {m: [] for m in modes}
             ok = True
             for step in range(steps + 1):  # step 0 warms up (page faults, fusion buffers)
@@ -69,23 +74,26 @@ def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: L
                     comm = comms[mode]
                     for g in grads:
                         g.fill(1.0 + rank)
-                    r0 = comm.stats()["rounds"]
+                    r0 = comm.fusion_stats().get("rounds", 0)
+                    c0 = time.process_time()
                     t0 = time.perf_counter()
                     for (name, _), g in zip(reversed(shapes), reversed(grads)):  # backward order
                         comm.allreduce_async(g, name=name)
                     comm.synchronize()
                     dt = time.perf_counter() - t0
+                    dc = time.process_time() - c0
                     expect = sum(1.0 + r for r in range(world))
                     ok &= all(float(g.flat[0]) == expect and float(g.flat[-1]) == expect for g in grads)
                     if step:
                         times[mode].append(dt)
-                        rounds[mode].append(comm.stats()["rounds"] - r0)
-            fstats = {m: comms[m].fusion_stats() for m in modes}
+                        cpu[mode].append(dc)
+                        rounds[mode].append(comm.fusion_stats()["rounds"] - r0)
+            fstats = {m: comms[m].fusion_stats(peaks=True) for m in modes}
             for c in comms.values():
                 c.close()
-            queue.put((rank, model, times, rounds, ok, fstats))
+            queue.put((rank, model, times, rounds, ok, fstats, cpu))
     except BaseException as exc:  # report instead of hanging the parent
-        queue.put((rank, "error", repr(exc), {}, False, {}))
+        queue.put((rank, "error", repr(exc), {}, False, {}, {}))
         raise
 
 
@@ -121,12 +129,12 @@ def main(argv: List[str] = None) -> int:
     results: Dict[str, list] = {}
     try:
         for _ in range(len(models) * args.workers):
-            rank, model, times, rounds, ok, fstats = queue.get(timeout=1800)
+            rank, model, times, rounds, ok, fstats, cpu = queue.get(timeout=1800)
             if model == "error":
                 raise SystemExit(f"worker {rank} failed: {times}")
             if not ok:
                 raise SystemExit(f"worker {rank}: wrong result for {model}")
-            results.setdefault(model, []).append((times, rounds, fstats))
+            results.setdefault(model, []).append((times, rounds, fstats, cpu))
     finally:
         for p in procs:
             p.join(60)
@@ -134,24 +142,27 @@ def main(argv: List[str] = None) -> int:
         for s in servers:
             s.stop()
 
-    print(f"{'model':<10} {'tensors':>7} {'MB':>6} {'fusion':>10} {'rounds/step':>11} {'probes':>6} "
-          f"{'step (ms)':>9} {'GB/s':>5} {'vs off':>6}")
+    print(f"{'model':<10} {'tensors':>7} {'MB':>6} {'fusion':>10} {'rounds/step':>11} {'probes':>6} {'inflight':>8} "
+          f"{'step (ms)':>9} {'GB/s':>5} {'vs off':>6} {'cpu (ms)':>8}")
     for m in models:
         shapes = MODELS[m]
         mb = sum(math.prod(s) for _, s in shapes) * 4 / 1e6
         per_rank = results[m]
         med = {}
         for mode in modes:
-            step_times = [max(ts) for ts in zip(*[t[mode] for t, _, _ in per_rank])]
+            step_times = [max(ts) for ts in zip(*[t[mode] for t, _, _, _ in per_rank])]
             med[mode] = statistics.median(step_times)
         for mode in modes:
             rounds = statistics.median(per_rank[0][1][mode])
             probes = per_rank[0][2][mode].get("probes", 0) / (args.steps + 1)
+            inflight = max(p[2][mode].get("max_in_flight", 0) for p in per_rank)
+            cpu = statistics.median(max(cs) for cs in zip(*[p[3][mode] for p in per_rank]))
             label = "off" if mode == "off" else f"on {mode}"
             ratio = f"{med['off'] / med[mode]:.2f}x" if mode != "off" else ""
-            print(f"{m:<10} {len(shapes):>7} {mb:>6.1f} {label:>10} {rounds:>11.0f} {probes:>6.1f} "
-                  f"{med[mode] * 1e3:>9.1f} {mb / 1e3 / med[mode]:>5.2f} {ratio:>6}")
-    print(f"# rounds completed per reducer (warm-up included): {red_rounds}; {time.time() - t_start:.0f} s")
+            print(f"{m:<10} {len(shapes):>7} {mb:>6.1f} {label:>10} {rounds:>11.0f} {probes:>6.1f} {inflight:>8} "
+                  f"{med[mode] * 1e3:>9.1f} {mb / 1e3 / med[mode]:>5.2f} {ratio:>6} {cpu * 1e3:>8.1f}")
+    print(f"# rounds completed per reducer (warm-up included): {red_rounds}; {time.time() - t_start:.0f} s; "
+          f"load average at the end {os.getloadavg()[0]:.2f}")
     return 0
 
 

@@ -15,6 +15,8 @@ from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
+PROBE_CHUNK_BYTES = 4096  # the fusion probe group's chunk size: its rounds are 16 bytes
+
 
 class Communicator:
     """Connects this worker to every reducer and reduces buffers with the group.
@@ -52,6 +54,11 @@ class Communicator:
         socket_buffer: Optional[int] = None,
         window: Optional[int] = None,
     ) -> None:
+        # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
+        self._closed = False
+        self._client: Any = None
+        self._engine: Any = None
+        self._engine_lock = threading.Lock()
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
         self.reducers: List[str] = list(reducers)
@@ -80,8 +87,6 @@ class Communicator:
 
         wire = compression_dtype(self.compression)  # validated now, not on the first all-reduce
         self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
-        self._engine: Any = None
-        self._engine_lock = threading.Lock()
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
@@ -144,8 +149,8 @@ class Communicator:
     def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:
         """Start reducing `array` in place; returns a reducer.Handle (.wait(), .done()).
 
-        Small arrays are packed into fused buffers per (dtype, op) and sent together
-        (docs/worker-library.md). Every worker must submit the same sequence of arrays
+        Small arrays are fused per (dtype, op) and sent together as one round straight from
+        their own memory (docs/worker-library.md). Every worker must submit the same sequence of arrays
         (sizes, dtypes, ops, names); a difference raises MismatchError on every worker,
         naming the first differing tensor. Do not touch `array` until the handle is done.
         Accepts numpy arrays, torch tensors (CPU and CUDA), CuPy arrays, DLPack objects.
@@ -157,9 +162,17 @@ class Communicator:
         if self._engine is not None:
             self._engine.synchronize(timeout)
 
-    def fusion_stats(self) -> dict:
-        """Counters of the asynchronous path: rounds, probes, fused_rounds, tensors, bytes, flushes."""
-        return dict(self._engine.stats) if self._engine is not None else {}
+    def fusion_stats(self, peaks: bool = False) -> dict:
+        """Counters of the asynchronous path, identical on every worker: rounds, probes, fused_rounds,
+        tensors, bytes, flushes, segments, staged_tensors, staged_bytes. With peaks=True also
+        max_in_flight and max_staging_bytes, which depend on timing (docs/worker-library.md)."""
+        engine = self._engine
+        if engine is None:
+            return {}
+        out = dict(engine.stats)
+        if peaks:
+            out.update(engine.peaks)
+        return out
 
     def _fusion(self) -> Any:
         engine = self._engine
@@ -167,7 +180,7 @@ class Communicator:
             with self._engine_lock:
                 engine = self._engine
                 if engine is None:
-                    if getattr(self, "_closed", False):
+                    if self._closed:
                         from .errors import ReductionError
 
                         raise ReductionError("the communicator is closed")
@@ -176,18 +189,32 @@ class Communicator:
                     engine = self._engine = FusionEngine(
                         self._client, threshold=self.fusion_threshold, cycle_time_ms=self.cycle_time_ms,
                         compression=self.compression, rank=self.rank, timeout=self.timeout,
+                        probe_client=self._probe_client_factory(),
                         diag_client=self._diagnostic_client_factory())
         return engine
 
-    def _diagnostic_client_factory(self) -> Any:
-        """Makes separate connections for the fusion fingerprint check (bounded by the timeout).
+    def _side_client_factory(self, suffix: str, reducers: Sequence[str], chunk_bytes: int) -> Any:
+        """Makes a separate client for the fusion engine: reducer group `<group><suffix>`, one
+        connection per reducer, connect bounded by the timeout.
 
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
         import functools
 
-        return functools.partial(core.Client, list(self.reducers), self.rank, self.world_size,
-                                 self.group + "/fusion-check", self.job_id, self.timeout,
-                                 min(self.connect_timeout, self.timeout), self._auth_token, 1, self.chunk_bytes)
+        return functools.partial(core.Client, list(reducers), self.rank, self.world_size, self.group + suffix,
+                                 self.job_id, self.timeout, min(self.connect_timeout, self.timeout), self._auth_token,
+                                 1, chunk_bytes)
+
+    def _diagnostic_client_factory(self) -> Any:
+        """Connections for the fusion fingerprint check (made when a round fails)."""
+        return self._side_client_factory("/fusion-check", self.reducers, self.chunk_bytes)
+
+    def _probe_client_factory(self) -> Any:
+        """The connection the fusion agreement probes run on (16-byte rounds): to one reducer,
+        the same on every worker (picked by the group name), with small chunks."""
+        import zlib
+
+        one = self.reducers[zlib.crc32(self.group.encode()) % len(self.reducers)]
+        return self._side_client_factory("/fusion-probe", [one], PROBE_CHUNK_BYTES)
 
     def stats(self) -> dict:
         return dict(self._client.stats())
@@ -196,15 +223,12 @@ class Communicator:
         """Say goodbye to the reducers. Idempotent. Stops the allreduce_async threads first
         (handles still pending then fail: call synchronize() before close())."""
         self._closed = True
-        lock = getattr(self, "_engine_lock", None)
-        if lock is not None:
-            with lock:
-                engine, self._engine = self._engine, None
-            if engine is not None:
-                engine.stop()
-        client = getattr(self, "_client", None)
-        if client is not None:
-            client.close()
+        with self._engine_lock:
+            engine, self._engine = self._engine, None
+        if engine is not None:
+            engine.stop()
+        if self._client is not None:
+            self._client.close()
 
     def __enter__(self) -> "Communicator":
         return self

@@ -38,7 +38,7 @@ class Staged:
 
     host: writable, C-contiguous numpy array (the caller's own memory for host arrays);
     shape: the caller's shape. The hooks run in this order: before_read (fusion thread, before
-    the data is packed or sent), after_write (fusion thread, once the result is in `host`),
+    the data is sent), after_write (fusion thread, once the result is in `host`),
     finish (the waiting thread, in Handle.wait / synchronize). release() gives resources back
     when the all-reduce failed.
     """

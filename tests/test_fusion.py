@@ -222,15 +222,31 @@ def test_fusion_off_sends_one_round_per_tensor(reducers):
 
 
 class _Spy:
-    """Wraps the C++ client to record what goes on the wire."""
+    """Wraps the C++ client to record what goes on the wire: per round started, (address of its
+    first segment, bytes, dtype, op, tag); the segments themselves in `segments`."""
 
     def __init__(self, real):
         self.real = real
         self.calls = []
+        self.segments = []
 
-    def allreduce_ptr(self, ptr, nbytes, dtype, op, tag):
-        self.calls.append((ptr, nbytes, dtype, op, tag))
-        return self.real.allreduce_ptr(ptr, nbytes, dtype, op, tag)
+    def _record(self, segments, dtype, op, tag):
+        self.calls.append((segments[0][0], sum(n for _, n in segments), dtype, op, tag))
+        self.segments.append(list(segments))
+
+    def start_segments(self, segments, dtype, op, tag):
+        rid = self.real.start_segments(segments, dtype, op, tag)
+        self._record(segments, dtype, op, tag)
+        return rid
+
+    def try_start_segments(self, segments, dtype, op, tag):
+        rid = self.real.try_start_segments(segments, dtype, op, tag)
+        if rid is not None:
+            self._record(segments, dtype, op, tag)
+        return rid
+
+    def __getattr__(self, name):  # wait, in_flight, ...: the real client's
+        return getattr(self.real, name)
 
 
 def test_large_tensor_goes_alone_in_place(reducers):

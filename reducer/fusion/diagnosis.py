@@ -16,13 +16,14 @@ mismatch; the client it runs on bounds it by the communicator's timeout.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import logging
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Iterable, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Deque, Iterable, NamedTuple, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -117,7 +118,9 @@ class Fingerprint(NamedTuple):
     fields: Tuple[int, ...]     # the descriptor: one value per FIELDS entry
 
 
+@functools.lru_cache(maxsize=1 << 16)
 def fingerprint(d: Described) -> Fingerprint:
+    """The descriptor and its hash (pure: cached, as a training loop submits the same tensors every step)."""
     fields = tuple(int(f.value(d)) for f in FIELDS)
     return Fingerprint(h62(np.array(fields, np.int64).tobytes()), fields)
 
@@ -134,13 +137,14 @@ def round_tag(kind: int, wire: str, op: str, nbytes: int, entries: Iterable[Tupl
 
 class History:
     """Fingerprints and descriptions (as this worker words them) by submission index: every pending
-    entry and up to HISTORY completed ones before."""
+    entry and up to HISTORY completed ones before. A description may be given as a function that
+    words it: it is only called if the diagnosis needs it (submission stays cheap)."""
 
     def __init__(self) -> None:
-        self._items: Deque[Tuple[Fingerprint, str]] = deque()
+        self._items: Deque[Tuple[Fingerprint, Union[str, Callable[[], str]]]] = deque()
         self._lo = 0  # index of _items[0]
 
-    def add(self, fp: Fingerprint, text: str, lowest_pending: Callable[[], int]) -> None:
+    def add(self, fp: Fingerprint, text: Union[str, Callable[[], str]], lowest_pending: Callable[[], int]) -> None:
         """Record the next entry; now and then forget old completed entries."""
         self._items.append((fp, text))
         count = self._lo + len(self._items)
@@ -152,7 +156,10 @@ class History:
 
     def get(self, index: int) -> Optional[Tuple[Fingerprint, str]]:
         i = index - self._lo
-        return self._items[i] if 0 <= i < len(self._items) else None
+        if not 0 <= i < len(self._items):
+            return None
+        fp, text = self._items[i]
+        return fp, text if isinstance(text, str) else text()
 
     def __len__(self) -> int:
         return len(self._items)

@@ -1,15 +1,26 @@
 """The fusion engine: the threads behind ``Communicator.allreduce_async`` and its handles.
 
-Three threads share the work:
+Four threads share the work:
 
 * the caller's thread only appends an *entry* (host memory, dtypes, op, name, fingerprint) to
   the submission list;
-* the *fusion thread* runs the agreement probes, has the planner (reducer.fusion.planner) cut
-  the agreed entries into rounds, packs fused rounds into two reusable fusion buffers (double
-  buffering), unpacks results and completes handles;
-* the *network thread* runs the blocking C++ all-reduce (the GIL is released) on one round
-  at a time, in the order the fusion thread queued them. One round is on the wire while the
-  fusion thread packs the next one and unpacks the previous one.
+* the *fusion thread* decides when to probe, has the planner (reducer.fusion.planner) cut the
+  agreed entries into rounds, turns each round into (address, length) *segments*, and on
+  completion writes back casts and completes handles. A round's segments are the entries' own
+  memory (the caller's CPU arrays, or the pinned buffer a device array was staged into): no
+  packing copy, no unpacking copy. Only an entry whose wire dtype differs from its own
+  (compression) is cast, once, into staging memory (reducer.fusion.staging), itself a segment;
+* the *network thread* is the only one that calls the data client: it starts every round handed
+  over as scatter-gather client rounds (``try_start_segments``: sent with writev straight from
+  the segments, results received straight back into them; a round above CLIENT_ROUND_BYTES as
+  several), several at once, and waits for the oldest (GIL released). So round n+1 streams while
+  round n drains; rounds finish, and handles complete, in submission order;
+* the *probe thread* runs the agreement probes on a client of its own (reducer group
+  ``<group>/fusion-probe``), so a probe never queues behind data in flight.
+
+Memory: rounds in flight are bounded by the client's ``max_rounds_in_flight``; the engine's own
+memory is the staging ring for casts, bounded by ``STAGING_FACTOR x fusion_threshold`` bytes (or
+one round, if a single round is larger): a round whose casts do not fit waits for earlier ones.
 
 Agreed flush points. A partly filled buffer is never cut on one worker's say-so. Before each
 batch of data rounds the workers run a 16-byte *probe* all-reduce (int64, op min) of
@@ -19,7 +30,9 @@ a flush. Each worker then plans entries up to ``C``, and if ``F`` also cuts ever
 buffer. A worker wants a flush when a caller waits (``Handle.wait``, ``synchronize``) on an entry
 that is not cut yet, or when its oldest waiting entry is older than ``cycle_time_ms``. So the
 cycle timer, and where each worker calls ``wait``, only decide *when* a probe is sent; where
-buffers are cut is a function of agreed values only.
+buffers are cut is a function of agreed values only. Probes are sequential (the next one is
+sent once the previous one's cuts are handed to the network thread), while data rounds of
+earlier batches are still in flight.
 
 After an error the asynchronous path stops: every pending handle fails with the error (a
 mismatch first goes through reducer.fusion.diagnosis, which names the differing tensor), later
@@ -28,12 +41,13 @@ reconnects to the group on its next call).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import math
 import threading
 import time
 from collections import deque
-from typing import Any, Callable, Deque, Dict, List, Optional, Tuple
+from typing import Any, Callable, Deque, Dict, Iterable, List, Optional, Tuple
 
 import numpy as np
 
@@ -41,6 +55,7 @@ from ..dtypes import BFLOAT16, check_op, wire_name
 from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
 from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
 from .planner import Cut, Planner
+from .staging import StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -48,6 +63,12 @@ __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 _PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
+STAGING_FACTOR = 2  # staging memory for casts: this many fusion thresholds (or one larger round)
+# A round larger than this goes to the client as several consecutive rounds of at most this size
+# (same cut on every worker). The client plans chunks from a round's shard size (about shard/64,
+# up to chunk_bytes): measured on loopback (docs/worker-library.md), 64 MiB rounds moved 8-13%
+# slower than the same bytes as per-tensor rounds, and 8 MiB pieces as fast or faster.
+CLIENT_ROUND_BYTES = 8 << 20
 
 
 def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
@@ -81,7 +102,7 @@ class Handle:
     that error (every handle of the round, and every later one, gets it).
     """
 
-    __slots__ = ("_engine", "_entry", "array", "name", "index", "_event", "_error", "_finished")
+    __slots__ = ("_engine", "_entry", "array", "name", "index", "_done", "_error", "_finished")
 
     def __init__(self, engine: "FusionEngine", entry: "_Entry", array: Any, name: Optional[str]) -> None:
         self._engine = engine
@@ -89,21 +110,21 @@ class Handle:
         self.array = array  # what wait() returns: the caller's own array, reduced in place
         self.name = name
         self.index = -1  # position in the submitted sequence (0-based, per communicator)
-        self._event = threading.Event()
+        self._done = False  # set once, by the fusion thread (then the engine's _completion is notified)
         self._error: Optional[BaseException] = None
         self._finished = False
 
     def done(self) -> bool:
-        return self._event.is_set()
+        return self._done
 
     def exception(self) -> Optional[BaseException]:
         """The error of a finished, failed handle (None while pending or on success)."""
-        return self._error if self._event.is_set() else None
+        return self._error if self._done else None
 
     def wait(self, timeout: Optional[float] = None) -> Any:
-        if not self._event.is_set():
+        if not self._done:
             self._engine.request_flush(self.index + 1)
-            if not self._event.wait(timeout):
+            if not self._engine.await_handles([self], timeout):
                 raise ReductionTimeout(f"all-reduce of {self._describe()} not finished after {timeout} s")
         self._finish()
         if self._error is not None:
@@ -125,8 +146,9 @@ class Handle:
         return entry.describe() if entry is not None else (repr(self.name) if self.name else "a tensor")
 
     def _set(self, error: Optional[BaseException]) -> None:
+        """Mark done (the caller then notifies the engine's _completion, once for many handles)."""
         self._error = error
-        self._event.set()
+        self._done = True
 
     def __repr__(self) -> str:
         state = "pending" if not self.done() else ("failed" if self._error else "done")
@@ -138,39 +160,26 @@ class _Entry:
                  "fp")
 
     def describe(self) -> str:
-        shape = "x".join(str(d) for d in self.shape) or "scalar"
-        text = f"tensor #{self.index}"
-        if self.name:
-            text += f" {self.name!r}"
-        text += f" ({self.src}[{shape}], op {self.op}"
-        if self.wire != self.src:
-            text += f", sent as {self.wire}"
-        return text + ")"
+        return _describe(self.index, self.name, self.src, self.shape, self.op, self.wire)
 
 
-class _Slot:
-    """A reusable, 64-byte aligned fusion buffer that only ever grows."""
-
-    __slots__ = ("buf", "cap")
-
-    def __init__(self) -> None:
-        self.buf = np.empty(0, np.uint8)
-        self.cap = 0
-
-    def reserve(self, nbytes: int) -> None:
-        if nbytes > self.cap:
-            raw = np.empty(nbytes + 64, np.uint8)
-            off = (-raw.ctypes.data) % 64
-            self.buf = raw[off:off + nbytes]
-            self.cap = nbytes
-
-    @property
-    def ptr(self) -> int:
-        return int(self.buf.ctypes.data)
+def _describe(index: int, name: Optional[str], src: str, shape: Tuple[int, ...], op: str, wire: str) -> str:
+    """How errors name a submitted tensor."""
+    dims = "x".join(str(d) for d in shape) or "scalar"
+    text = f"tensor #{index}"
+    if name:
+        text += f" {name!r}"
+    text += f" ({src}[{dims}], op {op}"
+    if wire != src:
+        text += f", sent as {wire}"
+    return text + ")"
 
 
 class _Round:
-    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "slot", "ptr", "values")
+    """One round in the agreed sequence: a probe, or a planner cut (FUSED or ALONE) of entries."""
+
+    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "stage_sizes", "pieces", "next_piece", "casts",
+                 "values")
 
     def __init__(self, kind: int, entries: List[_Entry], wire: str, op: str, nbytes: int) -> None:
         self.kind = kind
@@ -179,34 +188,55 @@ class _Round:
         self.op = op
         self.nbytes = nbytes
         self.tag = 0
-        self.slot: Optional[_Slot] = None
-        self.ptr = 0
-        self.values: Optional[np.ndarray] = None
+        self.stage_sizes: List[int] = []  # bytes of each entry the engine casts into staging memory
+        # the client rounds this round is sent as: (address, length) segments, CLIENT_ROUND_BYTES at most each
+        self.pieces: List[List[Tuple[int, int]]] = []
+        self.next_piece = 0  # pieces started so far (network thread)
+        self.casts: List[Tuple[_Entry, np.ndarray]] = []  # entries cast into staging, with their staged bytes
+        self.values: Optional[np.ndarray] = None  # the probe's two int64
 
-    def needs_slot(self) -> bool:
-        if self.kind == _PROBE:
-            return False
-        if len(self.entries) > 1:
-            return True
-        e = self.entries[0]
-        return e.wire != e.src  # a cast (compression) needs a buffer; one uncast entry goes in place
 
-    def describe(self) -> str:
-        if self.kind == _PROBE:
-            return "the fusion agreement probe"
-        first, last = self.entries[0].index, self.entries[-1].index
-        what = f"tensor #{first}" if len(self.entries) == 1 else f"{len(self.entries)} tensors (#{first}..#{last})"
-        return f"fused round of {what}, {self.wire} {self.op}, {self.nbytes} bytes"
+def _split(segments: List[Tuple[int, int]], limit: int) -> List[List[Tuple[int, int]]]:
+    """Segments cut into consecutive client rounds of at most `limit` bytes (a multiple of 8, so
+    every cut falls between elements). Deterministic: the same round gives the same pieces."""
+    out: List[List[Tuple[int, int]]] = [[]]
+    room = limit
+    for ptr, n in segments:
+        while n:
+            if room == 0:
+                out.append([])
+                room = limit
+            take = min(n, room)
+            out[-1].append((ptr, take))
+            ptr, n, room = ptr + take, n - take, room - take
+    return out if out[0] else []
+
+
+def _segments(pieces: Iterable[Tuple[int, int]]) -> List[Tuple[int, int]]:
+    """(address, length) pieces in order, empty ones dropped and adjacent ones merged."""
+    out: List[Tuple[int, int]] = []
+    for ptr, n in pieces:
+        if n == 0:
+            continue
+        if out and out[-1][0] + out[-1][1] == ptr:
+            out[-1] = (out[-1][0], out[-1][1] + n)
+        else:
+            out.append((ptr, n))
+    return out
 
 
 class FusionEngine:
     """The background machinery behind ``Communicator.allreduce_async`` (one per communicator).
 
-    client: the C++ client (``allreduce_ptr``); threshold: fused buffer size in bytes (0 turns
-    fusion off: one round per tensor, no probes); cycle_time_ms: age after which a worker
-    asks for its partly filled buffers to be flushed (``inf`` = only on wait/synchronize);
-    compression: None, 'bf16' or 'fp16'; diag_client: makes a fresh client for the
-    fingerprint diagnosis (None disables it); timeout: bounds the diagnosis.
+    client: the C++ client (``try_start_segments``, ``start_segments``, ``wait``, ``in_flight``,
+    ``connected``); threshold: fused buffer size in bytes (0 turns fusion off: one round per
+    tensor, no probes); cycle_time_ms: age after which a worker asks for its partly filled buffers
+    to be flushed (``inf`` = only on wait/synchronize); compression: None, 'bf16' or 'fp16';
+    probe_client: makes the client the agreement probes run on (its own connection, so a probe
+    never queues behind data; required unless fusion is off); diag_client: makes a fresh client
+    for the fingerprint diagnosis (None disables it); timeout: bounds the diagnosis. Staging
+    memory (casts only) is bounded by ``2 * threshold`` bytes, or one round when a single round
+    is larger.
     """
 
     def __init__(
@@ -218,6 +248,7 @@ class FusionEngine:
         compression: Optional[str] = None,
         rank: int = 0,
         timeout: float = 30.0,
+        probe_client: Optional[Callable[[], Any]] = None,
         diag_client: Optional[Callable[[], Any]] = None,
     ) -> None:
         if threshold < 0:
@@ -225,7 +256,10 @@ class FusionEngine:
         cycle = float(cycle_time_ms)
         if math.isnan(cycle) or cycle < 0:
             raise ConfigError(f"cycle time must be >= 0 ms (inf: no timer), got {cycle_time_ms}")
+        if threshold > 0 and probe_client is None:
+            raise ConfigError("fusion needs a client for its agreement probes (probe_client)")
         self._client = client
+        self._make_probe_client = probe_client
         self.threshold = int(threshold)
         self.cycle_time_ms = cycle
         self._cycle: Optional[float] = None if math.isinf(cycle) else cycle / 1000.0
@@ -235,6 +269,7 @@ class FusionEngine:
         self._fusion_off = self.threshold == 0
 
         self._cv = threading.Condition()
+        self._completion = threading.Condition(threading.Lock())  # handles done (waited on by callers)
         # submissions (caller threads, under _cv)
         self._submitted: Deque[_Entry] = deque()  # not yet planned, in order
         self._count = 0  # entries ever submitted
@@ -245,18 +280,23 @@ class FusionEngine:
         # planning (fusion thread, under _cv: the network thread reads it for the probe)
         self._agreed = 0  # C of the last probe: entries below it are planned
         self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
-        self._plan: Deque[_Round] = deque()  # cut, not yet packed
-        self._free: List[_Slot] = [_Slot(), _Slot()]
-        self._probe_out = False
+        self._plan: Deque[_Round] = deque()  # cut, not yet staged and handed to the network thread
+        self._ring = StagingRing(STAGING_FACTOR * self.threshold)  # cast copies (fusion thread only)
+        self._probe_out = False  # a probe is wanted or running (fusion thread sets, completion clears)
+        self._probe_next: Optional[_Round] = None  # handed to the probe thread
+        self._probe_conn: Any = None  # the probe thread's client, made on the first probe
         self._probe_buf = np.zeros(2, np.int64)
         # network
-        self._netq: Deque[_Round] = deque()
-        self._done: Deque[Tuple[_Round, Optional[BaseException]]] = deque()
+        self._netq: Deque[_Round] = deque()  # ready to start, in the agreed order
+        self._done: Deque[Tuple[_Round, Optional[BaseException]]] = deque()  # finished, in the same order
         self._net_error: Optional[BaseException] = None
         # life cycle
         self._error: Optional[BaseException] = None  # sticky: the engine has stopped
         self._closing = False
-        self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0}
+        # Counters identical on every worker (they follow the agreed rounds), and peaks that depend on timing.
+        self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0,
+                      "segments": 0, "staged_tensors": 0, "staged_bytes": 0}
+        self.peaks = {"max_in_flight": 0, "max_staging_bytes": 0}
         self._diagnosis: Optional[Diagnosis] = None
         if diag_client is not None:
             self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
@@ -264,8 +304,10 @@ class FusionEngine:
 
         self._fusion_thread = threading.Thread(target=self._fusion_main, name=f"reducer-fusion-{rank}", daemon=True)
         self._net_thread = threading.Thread(target=self._net_main, name=f"reducer-net-{rank}", daemon=True)
+        self._probe_thread = threading.Thread(target=self._probe_main, name=f"reducer-probe-{rank}", daemon=True)
         self._fusion_thread.start()
         self._net_thread.start()
+        self._probe_thread.start()
 
     # ================================================================ caller side
     def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
@@ -305,10 +347,16 @@ class FusionEngine:
             self._count += 1
             e.t = time.monotonic()
             self._submitted.append(e)
+            before = self._unagreed_bytes
             self._unagreed_bytes += e.nbytes
             self._pending[e.index] = e
-            self._history.add(e.fp, e.describe(), self._lowest_pending)
-            self._cv.notify_all()
+            self._history.add(e.fp, functools.partial(_describe, e.index, name, src, e.shape, op, e.wire),
+                              self._lowest_pending)
+            # Wake the fusion thread only when this entry changes what it waits for: fusion off (plan
+            # it now), the first entry not yet agreed (starts the cycle timer), or a threshold's worth
+            # of entries not yet agreed (probe now). Waking it per entry only costs the caller time.
+            if self._fusion_off or len(self._submitted) == 1 or before < self.threshold <= self._unagreed_bytes:
+                self._cv.notify_all()
         return handle
 
     def request_flush(self, upto: int) -> None:
@@ -329,13 +377,11 @@ class FusionEngine:
             if self._count > self._flush_upto:
                 self._flush_upto = self._count
                 self._cv.notify_all()
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for h in handles:
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not h._event.wait(left):
-                if raise_errors:
-                    raise ReductionTimeout(f"synchronize: {h._describe()} not finished after {timeout} s")
-                return
+        if not self.await_handles(handles, timeout):
+            if raise_errors:
+                late = next(h for h in handles if not h._done)
+                raise ReductionTimeout(f"synchronize: {late._describe()} not finished after {timeout} s")
+            return
         first_error = None
         for h in handles:
             h._finish()
@@ -344,13 +390,30 @@ class FusionEngine:
         if raise_errors and first_error is not None:
             raise _copy_error(first_error)
 
+    def await_handles(self, handles: List[Handle], timeout: Optional[float]) -> bool:
+        """Wait until every handle is done; False if `timeout` seconds passed first."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        with self._completion:
+            for h in handles:
+                while not h._done:
+                    left = None if deadline is None else deadline - time.monotonic()
+                    if left is not None and left <= 0:
+                        return False
+                    self._completion.wait(left)
+        return True
+
+    def _notify_done(self) -> None:
+        with self._completion:
+            self._completion.notify_all()
+
     def stop(self, join_timeout: Optional[float] = None) -> None:
-        """Stop both threads; handles still pending fail. Idempotent."""
+        """Stop the three threads; handles still pending fail. Idempotent."""
         with self._cv:
             self._closing = True
             self._cv.notify_all()
+        self._close_probe_conn()
         t = self.timeout + 5.0 if join_timeout is None else join_timeout
-        for th in (self._fusion_thread, self._net_thread):
+        for th in (self._fusion_thread, self._net_thread, self._probe_thread):
             if th is not threading.current_thread():
                 th.join(t)
         self._fail_all(ReductionError("the communicator was closed before this all-reduce finished"))
@@ -364,7 +427,7 @@ class FusionEngine:
                         if self._closing or self._error is not None:
                             return
                         now = time.monotonic()
-                        if self._done or (self._fusion_off and self._submitted) or self._can_pack() \
+                        if self._done or (self._fusion_off and self._submitted) or self._can_prepare() \
                                 or self._want_probe(now):
                             break
                         self._cv.wait(self._sleep_for(now))
@@ -376,15 +439,14 @@ class FusionEngine:
                     self._complete(rnd, err)
                     if self._error is not None:
                         return
-                self._pack_ready()
+                self._prepare_ready()
                 with self._cv:
                     if self._want_probe(time.monotonic()):
                         rnd = _Round(_PROBE, [], "int64", "min", 16)
                         rnd.tag = PROBE_TAG
                         rnd.values = self._probe_buf
-                        rnd.ptr = int(self._probe_buf.ctypes.data)
                         self._probe_out = True
-                        self._netq.append(rnd)
+                        self._probe_next = rnd
                         self._cv.notify_all()
         except BaseException as exc:  # a bug or an interpreter shutdown: fail loudly, never hang
             log.exception("fusion thread failed")
@@ -434,13 +496,22 @@ class FusionEngine:
             return None
         return max(0.0005, oldest + self._cycle - now)
 
-    def _can_pack(self) -> bool:
-        return bool(self._plan) and (bool(self._free) or not self._plan[0].needs_slot())
+    def _can_prepare(self) -> bool:
+        """The next cut round can be staged now (its casts fit in the staging ring)."""
+        if not self._plan:
+            return False
+        sizes = self._plan[0].stage_sizes
+        return not sizes or self._ring.fits(sizes)
+
+    def _casts(self, e: _Entry) -> bool:
+        """Whether the engine stages `e` through a cast into staging memory (its wire dtype differs)."""
+        return e.wire_dt != e.host.dtype
 
     def _round(self, cut: Cut[_Entry]) -> _Round:
         entries = cut.entries
         rnd = _Round(cut.kind, entries, entries[0].wire, entries[0].op, cut.nbytes)
         rnd.tag = round_tag(cut.kind, rnd.wire, rnd.op, rnd.nbytes, ((e.index, e.fp.dhash) for e in entries))
+        rnd.stage_sizes = [e.nbytes for e in entries if e.nbytes and self._casts(e)]
         return rnd
 
     def _plan_range(self, agreed: int, flush: bool) -> None:
@@ -460,38 +531,51 @@ class FusionEngine:
             cuts += self._planner.flush()
         self._plan.extend(self._round(c) for c in cuts)
 
-    def _pack_ready(self) -> None:
+    def _prepare_ready(self) -> None:
+        """Stage the cut rounds that can be staged and hand them to the network thread, in order.
+
+        Rounds that copy nothing are handed over together, so that the network thread starts all
+        of them before it blocks on the oldest one; a round that cast data is handed over at once.
+        """
+        batch: List[_Round] = []
         while True:
             with self._cv:
-                if not self._can_pack():
+                ready = self._can_prepare()
+                if batch and (not ready or batch[-1].casts):
+                    self._netq.extend(batch)
+                    self._cv.notify_all()
+                    batch = []
+                if not ready:
                     return
                 rnd = self._plan.popleft()
-                slot = self._free.pop() if rnd.needs_slot() else None
-            try:
-                self._pack(rnd, slot)
-            except BaseException:
-                if slot is not None:
-                    self._free.append(slot)
-                raise
-            with self._cv:
-                self._netq.append(rnd)
-                self._cv.notify_all()
+            self._prepare(rnd)
+            batch.append(rnd)
 
-    def _pack(self, rnd: _Round, slot: Optional[_Slot]) -> None:
+    def _prepare(self, rnd: _Round) -> None:
+        """The round's segments: the entries' own memory, or their cast copy in staging memory."""
+        views: List[np.ndarray] = []
+        if rnd.stage_sizes:
+            taken = self._ring.take(rnd.stage_sizes)
+            assert taken is not None, "_can_prepare said the round fits"
+            views = taken
+            self.peaks["max_staging_bytes"] = self._ring.peak
+        staged = iter(views)
+        pieces: List[Tuple[int, int]] = []
         for e in rnd.entries:
-            e.staged.before_read()
-        if slot is None:
-            e = rnd.entries[0]
-            rnd.ptr = int(e.host.ctypes.data) if e.host.size else 0
-            return
-        slot.reserve(rnd.nbytes)
-        rnd.slot = slot
-        rnd.ptr = slot.ptr
-        off = 0
-        for e in rnd.entries:
-            if e.nbytes:
-                np.copyto(slot.buf[off:off + e.nbytes].view(e.wire_dt), e.host, casting="unsafe")
-            off += e.nbytes
+            e.staged.before_read()  # a device array's copy to the host has landed
+            if not e.nbytes:
+                continue
+            if self._casts(e):
+                view = next(staged)
+                np.copyto(view.view(e.wire_dt), e.host, casting="unsafe")
+                rnd.casts.append((e, view))
+                pieces.append((int(view.ctypes.data), e.nbytes))
+            else:
+                pieces.append((int(e.host.ctypes.data), e.nbytes))
+        rnd.pieces = _split(_segments(pieces), CLIENT_ROUND_BYTES)
+        st = self.stats
+        st["staged_tensors"] += len(rnd.casts)
+        st["staged_bytes"] += sum(rnd.stage_sizes)
 
     def _complete(self, rnd: _Round, err: Optional[BaseException]) -> None:
         if err is not None:
@@ -504,64 +588,188 @@ class FusionEngine:
                 self._probe_out = False
                 self._plan_range(agreed, flush)
             return
-        slot = rnd.slot
-        if slot is not None:
-            off = 0
-            for e in rnd.entries:
-                if e.nbytes:
-                    np.copyto(e.host, slot.buf[off:off + e.nbytes].view(e.wire_dt), casting="unsafe")
-                off += e.nbytes
+        for e, view in rnd.casts:
+            np.copyto(e.host, view.view(e.wire_dt), casting="unsafe")
+        if rnd.casts:
+            with self._cv:
+                self._ring.release()
         for e in rnd.entries:
             e.staged.after_write()
         with self._cv:
-            if slot is not None:
-                rnd.slot = None
-                self._free.append(slot)
             for e in rnd.entries:
                 self._pending.pop(e.index, None)
         for e in rnd.entries:
             e.handle._set(None)
+        self._notify_done()
 
     # ================================================================ network thread
+    # The network thread is the only thread of the engine that calls the client: it starts every
+    # round handed over (up to the client's max_rounds_in_flight), then waits for the oldest, and
+    # again. So round n+1 streams while round n drains, results are reported in submission order,
+    # and once a round has failed no later round is started (the client would reconnect for it).
     def _net_main(self) -> None:
+        # (round, client round id or None, error, whether it is the round's last piece)
+        started: Deque[Tuple[_Round, Optional[int], Optional[BaseException], bool]] = deque()
+        failed: Optional[_Round] = None  # a round already reported failed (its later pieces are dropped)
         while True:
             with self._cv:
-                while not self._netq and not self._closing and self._error is None:
+                while not started and not self._netq and not self._closing and self._error is None:
                     self._cv.wait()
                 if self._closing or self._error is not None:
                     return
-                rnd = self._netq.popleft()
-                err = self._net_error
-                if rnd.kind == _PROBE and err is None:
-                    rnd.values[0] = self._count
-                    rnd.values[1] = -1 if self._wants_flush(time.monotonic()) else 0
-            if err is None and rnd.nbytes:
+            self._start_ready(started)
+            if not started:
+                continue
+            rnd, rid, err, last = started.popleft()
+            if err is None and rid is not None:
                 try:
-                    self._client.allreduce_ptr(rnd.ptr, rnd.nbytes, rnd.wire, rnd.op, rnd.tag)
-                except ReductionError as exc:
-                    err = exc
-                    if rnd.kind == _PROBE and isinstance(exc, ReductionTimeout):
-                        err = ReductionTimeout(
-                            f"{exc} [while agreeing on the next fused buffers: this worker has submitted "
-                            f"{self._count} tensors and waits for every other worker to submit more or to flush; "
-                            "all workers must submit the same sequence of tensors]")
-                except BaseException as exc:  # pragma: no cover - e.g. MemoryError
-                    err = ReductionError(f"all-reduce failed: {exc!r}")
-                if err is None:
-                    st = self.stats
-                    st["rounds"] += 1
-                    if rnd.kind == _PROBE:
-                        st["probes"] += 1
-                    else:
-                        st["tensors"] += len(rnd.entries)
-                        st["bytes"] += rnd.nbytes
-                        if len(rnd.entries) > 1:
-                            st["fused_rounds"] += 1
+                    self._client.wait(rid)
+                except BaseException as exc:
+                    err = self._net_failure(rnd, exc)
+            if rnd is failed or (err is None and not last):
+                continue
+            if err is not None:
+                failed = rnd
             with self._cv:
+                if err is None and rnd.nbytes:  # a round of 0 bytes is never sent, nor counted
+                    self._count_round(rnd)
                 if err is not None and self._net_error is None:
                     self._net_error = err
                 self._done.append((rnd, err))
                 self._cv.notify_all()
+
+    def _start_ready(self, started: Deque[Tuple[_Round, Optional[int], Optional[BaseException], bool]]) -> None:
+        """Start the rounds handed over, piece by piece in order, while the client takes more."""
+        while True:
+            if started and not self._client.connected:
+                # A round in flight failed inside an earlier call (the client dropped the session):
+                # starting another would reconnect this worker alone. Its wait() reports the error.
+                return
+            with self._cv:
+                if not self._netq or self._closing or self._error is not None:
+                    return
+                rnd = self._netq[0]
+                err = self._net_error
+                if err is not None or not rnd.pieces:  # after an error nothing more is sent; 0 bytes: nothing
+                    self._netq.popleft()
+            if err is not None or not rnd.pieces:
+                started.append((rnd, None, err, True))
+                continue
+            try:
+                rid = self._start(rnd, rnd.pieces[rnd.next_piece], block=not started)
+            except BaseException as exc:
+                err = self._net_failure(rnd, exc)
+                with self._cv:
+                    if self._net_error is None:
+                        self._net_error = err
+                    if self._netq and self._netq[0] is rnd:
+                        self._netq.popleft()
+                started.append((rnd, None, err, True))
+                continue
+            if rid is None:  # the client has max_rounds_in_flight rounds: wait for the oldest first
+                return
+            rnd.next_piece += 1
+            last = rnd.next_piece == len(rnd.pieces)
+            if last:
+                with self._cv:
+                    if self._netq and self._netq[0] is rnd:
+                        self._netq.popleft()
+            started.append((rnd, rid, None, last))
+            self.peaks["max_in_flight"] = max(self.peaks["max_in_flight"], int(self._client.in_flight))
+
+    def _start(self, rnd: _Round, segments: List[Tuple[int, int]], block: bool) -> Optional[int]:
+        """Start one client round of `rnd`: `segments`, sent and received in place; None if the
+        client has no room (only when `block` is false). The one call that puts data on the wire.
+
+        Seam for compression in the transport: today an entry whose wire dtype differs from its
+        own is cast into staging memory by ``_prepare`` (``_casts``), and the round goes out in
+        its wire dtype. When the client narrows float32 per chunk itself, this call passes the
+        float32 segments with ``compression=``; then ``_casts`` returns False for float32 ->
+        bf16/fp16, those entries' segments are their float32 bytes, and they need a planner key
+        of their own (docs/worker-library.md, "Compression").
+        """
+        if block:
+            return int(self._client.start_segments(segments, rnd.wire, rnd.op, rnd.tag))
+        rid = self._client.try_start_segments(segments, rnd.wire, rnd.op, rnd.tag)
+        return None if rid is None else int(rid)
+
+    def _net_failure(self, rnd: _Round, exc: BaseException) -> BaseException:
+        """The error to report for a round the client failed (typed: the client's ReductionError subclasses)."""
+        if not isinstance(exc, ReductionError):
+            return ReductionError(f"all-reduce failed: {exc!r}")
+        if rnd.kind == _PROBE and isinstance(exc, ReductionTimeout):
+            return ReductionTimeout(
+                f"{exc} [while agreeing on the next fused buffers: this worker has submitted "
+                f"{self._count} tensors and waits for every other worker to submit more or to flush; "
+                "all workers must submit the same sequence of tensors]")
+        return exc
+
+    def _count_round(self, rnd: _Round) -> None:
+        """Count a finished round (caller holds _cv: the network and probe threads both count)."""
+        st = self.stats
+        st["rounds"] += 1
+        if rnd.kind == _PROBE:
+            st["probes"] += 1
+            return
+        st["tensors"] += len(rnd.entries)
+        st["bytes"] += rnd.nbytes
+        st["segments"] += sum(len(p) for p in rnd.pieces)
+        if len(rnd.entries) > 1:
+            st["fused_rounds"] += 1
+
+    # ================================================================ probe thread
+    # Agreement probes run on their own client (reducer group ``<group>/fusion-probe``, one
+    # connection), so a probe never waits behind the data rounds in flight: the next batch is cut
+    # while the previous one streams. Probes are still strictly sequential and identical in number
+    # and order on every worker (the next one is only sent after the previous one's cuts).
+    def _probe_main(self) -> None:
+        while True:
+            with self._cv:
+                while self._probe_next is None and not self._closing and self._error is None:
+                    self._cv.wait()
+                if self._closing or self._error is not None:
+                    return
+                rnd, self._probe_next = self._probe_next, None
+            err: Optional[BaseException] = None
+            try:
+                client = self._probe_client()
+                if client is None:
+                    return  # closing
+                with self._cv:  # the values go out at once: they are as fresh as they can be
+                    rnd.values[0] = self._count
+                    rnd.values[1] = -1 if self._wants_flush(time.monotonic()) else 0
+                client.allreduce_ptr(int(rnd.values.ctypes.data), 16, "int64", "min", PROBE_TAG)
+            except BaseException as exc:
+                err = self._net_failure(rnd, exc)
+            with self._cv:
+                if err is None:
+                    self._count_round(rnd)
+                self._done.append((rnd, err))
+                self._cv.notify_all()
+
+    def _probe_client(self) -> Any:
+        """The probe thread's client (connects on first use); None once the engine stops."""
+        with self._cv:
+            conn = self._probe_conn
+        if conn is not None:
+            return conn
+        conn = self._make_probe_client()
+        with self._cv:
+            if not self._closing and self._error is None:
+                self._probe_conn = conn
+                return conn
+        conn.close()
+        return None
+
+    def _close_probe_conn(self) -> None:
+        """Close the probe client: a probe waiting for the other workers fails at once."""
+        with self._cv:
+            conn, self._probe_conn = self._probe_conn, None
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:  # pragma: no cover - best effort
+                pass
 
     # ================================================================ failure
     def _die(self, err: BaseException) -> None:
@@ -569,6 +777,7 @@ class FusionEngine:
             if self._error is None:
                 self._error = err
             self._cv.notify_all()
+        self._close_probe_conn()
         self._fail_all(self._error)
 
     def _fail_all(self, err: BaseException) -> None:
@@ -579,12 +788,14 @@ class FusionEngine:
             self._planner.clear()
             self._plan.clear()
             self._netq.clear()
+            self._ring.clear()
         for e in entries:
             try:
                 e.staged.release()
             except Exception:  # pragma: no cover - best effort
                 pass
             e.handle._set(err)
+        self._notify_done()
 
     def _check_usable(self) -> None:
         if self._error is not None:

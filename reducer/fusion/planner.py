@@ -21,7 +21,7 @@ from typing import Dict, Generic, Iterable, Iterator, List, Protocol, Tuple, Typ
 
 __all__ = ["FUSED", "ALONE", "Cut", "Planner"]
 
-FUSED = 0  # a fused buffer: its entries are packed into one of the engine's fusion buffers
+FUSED = 0  # a fused buffer: one round over its entries' memory (a scatter-gather round, no copy)
 ALONE = 1  # one entry of at least `threshold` bytes, sent from its own memory
 
 
