@@ -411,7 +411,8 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
 
 def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[Tuple[int, int, int]],
                  seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
-                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0) -> Dict[str, Any]:
+                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0, delay: float = 0.0,
+                 stall: Optional[Tuple[int, float]] = None) -> Dict[str, Any]:
     """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
 
     Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
@@ -419,6 +420,12 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     inputs (exact for integers and for the small-integer passes). stream_until_error > 0 keeps
     issuing calls until test() fails (at most that many seconds); count_skew makes head r send
     r * count_skew more elements (a mismatch every head must see as an error).
+
+    delay > 0: before a call, the head pauses now and then (1 call in 20) for a random time up to
+    `delay` seconds, its own random sequence: the other heads run ahead with many calls
+    outstanding. stall = (call index, seconds): the head stops calling the plugin at all for that
+    long once it has issued that call (a peer that stalls). Every test() call is timed
+    (test_max_s): the plugin must never block NCCL's proxy thread.
     """
     calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
     env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
@@ -426,7 +433,7 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
                 "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
     env.update(extra_env or {})
     return with_env(env, lambda: _collnet_head(rank, world, rdv, version, calls, seed, comm_id,
-                                               stream_until_error))
+                                               stream_until_error, delay, stall))
 
 
 SLOT_BYTES = 256 << 10
@@ -434,7 +441,8 @@ NSLOTS = 80  # more than the plugin's 64 rounds in flight: the harness sees NULL
 
 
 def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
-                  comm_id: int, stream_until_error: float) -> Dict[str, Any]:
+                  comm_id: int, stream_until_error: float, delay: float,
+                  stall: Optional[Tuple[int, float]]) -> Dict[str, Any]:
     plugin = Plugin()
     init_net(plugin, version)  # NCCL loads the point-to-point net first
     coll, ctx = init_coll(plugin, version, comm_id)
@@ -495,7 +503,11 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     # NCCL keeps up to 64 requests per collComm: issue 64 without testing any, then one more,
     # which the plugin must refuse with a NULL request (NCCL retries it later).
     ring_full_null = None
-    if len(calls) > 64 and not stream_until_error:
+    max_outstanding = 0
+    test_calls, test_pending, test_max_s = 0, 0, 0.0
+    stalled_at = 0.0
+    pause_rng = np.random.default_rng([seed, rank, 4242])
+    if len(calls) > 64 and not stream_until_error and not delay and not stall:
         for _ in range(64):
             t, o, count = calls[i]
             req = issue(i, free_slots[0], t, o, count, True)
@@ -512,6 +524,11 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
         if time.monotonic() > deadline:
             raise TimeoutError(f"collnet head {rank}: no end after {i} calls ({len(outstanding)} outstanding)")
         progressed = False
+        if stall and i == stall[0] + 1 and not stalled_at:
+            stalled_at = time.time()
+            time.sleep(stall[1])
+        if more and free_slots and delay and pause_rng.random() < 0.05:
+            time.sleep(float(pause_rng.uniform(0, delay)))
         if more and free_slots:
             t, o, count = calls[i % len(calls)]
             exact = (i // max(1, len(calls))) % 2 == 0 or SUPPORTED_DTYPES[t].startswith("int")
@@ -520,13 +537,18 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
             if req.value:
                 free_slots.pop(0)
                 outstanding.append((i, slot, req))
+                max_outstanding = max(max_outstanding, len(outstanding))
                 i += 1
                 progressed = True
             else:
                 nulls += 1
         if outstanding:
             ci, slot, req = outstanding[0]
+            t0 = time.perf_counter()
             rc = coll.test(req, C.byref(done_flag), C.byref(size_out))
+            test_max_s = max(test_max_s, time.perf_counter() - t0)
+            test_calls += 1
+            test_pending += rc == SUCCESS and not done_flag.value
             if rc != SUCCESS:
                 error_rc, error_at = rc, time.time()
                 break
@@ -547,8 +569,10 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 progressed = True
         if not progressed:
             time.sleep(float(rng.uniform(0, 0.0005)))
-    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches, "error_rc": error_rc,
-                   "error_at": error_at})
+    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches,
+                   "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
+                   "test_calls": test_calls, "test_pending": test_pending, "test_max_s": test_max_s,
+                   "stalled_at": stalled_at})
     if error_rc == SUCCESS:
         for mh in mhs:
             check(coll.deregMr(ccomm, mh), "deregMr", plugin)
@@ -570,11 +594,11 @@ def _close(got: np.ndarray, ref: np.ndarray, dtype: str, exact: bool, heads: int
     return bool(np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref)) * heads))
 
 
-def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]]
-                      ) -> Dict[str, Any]:
+def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]],
+                      delay: float = 0.0) -> Dict[str, Any]:
     """Ranks 0-1 and 2-3 are two communicators (two heads each) of the same job on the same reducers."""
     comm = rank // 2
     sub = os.path.join(rdv, f"comm{comm}")
     os.makedirs(sub, exist_ok=True)
     return collnet_head(rank % 2, 2, sub, 12, reducers, calls, seed=10 + comm, comm_id=1000 + comm,
-                        extra_env={"RS_JOB_ID": "one-job"})
+                        extra_env={"RS_JOB_ID": "one-job"}, delay=delay)

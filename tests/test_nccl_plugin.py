@@ -225,15 +225,96 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
 
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
     servers = reducers(2)
-    calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999)] * 10
+    calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999), (7, 0, 65536)] * 40
     results = run_ranks(pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
-                        calls=calls)
+                        calls=calls, delay=0.02)
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
+        assert r["test_max_s"] < LIVENESS_S
     groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
               for r in results]
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
+
+
+# test() runs on NCCL's proxy thread and must never block: every call is timed and must return
+# within this generous bound (a liveness check, not a performance claim).
+LIVENESS_S = 0.05
+
+
+def _random_calls(seed: int, n: int, max_bytes: int = H.SLOT_BYTES) -> List[tuple]:
+    """n calls of random supported dtype / op and random count (1 element .. max_bytes)."""
+    rng = np.random.default_rng(seed)
+    dtypes, ops = list(H.SUPPORTED_DTYPES), list(H.SUPPORTED_OPS)
+    calls = []
+    for _ in range(n):
+        t = int(rng.choice(dtypes))
+        itemsize = H.np_dtype(H.SUPPORTED_DTYPES[t]).itemsize
+        calls.append((t, int(rng.choice(ops)), int(rng.integers(1, max_bytes // itemsize + 1))))
+    return calls
+
+
+def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_path):
+    """Heads pause at random: the others run ahead with many rounds in flight on the reducers."""
+    servers = reducers(3)
+    calls = _random_calls(5, 400)
+    results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, delay=0.08)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
+        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+    assert max(r["max_outstanding"] for r in results) >= 32, [r["max_outstanding"] for r in results]
+
+
+def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
+    servers = reducers(2)
+    calls = _random_calls(6, 3000, max_bytes=16 << 10) + _random_calls(7, 100)
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, timeout=120.0)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
+        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+
+
+def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
+    """Head 1 stops calling the plugin for 1.5 s: head 0's test() keeps returning done=0 at once."""
+    servers = reducers(2)
+    calls = [(7, 0, 4096), (2, 2, 5000), (8, 0, 30000)] * 50
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, timeout=30.0,
+                        stall=(40, 1.5) if r == 1 else None) for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
+        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+    assert results[1]["stalled_at"] > 0
+    # Head 0 polled throughout the stall (the harness polls every 0.5 ms at most when idle).
+    assert results[0]["test_pending"] > 300, results[0]["test_pending"]
+
+
+def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tmp_path):
+    """A head that stops for longer than RS_TIMEOUT: the others get an error from test() within the
+    timeout (wall clock, though NCCL's proxy only polls), never a hang; the stalled head finds its
+    communicator failed when it comes back."""
+    servers = reducers(2)
+    timeout = 2.0
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
+                        timeout=timeout, stream_until_error=60.0, stall=(30, 3 * timeout) if r == 1 else None)
+            for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
+        assert r["calls_done"] > 0 and r["mismatches"] == []
+        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+        assert r["unloaded"]
+    stalled_at = results[1]["stalled_at"]
+    assert stalled_at > 0
+    assert timeout - 0.5 < results[0]["error_at"] - stalled_at < timeout + 3.0
+    assert "made no progress" in results[0]["log"]
 
 
 def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
