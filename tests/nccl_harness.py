@@ -440,10 +440,11 @@ SLOT_BYTES = 256 << 10
 NSLOTS = 80  # more than the plugin's 64 rounds in flight: the harness sees NULL requests
 
 
-def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
-                  comm_id: int, stream_until_error: float, delay: float,
-                  stall: Optional[Tuple[int, float]]) -> Dict[str, Any]:
-    plugin = Plugin()
+def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: str, comm_id: int
+                    ) -> Tuple[Any, C.c_void_p, C.c_void_p, Dict[str, Any]]:
+    """NCCL's CollNet set-up on one head: init (after the net), devices, properties, reduceSupport
+    table, listen, handle exchange through `rdv`, connect. (table, ctx, collComm, facts); the
+    collComm is NULL if connect failed (facts["connect_rc"])."""
     init_net(plugin, version)  # NCCL loads the point-to-point net first
     coll, ctx = init_coll(plugin, version, comm_id)
     ndev = C.c_int()
@@ -463,10 +464,33 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     handles = (C.c_void_p * heads)(*[C.addressof(b) for b in bufs])
     ccomm = C.c_void_p()
     rc = coll.connect(handles, heads, rank, lcomm, C.byref(ccomm))
-    result: Dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
-                              "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
+    facts: Dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
+                             "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
     check(coll.closeListen(lcomm), "collnet closeListen", plugin)
-    if rc != SUCCESS:
+    return coll, ctx, ccomm, facts
+
+
+def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccomm: C.c_void_p,
+                  mhs: Sequence[C.c_void_p]) -> Dict[str, Any]:
+    """deregMr (if mhs), closeColl, finalize, dlclose: {"log", "unloaded"}."""
+    for mh in mhs:
+        check(coll.deregMr(ccomm, mh), "deregMr", plugin)
+    check(coll.closeColl(ccomm), "closeColl", plugin)
+    if version != 8:
+        check(coll.finalize(ctx), "collnet finalize", plugin)
+    out: Dict[str, Any] = {"log": plugin.log_text()}
+    path = plugin.path
+    plugin.close()
+    out["unloaded"] = not loaded(path)
+    return out
+
+
+def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
+                  comm_id: int, stream_until_error: float, delay: float,
+                  stall: Optional[Tuple[int, float]]) -> Dict[str, Any]:
+    plugin = Plugin()
+    coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
+    if result["connect_rc"] != SUCCESS:
         result["log"] = plugin.log_text()
         return result
 
@@ -573,16 +597,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                    "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
                    "test_calls": test_calls, "test_pending": test_pending, "test_max_s": test_max_s,
                    "stalled_at": stalled_at})
-    if error_rc == SUCCESS:
-        for mh in mhs:
-            check(coll.deregMr(ccomm, mh), "deregMr", plugin)
-    check(coll.closeColl(ccomm), "closeColl", plugin)
-    if version != 8:
-        check(coll.finalize(ctx), "collnet finalize", plugin)
-    result["log"] = plugin.log_text()
-    path = plugin.path
-    plugin.close()
-    result["unloaded"] = not loaded(path)
+    result.update(collnet_close(plugin, version, coll, ctx, ccomm, mhs if error_rc == SUCCESS else []))
     return result
 
 
@@ -602,3 +617,84 @@ def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Seq
     os.makedirs(sub, exist_ok=True)
     return collnet_head(rank % 2, 2, sub, 12, reducers, calls, seed=10 + comm, comm_id=1000 + comm,
                         extra_env={"RS_JOB_ID": "one-job"}, delay=delay)
+
+
+# -- streaming (benchmarks/bench_nccl_plugin.py) ----------------------------------------------
+
+STREAM_SLOTS = 64  # NCCL's requests per collComm: one staging slot each
+
+
+def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: int, call_bytes: int, passes: int,
+                   comm_id: int = 91, timeout: float = 60.0, ifname: str = "lo", idle_sleep: float = 2e-4,
+                   extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """`passes` all-reduces of `total_bytes` (float32 sums), each a stream of `call_bytes`
+    iallreduce calls the way NCCL's proxy issues them (up to 64 outstanding, the oldest polled
+    with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved). Passes
+    are drained one by one; "times" has each pass's seconds on this head, from its first call to
+    its last result. Every result is compared exactly with the sum of all heads' inputs (small
+    integers, per staging slot)."""
+    env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
+    env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "120",
+                "RS_NCCL_SOCKET_IFNAME": ifname, "RS_JOB_ID": "nccl-stream"})
+    env.update(extra_env or {})
+    return with_env(env, lambda: _collnet_stream(rank, world, rdv, total_bytes, call_bytes, passes, comm_id,
+                                                 idle_sleep))
+
+
+def _stream_input(head: int, slot: int, count: int) -> np.ndarray:
+    return ((np.arange(count) + 7 * slot) % 17 - 8 + head).astype(np.float32)
+
+
+def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_bytes: int, passes: int, comm_id: int,
+                    idle_sleep: float) -> Dict[str, Any]:
+    if call_bytes % 4 or total_bytes % call_bytes:
+        raise ValueError("call_bytes must be a multiple of 4 and divide total_bytes")
+    plugin = Plugin()
+    coll, ctx, ccomm, result = collnet_connect(plugin, 12, rank, heads, rdv, comm_id)
+    check(result["connect_rc"], "collnet connect", plugin)
+    count, ncalls, nslots = call_bytes // 4, total_bytes // call_bytes, STREAM_SLOTS
+    send = np.stack([_stream_input(rank, s, count) for s in range(nslots)])
+    recv = np.zeros_like(send)
+    expect = np.stack([sum(_stream_input(h, s, count) for h in range(heads)) for s in range(nslots)])
+    mhs = [C.c_void_p(), C.c_void_p()]
+    for mh, arr in zip(mhs, (send, recv)):
+        check(coll.regMr(ccomm, arr.ctypes.data, arr.nbytes, PTR_HOST, C.byref(mh)), "regMr", plugin)
+    done_flag, size_out = C.c_int(), C.c_int()
+    times: List[float] = []
+    wrong = nulls = 0
+    test_max_s = 0.0
+    for _ in range(passes):
+        outstanding: List[Tuple[int, C.c_void_p]] = []
+        issued = finished = 0
+        t0 = time.perf_counter()
+        while finished < ncalls:
+            moved = False
+            while issued < ncalls and len(outstanding) < nslots:
+                slot = issued % nslots  # in-order completion: this slot's previous call is done
+                req = C.c_void_p()
+                check(coll.iallreduce(ccomm, send[slot].ctypes.data, recv[slot].ctypes.data, count, 7, 0,
+                                      mhs[0], mhs[1], C.byref(req)), "iallreduce", plugin)
+                if not req.value:
+                    nulls += 1
+                    break
+                outstanding.append((slot, req))
+                issued += 1
+                moved = True
+            while outstanding:
+                slot, req = outstanding[0]
+                t = time.perf_counter()
+                check(coll.test(req, C.byref(done_flag), C.byref(size_out)), "test", plugin)
+                test_max_s = max(test_max_s, time.perf_counter() - t)
+                if not done_flag.value:
+                    break
+                wrong += int(np.count_nonzero(recv[slot] != expect[slot]))
+                outstanding.pop(0)
+                finished += 1
+                moved = True
+            if not moved:
+                time.sleep(idle_sleep)
+        times.append(time.perf_counter() - t0)
+    result.update({"times": times, "wrong": wrong, "nulls": nulls, "test_max_s": test_max_s, "calls": ncalls})
+    result.update(collnet_close(plugin, 12, coll, ctx, ccomm, mhs))
+    result.pop("support", None)
+    return result

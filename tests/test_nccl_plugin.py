@@ -317,6 +317,17 @@ def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tm
     assert "made no progress" in results[0]["log"]
 
 
+def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
+    """The streaming driver benchmarks/bench_nccl_plugin.py runs (256 KiB calls, 64 outstanding)."""
+    servers = reducers(2)
+    results = run_ranks(pool, H.collnet_stream, 3, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
+                        total_bytes=8 * MIB, call_bytes=256 << 10, passes=2)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS and r["calls"] == 32 and len(r["times"]) == 2
+        assert r["wrong"] == 0 and r["unloaded"]
+        assert r["test_max_s"] < LIVENESS_S
+
+
 def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
     servers = reducers(1)
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
