@@ -412,7 +412,7 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
 def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[Tuple[int, int, int]],
                  seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
                  extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0, delay: float = 0.0,
-                 stall: Optional[Tuple[int, float]] = None) -> Dict[str, Any]:
+                 stall: Optional[Tuple[int, float]] = None, abandon: int = 0) -> Dict[str, Any]:
     """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
 
     Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
@@ -425,7 +425,9 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     `delay` seconds, its own random sequence: the other heads run ahead with many calls
     outstanding. stall = (call index, seconds): the head stops calling the plugin at all for that
     long once it has issued that call (a peer that stalls). Every test() call is timed
-    (test_max_s): the plugin must never block NCCL's proxy thread.
+    (test_max_s): the plugin must never block NCCL's proxy thread. abandon > 0: once that many
+    calls are issued the head closes the communicator with them outstanding (close_s: how long
+    closeColl + finalize + dlclose took).
     """
     calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
     env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
@@ -433,7 +435,7 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
                 "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
     env.update(extra_env or {})
     return with_env(env, lambda: _collnet_head(rank, world, rdv, version, calls, seed, comm_id,
-                                               stream_until_error, delay, stall))
+                                               stream_until_error, delay, stall, abandon))
 
 
 SLOT_BYTES = 256 << 10
@@ -487,7 +489,7 @@ def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccom
 
 def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
                   comm_id: int, stream_until_error: float, delay: float,
-                  stall: Optional[Tuple[int, float]]) -> Dict[str, Any]:
+                  stall: Optional[Tuple[int, float]], abandon: int = 0) -> Dict[str, Any]:
     plugin = Plugin()
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
@@ -543,7 +545,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     while True:
         streaming = stream_until_error > 0
         more = i < len(calls) or streaming
-        if not more and not outstanding:
+        if (not more and not outstanding) or (abandon and i >= abandon):
             break
         if time.monotonic() > deadline:
             raise TimeoutError(f"collnet head {rank}: no end after {i} calls ({len(outstanding)} outstanding)")
@@ -597,7 +599,10 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                    "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
                    "test_calls": test_calls, "test_pending": test_pending, "test_max_s": test_max_s,
                    "stalled_at": stalled_at})
+    t_close = time.monotonic()
     result.update(collnet_close(plugin, version, coll, ctx, ccomm, mhs if error_rc == SUCCESS else []))
+    result["close_s"] = time.monotonic() - t_close
+    result["outstanding_at_close"] = len(outstanding)
     return result
 
 

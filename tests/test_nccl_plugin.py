@@ -317,6 +317,28 @@ def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tm
     assert "made no progress" in results[0]["log"]
 
 
+def test_collnet_close_abandons_rounds_in_flight(pool, reducers, tmp_path):
+    """closeColl with calls outstanding returns at once (nothing waits for the network), the library
+    unloads, and the reducers serve a new communicator afterwards."""
+    servers = reducers(2)
+    addrs = ",".join(addresses(servers))
+    calls = [(7, 0, 65536), (8, 0, 1000)] * 40
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    # Head 1 stops issuing at call 30, head 0 at 50: head 0's last rounds can never finish.
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path / "a"), version=12, reducers=addrs,
+                        calls=calls, timeout=30.0, abandon=50 - 20 * r) for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS and r["error_rc"] == H.SUCCESS and r["mismatches"] == []
+        assert r["outstanding_at_close"] > 0 and r["unloaded"]
+        assert r["close_s"] < 5.0, r["close_s"]  # far below RS_TIMEOUT (30 s): it did not wait
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path / "b"), version=12, reducers=addrs,
+                        calls=calls[:20], comm_id=78)
+    for r in results:
+        assert r["calls_done"] == 20 and r["mismatches"] == []
+
+
 def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
     """The streaming driver benchmarks/bench_nccl_plugin.py runs (256 KiB calls, 64 outstanding)."""
     servers = reducers(2)
