@@ -425,7 +425,7 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     `delay` seconds, its own random sequence: the other heads run ahead with many calls
     outstanding. stall = (call index, seconds): the head stops calling the plugin at all for that
     long once it has issued that call (a peer that stalls). Every test() call is timed
-    (test_max_s): the plugin must never block NCCL's proxy thread. abandon > 0: once that many
+    (test_max_s, test_p50_s): the plugin must never block NCCL's proxy thread. abandon > 0: once that many
     calls are issued the head closes the communicator with them outstanding (close_s: how long
     closeColl + finalize + dlclose took).
     """
@@ -436,6 +436,23 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     env.update(extra_env or {})
     return with_env(env, lambda: _collnet_head(rank, world, rdv, version, calls, seed, comm_id,
                                                stream_until_error, delay, stall, abandon))
+
+
+class CallTimes:
+    """Wall-clock durations of calls into the plugin (test() must never block NCCL's proxy thread)."""
+
+    def __init__(self) -> None:
+        self.samples: List[float] = []
+
+    def time(self, fn: Callable[[], int]) -> int:
+        t0 = time.perf_counter()
+        rc = fn()
+        self.samples.append(time.perf_counter() - t0)
+        return rc
+
+    def summary(self, name: str) -> Dict[str, float]:
+        xs = self.samples or [0.0]
+        return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs))}
 
 
 SLOT_BYTES = 256 << 10
@@ -530,7 +547,8 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     # which the plugin must refuse with a NULL request (NCCL retries it later).
     ring_full_null = None
     max_outstanding = 0
-    test_calls, test_pending, test_max_s = 0, 0, 0.0
+    test_times = CallTimes()
+    test_pending = 0
     stalled_at = 0.0
     pause_rng = np.random.default_rng([seed, rank, 4242])
     if len(calls) > 64 and not stream_until_error and not delay and not stall:
@@ -570,10 +588,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 nulls += 1
         if outstanding:
             ci, slot, req = outstanding[0]
-            t0 = time.perf_counter()
-            rc = coll.test(req, C.byref(done_flag), C.byref(size_out))
-            test_max_s = max(test_max_s, time.perf_counter() - t0)
-            test_calls += 1
+            rc = test_times.time(lambda: coll.test(req, C.byref(done_flag), C.byref(size_out)))
             test_pending += rc == SUCCESS and not done_flag.value
             if rc != SUCCESS:
                 error_rc, error_at = rc, time.time()
@@ -597,8 +612,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
             time.sleep(float(rng.uniform(0, 0.0005)))
     result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches,
                    "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
-                   "test_calls": test_calls, "test_pending": test_pending, "test_max_s": test_max_s,
-                   "stalled_at": stalled_at})
+                   "test_pending": test_pending, "stalled_at": stalled_at, **test_times.summary("test")})
     t_close = time.monotonic()
     result.update(collnet_close(plugin, version, coll, ctx, ccomm, mhs if error_rc == SUCCESS else []))
     result["close_s"] = time.monotonic() - t_close
@@ -667,7 +681,7 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
     done_flag, size_out = C.c_int(), C.c_int()
     times: List[float] = []
     wrong = nulls = 0
-    test_max_s = 0.0
+    test_times = CallTimes()
     for _ in range(passes):
         outstanding: List[Tuple[int, C.c_void_p]] = []
         issued = finished = 0
@@ -687,9 +701,7 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
                 moved = True
             while outstanding:
                 slot, req = outstanding[0]
-                t = time.perf_counter()
-                check(coll.test(req, C.byref(done_flag), C.byref(size_out)), "test", plugin)
-                test_max_s = max(test_max_s, time.perf_counter() - t)
+                check(test_times.time(lambda: coll.test(req, C.byref(done_flag), C.byref(size_out))), "test", plugin)
                 if not done_flag.value:
                     break
                 wrong += int(np.count_nonzero(recv[slot] != expect[slot]))
@@ -699,7 +711,8 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
             if not moved:
                 time.sleep(idle_sleep)
         times.append(time.perf_counter() - t0)
-    result.update({"times": times, "wrong": wrong, "nulls": nulls, "test_max_s": test_max_s, "calls": ncalls})
+    result.update({"times": times, "wrong": wrong, "nulls": nulls, "calls": ncalls,
+                   **test_times.summary("test")})
     result.update(collnet_close(plugin, 12, coll, ctx, ccomm, mhs))
     result.pop("support", None)
     return result

@@ -24,6 +24,18 @@ from conftest import addresses, run_ranks
 VERSIONS = (8, 11, 12)
 MIB = 1 << 20
 
+# test() runs on NCCL's proxy thread and must never block: every call is timed (a liveness check,
+# not a performance claim). The blocking paths this guards against take seconds (a reconnect, a
+# wait for a stalled peer, RS_TIMEOUT) or at least one 200 ms poll slice; the bound on the slowest
+# call sits above what the scheduler alone adds on this shared 2-core machine (up to ~120 ms seen
+# at load average 12), and the median catches a call that waits a little every time.
+LIVENESS_MAX_S = 0.25
+LIVENESS_P50_S = 0.005
+
+
+def assert_live(r: Dict[str, Any]) -> None:
+    assert r["test_max_s"] < LIVENESS_MAX_S and r["test_p50_s"] < LIVENESS_P50_S, (r["test_max_s"], r["test_p50_s"])
+
 
 @pytest.fixture
 def plugin_env(monkeypatch):
@@ -231,15 +243,10 @@ def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
-        assert r["test_max_s"] < LIVENESS_S
+        assert_live(r)
     groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
               for r in results]
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
-
-
-# test() runs on NCCL's proxy thread and must never block: every call is timed and must return
-# within this generous bound (a liveness check, not a performance claim).
-LIVENESS_S = 0.05
 
 
 def _random_calls(seed: int, n: int, max_bytes: int = H.SLOT_BYTES) -> List[tuple]:
@@ -263,7 +270,7 @@ def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_p
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+        assert_live(r)
     assert max(r["max_outstanding"] for r in results) >= 32, [r["max_outstanding"] for r in results]
 
 
@@ -275,7 +282,7 @@ def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+        assert_live(r)
 
 
 def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
@@ -289,7 +296,7 @@ def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path)
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+        assert_live(r)
     assert results[1]["stalled_at"] > 0
     # Head 0 polled throughout the stall (the harness polls every 0.5 ms at most when idle).
     assert results[0]["test_pending"] > 300, results[0]["test_pending"]
@@ -309,7 +316,7 @@ def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tm
     for r in results:
         assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
         assert r["calls_done"] > 0 and r["mismatches"] == []
-        assert r["test_max_s"] < LIVENESS_S, r["test_max_s"]
+        assert_live(r)
         assert r["unloaded"]
     stalled_at = results[1]["stalled_at"]
     assert stalled_at > 0
@@ -347,7 +354,7 @@ def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
     for r in results:
         assert r["connect_rc"] == H.SUCCESS and r["calls"] == 32 and len(r["times"]) == 2
         assert r["wrong"] == 0 and r["unloaded"]
-        assert r["test_max_s"] < LIVENESS_S
+        assert_live(r)
 
 
 def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
