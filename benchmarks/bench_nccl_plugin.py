@@ -95,7 +95,13 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
                 if p.returncode != 0 or line is None:
                     raise RuntimeError(f"plugin head {i} failed (exit {p.returncode}):\n{err[-3000:]}")
                 results.append(json.loads(line[len("RESULT "):]))
-            return results
+        for p in rprocs:
+            p.close_stdin()
+        rdone = runner._wait_all(events, rprocs, "done", 30.0)
+        reducer_cpu = sum(rdone[p]["cpu_s"] - ready[p]["cpu_s"] for p in rprocs)
+        for r in results:
+            r["reducer_cpu_s"] = reducer_cpu
+        return results
     finally:
         for p in rprocs:
             p.kill()

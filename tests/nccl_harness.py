@@ -443,16 +443,22 @@ class CallTimes:
 
     def __init__(self) -> None:
         self.samples: List[float] = []
+        self.gaps: List[float] = []  # from the end of one call to the start of the next
+        self._end = 0.0
 
     def time(self, fn: Callable[[], int]) -> int:
         t0 = time.perf_counter()
+        if self._end:
+            self.gaps.append(t0 - self._end)
         rc = fn()
-        self.samples.append(time.perf_counter() - t0)
+        self._end = time.perf_counter()
+        self.samples.append(self._end - t0)
         return rc
 
     def summary(self, name: str) -> Dict[str, float]:
-        xs = self.samples or [0.0]
-        return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs))}
+        xs, gaps = self.samples or [0.0], self.gaps or [0.0]
+        return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs)), f"{name}_calls": len(self.samples),
+                f"{name}_gap_p50_s": float(np.median(gaps)), f"{name}_gap_p99_s": float(np.percentile(gaps, 99))}
 
 
 SLOT_BYTES = 256 << 10
@@ -648,7 +654,8 @@ def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: 
                    extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
     """`passes` all-reduces of `total_bytes` (float32 sums), each a stream of `call_bytes`
     iallreduce calls the way NCCL's proxy issues them (up to 64 outstanding, the oldest polled
-    with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved). Passes
+    with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved, 0: a
+    sched_yield as NCCL's proxy thread does). Passes
     are drained one by one; "times" has each pass's seconds on this head, from its first call to
     its last result. Every result is compared exactly with the sum of all heads' inputs (small
     integers, per staging slot)."""
@@ -671,7 +678,8 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
     plugin = Plugin()
     coll, ctx, ccomm, result = collnet_connect(plugin, 12, rank, heads, rdv, comm_id)
     check(result["connect_rc"], "collnet connect", plugin)
-    count, ncalls, nslots = call_bytes // 4, total_bytes // call_bytes, STREAM_SLOTS
+    count, ncalls = call_bytes // 4, total_bytes // call_bytes
+    nslots = min(STREAM_SLOTS, ncalls)
     send = np.stack([_stream_input(rank, s, count) for s in range(nslots)])
     recv = np.zeros_like(send)
     expect = np.stack([sum(_stream_input(h, s, count) for h in range(heads)) for s in range(nslots)])
@@ -682,6 +690,7 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
     times: List[float] = []
     wrong = nulls = 0
     test_times = CallTimes()
+    cpu0 = time.process_time()
     for _ in range(passes):
         outstanding: List[Tuple[int, C.c_void_p]] = []
         issued = finished = 0
@@ -709,9 +718,13 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
                 finished += 1
                 moved = True
             if not moved:
-                time.sleep(idle_sleep)
+                if idle_sleep > 0:
+                    time.sleep(idle_sleep)
+                else:
+                    os.sched_yield()  # NCCL's proxy thread, idle, yields and polls again
         times.append(time.perf_counter() - t0)
     result.update({"times": times, "wrong": wrong, "nulls": nulls, "calls": ncalls,
+                   "cpu_s": time.process_time() - cpu0,
                    **test_times.summary("test")})
     result.update(collnet_close(plugin, 12, coll, ctx, ccomm, mhs))
     result.pop("support", None)

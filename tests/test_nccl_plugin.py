@@ -218,6 +218,7 @@ def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
         assert r["ring_full_null"] is True, "the 65th request with 64 in flight must be NULL"
         assert r["unloaded"]
         assert "CollNet connected: head" in r["log"]
+        assert "up to 64 rounds in flight, window 8" in r["log"]  # the plugin's default window
     groups = {line.split("group ")[1].split(",")[0] for r in results for line in r["log"].splitlines()
               if "CollNet connected" in line}
     assert len(groups) == 1
@@ -228,11 +229,12 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
     servers = reducers(1)
     calls = [(7, 0, 1000), (2, 2, 77), (9, 3, 5000), (8, 0, 32768 - 1)] * 3
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=version,
-                        reducers=",".join(addresses(servers)), calls=calls)
+                        reducers=",".join(addresses(servers)), calls=calls, extra_env={"RS_WINDOW": "3"})
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
         assert r["unloaded"]
+        assert "window 3" in r["log"]  # RS_WINDOW overrides the plugin's default
 
 
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
