@@ -118,7 +118,10 @@ def plugin_row(results: List[Dict[str, Any]], warmup: int, args: argparse.Namesp
     row = report.make_row("plugin", args.size, args.size // 4, "float32", "sum", args.workers, args.reducers,
                           samples, sum(r["wrong"] for r in results), emulate_gbps=args.gbps, call_bytes=args.call,
                           nulls=sum(r["nulls"] for r in results),
-                          test_max_ms=1e3 * max(r["test_max_s"] for r in results))
+                          test_max_ms=1e3 * max(r["test_max_s"] for r in results),
+                          test_gap_p99_ms=1e3 * max(r["test_gap_p99_s"] for r in results),
+                          head_cpu_ms=1e3 * sum(r["cpu_s"] for r in results) / len(results) / len(results[0]["times"]),
+                          reducer_cpu_ms=1e3 * results[0]["reducer_cpu_s"] / args.reducers / len(results[0]["times"]))
     row["algo"] = "plugin"
     return row
 
@@ -159,7 +162,9 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
         lines.append(f"  {algo:<7} {t / 1e3:>9.1f} {100 * bound / (t * 1e-6):>9.1f}% {ratio} {r['wrong']:>7}")
     p = rows["plugin"]
     lines.append(f"# plugin: {args.size // args.call} calls of {args.call} B per all-reduce, NULL requests "
-                 f"{p['nulls']}, slowest test() {p['test_max_ms']:.1f} ms")
+                 f"{p['nulls']}, slowest test() {p['test_max_ms']:.1f} ms, 99th percentile of the gaps between "
+                 f"test() calls {p['test_gap_p99_ms']:.1f} ms; CPU per all-reduce: {p['head_cpu_ms']:.0f} ms per head, "
+                 f"{p['reducer_cpu_ms']:.0f} ms per reducer")
     return "\n".join(lines)
 
 
