@@ -37,6 +37,13 @@ def assert_live(r: Dict[str, Any]) -> None:
     assert r["test_max_s"] < LIVENESS_MAX_S and r["test_p50_s"] < LIVENESS_P50_S, (r["test_max_s"], r["test_p50_s"])
 
 
+def assert_all_correct(r: Dict[str, Any], ncalls: int) -> None:
+    """A head connected, finished every call with the reference result, and test() never blocked."""
+    assert r["connect_rc"] == H.SUCCESS, r.get("log")
+    assert r["calls_done"] == ncalls and r["mismatches"] == [], r["mismatches"][:5]
+    assert_live(r)
+
+
 @pytest.fixture
 def plugin_env(monkeypatch):
     """A clean cluster environment for in-process plugin calls."""
@@ -243,9 +250,7 @@ def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path
     results = run_ranks(pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
                         calls=calls, delay=0.02)
     for r in results:
-        assert r["connect_rc"] == H.SUCCESS, r.get("log")
-        assert r["calls_done"] == len(calls) and r["mismatches"] == []
-        assert_live(r)
+        assert_all_correct(r, len(calls))
     groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
               for r in results]
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
@@ -270,9 +275,7 @@ def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_p
     results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=calls, delay=0.08)
     for r in results:
-        assert r["connect_rc"] == H.SUCCESS, r.get("log")
-        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert_live(r)
+        assert_all_correct(r, len(calls))
     assert max(r["max_outstanding"] for r in results) >= 32, [r["max_outstanding"] for r in results]
 
 
@@ -282,9 +285,7 @@ def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=calls, timeout=120.0)
     for r in results:
-        assert r["connect_rc"] == H.SUCCESS, r.get("log")
-        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert_live(r)
+        assert_all_correct(r, len(calls))
 
 
 def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
@@ -296,9 +297,7 @@ def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path)
                         stall=(40, 1.5) if r == 1 else None) for r in range(2)]
     results = [f.result(timeout=120) for f in futs]
     for r in results:
-        assert r["connect_rc"] == H.SUCCESS, r.get("log")
-        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r["mismatches"][:5]
-        assert_live(r)
+        assert_all_correct(r, len(calls))
     assert results[1]["stalled_at"] > 0
     # Head 0 polled throughout the stall (the harness polls every 0.5 ms at most when idle).
     assert results[0]["test_pending"] > 300, results[0]["test_pending"]
