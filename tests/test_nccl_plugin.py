@@ -25,11 +25,12 @@ VERSIONS = (8, 11, 12)
 MIB = 1 << 20
 
 # test() runs on NCCL's proxy thread and must never block: every call is timed (a liveness check,
-# not a performance claim). The blocking paths this guards against take seconds (a reconnect, a
-# wait for a stalled peer, RS_TIMEOUT) or at least one 200 ms poll slice; the bound on the slowest
-# call sits above what the scheduler alone adds on this shared 2-core machine (up to ~120 ms seen
-# at load average 12), and the median catches a call that waits a little every time.
-LIVENESS_MAX_S = 0.25
+# not a performance claim). The blocking paths this guards against take seconds: a reconnect
+# (waits for the whole group), a wait for a stalled peer (the stall below lasts 3 s), RS_TIMEOUT.
+# The bound on the slowest call sits well above what the scheduler alone adds on this shared
+# 2-core machine (up to ~220 ms seen at load average 8); the median catches a call that waits a
+# little every time.
+LIVENESS_MAX_S = 1.0
 LIVENESS_P50_S = 0.005
 
 
@@ -289,12 +290,12 @@ def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
 
 
 def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
-    """Head 1 stops calling the plugin for 1.5 s: head 0's test() keeps returning done=0 at once."""
+    """Head 1 stops calling the plugin for 3 s: head 0's test() keeps returning done=0 at once."""
     servers = reducers(2)
     calls = [(7, 0, 4096), (2, 2, 5000), (8, 0, 30000)] * 50
     futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=calls, timeout=30.0,
-                        stall=(40, 1.5) if r == 1 else None) for r in range(2)]
+                        stall=(40, 3.0) if r == 1 else None) for r in range(2)]
     results = [f.result(timeout=120) for f in futs]
     for r in results:
         assert_all_correct(r, len(calls))
