@@ -281,12 +281,16 @@ def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_p
 
 
 def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
-    servers = reducers(2)
+    """3000 small calls then 100 up to 256 KiB. A call under 64 KiB goes to one reducer, rotated by
+    round number: each of the 3 reducers serves 1000 of the small rounds (plus some large ones)."""
+    servers = reducers(3)
     calls = _random_calls(6, 3000, max_bytes=16 << 10) + _random_calls(7, 100)
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=calls, timeout=120.0)
     for r in results:
         assert_all_correct(r, len(calls))
+    served = [s.stats()["rounds_completed"] for s in servers]
+    assert all(1000 <= n <= 1100 for n in served), served
 
 
 def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
