@@ -411,7 +411,8 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
 
 def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[Tuple[int, int, int]],
                  seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
-                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0) -> Dict[str, Any]:
+                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0, delay: float = 0.0,
+                 stall: Optional[Tuple[int, float]] = None, abandon: int = 0) -> Dict[str, Any]:
     """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
 
     Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
@@ -419,6 +420,14 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     inputs (exact for integers and for the small-integer passes). stream_until_error > 0 keeps
     issuing calls until test() fails (at most that many seconds); count_skew makes head r send
     r * count_skew more elements (a mismatch every head must see as an error).
+
+    delay > 0: before a call, the head pauses now and then (1 call in 20) for a random time up to
+    `delay` seconds, its own random sequence: the other heads run ahead with many calls
+    outstanding. stall = (call index, seconds): the head stops calling the plugin at all for that
+    long once it has issued that call (a peer that stalls). Every test() call is timed
+    (test_max_s, test_p50_s): the plugin must never block NCCL's proxy thread. abandon > 0: once that many
+    calls are issued the head closes the communicator with them outstanding (close_s: how long
+    closeColl + finalize + dlclose took).
     """
     calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
     env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
@@ -426,16 +435,41 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
                 "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
     env.update(extra_env or {})
     return with_env(env, lambda: _collnet_head(rank, world, rdv, version, calls, seed, comm_id,
-                                               stream_until_error))
+                                               stream_until_error, delay, stall, abandon))
+
+
+class CallTimes:
+    """Wall-clock durations of calls into the plugin (test() must never block NCCL's proxy thread)."""
+
+    def __init__(self) -> None:
+        self.samples: List[float] = []
+        self.gaps: List[float] = []  # from the end of one call to the start of the next
+        self._end = 0.0
+
+    def time(self, fn: Callable[[], int]) -> int:
+        t0 = time.perf_counter()
+        if self._end:
+            self.gaps.append(t0 - self._end)
+        rc = fn()
+        self._end = time.perf_counter()
+        self.samples.append(self._end - t0)
+        return rc
+
+    def summary(self, name: str) -> Dict[str, float]:
+        xs, gaps = self.samples or [0.0], self.gaps or [0.0]
+        return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs)), f"{name}_calls": len(self.samples),
+                f"{name}_gap_p50_s": float(np.median(gaps)), f"{name}_gap_p99_s": float(np.percentile(gaps, 99))}
 
 
 SLOT_BYTES = 256 << 10
 NSLOTS = 80  # more than the plugin's 64 rounds in flight: the harness sees NULL requests
 
 
-def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
-                  comm_id: int, stream_until_error: float) -> Dict[str, Any]:
-    plugin = Plugin()
+def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: str, comm_id: int
+                    ) -> Tuple[Any, C.c_void_p, C.c_void_p, Dict[str, Any]]:
+    """NCCL's CollNet set-up on one head: init (after the net), devices, properties, reduceSupport
+    table, listen, handle exchange through `rdv`, connect. (table, ctx, collComm, facts); the
+    collComm is NULL if connect failed (facts["connect_rc"])."""
     init_net(plugin, version)  # NCCL loads the point-to-point net first
     coll, ctx = init_coll(plugin, version, comm_id)
     ndev = C.c_int()
@@ -455,10 +489,33 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     handles = (C.c_void_p * heads)(*[C.addressof(b) for b in bufs])
     ccomm = C.c_void_p()
     rc = coll.connect(handles, heads, rank, lcomm, C.byref(ccomm))
-    result: Dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
-                              "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
+    facts: Dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
+                             "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
     check(coll.closeListen(lcomm), "collnet closeListen", plugin)
-    if rc != SUCCESS:
+    return coll, ctx, ccomm, facts
+
+
+def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccomm: C.c_void_p,
+                  mhs: Sequence[C.c_void_p]) -> Dict[str, Any]:
+    """deregMr (if mhs), closeColl, finalize, dlclose: {"log", "unloaded"}."""
+    for mh in mhs:
+        check(coll.deregMr(ccomm, mh), "deregMr", plugin)
+    check(coll.closeColl(ccomm), "closeColl", plugin)
+    if version != 8:
+        check(coll.finalize(ctx), "collnet finalize", plugin)
+    out: Dict[str, Any] = {"log": plugin.log_text()}
+    path = plugin.path
+    plugin.close()
+    out["unloaded"] = not loaded(path)
+    return out
+
+
+def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
+                  comm_id: int, stream_until_error: float, delay: float,
+                  stall: Optional[Tuple[int, float]], abandon: int = 0) -> Dict[str, Any]:
+    plugin = Plugin()
+    coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
+    if result["connect_rc"] != SUCCESS:
         result["log"] = plugin.log_text()
         return result
 
@@ -495,7 +552,12 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     # NCCL keeps up to 64 requests per collComm: issue 64 without testing any, then one more,
     # which the plugin must refuse with a NULL request (NCCL retries it later).
     ring_full_null = None
-    if len(calls) > 64 and not stream_until_error:
+    max_outstanding = 0
+    test_times = CallTimes()
+    test_pending = 0
+    stalled_at = 0.0
+    pause_rng = np.random.default_rng([seed, rank, 4242])
+    if len(calls) > 64 and not stream_until_error and not delay and not stall:
         for _ in range(64):
             t, o, count = calls[i]
             req = issue(i, free_slots[0], t, o, count, True)
@@ -507,11 +569,16 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     while True:
         streaming = stream_until_error > 0
         more = i < len(calls) or streaming
-        if not more and not outstanding:
+        if (not more and not outstanding) or (abandon and i >= abandon):
             break
         if time.monotonic() > deadline:
             raise TimeoutError(f"collnet head {rank}: no end after {i} calls ({len(outstanding)} outstanding)")
         progressed = False
+        if stall and i == stall[0] + 1 and not stalled_at:
+            stalled_at = time.time()
+            time.sleep(stall[1])
+        if more and free_slots and delay and pause_rng.random() < 0.05:
+            time.sleep(float(pause_rng.uniform(0, delay)))
         if more and free_slots:
             t, o, count = calls[i % len(calls)]
             exact = (i // max(1, len(calls))) % 2 == 0 or SUPPORTED_DTYPES[t].startswith("int")
@@ -520,13 +587,15 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
             if req.value:
                 free_slots.pop(0)
                 outstanding.append((i, slot, req))
+                max_outstanding = max(max_outstanding, len(outstanding))
                 i += 1
                 progressed = True
             else:
                 nulls += 1
         if outstanding:
             ci, slot, req = outstanding[0]
-            rc = coll.test(req, C.byref(done_flag), C.byref(size_out))
+            rc = test_times.time(lambda: coll.test(req, C.byref(done_flag), C.byref(size_out)))
+            test_pending += rc == SUCCESS and not done_flag.value
             if rc != SUCCESS:
                 error_rc, error_at = rc, time.time()
                 break
@@ -547,18 +616,13 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 progressed = True
         if not progressed:
             time.sleep(float(rng.uniform(0, 0.0005)))
-    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches, "error_rc": error_rc,
-                   "error_at": error_at})
-    if error_rc == SUCCESS:
-        for mh in mhs:
-            check(coll.deregMr(ccomm, mh), "deregMr", plugin)
-    check(coll.closeColl(ccomm), "closeColl", plugin)
-    if version != 8:
-        check(coll.finalize(ctx), "collnet finalize", plugin)
-    result["log"] = plugin.log_text()
-    path = plugin.path
-    plugin.close()
-    result["unloaded"] = not loaded(path)
+    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches,
+                   "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
+                   "test_pending": test_pending, "stalled_at": stalled_at, **test_times.summary("test")})
+    t_close = time.monotonic()
+    result.update(collnet_close(plugin, version, coll, ctx, ccomm, mhs if error_rc == SUCCESS else []))
+    result["close_s"] = time.monotonic() - t_close
+    result["outstanding_at_close"] = len(outstanding)
     return result
 
 
@@ -570,11 +634,98 @@ def _close(got: np.ndarray, ref: np.ndarray, dtype: str, exact: bool, heads: int
     return bool(np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref)) * heads))
 
 
-def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]]
-                      ) -> Dict[str, Any]:
+def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]],
+                      delay: float = 0.0) -> Dict[str, Any]:
     """Ranks 0-1 and 2-3 are two communicators (two heads each) of the same job on the same reducers."""
     comm = rank // 2
     sub = os.path.join(rdv, f"comm{comm}")
     os.makedirs(sub, exist_ok=True)
     return collnet_head(rank % 2, 2, sub, 12, reducers, calls, seed=10 + comm, comm_id=1000 + comm,
-                        extra_env={"RS_JOB_ID": "one-job"})
+                        extra_env={"RS_JOB_ID": "one-job"}, delay=delay)
+
+
+# -- streaming (benchmarks/bench_nccl_plugin.py) ----------------------------------------------
+
+STREAM_SLOTS = 64  # NCCL's requests per collComm: one staging slot each
+
+
+def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: int, call_bytes: int, passes: int,
+                   comm_id: int = 91, timeout: float = 60.0, ifname: str = "lo", idle_sleep: float = 2e-4,
+                   extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+    """`passes` all-reduces of `total_bytes` (float32 sums), each a stream of `call_bytes`
+    iallreduce calls the way NCCL's proxy issues them (up to 64 outstanding, the oldest polled
+    with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved, 0: a
+    sched_yield as NCCL's proxy thread does). Passes
+    are drained one by one; "times" has each pass's seconds on this head, from its first call to
+    its last result. Every result is compared exactly with the sum of all heads' inputs (small
+    integers, per staging slot)."""
+    env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
+    env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "120",
+                "RS_NCCL_SOCKET_IFNAME": ifname, "RS_JOB_ID": "nccl-stream"})
+    env.update(extra_env or {})
+    return with_env(env, lambda: _collnet_stream(rank, world, rdv, total_bytes, call_bytes, passes, comm_id,
+                                                 idle_sleep))
+
+
+def _stream_input(head: int, slot: int, count: int) -> np.ndarray:
+    return ((np.arange(count) + 7 * slot) % 17 - 8 + head).astype(np.float32)
+
+
+def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_bytes: int, passes: int, comm_id: int,
+                    idle_sleep: float) -> Dict[str, Any]:
+    if call_bytes % 4 or total_bytes % call_bytes:
+        raise ValueError("call_bytes must be a multiple of 4 and divide total_bytes")
+    plugin = Plugin()
+    coll, ctx, ccomm, result = collnet_connect(plugin, 12, rank, heads, rdv, comm_id)
+    check(result["connect_rc"], "collnet connect", plugin)
+    count, ncalls = call_bytes // 4, total_bytes // call_bytes
+    nslots = min(STREAM_SLOTS, ncalls)
+    send = np.stack([_stream_input(rank, s, count) for s in range(nslots)])
+    recv = np.zeros_like(send)
+    expect = np.stack([sum(_stream_input(h, s, count) for h in range(heads)) for s in range(nslots)])
+    mhs = [C.c_void_p(), C.c_void_p()]
+    for mh, arr in zip(mhs, (send, recv)):
+        check(coll.regMr(ccomm, arr.ctypes.data, arr.nbytes, PTR_HOST, C.byref(mh)), "regMr", plugin)
+    done_flag, size_out = C.c_int(), C.c_int()
+    times: List[float] = []
+    wrong = nulls = 0
+    test_times = CallTimes()
+    cpu0 = time.process_time()
+    for _ in range(passes):
+        outstanding: List[Tuple[int, C.c_void_p]] = []
+        issued = finished = 0
+        t0 = time.perf_counter()
+        while finished < ncalls:
+            moved = False
+            while issued < ncalls and len(outstanding) < nslots:
+                slot = issued % nslots  # in-order completion: this slot's previous call is done
+                req = C.c_void_p()
+                check(coll.iallreduce(ccomm, send[slot].ctypes.data, recv[slot].ctypes.data, count, 7, 0,
+                                      mhs[0], mhs[1], C.byref(req)), "iallreduce", plugin)
+                if not req.value:
+                    nulls += 1
+                    break
+                outstanding.append((slot, req))
+                issued += 1
+                moved = True
+            while outstanding:
+                slot, req = outstanding[0]
+                check(test_times.time(lambda: coll.test(req, C.byref(done_flag), C.byref(size_out))), "test", plugin)
+                if not done_flag.value:
+                    break
+                wrong += int(np.count_nonzero(recv[slot] != expect[slot]))
+                outstanding.pop(0)
+                finished += 1
+                moved = True
+            if not moved:
+                if idle_sleep > 0:
+                    time.sleep(idle_sleep)
+                else:
+                    os.sched_yield()  # NCCL's proxy thread, idle, yields and polls again
+        times.append(time.perf_counter() - t0)
+    result.update({"times": times, "wrong": wrong, "nulls": nulls, "calls": ncalls,
+                   "cpu_s": time.process_time() - cpu0,
+                   **test_times.summary("test")})
+    result.update(collnet_close(plugin, 12, coll, ctx, ccomm, mhs))
+    result.pop("support", None)
+    return result

@@ -24,6 +24,26 @@ from conftest import addresses, run_ranks
 VERSIONS = (8, 11, 12)
 MIB = 1 << 20
 
+# test() runs on NCCL's proxy thread and must never block: every call is timed (a liveness check,
+# not a performance claim). The blocking paths this guards against take seconds: a reconnect
+# (waits for the whole group), a wait for a stalled peer (the stall below lasts 3 s), RS_TIMEOUT.
+# The bound on the slowest call sits well above what the scheduler alone adds on this shared
+# 2-core machine (up to ~220 ms seen at load average 8); the median catches a call that waits a
+# little every time.
+LIVENESS_MAX_S = 1.0
+LIVENESS_P50_S = 0.005
+
+
+def assert_live(r: Dict[str, Any]) -> None:
+    assert r["test_max_s"] < LIVENESS_MAX_S and r["test_p50_s"] < LIVENESS_P50_S, (r["test_max_s"], r["test_p50_s"])
+
+
+def assert_all_correct(r: Dict[str, Any], ncalls: int) -> None:
+    """A head connected, finished every call with the reference result, and test() never blocked."""
+    assert r["connect_rc"] == H.SUCCESS, r.get("log")
+    assert r["calls_done"] == ncalls and r["mismatches"] == [], r["mismatches"][:5]
+    assert_live(r)
+
 
 @pytest.fixture
 def plugin_env(monkeypatch):
@@ -206,6 +226,7 @@ def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
         assert r["ring_full_null"] is True, "the 65th request with 64 in flight must be NULL"
         assert r["unloaded"]
         assert "CollNet connected: head" in r["log"]
+        assert "up to 64 rounds in flight, window 8" in r["log"]  # the plugin's default window
     groups = {line.split("group ")[1].split(",")[0] for r in results for line in r["log"].splitlines()
               if "CollNet connected" in line}
     assert len(groups) == 1
@@ -216,24 +237,130 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
     servers = reducers(1)
     calls = [(7, 0, 1000), (2, 2, 77), (9, 3, 5000), (8, 0, 32768 - 1)] * 3
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=version,
-                        reducers=",".join(addresses(servers)), calls=calls)
+                        reducers=",".join(addresses(servers)), calls=calls, extra_env={"RS_WINDOW": "3"})
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
         assert r["unloaded"]
+        assert "window 3" in r["log"]  # RS_WINDOW overrides the plugin's default
 
 
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
     servers = reducers(2)
-    calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999)] * 10
+    calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999), (7, 0, 65536)] * 40
     results = run_ranks(pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
-                        calls=calls)
+                        calls=calls, delay=0.02)
     for r in results:
-        assert r["connect_rc"] == H.SUCCESS, r.get("log")
-        assert r["calls_done"] == len(calls) and r["mismatches"] == []
+        assert_all_correct(r, len(calls))
     groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
               for r in results]
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
+
+
+def _random_calls(seed: int, n: int, max_bytes: int = H.SLOT_BYTES) -> List[tuple]:
+    """n calls of random supported dtype / op and random count (1 element .. max_bytes)."""
+    rng = np.random.default_rng(seed)
+    dtypes, ops = list(H.SUPPORTED_DTYPES), list(H.SUPPORTED_OPS)
+    calls = []
+    for _ in range(n):
+        t = int(rng.choice(dtypes))
+        itemsize = H.np_dtype(H.SUPPORTED_DTYPES[t]).itemsize
+        calls.append((t, int(rng.choice(ops)), int(rng.integers(1, max_bytes // itemsize + 1))))
+    return calls
+
+
+def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_path):
+    """Heads pause at random: the others run ahead with many rounds in flight on the reducers."""
+    servers = reducers(3)
+    calls = _random_calls(5, 400)
+    results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, delay=0.08)
+    for r in results:
+        assert_all_correct(r, len(calls))
+    assert max(r["max_outstanding"] for r in results) >= 32, [r["max_outstanding"] for r in results]
+
+
+def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
+    """3000 small calls then 100 up to 256 KiB. A call under 64 KiB goes to one reducer, rotated by
+    round number: each of the 3 reducers serves 1000 of the small rounds (plus some large ones)."""
+    servers = reducers(3)
+    calls = _random_calls(6, 3000, max_bytes=16 << 10) + _random_calls(7, 100)
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, timeout=120.0)
+    for r in results:
+        assert_all_correct(r, len(calls))
+    served = [s.stats()["rounds_completed"] for s in servers]
+    assert all(1000 <= n <= 1100 for n in served), served
+
+
+def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path):
+    """Head 1 stops calling the plugin for 3 s: head 0's test() keeps returning done=0 at once."""
+    servers = reducers(2)
+    calls = [(7, 0, 4096), (2, 2, 5000), (8, 0, 30000)] * 50
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, timeout=30.0,
+                        stall=(40, 3.0) if r == 1 else None) for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert_all_correct(r, len(calls))
+    assert results[1]["stalled_at"] > 0
+    # Head 0 polled throughout the stall (the harness polls every 0.5 ms at most when idle).
+    assert results[0]["test_pending"] > 300, results[0]["test_pending"]
+
+
+def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tmp_path):
+    """A head that stops for longer than RS_TIMEOUT: the others get an error from test() within the
+    timeout (wall clock, though NCCL's proxy only polls), never a hang; the stalled head finds its
+    communicator failed when it comes back."""
+    servers = reducers(2)
+    timeout = 2.0
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
+                        timeout=timeout, stream_until_error=60.0, stall=(30, 3 * timeout) if r == 1 else None)
+            for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
+        assert r["calls_done"] > 0 and r["mismatches"] == []
+        assert_live(r)
+        assert r["unloaded"]
+    stalled_at = results[1]["stalled_at"]
+    assert stalled_at > 0
+    assert timeout - 0.5 < results[0]["error_at"] - stalled_at < timeout + 3.0
+    assert "made no progress" in results[0]["log"]
+
+
+def test_collnet_close_abandons_rounds_in_flight(pool, reducers, tmp_path):
+    """closeColl with calls outstanding returns at once (nothing waits for the network), the library
+    unloads, and the reducers serve a new communicator afterwards."""
+    servers = reducers(2)
+    addrs = ",".join(addresses(servers))
+    calls = [(7, 0, 65536), (8, 0, 1000)] * 40
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+    # Head 1 stops issuing at call 30, head 0 at 50: head 0's last rounds can never finish.
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path / "a"), version=12, reducers=addrs,
+                        calls=calls, timeout=30.0, abandon=50 - 20 * r) for r in range(2)]
+    results = [f.result(timeout=120) for f in futs]
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS and r["error_rc"] == H.SUCCESS and r["mismatches"] == []
+        assert r["outstanding_at_close"] > 0 and r["unloaded"]
+        assert r["close_s"] < 5.0, r["close_s"]  # far below RS_TIMEOUT (30 s): it did not wait
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path / "b"), version=12, reducers=addrs,
+                        calls=calls[:20], comm_id=78)
+    for r in results:
+        assert r["calls_done"] == 20 and r["mismatches"] == []
+
+
+def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
+    """The streaming driver benchmarks/bench_nccl_plugin.py runs (256 KiB calls, 64 outstanding)."""
+    servers = reducers(2)
+    results = run_ranks(pool, H.collnet_stream, 3, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
+                        total_bytes=8 * MIB, call_bytes=256 << 10, passes=2)
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS and r["calls"] == 32 and len(r["times"]) == 2
+        assert r["wrong"] == 0 and r["unloaded"]
+        assert_live(r)
 
 
 def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):

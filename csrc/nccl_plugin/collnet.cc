@@ -236,6 +236,7 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   auto cc = std::make_unique<CollComm>();
   cc->group = "nccl-" + hex(d.data(), 16);
   client::ClientOptions opts = client_options_from_env();
+  if (!getenv_str("RS_WINDOW")) opts.window = kDefaultWindow;
   opts.reducers = lc->pool.reducers;
   opts.job_id = lc->pool.job_id;
   opts.group = cc->group;
@@ -243,7 +244,8 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   opts.world_size = uint32_t(nranks);
   cc->rounds = std::make_unique<CollNetRounds>(opts, kMaxRoundsInFlight);
   log_info("CollNet connected: head " + std::to_string(rank) + " of " + std::to_string(nranks) + ", group " + cc->group +
-           ", job " + opts.job_id + ", " + std::to_string(opts.reducers.size()) + " reducer(s) from " + lc->pool.source);
+           ", job " + opts.job_id + ", " + std::to_string(opts.reducers.size()) + " reducer(s) from " + lc->pool.source + ", up to " +
+           std::to_string(kMaxRoundsInFlight) + " rounds in flight, window " + std::to_string(opts.window));
   *coll_comm = cc.release();
 }
 

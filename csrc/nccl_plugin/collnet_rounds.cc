@@ -4,133 +4,135 @@
 
 namespace rs::nccl {
 
-namespace {
-enum RoundState : int { kFree = 0, kQueued = 1, kDone = 2, kFailed = 3 };
-}
-
 struct CollNetRounds::Round {
   static constexpr uint32_t kMagic = 0x44524e52u;  // "RNRD"
   uint32_t magic = kMagic;
   CollNetRounds* owner = nullptr;
-  std::atomic<int> state{kFree};
-  void* data = nullptr;
+  bool busy = false;       // handed to NCCL, not yet reported done or failed by test()
+  bool prefailed = false;  // started after the communicator failed: test() reports that
+  client::RoundId id = 0;
   size_t nbytes = 0;
-  DType dtype = DType::F32;
-  Op op = Op::Sum;
-  ErrorKind kind = ErrorKind::Internal;  // when failed
-  std::string error;
 };
 
-CollNetRounds::CollNetRounds(client::ClientOptions opts, int max_in_flight) : opts_(std::move(opts)) {
+namespace {
+
+client::ClientOptions with_rounds(client::ClientOptions opts, int max_in_flight) {
   if (max_in_flight < 1) throw Error(ErrorKind::Config, "max_in_flight must be at least 1");
-  client_ = std::make_unique<client::Client>(opts_);
+  opts.max_rounds_in_flight = max_in_flight;
+  return opts;
+}
+
+}  // namespace
+
+CollNetRounds::CollNetRounds(client::ClientOptions opts, int max_in_flight)
+    : client_(with_rounds(std::move(opts), max_in_flight)), stall_(client_.options().timeout) {
   for (int i = 0; i < max_in_flight; ++i) {
     slots_.push_back(std::make_unique<Round>());
     slots_.back()->owner = this;
   }
-  thread_ = std::thread([this] { run(); });
 }
 
 CollNetRounds::~CollNetRounds() {
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    stop_ = true;
-  }
-  cv_.notify_all();
-  if (thread_.joinable()) thread_.join();
   for (auto& r : slots_) r->magic = 0;
-  client_.reset();  // goodbye to every reducer
+  // client_'s destructor closes it: rounds in flight fail, every reducer gets a goodbye
+  // (links in the middle of a frame are just closed); nothing waits for the network.
 }
 
 CollNetRounds::Round* CollNetRounds::try_start(const void* send, void* recv, size_t nbytes, DType dtype, Op op) {
+  std::lock_guard<std::mutex> lock(mu_);
   Round& r = *slots_[issued_ % slots_.size()];
-  if (r.state.load(std::memory_order_acquire) != kFree) return nullptr;
-  {
-    // After a failure the group is out of step: the round fails at once, reported by test()
-    // (where NCCL expects a lost peer to show up).
-    std::lock_guard<std::mutex> lock(mu_);
-    if (failed_) {
-      r.kind = fail_kind_;
-      r.error = "an earlier all-reduce round failed: " + fail_text_;
-      r.nbytes = nbytes;
-      r.state.store(kFailed, std::memory_order_release);
-      ++issued_;
-      return &r;
+  if (r.busy) return nullptr;  // the request ring is full: NCCL calls again later
+  if (!failed_ && !client_.connected()) {
+    // The client dropped its session inside an earlier call (the round that failed reports
+    // why); starting a round now would reconnect, which blocks and would be out of step.
+    failed_ = true;
+    fail_kind_ = ErrorKind::PeerLost;
+  }
+  if (!failed_) {
+    if (send != recv && nbytes) std::memmove(recv, send, nbytes);  // the client reduces in place
+    bool started;
+    try {
+      started = client_.try_start(recv, nbytes, dtype, op, 0, &r.id);
+    } catch (const Error& e) {
+      // This head skipped a round the others may have started: out of step for good.
+      failed_ = true;
+      fail_kind_ = e.kind();
+      fail_text_ = e.what();
+      client_.close();  // the reducers fail the group for every head now, not after a timeout
+      throw;
     }
+    if (!started) return nullptr;  // max_in_flight rounds unfinished on the network
+    if (running_ == 0) stall_.progress();  // the wall-clock stall timer starts with the first round
   }
-  if (send != recv && nbytes) std::memmove(recv, send, nbytes);  // the client reduces in place
-  r.data = recv;
+  r.prefailed = failed_;
   r.nbytes = nbytes;
-  r.dtype = dtype;
-  r.op = op;
-  r.state.store(kQueued, std::memory_order_release);
+  r.busy = true;
+  ++running_;
   ++issued_;
-  {
-    std::lock_guard<std::mutex> lock(mu_);
-    queued_ = issued_;
-  }
-  cv_.notify_one();
   return &r;
+}
+
+void CollNetRounds::release(Round& r) {
+  r.busy = false;
+  r.prefailed = false;
+  --running_;
+}
+
+void CollNetRounds::fail(Round& r, ErrorKind kind, const std::string& why) {
+  release(r);
+  if (!failed_ || fail_text_.empty()) {  // the first error seen names the cause
+    failed_ = true;
+    fail_kind_ = kind;
+    fail_text_ = why;
+    throw Error(kind, why);
+  }
+  throw Error(fail_kind_, "an earlier all-reduce round failed: " + fail_text_);
 }
 
 bool CollNetRounds::test(void* request, size_t* nbytes) {
   auto* r = static_cast<Round*>(request);
   if (!r || r->magic != Round::kMagic) throw Error(ErrorKind::Internal, "test: not a CollNet request of this plugin");
-  int st = r->state.load(std::memory_order_acquire);
-  if (st == kDone) {
-    if (nbytes) *nbytes = r->nbytes;
-    r->state.store(kFree, std::memory_order_release);
-    return true;
-  }
-  if (st == kFailed) {
-    Error e(r->kind, r->error);
-    r->state.store(kFree, std::memory_order_release);
-    throw e;
-  }
-  if (st == kFree) throw Error(ErrorKind::Internal, "test: CollNet request already completed");
-  return false;
+  return r->owner->test_round(*r, nbytes);
 }
 
-void CollNetRounds::run() {
-  uint64_t next = 0;
-  for (;;) {
-    {
-      std::unique_lock<std::mutex> lock(mu_);
-      cv_.wait(lock, [&] { return stop_ || queued_ > next; });
-      if (stop_) return;
-    }
-    Round& r = *slots_[next % slots_.size()];
-    ++next;
-    bool failed;
-    {
-      std::lock_guard<std::mutex> lock(mu_);
-      failed = failed_;
-      if (failed) {
-        r.kind = fail_kind_;
-        r.error = "an earlier all-reduce round failed: " + fail_text_;
-      }
-    }
-    if (!failed) {
-      try {
-        client_->allreduce(r.data, r.nbytes, r.dtype, r.op, 0);
-      } catch (const Error& e) {
-        failed = true;
-        r.kind = e.kind();
-        r.error = e.what();
-      } catch (const std::exception& e) {
-        failed = true;
-        r.kind = ErrorKind::Internal;
-        r.error = e.what();
-      }
-      if (failed) {
-        std::lock_guard<std::mutex> lock(mu_);
-        failed_ = true;
-        fail_kind_ = r.kind;
-        fail_text_ = r.error;
-      }
-    }
-    r.state.store(failed ? kFailed : kDone, std::memory_order_release);
+bool CollNetRounds::test_round(Round& r, size_t* nbytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (!r.busy) throw Error(ErrorKind::Internal, "test: CollNet request already completed");
+  if (r.prefailed) {
+    release(r);
+    throw Error(fail_kind_, fail_text_.empty()
+                                ? "an earlier all-reduce round failed and dropped the session with the reducers"
+                                : "an earlier all-reduce round failed: " + fail_text_);
   }
+  bool done;
+  try {
+    done = client_.test(r.id);  // one non-blocking pass over the sockets; never reconnects
+  } catch (const Error& e) {
+    fail(r, e.kind(), e.what());
+  }
+  if (done) {
+    stall_.progress();
+    release(r);
+    if (nbytes) *nbytes = r.nbytes;
+    return true;
+  }
+  const client::ClientStats s = client_.stats();
+  const uint64_t moved = s.bytes_sent + s.bytes_received;
+  if (moved != bytes_seen_) {
+    bytes_seen_ = moved;
+    stall_.progress();
+  } else if (stall_.expired()) {
+    const std::string why = "all-reduce made no progress for " + std::to_string(stall_.seconds()) +
+                            " s (RS_TIMEOUT; a head of the group may be missing or slow, or a reducer stalled): " +
+                            std::to_string(running_) + " round(s) in flight";
+    failed_ = true;
+    fail_kind_ = ErrorKind::Timeout;
+    fail_text_ = why;
+    client_.close();  // abandons every round in flight without waiting
+    release(r);
+    throw Error(ErrorKind::Timeout, why);
+  }
+  return false;
 }
 
 }  // namespace rs::nccl

@@ -1,26 +1,28 @@
 // The one place where CollNet's iallreduce/test meet the worker client: each iallreduce is a
-// round on the reducers, several rounds are in flight, requests finish in issue order.
-//
-// This implementation drives today's synchronous rs::client::Client from ONE progress thread
-// that runs the queued rounds in order (try_start/test never block: they only touch a fixed
-// ring of round slots). With the asynchronous client (Client::try_start/test/wait and
-// ClientOptions::max_rounds_in_flight) the thread, queue and condition variable go away and
-// try_start/test call the client directly (docs/nccl-plugin.md, "Rounds").
+// round of the asynchronous client (rs::client::Client::try_start/test), up to `max_in_flight`
+// rounds stream at once, and neither call ever blocks NCCL's proxy thread:
+//  - try_start copies send -> recv (the client reduces in place) and calls Client::try_start,
+//    which only queues frames and writes what the sockets take; false -> a NULL request;
+//  - test calls Client::test, one non-blocking pass over the sockets.
+// The client reconnects inside start() after an error, which would block: so after the first
+// error this communicator is failed for good (every later iallreduce/test reports it) and the
+// client is never started again. Rounds only move inside calls, and the client's no-progress
+// timer ignores the time between calls; NCCL polls test() from its proxy thread with other work
+// in between, so a wall-clock no-progress timer here turns a stalled group into an error from
+// test() within RS_TIMEOUT.
 #pragma once
 
-#include <atomic>
-#include <condition_variable>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "client/client.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
+#include "net/deadline.h"
 
 namespace rs::nccl {
 
@@ -29,8 +31,9 @@ class CollNetRounds {
   struct Round;  // what iallreduce hands NCCL as its request
 
   // Connects to the reducers and waits for the whole group (bounded by opts.connect_timeout).
+  // opts.max_rounds_in_flight is set to max_in_flight.
   CollNetRounds(client::ClientOptions opts, int max_in_flight);
-  // Lets the round in progress finish (bounded by opts.timeout), drops queued ones, says goodbye.
+  // Abandons the rounds in flight (the client says goodbye to every reducer; nothing waits).
   ~CollNetRounds();
   CollNetRounds(const CollNetRounds&) = delete;
   CollNetRounds& operator=(const CollNetRounds&) = delete;
@@ -41,25 +44,25 @@ class CollNetRounds {
   Round* try_start(const void* send, void* recv, size_t nbytes, DType dtype, Op op);
 
   // Non-blocking. true once the round is done (its request is released then); throws rs::Error
-  // if it failed. `request` must come from try_start of any live CollNetRounds.
+  // if it failed (the request is released too). `request` must come from try_start of any live
+  // CollNetRounds.
   static bool test(void* request, size_t* nbytes);
 
  private:
-  void run();
+  bool test_round(Round& r, size_t* nbytes);
+  [[noreturn]] void fail(Round& r, ErrorKind kind, const std::string& why);
+  void release(Round& r);
 
-  client::ClientOptions opts_;
-  std::unique_ptr<client::Client> client_;
-  std::vector<std::unique_ptr<Round>> slots_;
-  uint64_t issued_ = 0;  // NCCL-thread side
-  // Shared with the progress thread:
-  mutable std::mutex mu_;
-  std::condition_variable cv_;
-  uint64_t queued_ = 0;
-  bool stop_ = false;
-  bool failed_ = false;
+  client::Client client_;
+  std::vector<std::unique_ptr<Round>> slots_;  // the request ring, in issue order
+  uint64_t issued_ = 0;
+  size_t running_ = 0;            // requests handed to NCCL and not yet released
+  net::ProgressTimer stall_;      // wall-clock: no byte moved while NCCL waited for a round
+  uint64_t bytes_seen_ = 0;       // client bytes sent + received at the last progress
+  bool failed_ = false;           // sticky: the group is out of step
   ErrorKind fail_kind_ = ErrorKind::Internal;
   std::string fail_text_;
-  std::thread thread_;
+  std::mutex mu_;  // NCCL calls from its proxy thread; only held for non-blocking work
 };
 
 }  // namespace rs::nccl
