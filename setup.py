@@ -22,7 +22,7 @@ PLUGIN_NAME = "libnccl-net-reduction-server.so"
 # The parts of the core the plugin links (the reducer, ring and Python bindings stay out).
 PLUGIN_CORE_DIRS = ["common", "client", "net", "protocol", "kernels"]
 
-CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra", "-Wno-unused-parameter"]
+CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra"]
 
 # csrc/nccl_plugin is its own library (below); csrc/fuzz holds the libFuzzer targets (scripts/fuzz.sh).
 sources = sorted(s for s in glob("csrc/**/*.cc", recursive=True)

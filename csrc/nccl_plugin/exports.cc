@@ -205,7 +205,8 @@ ncclResult_t net_irecv_v12(void* recv_comm, int n, void** data, size_t* sizes, i
     p2p::irecv(recv_comm, n, data, sizes, request);
   });
 }
-ncclResult_t net_irecv_v8(void* recv_comm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request) {
+ncclResult_t net_irecv_v8(void* recv_comm, int n, void** data, int* sizes, int* /*tags*/, void** /*mhandles*/,
+                         void** request) {
   return run_guarded("irecv", [&] {
     *request = nullptr;
     if (n != 1) throw Error(ErrorKind::Config, "irecv of " + std::to_string(n) + " buffers: maxRecvs is 1");
