@@ -556,7 +556,8 @@ class FusionEngine:
         views: List[np.ndarray] = []
         if rnd.stage_sizes:
             taken = self._ring.take(rnd.stage_sizes)
-            assert taken is not None, "_can_prepare said the round fits"
+            if taken is None:  # _can_prepare said it fits, and only this thread takes regions
+                raise ReductionError("internal error: the staging ring refused a round it had room for")
             views = taken
             self.peaks["max_staging_bytes"] = self._ring.peak
         staged = iter(views)
