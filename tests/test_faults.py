@@ -55,7 +55,13 @@ def test_worker_dies_mid_round_then_group_reconnects(pool, reducers):
     try:
         futs = [pool.submit(tasks.hold_round, rank=r, world=3, addrs=addrs, group="die", again=True, timeout=20)
                 for r in range(2)]
-        time.sleep(1.5)  # ranks 0 and 1 are inside the round now; rank 2 never sends
+        # Wait until the group has formed on both reducers (the victim's process may take a while
+        # to start); ranks 0 and 1 then enter the round at once, and rank 2 never sends.
+        deadline = time.monotonic() + 30
+        while not all(any(r["group"] == "die" and r["complete"] for r in srv.group_stats()) for srv in servers):
+            assert time.monotonic() < deadline, "the group did not form"
+            time.sleep(0.05)
+        time.sleep(0.5)
         victim.kill()
         victim.join(10)
         # A replacement for rank 2 joins the re-formed group and runs one round.

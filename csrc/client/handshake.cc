@@ -1,6 +1,11 @@
 #include "client/handshake.h"
 
+#include <algorithm>
+#include <chrono>
+#include <thread>
+
 #include "common/error.h"
+#include "common/log.h"
 #include "protocol/hmac.h"
 
 namespace rs::client {
@@ -25,10 +30,21 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
                             const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline) {
   PendingLink l;
   l.peer = peer;
-  l.fd = net::connect_with_retry(addr, deadline);
-  net::tune_socket(l.fd.get(), socket_buffer);
   uint8_t chbuf[proto::kChallengeBytes];
-  net::recv_all(l.fd.get(), chbuf, sizeof chbuf, deadline, peer);
+  // A reducer at its connection cap closes new connections before its challenge: it is busy,
+  // not gone, so retry with back-off until the deadline (then the last error stands).
+  for (auto backoff = std::chrono::milliseconds(50);; backoff = std::min(backoff * 2, std::chrono::milliseconds(1000))) {
+    l.fd = net::connect_with_retry(addr, deadline);
+    net::tune_socket(l.fd.get(), socket_buffer);
+    try {
+      net::recv_all(l.fd.get(), chbuf, sizeof chbuf, deadline, peer);
+      break;
+    } catch (const Error& e) {
+      if (e.kind() != ErrorKind::PeerLost || net::Clock::now() + backoff >= deadline) throw;
+      log_debug(peer + " closed the connection before its challenge (at its connection cap?): retrying");
+      std::this_thread::sleep_for(backoff);
+    }
+  }
   proto::Challenge ch;
   std::string err = proto::decode(chbuf, &ch);
   if (!err.empty()) throw Error(ErrorKind::Protocol, addr.str() + ": " + err);
