@@ -53,6 +53,8 @@ class Communicator:
         compression: Optional[str] = None,
         socket_buffer: Optional[int] = None,
         window: Optional[int] = None,
+        max_rounds_in_flight: Optional[int] = None,
+        failover: Optional[bool] = None,
     ) -> None:
         # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
         self._closed = False
@@ -91,7 +93,9 @@ class Communicator:
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
                                    self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
-                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)))
+                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)),
+                                   int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
+                                   bool(config.get("failover", failover)))
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:

@@ -1,5 +1,7 @@
 #include "net/frame_io.h"
 
+#include <sys/ioctl.h>
+
 #include <algorithm>
 #include <cstring>
 
@@ -154,6 +156,10 @@ void FrameReader::read_payload(int fd, const std::string& peer, IoResult* res, I
         n = recv_some(fd, &(*sink_.text)[size_t(got_)], size_t(want), peer);
         break;
       case Sink::Kind::Scatter: {
+        if (sink_.align > 1) {
+          n = read_aligned(fd, peer);
+          break;
+        }
         iovec iov[FrameWriter::kMaxIov];
         int k = 0;
         sink_.segs->gather(sink_.off + got_, want, iov, &k, FrameWriter::kMaxIov);
@@ -174,6 +180,72 @@ void FrameReader::read_payload(int fd, const std::string& peer, IoResult* res, I
     res->bytes += uint64_t(n);
     if (budget) budget->bytes(size_t(n));
   }
+}
+
+void FrameReader::place_carry() {
+  const uint64_t at = got_ - carry_n_;
+  iovec iov[kMaxAlign];
+  int k = 0;
+  sink_.segs->gather(sink_.off + at, carry_n_, iov, &k, int(kMaxAlign));
+  const uint8_t* p = carry_;
+  for (int i = 0; i < k; ++i) {
+    std::memcpy(iov[i].iov_base, p, iov[i].iov_len);
+    p += iov[i].iov_len;
+  }
+  carry_n_ = 0;
+  torn_ = false;
+}
+
+ssize_t FrameReader::read_aligned(int fd, const std::string& peer) {
+  const uint32_t a = std::min<uint32_t>(sink_.align, kMaxAlign);
+  const uint64_t want = h_.length - got_;
+  if (carry_n_ > 0) {  // finish the unit in the carry first
+    ssize_t n = recv_some(fd, carry_ + carry_n_, size_t(std::min<uint64_t>(a - carry_n_, want)), peer);
+    if (n < 0) return n;
+    carry_n_ += uint32_t(n);
+    got_ += uint64_t(n);
+    if (carry_n_ == a || got_ == h_.length) place_carry();
+    got_ -= uint64_t(n);  // the caller adds n
+    return n;
+  }
+  int queued = 0;
+  uint64_t body = 0;
+  if (::ioctl(fd, FIONREAD, &queued) == 0 && queued > 0) {
+    const uint64_t take = std::min<uint64_t>(uint64_t(queued), want);
+    body = take == want ? take : take - take % a;
+  }
+  if (body == 0) {  // less than a unit queued (or nothing: then recv reports EAGAIN / EOF)
+    ssize_t n = recv_some(fd, carry_, size_t(std::min<uint64_t>(a, want)), peer);
+    if (n <= 0) return n;
+    carry_n_ = uint32_t(n);
+    got_ += uint64_t(n);
+    if (carry_n_ == a || got_ == h_.length) place_carry();
+    got_ -= uint64_t(n);
+    return n;
+  }
+  iovec iov[FrameWriter::kMaxIov];
+  int k = 0;
+  const uint64_t covered = sink_.segs->gather(sink_.off + got_, body, iov, &k, FrameWriter::kMaxIov);
+  (void)covered;
+  ssize_t n = recv_some(fd, iov, k, peer);
+  if (n <= 0) return n;
+  const uint64_t end = got_ + uint64_t(n);
+  const uint32_t tail = uint32_t(end % a);
+  if (tail != 0 && end != h_.length) {
+    // Fewer bytes than queued arrived and the read ended mid-unit: keep that unit's new bytes in
+    // the carry (they are already in place too; the unit is whole again once the carry is).
+    iovec piece[kMaxAlign];
+    int m = 0;
+    sink_.segs->gather(sink_.off + end - tail, tail, piece, &m, int(kMaxAlign));
+    uint8_t* p = carry_;
+    for (int i = 0; i < m; ++i) {
+      std::memcpy(p, piece[i].iov_base, piece[i].iov_len);
+      p += piece[i].iov_len;
+    }
+    carry_n_ = tail;
+    torn_ = true;
+  }
+  return n;
 }
 
 }  // namespace rs::net

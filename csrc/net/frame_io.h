@@ -195,8 +195,15 @@ struct Sink {
   const Segments* segs = nullptr;
   uint64_t off = 0;
   std::string* text = nullptr;
+  uint32_t align = 1;  // Scatter: the memory only ever holds whole units of `align` bytes of the payload
   static Sink memory(void* p) { return {Kind::Memory, static_cast<uint8_t*>(p), nullptr, 0, nullptr}; }
-  static Sink scatter(const Segments& s, uint64_t off) { return {Kind::Scatter, nullptr, &s, off, nullptr}; }
+  // With align > 1 the payload is read so that, between calls, the destination holds a whole
+  // number of align-byte units of it (the rest waits in a small carry): an element is either
+  // still what it was or already the new value, never half of each. The reader asks the kernel
+  // how much is queued (FIONREAD) to read whole units in place.
+  static Sink scatter(const Segments& s, uint64_t off, uint32_t align = 1) {
+    return {Kind::Scatter, nullptr, &s, off, nullptr, align};
+  }
   static Sink text_into(std::string* t) { return {Kind::Text, nullptr, nullptr, 0, t}; }  // resized to the payload
   static Sink discard() { return {}; }
   static Sink pause() { return {Kind::Pause, nullptr, nullptr, 0, nullptr}; }
@@ -209,7 +216,15 @@ class FrameReader {
   void set_max_payload(uint32_t n) { max_payload_ = n; }
   // Part of a frame has been read (a header, or a header and part of its payload).
   bool mid_frame() const { return hdr_got_ > 0; }
-  void reset() { hdr_got_ = 0; reading_payload_ = false; }
+  void reset() { hdr_got_ = 0; reading_payload_ = false; carry_n_ = 0; torn_ = false; }
+  // The frame being read: its header (valid while mid_frame() and reading its payload) and the
+  // payload bytes already in the sink's memory (for an aligned Scatter sink: whole units only).
+  bool reading_payload() const { return reading_payload_; }
+  const proto::FrameHeader& header() const { return h_; }
+  uint64_t payload_in_place() const { return got_ - carry_n_; }
+  // An aligned Scatter read ended mid-unit because the kernel returned less than it had
+  // queued (not expected): the unit after payload_in_place() is then neither old nor new.
+  bool torn() const { return torn_ && carry_n_ > 0; }
 
   // Reads frames until the socket would block, `budget` (may be null) is spent or a callback
   // stops it.
@@ -243,6 +258,8 @@ class FrameReader {
         if (sink_.kind == Sink::Kind::Text) sink_.text->assign(h_.length, '\0');
         reading_payload_ = true;
         got_ = 0;
+        carry_n_ = 0;
+        torn_ = false;
       }
       if (got_ < h_.length) {
         read_payload(fd, peer, &res, budget);
@@ -262,6 +279,13 @@ class FrameReader {
 
  private:
   void read_payload(int fd, const std::string& peer, IoResult* res, IoBudget* budget);
+  ssize_t read_aligned(int fd, const std::string& peer);  // one read of an aligned Scatter payload
+  void place_carry();                                    // a complete carry unit goes to the sink
+
+  static constexpr uint32_t kMaxAlign = 16;
+  uint8_t carry_[kMaxAlign];
+  uint32_t carry_n_ = 0;  // payload bytes read into carry_, not yet in the sink
+  bool torn_ = false;
 
   uint32_t max_payload_;
   uint8_t hdr_[proto::kFrameHeaderBytes];

@@ -153,7 +153,7 @@ void encode(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]) {
 
 std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t max_payload) {
   uint8_t type = in[0];
-  if (type < 1 || type > 4) return "unknown frame type " + std::to_string(type);
+  if (type < 1 || type > 6) return "unknown frame type " + std::to_string(type);
   h->type = FrameType(type);
   h->dtype = in[1];
   h->op = in[2];
@@ -164,6 +164,10 @@ std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t
   h->shard_bytes = get_u64(in + 24);
   h->offset = get_u64(in + 32);
   h->tag = get_u64(in + 40);
+  if (h->type == FrameType::Done || h->type == FrameType::Clear) {
+    if (h->length != 0) return "DONE/CLEAR frame with a payload";
+    return "";
+  }
   if (h->type == FrameType::Error || h->type == FrameType::Bye) {
     if (h->length > kMaxMessageBytes) return "error message length " + std::to_string(h->length) + " exceeds 4096";
     return "";

@@ -56,7 +56,7 @@ std::string decode(const uint8_t in[kChallengeBytes], Challenge* c);
 // 2. worker -> reducer: HELLO (96 fixed bytes, then job id and group name bytes)
 struct Hello {
   uint16_t version = kVersion;
-  uint16_t flags = 0;
+  uint16_t flags = 0;              // HelloFlags
   uint32_t world_size = 0;
   uint32_t rank = 0;
   uint16_t stream_index = 0;
@@ -68,6 +68,10 @@ struct Hello {
   std::array<uint8_t, kMacBytes> mac{};      // see protocol/auth.h
 };
 constexpr size_t kHelloFixedBytes = 96;
+// Hello flags. Every member of a group must send the same kHelloFailover bit (GroupConflict otherwise).
+enum HelloFlags : uint16_t {
+  kHelloFailover = 1u << 8,  // the worker sends DONE frames and waits for CLEAR before it releases a round
+};
 // Encodes the whole hello (fixed part + names); the mac field is written as given.
 std::string encode(const Hello& h);
 // The fixed part with a zero mac followed by the names: what the hello MAC covers (after the nonce).
@@ -106,16 +110,24 @@ std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Reply* r, siz
 const char* status_name(Status s);
 
 // ---- frames ------------------------------------------------------------------
-enum class FrameType : uint8_t { Data = 1, Result = 2, Error = 3, Bye = 4 };
+// DONE (worker -> reducer, header only): `round` = R, this member holds the results of every
+// round < R on this stream. CLEAR (reducer -> worker, header only): `round` = R, every member
+// of the group sent DONE >= R, so every worker holds those results (reducer failover relies on
+// it: a worker hands a round back to its caller only once it is cleared everywhere).
+enum class FrameType : uint8_t { Data = 1, Result = 2, Error = 3, Bye = 4, Done = 5, Clear = 6 };
 enum FrameFlags : uint8_t { kLastInStream = 1 };
-enum class ErrorCode : uint8_t { Mismatch = 1, PeerLost = 2, Protocol = 3, Shutdown = 4, Internal = 5 };
+// BYE flags: the worker leaves because reducers were lost (failover); `tag` = bit mask of the
+// lost reducers' indices (< 64) in the job's reducer list. The reducer tells the others with
+// ErrorCode::Failover and the same tag.
+enum ByeFlags : uint8_t { kByeFailover = 1 };
+enum class ErrorCode : uint8_t { Mismatch = 1, PeerLost = 2, Protocol = 3, Shutdown = 4, Internal = 5, Failover = 6 };
 
 constexpr size_t kFrameHeaderBytes = 48;
 struct FrameHeader {
   FrameType type = FrameType::Data;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;        // Data/Result: FrameFlags; Error: ErrorCode
+  uint8_t flags = 0;        // Data/Result: FrameFlags; Error: ErrorCode; Bye: ByeFlags
   uint32_t length = 0;      // payload bytes following the header
   uint64_t round = 0;       // all-reduce sequence number of the communicator
   uint64_t total_bytes = 0; // size of the whole buffer being reduced (all shards)

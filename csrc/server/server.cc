@@ -51,6 +51,7 @@ namespace {
 // net::IoBudget::kFrameCharge, so frames without payload (a flood of BYE headers) cannot starve
 // the other connections of a loop.
 constexpr size_t kReadBudget = 8u << 20;  // bytes per connection per wakeup
+constexpr uint64_t kClearToken = 1;        // a CLEAR frame in a member's queue (results use their Slot*, aligned)
 constexpr size_t kEndedGroupsKept = 16;   // ended groups still shown by group_stats()
 
 std::string ip_of(const std::string& peer) {
@@ -182,11 +183,12 @@ struct Loop {
     flush(c);
   }
 
-  void send_error(Conn* c, proto::ErrorCode code, const std::string& msg) {
+  void send_error(Conn* c, proto::ErrorCode code, const std::string& msg, uint64_t tag = 0) {
     std::string text = msg.substr(0, proto::kMaxMessageBytes);
     proto::FrameHeader h;
     h.type = proto::FrameType::Error;
     h.flags = uint8_t(code);
+    h.tag = tag;
     h.length = uint32_t(text.size());
     std::string bytes(proto::kFrameHeaderBytes, '\0');
     proto::encode(h, reinterpret_cast<uint8_t*>(&bytes[0]));
@@ -208,7 +210,8 @@ struct Loop {
     const size_t mark = delivered.size();  // flush() may nest through result_delivered()
     try {
       net::IoResult res = c->out.flush(c->fd.get(), c->peer, nullptr, [&](uint64_t token) {
-        if (token) delivered.push_back(reinterpret_cast<Slot*>(token));
+        if (token == kClearToken) c->clear_queued = false;
+        else if (token) delivered.push_back(reinterpret_cast<Slot*>(token));
       });
       srv->bytes_sent += res.bytes;
       if (c->group) c->group->bytes_sent += res.bytes;
@@ -220,6 +223,10 @@ struct Loop {
     for (size_t i = mark; i < delivered.size() && !c->dead; ++i) result_delivered(c, delivered[i]);
     delivered.resize(mark);
     if (c->dead) return;
+    if (!c->clear_queued && c->group && c->clear_sent < c->group->cleared() && !c->close_after_flush) {
+      queue_clear(c);  // CLEARs are cumulative: the newest one replaces those not sent
+      return flush(c);
+    }
     if (c->out.empty() && c->close_after_flush) {
       kill(c, c->why.empty() ? "closed after error" : c->why, false);
       return;
@@ -414,8 +421,38 @@ struct Loop {
     record_ended(*g);
     log_warn("group " + g->key().label() + " failed: " + msg);
     g->for_each_member([&](Conn* m) {
-      if (!m->dead) send_error(m, code, msg);
+      if (!m->dead) send_error(m, code, msg, code == proto::ErrorCode::Failover ? g->failover_lost() : 0);
     });
+  }
+
+  // The error the others get when a member left: a failover goodbye names the lost reducers.
+  static proto::ErrorCode end_code(const Group& g) {
+    return g.failover() ? proto::ErrorCode::Failover : proto::ErrorCode::PeerLost;
+  }
+
+  // ---- releases (reducer failover) ----------------------------------------------------------
+  void queue_clear(Conn* c) {
+    proto::FrameHeader h;
+    h.type = proto::FrameType::Clear;
+    h.round = c->group->cleared();
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
+    // The queue holds one result per slot plus a few control frames (reserved at join); one CLEAR at a time.
+    if (!c->out.push(hdr, sizeof hdr, net::Payload::none(), kClearToken))
+      throw Error(ErrorKind::Internal, "output queue of " + c->peer + " is full");
+    c->clear_queued = true;
+    c->clear_sent = h.round;
+  }
+
+  void on_done(Conn* c) {
+    Group& g = *c->group;
+    if (c->cur.round > c->done_round) c->done_round = c->cur.round;
+    if (!g.update_cleared()) return;
+    std::shared_ptr<Group> keep = c->group;
+    g.for_each_member([&](Conn* m) {
+      if (!m->dead && !m->clear_queued && !m->close_after_flush) queue_clear(m);
+    });
+    keep->for_each_member([&](Conn* m) { flush(m); });
   }
 
   void leave(Conn* c) {
@@ -428,6 +465,7 @@ struct Loop {
       c->counted = false;
     }
     const bool was_detached_before = g->failed() || !g->left().empty();
+    if (c->bye_failover && !g->failed()) g->mark_failover(c->bye_lost);
     LeaveOutcome o = table->leave(g, c->rank, c->who() + " of group " + g->key().label(), c->said_bye, c->why);
     switch (o.kind) {
       case LeaveOutcome::Kind::Failed:
@@ -438,7 +476,7 @@ struct Loop {
         record_ended(*g);
         log_warn("group " + g->key().label() + " failed: " + o.message);
         g->for_each_member([&](Conn* m) {
-          if (!m->dead) send_error(m, proto::ErrorCode::PeerLost, o.message);
+          if (!m->dead) send_error(m, end_code(*g), o.message, g->failover_lost());
         });
         break;
       case LeaveOutcome::Kind::Left:
@@ -522,6 +560,10 @@ struct Loop {
       c->cur = h;
       return net::Sink::text_into(&c->text);
     }
+    if (err.empty() && h.type == proto::FrameType::Done) {
+      c->cur = h;
+      return net::Sink::discard();  // no payload (decode checked): on_frame handles it
+    }
     if (err.empty() && h.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
     if (err.empty() && h.round < c->last_round) err = "round number went backwards";
     if (!err.empty()) {
@@ -531,8 +573,8 @@ struct Loop {
     Group& g = *c->group;
     if (!g.left().empty() || g.failed()) {
       const std::string why = g.left().empty() ? g.last_error() : g.left();
-      fail_group(c->group, proto::ErrorCode::PeerLost, why);
-      if (!c->dead && !c->close_after_flush) send_error(c, proto::ErrorCode::PeerLost, why);
+      fail_group(c->group, end_code(g), why);
+      if (!c->dead && !c->close_after_flush) send_error(c, end_code(g), why, g.failover_lost());
       return net::Sink::stop();
     }
     c->cur = h;
@@ -546,12 +588,18 @@ struct Loop {
       on_bye(c);
       return false;
     }
+    if (c->cur.type == proto::FrameType::Done) {
+      on_done(c);
+      return !c->dead && !c->close_after_flush && c->state == ConnState::Active;
+    }
     on_payload(c);
     return !c->dead && !c->close_after_flush && !c->paused && c->state == ConnState::Active;
   }
 
   void on_bye(Conn* c) {
     c->said_bye = true;
+    c->bye_failover = (c->cur.flags & proto::kByeFailover) != 0;
+    c->bye_lost = c->cur.tag;
     set_state(c, ConnState::Leaving);  // nothing more is read from this connection
     std::string text;
     for (char ch : c->text) text += (ch >= 32 && ch < 127) ? ch : '?';  // untrusted: printable only
