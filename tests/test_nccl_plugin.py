@@ -378,7 +378,8 @@ def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, 
     timeout = 4.0
     futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
-                        timeout=timeout, stream_until_error=60.0) for r in range(2)]
+                        timeout=timeout, stream_until_error=60.0, extra_env={"RS_FAILOVER": "0"})
+            for r in range(2)]
     deadline = time.monotonic() + 60
     while servers[1].stats()["rounds_completed"] < 50:
         assert time.monotonic() < deadline, "the heads never started streaming"

@@ -174,6 +174,12 @@ client::ClientOptions client_options_from_env() {
     o.chunk_bytes = uint32_t(c);
   }
   if (auto v = getenv_str("RS_WINDOW")) o.window = int(parse_int("RS_WINDOW", *v, 1, 1024));
+  if (auto v = getenv_str("RS_FAILOVER")) {
+    const std::string t = trim(*v);
+    if (t == "1" || t == "true" || t == "yes" || t == "on") o.failover = true;
+    else if (t == "0" || t == "false" || t == "no" || t == "off") o.failover = false;
+    else if (!t.empty()) bad("RS_FAILOVER", *v, "expected true or false");
+  }
   if (auto v = getenv_str("RS_SOCKET_BUFFER")) {
     uint64_t b = parse_size("RS_SOCKET_BUFFER", *v);
     if (b > uint64_t(INT_MAX)) bad("RS_SOCKET_BUFFER", *v, "larger than 2 GiB");
