@@ -456,13 +456,6 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     connect_all();
     stats_.reconnects++;
   }
-  if (compressed) {
-    for (auto& l : links_) {  // the staging of compressed rounds: once per session and link
-      if (!l->tx.empty()) continue;
-      l->tx.resize(staging_slots() * opts_.chunk_bytes);
-      l->rx.resize(opts_.chunk_bytes);
-    }
-  }
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -640,6 +633,10 @@ void Client::fill(size_t li) {
       continue;
     }
     const bool staged = r->comp != Compression::None;
+    if (staged && l.tx.empty()) {  // the staging of compressed rounds: once per session and link
+      l.tx.resize(staging_slots() * opts_.chunk_bytes);
+      l.rx.resize(opts_.chunk_bytes);
+    }
     if (staged && l.tx_pushed - l.tx_written >= staging_slots()) break;  // every slot waits to be written
     const uint64_t off = p.next_send * p.chunk;
     const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
