@@ -97,15 +97,18 @@ class Poller:
         self.counts.rounds_seen = max(self.counts.rounds_seen, rounds)
 
     def run(self, stop: threading.Event) -> PollCounts:
-        """Poll every `interval` seconds (a fixed schedule; a late cycle is counted) until `stop` is set."""
+        """Poll every `interval` seconds (a fixed schedule; a late cycle is counted) until `stop` is set,
+        then once more: the last cycle sees the reducers' counters at the end of the run."""
         t0 = time.monotonic()
         due = t0
-        while not stop.is_set():
+        while True:
             now = time.monotonic()
             if now > due + self.interval:
                 self.counts.late += 1
                 due = now
             self.poll_once()
+            if stop.is_set():
+                break
             due += self.interval
             stop.wait(max(0.0, due - time.monotonic()))
         self.counts.seconds = time.monotonic() - t0

@@ -21,7 +21,7 @@ is started when its release time has passed, as DDP starts it when its last grad
 ready; the step ends when every bucket is reduced (op avg, as DDP averages).
 
 Reducer life cycle (job "control_plane": also a gRPC control plane and a /metrics endpoint):
-  -> {"event": "ready", "port": P[, "control_port": C, "metrics_port": M]} ... runs until stdin closes
+  -> {"event": "ready", "port": P[, "control_address": "host:port", "metrics_url": U]} ... until stdin closes
   -> {"event": "done", "stats": {...}}
 Poller life cycle (reducer.bench.poller; job "control", "metrics", "interval"):
   -> {"event": "ready"} ... polls until stdin closes ... -> {"event": "done", "polls": {...}}
@@ -453,7 +453,7 @@ def run_reducer(job: Dict[str, Any]) -> int:
 
     srv = ReducerServer(host=job["bind_host"], port=0, threads=job.get("threads")).start()
     side = _ControlSide(srv, job["bind_host"]) if job.get("control_plane") else None
-    emit(event="ready", port=srv.port, cpu_s=cpu_seconds(), **(side.ports() if side else {}))
+    emit(event="ready", port=srv.port, cpu_s=cpu_seconds(), **(side.addresses() if side else {}))
     sys.stdin.read()  # until the runner closes our stdin (or dies)
     stats = srv.stats()
     cpu = cpu_seconds()
@@ -486,8 +486,8 @@ class _ControlSide:
         while not self._stop.wait(0.25):
             self.control.refresh()
 
-    def ports(self) -> Dict[str, int]:
-        return {"control_port": self.control.port, "metrics_port": self.metrics.port}
+    def addresses(self) -> Dict[str, str]:
+        return {"control_address": self.control.address, "metrics_url": self.metrics.url}
 
     def stop(self) -> None:
         self._stop.set()

@@ -359,11 +359,9 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         t_rready = t_pready = time.monotonic()
         if control and rprocs:
             # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
-            hosts_r = [hosts.bind_host(W + k if hosts.emulated else 0) for k in range(R)]
             job = {"role": "poller", "interval": cfg.poll_interval,
-                   "control": [format_address(h, rready[p]["control_port"]) for h, p in zip(hosts_r, rprocs)],
-                   "metrics": [f"http://{format_address(h, rready[p]['metrics_port'])}/metrics"
-                               for h, p in zip(hosts_r, rprocs)]}
+                   "control": [rready[p]["control_address"] for p in rprocs],
+                   "metrics": [rready[p]["metrics_url"] for p in rprocs]}
             poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events)
             procs.append(poller)
             pready = _wait_all(events, [poller], "ready", cfg.connect_timeout, watch=procs)
