@@ -96,10 +96,14 @@ def test_ab_table_gives_on_over_off_per_size_and_the_spread():
     assert res["per_size"] == {64 << 10: 3.0, 1 << 20: pytest.approx(1.01), 4 << 20: pytest.approx(0.99)}
     assert res["geomean_sizes"] == 2  # below 1 MiB is left out of the mean
     assert res["geomean"] == pytest.approx((1.01 * 0.99) ** 0.5)
-    text = control_ab.format_table(rows, 0.1, {"rs": 40.0, "rs+cp": 42.0})
+    text = control_ab.format_table(rows, 0.1, {"rs": 40.0, "rs+cp": 42.0}, {"rs": 10.0, "rs+cp": 10.4}, 2)
     line = next(ln for ln in text.splitlines() if ln.strip().startswith(str(1 << 20)))
     assert line.split()[1:] == ["1000.0", "1010.0", "1.010", "2.0%", "-"]
     assert "40 GetStats and 40 /metrics scrapes" in text and "saw 7 rounds" in text and "rs 40%, rs+cp 42%" in text
+    # 0.4 s more reducer CPU per pass for (40 + 40) / 2 passes = 40 requests per pass: 10 ms each
+    assert control_ab.cpu_per_request_ms({"rs": 10.0, "rs+cp": 10.4}, rows[-1]["polls"], 2) == pytest.approx(10.0)
+    assert "off 10.0 s, on 10.4 s: 10.00 ms per GetStats or scrape" in text
+    assert control_ab.cpu_per_request_ms({"rs": 10.0}, rows[-1]["polls"], 2) is None
 
 
 def test_merge_counts_sums_and_keeps_the_first_error():
@@ -126,6 +130,8 @@ def test_loopback_ab_run_polls_every_reducer(tmp_path):
         assert r["wrong"] == 0
         assert len(r["pass_time_us"]) == 2  # A B B A: two passes of each variant
         assert all(len(s) == 2 * 3 for s in r["samples_us"])  # both passes' timed iterations
+    for r in rows:
+        assert r["reducer_cpu_s"] >= 0  # CPU seconds in 10 ms ticks: a short pass may show none
     for r in (r for r in rows if r["algo"] == "rs"):
         assert r["control_plane"] == "off" and "polls" not in r
     for r in (r for r in rows if r["algo"] == "rs+cp"):

@@ -110,9 +110,22 @@ def format_polls(polls: Dict[str, Any], interval_s: float, algo: str) -> str:
             + (f"; first failure: {polls['first_error']}" if polls.get("first_error") else ""))
 
 
-def format_table(rows: List[Dict[str, Any]], interval_s: float, cpu_by_algo: Dict[str, Optional[float]]) -> str:
+def cpu_per_request_ms(reducer_cpu_s: Dict[str, Optional[float]], polls: Optional[Dict[str, Any]],
+                       passes: int) -> Optional[float]:
+    """The reducers' CPU milliseconds per control-plane request (a GetStats or a scrape): the CPU the
+    reducers used in an on pass beyond an off pass (the same all-reduces), over the requests of a pass."""
+    off, on = reducer_cpu_s.get(RS), reducer_cpu_s.get(RS_CP)
+    if off is None or on is None or not polls or passes < 1:
+        return None
+    requests = (polls["get_stats"] + polls["scrapes"]) / passes
+    return 1e3 * (on - off) / requests if requests > 0 else None
+
+
+def format_table(rows: List[Dict[str, Any]], interval_s: float, cpu_by_algo: Dict[str, Optional[float]],
+                 reducer_cpu_s: Dict[str, Optional[float]], passes: int) -> str:
     """The A/B table from merged rows: per size rs off / on times, on/off, each variant's pass-to-pass
-    spread; then the geometric mean, what the poller did and the bench's CPU per variant."""
+    spread; then the geometric mean, what the poller did, the bench's CPU per variant and the
+    reducers' CPU per control-plane request."""
     off = {r["size"]: r for r in rows if r["algo"] == RS}
     on = {r["size"]: r for r in rows if r["algo"] == RS_CP}
     res = ratios(rows)
@@ -135,6 +148,10 @@ def format_table(rows: List[Dict[str, Any]], interval_s: float, cpu_by_algo: Dic
     polls = next((r["polls"] for r in rows if r["algo"] == RS_CP and r.get("polls")), None)
     if polls:
         lines.append(format_polls(polls, interval_s, RS_CP))
+    per_request = cpu_per_request_ms(reducer_cpu_s, polls, passes)
+    if per_request is not None:
+        lines.append(f"# the reducers' CPU per pass (all {rows[0]['reducers']}): off {reducer_cpu_s[RS]:.1f} s, on "
+                     f"{reducer_cpu_s[RS_CP]:.1f} s: {per_request:.2f} ms per GetStats or scrape")
     if cpu_by_algo.get(RS) is not None and cpu_by_algo.get(RS_CP) is not None:
         lines.append(f"# CPU of the bench's processes (user + system, share of all cores): rs {cpu_by_algo[RS]:.0f}%, "
                      f"rs+cp {cpu_by_algo[RS_CP]:.0f}% (the reducers' gRPC and metrics threads and the poller included)")

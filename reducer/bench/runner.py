@@ -419,7 +419,10 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
             for p in rprocs:
                 p.close_stdin()
             rdone = _wait_all(events, rprocs, "done", 30.0)
-            cores += sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs) / max(1e-3, time.monotonic() - t_rready)
+            reducer_cpu_s = sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
+            cores += reducer_cpu_s / max(1e-3, time.monotonic() - t_rready)
+            for r in rows:
+                r["reducer_cpu_s"] = reducer_cpu_s  # all reducers, this pass: 'ready' to the end
         share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
         for r in rows:
             r["bench_cpu_percent"] = share
@@ -606,10 +609,12 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                 out(f"# {algo} FAILED: {errors[algo]}")
     else:
         bench_cpu = _mean_by_algo(all_rows, "bench_cpu_percent")
+        reducer_cpu = _mean_by_algo(all_rows, "reducer_cpu_s")  # per pass
         if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
             all_rows = report.merge_passes(all_rows)
             for r in all_rows:
                 r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
+                r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
         for algo in algos:
             out("")
             out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
@@ -625,7 +630,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                 out(control_ab.format_polls(merged, cfg.poll_interval, algo))
     if cfg.control_plane == "ab" and plan is None:
         out("")
-        out(control_ab.format_table(all_rows, cfg.poll_interval, bench_cpu))
+        out(control_ab.format_table(all_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
     for algo in algos:
         mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
         if algo in cpu_by_algo:
