@@ -50,6 +50,15 @@ def test_which_reducers_run_the_control_plane():
     assert not control_ab.with_control_plane("rs", "off")
 
 
+def test_rs_cp_measures_rs_with_the_same_settings():
+    from reducer.bench.runner import BenchConfig, wire_dtype
+
+    assert control_ab.base_algo("rs+cp") == "rs" and control_ab.base_algo("ring") == "ring"
+    cfg = BenchConfig(compression="bf16")
+    assert wire_dtype("rs+cp", cfg) == wire_dtype("rs", cfg) == "bfloat16"
+    assert wire_dtype("ring", cfg) is None
+
+
 @pytest.mark.parametrize("mode, algos, model, passes, interval, message", [
     ("ab", ["ring"], None, 2, 0.1, "include rs"),
     ("ab", ["rs"], "resnet50", 2, 0.1, "not with --model"),

@@ -7,7 +7,7 @@ Modes:
   does, while a poller (reducer.bench.poller) calls GetStats and fetches /metrics on every reducer
   every --poll-interval-ms;
 - ``ab``: rs is measured both ways in one run: "rs" (control plane off) and "rs+cp" (on, polled),
-  in alternating passes A B B A (A B B A B A A B ... with more --ab-passes), each pass over every
+  in alternating passes A B B A (A B B A A B B A ... with more --ab-passes), each pass over every
   size, so a slow drift of the machine's load weighs on both alike. The table gives on/off per size
   with the spread between a variant's own passes: the noise floor the ratio is to be read against.
 """
@@ -44,6 +44,11 @@ def check(mode: str, algos: Sequence[str], model: Optional[str], passes: int, in
         import_prometheus()
     except ImportError as exc:
         raise ConfigError(f"--control-plane {mode}: {exc}") from None
+
+
+def base_algo(algo: str) -> str:
+    """The algorithm `algo` measures: rs+cp is rs (same workers, same settings), with other reducers."""
+    return RS if algo == RS_CP else algo
 
 
 def with_control_plane(algo: str, mode: str) -> bool:

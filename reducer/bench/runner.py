@@ -114,7 +114,7 @@ def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
     """The 16-bit type `algo` puts the float32 buffer on the wire as (None: the buffer's own)."""
     if algo == "gloo-bf16":
         return "bfloat16"
-    if algo == "rs" and cfg.compression:
+    if control_ab.base_algo(algo) == "rs" and cfg.compression:
         return {"bf16": "bfloat16", "fp16": "float16"}[cfg.compression]
     return None
 
@@ -334,6 +334,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
     plane, a poller polls them meanwhile and its counts are appended to `polls`."""
     W, R = cfg.workers, cfg.reducers
     control = control_ab.with_control_plane(algo, cfg.control_plane)
+    is_rs = control_ab.base_algo(algo) == "rs"
     events: "queue.Queue" = queue.Queue()
     procs: List[_Proc] = []
     rows: List[Dict[str, Any]] = []
@@ -350,13 +351,12 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                                       "threads": rs_config.get("threads"), "control_plane": control}, events))
             procs += rprocs
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
-            t_rready = time.monotonic()
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
                 reducer_addrs.append(format_address(host, rready[p]["port"]))
+        t_rready = t_pready = time.monotonic()  # the reducers are up (if any)
         poller: Optional[_Proc] = None
         pready: Dict[_Proc, Dict[str, Any]] = {}
-        t_rready = t_pready = time.monotonic()
         if control and rprocs:
             # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
             job = {"role": "poller", "interval": cfg.poll_interval,
@@ -372,7 +372,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                    "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if algo == "rs" else None,
+                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
                    "wire_dtype": wire_dtype(algo, cfg), **work}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
         procs += wprocs
@@ -458,16 +458,17 @@ def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, 
 
 def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
     def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+        is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
         return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
                                [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
                                cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
                                warmup=cfg.warmup,
                                chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                               streams=int(rs_config.get("streams")) if algo == "rs" else 1,
+                               streams=int(rs_config.get("streams")) if is_rs else 1,
                                wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
                                **({"window": int(rs_config.get("window")), "compression": cfg.compression}
-                                  if algo == "rs" else {}))
+                                  if is_rs else {}))
 
     return make
 
@@ -619,7 +620,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             out("")
             out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
                                          cfg.reducers, errors.get(algo),
-                                         compression=cfg.compression if algo == "rs" else None))
+                                         compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
     for algo, counts in polls_by_algo.items():
         if counts:
             merged = merge_counts(counts)
