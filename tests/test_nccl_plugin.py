@@ -253,6 +253,7 @@ def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_p
     for r in results:
         assert r["connect_rc"] != H.SUCCESS
         assert "RS_CHUNK_BYTES='1001' is not valid: chunk size 1001 must be a multiple of 8" in r["log"]
+        assert r["unloaded"]  # nothing of the failed connect stays behind
 
 
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
