@@ -4,6 +4,7 @@
 #include <string>
 
 #include "bindings/common.h"
+#include "common/defaults.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "protocol/auth.h"
@@ -113,6 +114,12 @@ void bind_common(py::module_& m) {
   }, py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
+  py::dict defaults;  // common/defaults.h: reducer/config.py states the same (a test checks)
+  defaults["chunk_bytes"] = rs::kDefaultChunkBytes;
+  defaults["socket_buffer"] = rs::kDefaultSocketBuffer;
+  defaults["window"] = rs::kDefaultWindow;
+  defaults["streams"] = rs::kDefaultStreams;
+  m.attr("DEFAULTS") = defaults;
 
 }
 

@@ -15,6 +15,8 @@
 #include "common/error.h"
 #include "nccl_plugin/json.h"
 #include "net/socket.h"
+#include "protocol/plan.h"
+#include "protocol/wire.h"
 
 namespace rs::nccl {
 
@@ -167,10 +169,11 @@ client::ClientOptions client_options_from_env() {
   client::ClientOptions o;
   if (auto v = getenv_str("RS_TIMEOUT")) o.timeout = parse_seconds("RS_TIMEOUT", *v);
   if (auto v = getenv_str("RS_CONNECT_TIMEOUT")) o.connect_timeout = parse_seconds("RS_CONNECT_TIMEOUT", *v);
-  if (auto v = getenv_str("RS_STREAMS")) o.streams = int(parse_int("RS_STREAMS", *v, 1, 64));
+  if (auto v = getenv_str("RS_STREAMS")) o.streams = int(parse_int("RS_STREAMS", *v, 1, proto::kMaxStreams));
   if (auto v = getenv_str("RS_CHUNK_BYTES")) {
     uint64_t c = parse_size("RS_CHUNK_BYTES", *v);
-    if (c < 64 || c > (64u << 20) || c % 8) bad("RS_CHUNK_BYTES", *v, "must be a multiple of 8 between 64 and 64 MiB");
+    std::string why = proto::check_chunk_bytes(c);  // the rule of the client, the ring and the hello check
+    if (!why.empty()) bad("RS_CHUNK_BYTES", *v, why);
     o.chunk_bytes = uint32_t(c);
   }
   if (auto v = getenv_str("RS_WINDOW")) o.window = int(parse_int("RS_WINDOW", *v, 1, 1024));

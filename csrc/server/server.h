@@ -7,6 +7,8 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace rs::server {
 
 struct ServerOptions {
@@ -17,7 +19,7 @@ struct ServerOptions {
   int group_slots = 4;           // chunk slots per group stream (memory bound, see docs/protocol.md)
   double handshake_timeout = 10.0;      // seconds for a connection to complete its hello
   double group_timeout = 300.0;         // seconds for a group stream to gather all its ranks
-  int socket_buffer = 4 << 20;
+  int socket_buffer = kDefaultSocketBuffer;
   uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream
   uint64_t max_memory_bytes = 0;        // all groups together; 0: half of the physical memory
   uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64

@@ -30,7 +30,8 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import cpu_monitor, report, steps
+from . import control_ab, cpu_monitor, report, steps
+from .poller import DEFAULT_INTERVAL_S, merge_counts
 from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
@@ -67,6 +68,10 @@ class BenchConfig:
     first_bucket_mb: float = 1.0             # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
     compute_ms: str = "0"                    # backward time(s), ms, comma list; 'gloo' = gloo's comm time
     scale: float = 1.0                       # shrink every tensor and bucket limit (tests)
+    # the reducers' control plane (reducer.bench.control_ab): off, on (polled), or ab (rs both ways)
+    control_plane: str = "off"
+    poll_interval: float = DEFAULT_INTERVAL_S  # seconds between the poller's GetStats + /metrics rounds
+    ab_passes: int = 2                       # with ab: passes of each variant (A B B A for 2)
 
 
 def parse_sizes(text: str) -> List[int]:
@@ -109,7 +114,7 @@ def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
     """The 16-bit type `algo` puts the float32 buffer on the wire as (None: the buffer's own)."""
     if algo == "gloo-bf16":
         return "bfloat16"
-    if algo == "rs" and cfg.compression:
+    if control_ab.base_algo(algo) == "rs" and cfg.compression:
         return {"bf16": "bfloat16", "fp16": "float16"}[cfg.compression]
     return None
 
@@ -322,11 +327,14 @@ RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
 
 
 def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
-              run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+              run_id: str, polls: Optional[List[Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
-    make_row(algo, key, messages in rank order, wall seconds)."""
+    make_row(algo, key, messages in rank order, wall seconds). When its reducers run the control
+    plane, a poller polls them meanwhile and its counts are appended to `polls`."""
     W, R = cfg.workers, cfg.reducers
+    control = control_ab.with_control_plane(algo, cfg.control_plane)
+    is_rs = control_ab.base_algo(algo) == "rs"
     events: "queue.Queue" = queue.Queue()
     procs: List[_Proc] = []
     rows: List[Dict[str, Any]] = []
@@ -340,19 +348,31 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                 h = W + k if hosts.emulated else 0
                 rprocs.append(_spawn(hosts, h, f"reducer {k}",
                                      {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                      "threads": rs_config.get("threads")}, events))
+                                      "threads": rs_config.get("threads"), "control_plane": control}, events))
             procs += rprocs
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
                 reducer_addrs.append(format_address(host, rready[p]["port"]))
+        t_rready = t_pready = time.monotonic()  # the reducers are up (if any)
+        poller: Optional[_Proc] = None
+        pready: Dict[_Proc, Dict[str, Any]] = {}
+        if control and rprocs:
+            # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
+            job = {"role": "poller", "interval": cfg.poll_interval,
+                   "control": [rready[p]["control_address"] for p in rprocs],
+                   "metrics": [rready[p]["metrics_url"] for p in rprocs]}
+            poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events)
+            procs.append(poller)
+            pready = _wait_all(events, [poller], "ready", cfg.connect_timeout, watch=procs)
+            t_pready = time.monotonic()
         wprocs = []
         for i in range(W):
             job = {"role": "worker", "algo": algo, "rank": i, "world": W, "dtype": cfg.dtype,
                    "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if algo == "rs" else None,
+                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
                    "wire_dtype": wire_dtype(algo, cfg), **work}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
         procs += wprocs
@@ -385,16 +405,25 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         # Results stream in; 'done' comes after the last one.
         done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_result, watch=procs, idle=True)
         wall = time.monotonic() - t_ready
-        cpu_s = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs)
+        # The bench's own processes' share of the machine: each process's CPU seconds over the time
+        # it was measured (workers: 'ready' to 'done', with input restores and result checks; reducers
+        # and the poller: their own 'ready' to the end), in cores; the rest of the load is someone else's.
+        cores = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs) / wall if wall > 0 else 0.0
+        if poller is not None:
+            poller.close_stdin()
+            pdone = _wait_all(events, [poller], "done", 60.0)[poller]
+            cores += (pdone["cpu_s"] - pready[poller]["cpu_s"]) / max(1e-3, time.monotonic() - t_pready)
+            if polls is not None:
+                polls.append(pdone["polls"])
         if rprocs:
             for p in rprocs:
                 p.close_stdin()
             rdone = _wait_all(events, rprocs, "done", 30.0)
-            cpu_s += sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
-        # The bench's own processes' share of the machine, between 'ready' and 'done'
-        # (includes input restores and result checks): the rest of the machine's load is
-        # someone else's.
-        share = 100.0 * cpu_s / (wall * (os.cpu_count() or 1)) if wall > 0 else None
+            reducer_cpu_s = sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
+            cores += reducer_cpu_s / max(1e-3, time.monotonic() - t_rready)
+            for r in rows:
+                r["reducer_cpu_s"] = reducer_cpu_s  # all reducers, this pass: 'ready' to the end
+        share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
         for r in rows:
             r["bench_cpu_percent"] = share
         return rows, None
@@ -429,16 +458,17 @@ def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, 
 
 def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
     def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+        is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
         return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
                                [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
                                cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
                                warmup=cfg.warmup,
                                chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                               streams=int(rs_config.get("streams")) if algo == "rs" else 1,
+                               streams=int(rs_config.get("streams")) if is_rs else 1,
                                wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
                                **({"window": int(rs_config.get("window")), "compression": cfg.compression}
-                                  if algo == "rs" else {}))
+                                  if is_rs else {}))
 
     return make
 
@@ -470,6 +500,9 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             raise ConfigError(f"no size holds a whole {cfg.dtype} element")
         algos = _choose_algos(cfg, ALL_ALGOS + EXTRA_ALGOS, available_algos(), out,
                               default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()))
+    control_ab.check(cfg.control_plane, algos, cfg.model, cfg.ab_passes, cfg.poll_interval)
+    run_order = control_ab.pass_order(algos, cfg.control_plane, cfg.ab_passes)
+    algos = list(dict.fromkeys(run_order))  # what the tables show: with ab, rs+cp after rs
     if cfg.plot_path:
         from .plot import _pyplot
 
@@ -484,6 +517,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
     run_id = uuid.uuid4().hex[:8]
     n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in algos) else 0)
+    if any(control_ab.with_control_plane(a, cfg.control_plane) for a in algos):
+        n_hosts += 1  # the control-plane poller's
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
@@ -496,6 +531,9 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
+    cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
+    if cp_line:
+        out(cp_line)
     if plan is not None:
         for line in plan.describe():
             out(line)
@@ -505,11 +543,12 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         work_passes: Any = ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
         make_row = plan.make_row(cfg)
     else:
-        work_passes = ((a, {"sizes": sizes}, len(sizes)) for a in algos)
+        work_passes = ((a, {"sizes": sizes}, len(sizes)) for a in run_order)
         make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize,
                                    cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
     errors: Dict[str, Optional[str]] = {}
-    cpu_by_algo: Dict[str, Any] = {}
+    cpu_by_algo: Dict[str, List[Any]] = {}
+    polls_by_algo: Dict[str, List[Dict[str, Any]]] = {}
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
@@ -540,10 +579,14 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                     return row
 
                 try:
-                    rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id)
+                    rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id,
+                                          polls=polls_by_algo.setdefault(algo, []))
                 finally:
                     mon.stop()
-                    cpu_by_algo[algo] = mon
+                    cpu_by_algo.setdefault(algo, []).append(mon)
+                if uses_reducers(algo):
+                    for r in rows:
+                        r["control_plane"] = "on" if control_ab.with_control_plane(algo, cfg.control_plane) else "off"
                 all_rows += rows
                 errors[algo] = errors.get(algo) or err
                 if err:
@@ -566,17 +609,35 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             if errors.get(algo):
                 out(f"# {algo} FAILED: {errors[algo]}")
     else:
+        bench_cpu = _mean_by_algo(all_rows, "bench_cpu_percent")
+        reducer_cpu = _mean_by_algo(all_rows, "reducer_cpu_s")  # per pass
+        if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
+            all_rows = report.merge_passes(all_rows)
+            for r in all_rows:
+                r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
+                r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
         for algo in algos:
             out("")
             out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
                                          cfg.reducers, errors.get(algo),
-                                         compression=cfg.compression if algo == "rs" else None))
+                                         compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
+    for algo, counts in polls_by_algo.items():
+        if counts:
+            merged = merge_counts(counts)
+            for r in all_rows:
+                if r["algo"] == algo:
+                    r["polls"] = merged
+            if cfg.control_plane == "on":
+                out(control_ab.format_polls(merged, cfg.poll_interval, algo))
+    if cfg.control_plane == "ab" and plan is None:
+        out("")
+        out(control_ab.format_table(all_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
     for algo in algos:
         mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
         if algo in cpu_by_algo:
-            mon = cpu_by_algo[algo]
+            mons = cpu_by_algo[algo]
             txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-                  f"mean {mon.mean_percent:.0f}% of {mon.ncpu} cores"
+                  f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
             if mine is not None:
                 txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
                         "kernel network processing in softirq, and any other load)")
@@ -610,6 +671,15 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     if failed:
         raise BenchError("benchmark failed for " + ", ".join(f"{a}: {errors[a]}" for a in failed))
     return all_rows
+
+
+def _mean_by_algo(rows: List[Dict[str, Any]], key: str) -> Dict[str, Optional[float]]:
+    """The mean of rows[key] per algorithm (None where no row has it)."""
+    out: Dict[str, Optional[float]] = {}
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        vals = [r[key] for r in rows if r["algo"] == algo and r.get(key) is not None]
+        out[algo] = sum(vals) / len(vals) if vals else None
+    return out
 
 
 def _progress(cfg: BenchConfig):

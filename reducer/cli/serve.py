@@ -179,12 +179,13 @@ class SidePorts:
 def resolve_side_ports(control: Optional[int], metrics: Optional[int], data_port: int) -> SidePorts:
     """--control-port / --metrics-port, else RS_CONTROL_PORT / RS_METRICS_PORT, else the defaults."""
     from reducer import config
+    from reducer.addresses import MAX_PORT
 
     control = config.get("control_port", control)
     metrics = config.get("metrics_port", metrics)
     is_default = control is None
     if is_default:
-        control = data_port + 1 if data_port < 65535 else None
+        control = data_port + 1 if data_port < MAX_PORT else None
     return SidePorts(None if control == config.OFF else control, is_default,
                      None if metrics is None or metrics == config.OFF else metrics)
 
