@@ -195,6 +195,7 @@ void Client::connect_all() {
         continue;
       }
       links[i]->fd = std::move(pending[i].fd);
+      protect_link(pending[i], &links[i]->out, &links[i]->in);
     }
     if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     todo.swap(retry);
@@ -218,6 +219,7 @@ proto::Hello Client::hello_for(int stream) const {
   h.chunk_bytes = opts_.chunk_bytes;
   h.job_id = opts_.job_id;
   h.group = opts_.group;
+  if (opts_.integrity) h.flags |= proto::kHelloIntegrity;
   return h;
 }
 
@@ -229,7 +231,7 @@ void Client::disconnect(bool say_bye) {
     proto::encode(h, b);
     for (auto& l : links_) {
       // Best effort: a link mid-frame cannot take a goodbye; the reducer then sees a plain close.
-      if (!l->out.mid_frame()) ::send(l->fd.get(), b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
+      l->out.send_now(l->fd.get(), l->peer, b, sizeof b);
       ::shutdown(l->fd.get(), SHUT_WR);
     }
   }

@@ -63,6 +63,7 @@ struct ClientOptions {
   int window = 4;                   // chunks in flight per connection (sent, result not yet back), across rounds
   int socket_buffer = 4 << 20;
   int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
+  bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
 };
 
 struct ClientStats {

@@ -54,6 +54,11 @@ void encode(const Challenge& c, uint8_t out[kChallengeBytes]);
 std::string decode(const uint8_t in[kChallengeBytes], Challenge* c);
 
 // 2. worker -> reducer: HELLO (96 fixed bytes, then job id and group name bytes)
+// Flags: kHelloIntegrity asks for frame integrity (net/frame_auth.h); it needs authentication.
+// A reducer that accepts such a hello (REPLY Ok) protects every frame of the connection in both
+// directions; one that does not offer it refuses with IntegrityMismatch. Other bits: BadHello.
+constexpr uint16_t kHelloIntegrity = 1;
+constexpr uint16_t kHelloKnownFlags = kHelloIntegrity;
 struct Hello {
   uint16_t version = kVersion;
   uint16_t flags = 0;
@@ -92,6 +97,7 @@ enum class Status : uint16_t {
   ShuttingDown = 6,
   OverLimit = 7,        // a memory, connection or group cap of the reducer (the message names the setting)
   GroupIncomplete = 8,  // the group did not complete within the reducer's group timeout
+  IntegrityMismatch = 9,  // frame integrity asked for but not offered, or required but not asked for
 };
 struct Reply {
   Status status = Status::Ok;

@@ -55,6 +55,10 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--auth-token-file", default=None,
                    help="file holding the shared secret workers must prove they know "
                         "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE, else no authentication)")
+    p.add_argument("--integrity", choices=("off", "on", "required"), default=None,
+                   help="frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered "
+                        "to workers that ask, required = workers that do not ask are refused "
+                        "(default: $RS_INTEGRITY, else on with a secret, off without)")
     p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
                    help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)")
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL,
@@ -260,8 +264,12 @@ def run(args: argparse.Namespace) -> int:
             pass
     try:
         try:
-            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "")
+            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
+                                   integrity=args.integrity)
             server.start()
+        except ConfigError as exc:  # e.g. --integrity on without a shared secret
+            print(f"reduction-server serve: error: {exc}", file=sys.stderr)
+            return 2
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
             if "listen" not in detail:
