@@ -11,7 +11,10 @@ Two measurements in one run:
    each, alternating which goes first, so load changes on the machine affect both alike. Printed:
    median step time of the slowest worker, GB/s of buffer reduced, and the ratio on/off.
    Results are checked against the exact sum on every step.
-2. Raw GMAC throughput of one core (the core's FrameAuth via reducer._core.frame_tags: header
+2. The reducer's CPU per byte (benchmarks/bench_reducer_cpu.py's measurement: contribution
+   bytes received per reducer CPU second, one reducer thread) with integrity off and on: this is
+   what sizes reducers (docs/deploy.md), and unlike wall-clock rates it holds on a loaded machine.
+3. Raw GMAC throughput of one core (the core's FrameAuth via reducer._core.frame_tags: header
    tag + trailer over a `--gmac-size` payload) against a memory copy of the same size (numpy),
    best of `--repeat`.
 """
@@ -23,7 +26,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -114,8 +117,11 @@ def gmac_vs_memcpy(nbytes: int, repeat: int) -> Dict[str, float]:
     return {k: nbytes / v / 1e9 for k, v in best.items()}
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     from reducer.config import parse_size
+
+    load = os.getloadavg()
+    print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--workers", type=int, default=2)
@@ -125,6 +131,8 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--size", default="16M", help="bytes per all-reduce")
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--gmac-size", default="4M")
+    p.add_argument("--cpu-nbytes", type=parse_size, default=64 << 20, help="reducer CPU measurement: buffer per worker")
+    p.add_argument("--cpu-iters", type=int, default=10)
     p.add_argument("--repeat", type=int, default=7)
     args = p.parse_args(argv)
     nbytes = parse_size(args.size)
@@ -134,6 +142,14 @@ def main(argv: List[str] = None) -> int:
     print(f"one core, {gsize >> 20} MiB: GMAC (header tag + trailer) {g['gmac']:.2f} GB/s, "
           f"memcpy {g['memcpy']:.2f} GB/s, GMAC/memcpy {g['gmac'] / g['memcpy']:.2f}")
 
+    from benchmarks.bench_reducer_cpu import measure
+
+    cpu = {m: measure("float32", args.workers, args.cpu_nbytes, args.cpu_iters, SECRET, m == "on") for m in MODES}
+    print(f"reducer CPU per byte, W={args.workers}, {args.cpu_nbytes >> 20} MiB x {args.cpu_iters}, 1 thread:")
+    for m in MODES:
+        print(f"  integrity {m:3s}  {cpu[m]['core_GBps']:6.2f} GB/s of contributions per reducer core")
+    print(f"  reducer core GB/s on/off = {cpu['on']['core_GBps'] / cpu['off']['core_GBps']:.2f}")
+
     t = allreduce_ratio(args.workers, args.reducers, args.rounds, nbytes, args.steps, args.threads)
     gbps = {m: args.rounds * nbytes / t[m] / 1e9 for m in MODES}
     print(f"all-reduce W={args.workers} R={args.reducers} {args.rounds} x {nbytes >> 20} MiB float32, loopback, "
@@ -141,6 +157,8 @@ def main(argv: List[str] = None) -> int:
     for m in MODES:
         print(f"  integrity {m:3s}  {t[m] * 1e3:8.1f} ms/step  {gbps[m]:6.2f} GB/s")
     print(f"  throughput on/off = {gbps['on'] / gbps['off']:.2f}  (cost {100 * (1 - gbps['on'] / gbps['off']):.0f}%)")
+    load = os.getloadavg()
+    print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 
 
