@@ -214,10 +214,13 @@ def _parse_arg(name: str, value: Any) -> Any:
         raise ConfigError(f"{name}={value!r} is not valid: {exc}") from None
 
 
-def reducer_integrity(value: Optional[str] = None) -> str:
+def reducer_integrity(value: Optional[str] = None, auth_token: Optional[str] = None) -> str:
     """The integrity setting as the reducer core takes it: 'off', 'on', 'required', or 'auto'
-    (unset: on with a shared secret, else off)."""
+    (unset: on with a shared secret, else off). ConfigError for on/required without a secret."""
     mode = get("integrity", None if value is None else _parse_arg("integrity", value))
+    if mode in ("on", "required") and not auth_token:
+        raise ConfigError(f"frame integrity '{mode}' needs authentication: give the reducer a shared secret "
+                          "(--auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE) or set integrity off")
     return "auto" if mode is None else mode
 
 

@@ -52,7 +52,7 @@ class ReducerServer:
         token = config.resolve_auth_token(auth_token)
         options: Dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
         options["socket_buffer"] = config.get("socket_buffer", socket_buffer)
-        options["integrity"] = config.reducer_integrity(integrity)
+        options["integrity"] = config.reducer_integrity(integrity, token)
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "",
                                    **{k: v for k, v in options.items() if v is not None})
         self._started = False

@@ -212,7 +212,11 @@ def test_integrity_needs_authentication(monkeypatch):
         with pytest.raises(ConfigError, match="needs authentication"):
             reducer.Communicator([srv.address], 0, 1, integrity="on", timeout=5, connect_timeout=5)
     with pytest.raises(ConfigError, match="needs authentication"):
-        reducer.ReducerServer(host="127.0.0.1", port=0, integrity="required").start()
+        reducer.ReducerServer(host="127.0.0.1", port=0, integrity="required")
+    from reducer._native import core
+
+    with pytest.raises(ConfigError, match="needs authentication"):  # the core checks it too
+        core.Server("127.0.0.1", 0, 1, "", integrity="on").start()
     monkeypatch.setenv("RS_INTEGRITY", "sometimes")
     with pytest.raises(ConfigError, match="RS_INTEGRITY"):
         reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET)

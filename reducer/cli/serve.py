@@ -232,6 +232,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = resolve_listen(args.host, args.port)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
+        config.reducer_integrity(args.integrity, token)  # on/required without a secret: refused here
     except ConfigError as exc:
         print(f"reduction-server serve: error: {exc}", file=sys.stderr)
         return 2
@@ -267,9 +268,6 @@ def run(args: argparse.Namespace) -> int:
             server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
                                    integrity=args.integrity)
             server.start()
-        except ConfigError as exc:  # e.g. --integrity on without a shared secret
-            print(f"reduction-server serve: error: {exc}", file=sys.stderr)
-            return 2
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
             if "listen" not in detail:
