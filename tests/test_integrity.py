@@ -310,3 +310,29 @@ def test_frame_tags_match_an_independent_aes_gcm():
                 flipped[size // 2] ^= 0x10
                 htag2, trailer2 = core.frame_tags(key, direction, n, header, bytes(flipped))
                 assert htag2 == htag and trailer2 != trailer  # the header tag covers the header only
+
+
+def test_goodbye_and_shutdown_frames_are_protected():
+    from attack_tools import ERR_SHUTDOWN, wait_until
+
+    srv = reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET).start()
+    try:
+        # A worker's BYE carries its tags: the reducer sees a clean leave, not a failed check.
+        comm = reducer.Communicator([srv.address], 0, 1, group="bye", job_id=JOB, auth_token=SECRET, integrity="on",
+                                    timeout=10, connect_timeout=10)
+        x = np.arange(10, dtype=np.float32)
+        comm.allreduce(x)
+        comm.close()
+        assert wait_until(lambda: srv.stats()["connections"] == 0, 10)
+        assert srv.stats()["errors"] == 0
+        assert all(INTEGRITY_ERROR not in g["last_error"] for g in srv.group_stats())
+        # The reducer's ERROR Shutdown, sent as it stops, carries its tags too.
+        w = _protected_raw_worker(srv.port, b"raw-stop")
+        try:
+            srv.stop()
+            fields, text = _read_protected(w, 0)
+            assert fields[0] == ERROR and fields[3] == ERR_SHUTDOWN and b"shutting down" in text
+        finally:
+            w.close()
+    finally:
+        srv.stop()
