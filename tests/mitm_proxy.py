@@ -167,11 +167,4 @@ class Proxy:
         self.close()
 
 
-def first_data_frame_offsets(tags: bool) -> dict:
-    """Byte offsets inside a frame for the flips: a header field, the payload's first byte, the trailer."""
-    payload = FRAME.size + (TAG_BYTES if tags else 0)
-    return {"header_round": 8, "header_length": 4, "payload": payload}
-
-
-__all__ = ["Proxy", "TO_REDUCER", "TO_WORKER", "flip", "drop", "replay", "swap", "untouched",
-           "first_data_frame_offsets"]
+__all__ = ["Proxy", "TO_REDUCER", "TO_WORKER", "flip", "drop", "replay", "swap", "untouched"]
