@@ -336,3 +336,15 @@ def test_goodbye_and_shutdown_frames_are_protected():
             w.close()
     finally:
         srv.stop()
+
+
+def test_transport_unit_tests_in_cpp(tmp_path):
+    # tests/cpp/test_frame_auth.cc: writer -> reader over a socketpair with 4 KiB socket buffers,
+    # every 7th byte of a frame flipped, replay / drop / reorder, no libcrypto allocation per frame.
+    from cpp_build import build_and_run, kernel_sources
+
+    sources = ["tests/cpp/test_frame_auth.cc", "csrc/net/frame_auth.cc", "csrc/net/frame_io.cc", "csrc/net/socket.cc",
+               "csrc/protocol/auth.cc", "csrc/protocol/hmac.cc", "csrc/protocol/wire.cc", "csrc/protocol/plan.cc",
+               "csrc/common/common.cc"]
+    out = build_and_run(tmp_path, "test_frame_auth", sources + kernel_sources(), libs=["crypto"])
+    assert "libcrypto allocations over 1000 frames: 0" in out
