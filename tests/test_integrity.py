@@ -141,6 +141,7 @@ def test_tampering_fails_the_round_with_the_integrity_error(case):
             # connection whose input is unread resets it, which can overtake that frame).
             failed = [g["last_error"] for g in srv.group_stats() if g["group"] == "attacked"]
             assert failed and INTEGRITY_ERROR in failed[0], failed
+            assert any(INTEGRITY_ERROR in str(r) for r in out), out
             assert srv.stats()["errors"] >= 1
         else:  # the worker checked the result itself
             assert isinstance(out[0], ProtocolError) and INTEGRITY_ERROR in str(out[0]), out[0]
