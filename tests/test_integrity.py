@@ -349,3 +349,16 @@ def test_transport_unit_tests_in_cpp(tmp_path):
                "csrc/common/common.cc"]
     out = build_and_run(tmp_path, "test_frame_auth", sources + kernel_sources(), libs=["crypto"])
     assert "libcrypto allocations over 1000 frames: 0" in out
+
+
+def test_unknown_hello_flags_are_refused():
+    key = job_key(SECRET.encode(), JOB.encode())
+    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET) as srv:
+        w = RawWorker(srv.port, job=JOB.encode(), key=key, send_hello=False)
+        try:
+            w.sock.sendall(encode_hello(w.challenge.nonce, world=1, rank=0, job=JOB.encode(), group=b"g", key=key,
+                                        flags=HELLO_INTEGRITY | 2, worker_nonce=w.worker_nonce))
+            r = w.reply(timeout=5)
+            assert r.status == Status.BAD_HELLO and "unknown hello flags" in r.message, r
+        finally:
+            w.close()
