@@ -299,7 +299,7 @@ def init(**overrides: Any) -> Communicator:
     Keyword arguments override what discovery finds (reducers, rank, world_size,
     local_rank, local_world_size, reducer_port, job_id) and the Communicator's own
     options (group, timeout, auth_token, streams, chunk_bytes, connect_timeout,
-    fusion_threshold, cycle_time_ms, compression).
+    fusion_threshold, cycle_time_ms, compression, socket_buffer, window, integrity).
     """
     from .cluster import discover_worker
 
@@ -308,7 +308,8 @@ def init(**overrides: Any) -> Communicator:
     info = discover_worker(**disc)
     comm_kwargs = {k: overrides.pop(k) for k in list(overrides)
                    if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout",
-                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window")}
+                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window",
+                           "integrity")}
     if overrides:
         raise ConfigError(f"unknown arguments to reducer.init(): {', '.join(sorted(overrides))}")
     log.info("rank %d of %d (from %s), %d reducers", info.rank, info.world_size, info.source, len(info.reducers))

@@ -804,10 +804,10 @@ struct Loop {
         h.flags = uint8_t(proto::ErrorCode::Shutdown);
         const std::string msg = "reducer is shutting down";
         h.length = uint32_t(msg.size());
-        uint8_t frame[proto::kFrameHeaderBytes + 64];
-        proto::encode(h, frame);
-        std::memcpy(frame + proto::kFrameHeaderBytes, msg.data(), msg.size());
-        c->out.send_now(c->fd.get(), c->peer, frame, proto::kFrameHeaderBytes + msg.size());
+        std::string frame(proto::kFrameHeaderBytes, '\0');
+        proto::encode(h, reinterpret_cast<uint8_t*>(&frame[0]));
+        frame += msg;
+        c->out.send_now(c->fd.get(), c->peer, reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
       }
       if (c->member) {
         c->why = "reducer shutting down";
