@@ -23,7 +23,7 @@ def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Seque
     if cxx is None:
         pytest.fail("no C++ compiler: the suite needs g++ (the extension needs it too)")
     exe = tmp_path / name
-    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Icsrc", "-o", str(exe), *sources,
+    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Icsrc", "-Itests/cpp", "-o", str(exe), *sources,
                             "-pthread", *(f"-l{lib}" for lib in libs)], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stderr

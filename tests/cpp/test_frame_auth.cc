@@ -14,19 +14,11 @@
 #include <string>
 #include <vector>
 
+#include "check.h"
 #include "common/error.h"
 #include "net/frame_io.h"
 
 using namespace rs;
-
-static int failures = 0;
-#define CHECK(cond)                                                                 \
-  do {                                                                              \
-    if (!(cond)) {                                                                  \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                                   \
-    }                                                                               \
-  } while (0)
 
 static std::atomic<long> allocations{0};
 static void* counting_malloc(size_t n, const char*, int) {
@@ -246,10 +238,5 @@ int main() {
   no_allocation_per_frame();
   round_trip();
   tampering();
-  if (failures) {
-    std::fprintf(stderr, "%d checks failed\n", failures);
-    return 1;
-  }
-  std::printf("all checks passed\n");
-  return 0;
+  return finish("frame integrity");
 }
