@@ -256,6 +256,21 @@ def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_p
         assert r["unloaded"]  # nothing of the failed connect stays behind
 
 
+def test_collnet_with_frame_integrity(pool, reducers, tmp_path):
+    # RS_INTEGRITY reaches the plugin's clients: a reducer that requires integrity serves them
+    # (without the flag it would refuse every hello with IntegrityMismatch).
+    secret = "plugin-integrity"
+    servers = reducers(1, auth_token=secret, integrity="required")
+    calls = [(7, 0, 1000), (4, 0, 3001), (9, 3, 40000)] * 2
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls,
+                        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": "on"})
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == []
+    assert servers[0].stats()["rejected"] == 0
+
+
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
     servers = reducers(2)
     calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999), (7, 0, 65536)] * 40

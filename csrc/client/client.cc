@@ -281,6 +281,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
         continue;
       }
       links[i]->fd = std::move(pending[i].fd);
+      protect_link(pending[i], &links[i]->out, &links[i]->in);
     }
     if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     todo.swap(retry);
@@ -305,6 +306,7 @@ proto::Hello Client::hello_for(int stream) const {
   h.job_id = opts_.job_id;
   h.group = session_group();
   if (opts_.failover) h.flags |= proto::kHelloFailover;
+  if (opts_.integrity) h.flags |= proto::kHelloIntegrity;
   return h;
 }
 
@@ -334,7 +336,7 @@ void Client::disconnect(bool say_bye) {
     proto::encode(h, b);
     for (auto& l : links_) {
       // Best effort: a link mid-frame cannot take a goodbye; the reducer then sees a plain close.
-      if (!l->out.mid_frame() && !l->closed) ::send(l->fd.get(), b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (!l->closed) l->out.send_now(l->fd.get(), l->peer, b, sizeof b);
       ::shutdown(l->fd.get(), SHUT_WR);
     }
   }
@@ -927,13 +929,14 @@ void Client::say_failover_bye() {
     Link& l = *lp;
     if (l.closed || lost_[l.reducer]) continue;
     try {
-      // A frame half written must be finished first, or the goodbye would be read as its payload.
-      while (l.out.mid_frame() && Clock::now() < until) {
+      // Frames queued are written first (a half-written one would swallow the goodbye, and with
+      // frame integrity every queued frame has taken its place in the sequence).
+      while (!l.out.empty() && Clock::now() < until) {
         pollfd p{l.fd.get(), POLLOUT, 0};
         if (::poll(&p, 1, net::ms_until(until, 50)) <= 0) continue;
         l.out.flush(l.fd.get(), l.peer, nullptr, [](uint64_t) {});
       }
-      if (!l.out.mid_frame()) ::send(l.fd.get(), bye, sizeof bye, MSG_NOSIGNAL | MSG_DONTWAIT);
+      l.out.send_now(l.fd.get(), l.peer, bye, sizeof bye);
     } catch (const Error&) {
       // gone too: its own loss shows when connecting the survivors
     }

@@ -75,6 +75,7 @@ struct ClientOptions {
   int socket_buffer = 4 << 20;
   bool failover = true;             // finish rounds on the surviving reducers when one is lost
   int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
+  bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
 };
 
 struct ClientStats {

@@ -195,6 +195,11 @@ client::ClientOptions client_options_from_env() {
     if (secret.empty()) bad("RS_AUTH_TOKEN_FILE", *f, "the file cannot be read or is empty");
     o.auth_token = secret;
   }
+  if (auto v = getenv_str("RS_INTEGRITY")) {
+    const std::string mode = trim(*v);
+    if (mode != "off" && mode != "on" && mode != "required") bad("RS_INTEGRITY", *v, "must be off, on or required");
+    o.integrity = mode != "off";  // a worker that asks for it never falls back
+  }
   return o;
 }
 

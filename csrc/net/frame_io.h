@@ -20,6 +20,13 @@
 //   read_into    the byte-level primitive under the reader, for streams without per-frame
 //                headers (the ring).
 //
+//   protect()    turns on frame integrity (net/frame_auth.h) for a connection's writer and
+//                reader: from then on every frame carries a header tag and a trailer, computed
+//                when a frame is queued and checked as it is read (the payload's GMAC is fed as
+//                its bytes arrive); a frame that fails its check throws Error(Protocol)
+//                "frame integrity check failed from <peer> ..." before the header or the frame
+//                is reported to the caller.
+//
 // All calls are for non-blocking sockets: they never wait. "Would block" is reported in
 // IoResult::blocked (the caller then polls for POLLOUT / POLLIN); a closed or reset
 // connection throws Error(PeerLost) naming the peer. Waiting and timeouts are the caller's
@@ -40,6 +47,7 @@
 #include <string>
 #include <vector>
 
+#include "net/frame_auth.h"
 #include "net/socket.h"
 #include "protocol/wire.h"
 
@@ -121,11 +129,21 @@ class FrameWriter {
   // Forgets every queued frame (after an error; their done() is never called).
   void clear();
 
+  // Every frame queued from now on carries its integrity tags (computed here, at push time:
+  // the payload must not change until it is written, which the callers guarantee anyway).
+  void protect(std::unique_ptr<FrameAuth> auth) { auth_ = std::move(auth); }
+  bool is_protected() const { return auth_ != nullptr; }
+
   // Queues a frame: `hdr_len` (0..48) header bytes, copied, then the payload. Returns false
-  // (and queues nothing) when full.
+  // (and queues nothing) when full. Protected: the header must be a whole frame header.
   bool push(const uint8_t* hdr, size_t hdr_len, Payload payload, uint64_t token);
   // Queues a control message whose bytes the writer owns (rare: may allocate); grows if full.
+  // Protected: the bytes must be one frame (header, then payload).
   void push_copy(std::string bytes, uint64_t token);
+  // A last frame (header, then payload) sent at once, past the queue, for a connection about to
+  // close (BYE, ERROR Shutdown): best effort, never blocks, errors ignored. Frames still queued
+  // are dropped (their done() is never called). Does nothing while a frame is partly written.
+  void send_now(int fd, const std::string& peer, const uint8_t* frame, size_t len);
 
   // Writes queued frames until the queue is empty, the socket would block or `budget`
   // (may be null) is spent; calls done(token) for each frame completely written, in order.
@@ -163,14 +181,20 @@ class FrameWriter {
   }
 
  private:
+  // On the wire: hdr, [htag], owned, payload, [trailer] (the tags when sealed).
   struct Item {
     uint8_t hdr[kMaxHeaderBytes];
     uint8_t hdr_len = 0;
     Payload payload;
-    std::string owned;  // push_copy's bytes (then hdr_len = 0 and payload = none)
+    std::string owned;  // push_copy's bytes (unprotected: hdr_len = 0 and payload = none)
     uint64_t token = 0;
+    bool sealed = false;
+    FrameAuth::Tag htag{}, trailer{};
   };
-  static uint64_t total(const Item& it) { return it.hdr_len + it.owned.size() + it.payload.len; }
+  static uint64_t total(const Item& it) {
+    return it.hdr_len + it.owned.size() + it.payload.len + (it.sealed ? 2 * FrameAuth::kTagBytes : 0);
+  }
+  void seal(Item& it);
   Item& front() { return items_[head_]; }
   void pop();
   int build_iov(iovec* iov, size_t max_bytes) const;
@@ -178,6 +202,7 @@ class FrameWriter {
   std::vector<Item> items_;
   size_t head_ = 0, count_ = 0;
   uint64_t sent_ = 0;  // bytes of the front frame written
+  std::unique_ptr<FrameAuth> auth_;
 };
 
 // ---- reader -----------------------------------------------------------------------------
@@ -214,9 +239,15 @@ class FrameReader {
  public:
   explicit FrameReader(uint32_t max_payload = proto::kMaxChunkBytes) : max_payload_(max_payload) {}
   void set_max_payload(uint32_t n) { max_payload_ = n; }
+  // Every frame read from now on must carry valid integrity tags (between frames only).
+  void protect(std::unique_ptr<FrameAuth> auth) {
+    auth_ = std::move(auth);
+    hdr_need_ = proto::kFrameHeaderBytes + (auth_ ? FrameAuth::kTagBytes : 0);
+  }
+  bool is_protected() const { return auth_ != nullptr; }
   // Part of a frame has been read (a header, or a header and part of its payload).
   bool mid_frame() const { return hdr_got_ > 0; }
-  void reset() { hdr_got_ = 0; reading_payload_ = false; carry_n_ = 0; torn_ = false; }
+  void reset() { hdr_got_ = 0; tr_got_ = 0; reading_payload_ = false; carry_n_ = 0; torn_ = false; }
   // The frame being read: its header (valid while mid_frame() and reading its payload) and the
   // payload bytes already in the sink's memory (for an aligned Scatter sink: whole units only).
   bool reading_payload() const { return reading_payload_; }
@@ -236,14 +267,17 @@ class FrameReader {
   //     h.length bytes and stay valid until on_frame.
   //   bool on_frame(const proto::FrameHeader& h)
   //     the payload is complete; return false to stop pumping.
+  // Protected: on_header sees only headers whose tag is valid, on_frame only frames whose
+  // trailer is; a bad tag throws Error(Protocol) (the connection is unusable).
   template <class OnHeader, class OnFrame>
   IoResult pump(int fd, const std::string& peer, IoBudget* budget, OnHeader&& on_header, OnFrame&& on_frame) {
     IoResult res;
     while (!(budget && budget->spent())) {
       if (!reading_payload_) {
-        if (hdr_got_ < proto::kFrameHeaderBytes) {
-          read_into(fd, peer, hdr_, proto::kFrameHeaderBytes, &hdr_got_, &res, budget);
-          if (hdr_got_ < proto::kFrameHeaderBytes) break;  // would block
+        if (hdr_got_ < hdr_need_) {
+          read_into(fd, peer, hdr_, hdr_need_, &hdr_got_, &res, budget);
+          if (hdr_got_ < hdr_need_) break;  // would block
+          if (auth_) check_header(peer);
           error_ = proto::decode(hdr_, &h_, max_payload_);
         }
         sink_ = on_header(static_cast<const proto::FrameHeader&>(h_), static_cast<const std::string&>(error_));
@@ -256,6 +290,7 @@ class FrameReader {
           break;
         }
         if (sink_.kind == Sink::Kind::Text) sink_.text->assign(h_.length, '\0');
+        if (auth_) auth_->begin(hdr_, proto::kFrameHeaderBytes);
         reading_payload_ = true;
         got_ = 0;
         carry_n_ = 0;
@@ -264,6 +299,11 @@ class FrameReader {
       if (got_ < h_.length) {
         read_payload(fd, peer, &res, budget);
         if (got_ < h_.length) break;  // would block
+      }
+      if (auth_) {
+        read_into(fd, peer, tr_, sizeof tr_, &tr_got_, &res, budget);
+        if (tr_got_ < sizeof tr_) break;  // would block
+        check_trailer(peer);
       }
       reading_payload_ = false;
       hdr_got_ = 0;
@@ -287,14 +327,27 @@ class FrameReader {
   uint32_t carry_n_ = 0;  // payload bytes read into carry_, not yet in the sink
   bool torn_ = false;
 
+  void check_header(const std::string& peer);   // throws Error(Protocol)
+  void check_trailer(const std::string& peer);  // throws Error(Protocol); resets tr_got_
+
   uint32_t max_payload_;
-  uint8_t hdr_[proto::kFrameHeaderBytes];
+  uint8_t hdr_[proto::kFrameHeaderBytes + FrameAuth::kTagBytes];  // header, then its tag when protected
+  size_t hdr_need_ = proto::kFrameHeaderBytes;
   size_t hdr_got_ = 0;
+  uint8_t tr_[FrameAuth::kTagBytes];  // the trailer being read
+  size_t tr_got_ = 0;
+  std::unique_ptr<FrameAuth> auth_;
   bool reading_payload_ = false;
   proto::FrameHeader h_;
   std::string error_;
   Sink sink_;
   uint64_t got_ = 0;  // payload bytes read
 };
+
+// Turns on frame integrity on both directions of a connection: the writer's key is that of
+// `sending`, the reader's that of the other direction (proto::frame_key).
+void protect(FrameWriter* out, FrameReader* in, const proto::Key& job_key,
+             const std::array<uint8_t, proto::kNonceBytes>& worker_nonce,
+             const std::array<uint8_t, proto::kNonceBytes>& challenge_nonce, proto::Direction sending);
 
 }  // namespace rs::net

@@ -54,9 +54,18 @@ void encode(const Challenge& c, uint8_t out[kChallengeBytes]);
 std::string decode(const uint8_t in[kChallengeBytes], Challenge* c);
 
 // 2. worker -> reducer: HELLO (96 fixed bytes, then job id and group name bytes)
+// Flags: kHelloIntegrity asks for frame integrity (net/frame_auth.h); it needs authentication.
+// A reducer that accepts such a hello (REPLY Ok) protects every frame of the connection in both
+// directions; one that does not offer it refuses with IntegrityMismatch.
+// kHelloFailover: the worker sends DONE frames and waits for CLEAR before it releases a round
+// (reducer failover); every member of a group must send the same bit (GroupConflict otherwise).
+// Other bits: BadHello.
+constexpr uint16_t kHelloIntegrity = 1;
+constexpr uint16_t kHelloFailover = 1u << 8;
+constexpr uint16_t kHelloKnownFlags = kHelloIntegrity | kHelloFailover;
 struct Hello {
   uint16_t version = kVersion;
-  uint16_t flags = 0;              // HelloFlags
+  uint16_t flags = 0;              // kHello* bits
   uint32_t world_size = 0;
   uint32_t rank = 0;
   uint16_t stream_index = 0;
@@ -68,10 +77,6 @@ struct Hello {
   std::array<uint8_t, kMacBytes> mac{};      // see protocol/auth.h
 };
 constexpr size_t kHelloFixedBytes = 96;
-// Hello flags. Every member of a group must send the same kHelloFailover bit (GroupConflict otherwise).
-enum HelloFlags : uint16_t {
-  kHelloFailover = 1u << 8,  // the worker sends DONE frames and waits for CLEAR before it releases a round
-};
 // Encodes the whole hello (fixed part + names); the mac field is written as given.
 std::string encode(const Hello& h);
 // The fixed part with a zero mac followed by the names: what the hello MAC covers (after the nonce).
@@ -96,6 +101,7 @@ enum class Status : uint16_t {
   ShuttingDown = 6,
   OverLimit = 7,        // a memory, connection or group cap of the reducer (the message names the setting)
   GroupIncomplete = 8,  // the group did not complete within the reducer's group timeout
+  IntegrityMismatch = 9,  // frame integrity asked for but not offered, or required but not asked for
 };
 struct Reply {
   Status status = Status::Ok;

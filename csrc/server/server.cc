@@ -352,6 +352,7 @@ struct Loop {
     }
     Verdict v = check_hello_names(&c->hello, c->names, c->job_len, srv->opts.auth_token, c->nonce, c->peer, &c->key,
                                   &c->authenticated);
+    if (v.ok()) v = check_integrity(c->hello, srv->opts.integrity, c->peer);
     if (!v.ok()) {
       reject(c, v.status, v.message);
       return Step::Stop;
@@ -412,6 +413,10 @@ struct Loop {
       if (m->gkey.stream == 0) srv->workers++;
       m->counted = true;
       send_reply(m, proto::Status::Ok, "welcome");
+      // Frames after the Ok reply carry integrity tags when the hello asked for them (and it
+      // was accepted: check_integrity refused it otherwise).
+      if (m->hello.flags & proto::kHelloIntegrity)
+        net::protect(&m->out, &m->reader, m->key, m->hello.nonce, m->nonce, proto::Direction::ReducerToWorker);
     });
   }
 
@@ -653,13 +658,22 @@ struct Loop {
     });
   }
 
+  // Errors end this connection only (also when called for another connection's event).
   void read_data(Conn* c) {
     if (c->dead || c->paused || c->close_after_flush || c->state != ConnState::Active) return;
     net::IoBudget budget(kReadBudget);
-    net::IoResult res = c->reader.pump(
-        c->fd.get(), c->peer, &budget,
-        [&](const proto::FrameHeader& h, const std::string& err) { return on_header(c, h, err); },
-        [&](const proto::FrameHeader&) { return on_frame(c); });
+    net::IoResult res;
+    try {
+      res = c->reader.pump(
+          c->fd.get(), c->peer, &budget,
+          [&](const proto::FrameHeader& h, const std::string& err) { return on_header(c, h, err); },
+          [&](const proto::FrameHeader&) { return on_frame(c); });
+    } catch (const Error& e) {
+      // A frame that fails its integrity check: the whole group learns why it fails.
+      if (e.kind() == ErrorKind::Protocol && c->member && !c->said_bye) protocol_error(c, e.what());
+      else kill(c, e.what(), !(c->said_bye || c->close_after_flush));
+      return;
+    }
     srv->bytes_received += res.bytes;
     if (c->group) c->group->bytes_received += res.bytes;
   }
@@ -838,12 +852,10 @@ struct Loop {
         h.flags = uint8_t(proto::ErrorCode::Shutdown);
         const std::string msg = "reducer is shutting down";
         h.length = uint32_t(msg.size());
-        uint8_t hb[proto::kFrameHeaderBytes];
-        proto::encode(h, hb);
-        if (!c->out.mid_frame()) {
-          ::send(c->fd.get(), hb, sizeof hb, MSG_NOSIGNAL | MSG_DONTWAIT);
-          ::send(c->fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
+        std::string frame(proto::kFrameHeaderBytes, '\0');
+        proto::encode(h, reinterpret_cast<uint8_t*>(&frame[0]));
+        frame += msg;
+        c->out.send_now(c->fd.get(), c->peer, reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
       }
       if (c->member) {
         c->why = "reducer shutting down";
@@ -943,6 +955,12 @@ void Server::start() {
     throw Error(ErrorKind::Config, "handshake_timeout and group_timeout must be positive");
   if (s.opts.max_connections < 1 || s.opts.max_connections_per_peer < 1 || s.opts.max_groups_per_peer < 1)
     throw Error(ErrorKind::Config, "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
+  if (s.opts.integrity == IntegrityMode::Auto)
+    s.opts.integrity = s.opts.auth_token.empty() ? IntegrityMode::Off : IntegrityMode::On;
+  if (s.opts.integrity != IntegrityMode::Off && s.opts.auth_token.empty())
+    throw Error(ErrorKind::Config, std::string("frame integrity '") + integrity_mode_name(s.opts.integrity) +
+                                       "' needs authentication: give the reducer a shared secret (--auth-token-file, "
+                                       "RS_AUTH_TOKEN) or set integrity off");
   resolve_limits(s.opts);
   s.budget.set_limit(s.opts.max_memory_bytes);
   s.listener = net::listen_on(s.opts.host, s.opts.port, &s.port);
@@ -977,7 +995,11 @@ void Server::start() {
     lp->thread = std::thread([lp] { lp->run(); });
   }
   log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + std::to_string(threads) +
-           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") + "; limits: memory " +
+           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") +
+           (s.opts.integrity == IntegrityMode::Required ? ", frame integrity required"
+            : s.opts.integrity == IntegrityMode::On    ? ", frame integrity offered"
+                                                       : "") +
+           "; limits: memory " +
            std::to_string(s.opts.max_memory_bytes >> 20) + " MiB, " + std::to_string(s.opts.max_connections) +
            " connections (" + std::to_string(s.opts.max_connections_per_peer) + " per address)");
   if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
@@ -985,6 +1007,24 @@ void Server::start() {
              " has NO authentication: anyone who can reach this port can join any job's group, inject data into its "
              "sums and read them; set a shared secret (RS_AUTH_TOKEN or --auth-token-file) on reducers and workers, "
              "see docs/security.md");
+}
+
+bool parse_integrity_mode(const std::string& s, IntegrityMode* out) {
+  if (s.empty() || s == "auto") *out = IntegrityMode::Auto;
+  else if (s == "off") *out = IntegrityMode::Off;
+  else if (s == "on") *out = IntegrityMode::On;
+  else if (s == "required") *out = IntegrityMode::Required;
+  else return false;
+  return true;
+}
+
+const char* integrity_mode_name(IntegrityMode m) {
+  switch (m) {
+    case IntegrityMode::Off: return "off";
+    case IntegrityMode::On: return "on";
+    case IntegrityMode::Required: return "required";
+    default: return "auto";
+  }
 }
 
 uint16_t Server::port() const { return impl_->port; }

@@ -11,6 +11,14 @@
 
 namespace rs::server {
 
+// Frame integrity (docs/security.md): Off refuses hellos that ask for it; On accepts hellos with
+// and without; Required refuses hellos without. Auto: On with a shared secret, else Off. On and
+// Required need a shared secret.
+enum class IntegrityMode : uint8_t { Auto, Off, On, Required };
+// "auto" / "" / "off" / "on" / "required"; false if unknown.
+bool parse_integrity_mode(const std::string& s, IntegrityMode* out);
+const char* integrity_mode_name(IntegrityMode m);
+
 struct ServerOptions {
   std::string host = "0.0.0.0";
   uint16_t port = 0;             // 0: any free port
@@ -25,6 +33,7 @@ struct ServerOptions {
   uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64
   uint32_t max_connections_per_peer = 256;  // per peer IP address, any state
   uint32_t max_groups_per_peer = 64;        // live group streams created from one peer IP address
+  IntegrityMode integrity = IntegrityMode::Auto;  // resolved by start()
 };
 
 struct ServerStats {
