@@ -322,6 +322,7 @@ ssize_t FrameReader::read_aligned(int fd, const std::string& peer) {
     torn_ = true;
   }
   return n;
+}
 
 void FrameReader::check_header(const std::string& peer) {
   if (!FrameAuth::equal(auth_->header_tag(hdr_, proto::kFrameHeaderBytes), hdr_ + proto::kFrameHeaderBytes))
