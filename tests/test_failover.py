@@ -280,3 +280,43 @@ def test_async_fusion_survives_a_reducer_kill(reducers):
             c.close()
     finally:
         victim.kill()
+
+
+def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
+    """Killed, the job goes on on the survivor; restarted at its address, it is taken back at a
+    rejoin check (every 32 rounds, the same round on every worker) and used again."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    restarted: Optional[Victim] = None
+    try:
+        world = 2
+        clients = connect([victim.address] + good, world, "fo-rejoin")
+        victim.kill()
+        restarted_box: List[Victim] = []
+
+        def rounds(r: int, count: int, restart_after: int = -1) -> List[float]:
+            out = []
+            for k in range(count):
+                if r == 0 and k == restart_after:
+                    restarted_box.append(Victim(victim.port))
+                a = np.full(50_000, float(r + 1 + k), np.float32)
+                clients[r].allreduce(a, "float32", "sum")
+                out.append(float(a[-1]))
+            return out
+
+        res = on_threads(lambda r: rounds(r, 70, restart_after=5), world)
+        assert all(isinstance(x, list) for x in res), res
+        for x in res:
+            assert x == [float(sum(r + 1 + k for r in range(world))) for k in range(70)]
+        restarted = restarted_box[0] if restarted_box else None
+        stats = [c.stats() for c in clients]
+        for s in stats:
+            assert s["reducer_failovers"] == 1, stats
+            assert s["reducer_rejoins"] == 1, stats
+            assert s["reducers_active"] == 2, stats
+        for c in clients:
+            c.close()
+    finally:
+        victim.kill()
+        if restarted is not None:
+            restarted.kill()

@@ -169,6 +169,7 @@ void bind_client(py::module_& m) {
         d["reducer_failovers"] = st.reducer_failovers;
         d["reducers_active"] = st.reducers_active;
         d["repaired_bytes"] = st.repaired_bytes;
+        d["reducer_rejoins"] = st.reducer_rejoins;
         return d;
       });
 }

@@ -45,6 +45,11 @@ constexpr int kByeFinishMs = 1000;
 // loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
 constexpr int kPeerLeftGraceMs = 200;
 
+// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
+// on every worker) whether they came back; a probe waits at most kProbeMs per lost reducer.
+constexpr RoundId kRejoinEvery = 32;
+constexpr int kProbeMs = 200;
+
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
 
 }  // namespace
@@ -458,6 +463,9 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     connect_all();
     stats_.reconnects++;
   }
+  if (opts_.failover && active_.size() < addrs_.size() && id_next_ > 0 && id_next_ % kRejoinEvery == 0 &&
+      rejoin_checked_ != id_next_ && !try_rejoin(may_wait))
+    return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -515,6 +523,14 @@ void Client::plan(Round& r) {
     }
   }
   r.in_session = true;
+}
+
+// Plans an internal or re-planned round on the current links and appends it to the session.
+void Client::enqueue(Round* r) {
+  plan(*r);
+  session_.push_back(r);
+  open_++;
+  settle(*r);  // an empty one (nothing on any link) is done at once
 }
 
 // A round is done once every result is in and, with failover, every reducer cleared it.
@@ -916,11 +932,15 @@ void Client::collect_held() {
 // ErrorCode::Failover, so the other workers learn it even if they have not noticed the loss.
 void Client::say_failover_bye() {
   uint64_t mask = 0;
-  for (size_t i = 0; i < lost_.size() && i < 64; ++i)
-    if (lost_[i]) mask |= uint64_t(1) << i;
+  bool any = false;
+  for (size_t i = 0; i < lost_.size(); ++i) {
+    if (!lost_[i]) continue;
+    any = true;
+    if (i < 64) mask |= uint64_t(1) << i;
+  }
   proto::FrameHeader h;
   h.type = proto::FrameType::Bye;
-  h.flags = proto::kByeFailover;
+  h.flags = any ? proto::kByeFailover : 0;  // a rejoin leaves between rounds: an ordinary goodbye
   h.tag = mask;
   uint8_t bye[proto::kFrameHeaderBytes];
   proto::encode(h, bye);
@@ -952,6 +972,81 @@ Client::Round* Client::new_internal(int kind) {
   r->role = Round::Role(kind);
   r->id = ~RoundId(0);  // never in rounds_
   return r;
+}
+
+// Finishes every round in flight (with the lock held). False if it would have to wait and
+// `may_wait` is false, or if the session failed meanwhile.
+bool Client::drain(bool may_wait) {
+  std::vector<pollfd> pfds;
+  while (open_ > 0 && !links_.empty()) {
+    if (!may_wait) {
+      pump();
+      if (open_ > 0) return false;
+      break;
+    }
+    watch(&pfds);
+    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
+    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+    pump(pr > 0 ? pfds.data() : nullptr);
+  }
+  return !links_.empty();
+}
+
+// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
+// kRejoinEvery, on every worker): drain, probe the lost reducers, agree with a MIN all-reduce
+// on the ones every worker reached, and move the session to the larger set if there are any.
+// False: try_start() would have had to wait for the drain (the caller retries later).
+bool Client::try_rejoin(bool may_wait) {
+  if (!drain(may_wait)) return false;
+  rejoin_checked_ = id_next_;
+  if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
+  const size_t R = addrs_.size();
+  Round* x = new_internal(int(Round::Role::Exchange));
+  x->store.assign(R, 0);
+  for (size_t i : active_) x->store[i] = 1;
+  for (size_t i = 0; i < R; ++i) {
+    if (x->store[i]) continue;
+    try {
+      net::connect_with_retry(addrs_[i], Clock::now() + std::chrono::milliseconds(kProbeMs));
+      x->store[i] = 1;  // listening again (the probe closes at once; the reducer logs it at debug level)
+    } catch (const Error&) {
+    }
+  }
+  x->dtype = DType::I64;
+  x->op = Op::Min;
+  x->tag = kExchangeTag;
+  x->nbytes = R * sizeof(int64_t);
+  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
+  x->wire = wire_next_++;
+  enqueue(x);
+  bool agreed;
+  {
+    struct Flag {  // a loss during the check is handled after it (recover() frees the check round)
+      bool& f;
+      explicit Flag(bool& v) : f(v) { f = true; }
+      ~Flag() { f = false; }
+    } flag(recovering_);
+    agreed = run_internal(nullptr, x);
+  }
+  if (!agreed) {
+    recover();
+    return true;
+  }
+  std::vector<size_t> back;
+  for (size_t i = 0; i < R; ++i)
+    if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
+  if (back.empty()) return true;
+  std::string names;
+  for (size_t i : back) {
+    names += (names.empty() ? "" : ", ") + addrs_[i].str();
+    active_.push_back(i);
+  }
+  std::sort(active_.begin(), active_.end());
+  stats_.reducer_rejoins += back.size();
+  log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
+           "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
+  recover();  // no round in flight: a new session on the larger set
+  return true;
 }
 
 // Drives the session until internal round `r` is done, with the lock held (other threads
@@ -1013,10 +1108,14 @@ void Client::recover() {
     const bool changed = next.size() != active_.size();
     active_ = next;
     if (changed) stats_.reducer_failovers++;
-    log_warn("reducer failover (rank " + std::to_string(opts_.rank) + ", group " + opts_.group + "): " +
-             (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
-             "; continuing on " + std::to_string(active_.size()) + " of " + std::to_string(addrs_.size()) +
-             " reducers with " + std::to_string(pending.size()) + " round(s) to finish");
+    const std::string line = "(rank " + std::to_string(opts_.rank) + ", group " + opts_.group + "): " +
+                             (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
+                             "; continuing on " + std::to_string(active_.size()) + " of " +
+                             std::to_string(addrs_.size()) + " reducers with " + std::to_string(pending.size()) +
+                             " round(s) to finish";
+    if (why.empty()) log_info("new session on " + std::to_string(active_.size()) + " reducers (rank " +
+                              std::to_string(opts_.rank) + ", group " + opts_.group + ")");  // a rejoin
+    else log_warn("reducer failover " + line);
     // 2. A session on the survivors (a reducer that refuses it is lost too: start again).
     std::vector<size_t> refused;
     connect_all(&refused);
@@ -1041,9 +1140,7 @@ void Client::recover() {
       return x;
     };
     auto launch = [&](Round* x) {
-      plan(*x);
-      session_.push_back(x);
-      open_++;
+      enqueue(x);
     };
     Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
     int64_t* row = &x1->store[size_t(me) * failover::kSummaryWords];
@@ -1072,9 +1169,7 @@ void Client::recover() {
           throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
                                                " has results here but was not started on every worker");
         r->wire = wire_next_++;
-        plan(*r);
-        session_.push_back(r);
-        open_++;
+        enqueue(r);
         continue;
       }
       const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
@@ -1110,9 +1205,7 @@ void Client::recover() {
         if (!c) continue;
         c->buf.assign(segs.data(), segs.size());
         c->wire = wire_next_++;
-        plan(*c);
-        session_.push_back(c);
-        open_++;
+        enqueue(c);
         r->children++;
       }
       if (r->children > 0) parents.push_back(r);

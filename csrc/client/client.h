@@ -43,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/defaults.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "net/deadline.h"
@@ -69,10 +70,10 @@ struct ClientOptions {
   double timeout = 30.0;           // seconds without progress before an all-reduce fails
   double connect_timeout = 300.0;  // bound on connect retries + waiting for the whole group
   std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
-  int streams = 1;
-  uint32_t chunk_bytes = 1u << 20;  // the largest chunk; a round uses smaller ones for smaller shards
-  int window = 4;                   // chunks in flight per connection (sent, result not yet back), across rounds
-  int socket_buffer = 4 << 20;
+  int streams = kDefaultStreams;
+  uint32_t chunk_bytes = kDefaultChunkBytes;  // the largest chunk; a round uses smaller ones for smaller shards
+  int window = kDefaultWindow;        // chunks in flight per connection (sent, result not yet back), across rounds
+  int socket_buffer = kDefaultSocketBuffer;
   bool failover = true;             // finish rounds on the surviving reducers when one is lost
   int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
   bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
@@ -86,6 +87,7 @@ struct ClientStats {
   uint64_t reducer_failovers = 0;  // sessions moved to surviving reducers
   uint64_t reducers_active = 0;    // reducers the current session uses
   uint64_t repaired_bytes = 0;     // bytes of unfinished rounds copied or reduced again after failovers
+  uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
 };
 
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when
@@ -153,6 +155,7 @@ class Client {
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;             // the group name of this reducer set
   void plan(Round& r);                            // splits a round over the current links
+  void enqueue(Round* r);                         // plan() and append to session_
   void settle(Round& r);                          // Done once its results are in and cleared
   void finish_part(size_t li, Round& r);          // a link's share of a round is complete
   void advance_done(size_t li);                   // DONE: rounds complete on this link
@@ -163,6 +166,10 @@ class Client {
   bool stall_is_one_reducer(size_t* reducer) const;
   void collect_held();
   void say_failover_bye();
+  // While reducers are lost: every kRejoinEvery rounds the workers drain, probe the lost
+  // reducers and agree (a MIN all-reduce) on the ones every worker reaches; those rejoin.
+  bool try_rejoin(bool may_wait);
+  bool drain(bool may_wait);                      // every round in flight done (false: would block)
   bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
   Round* new_internal(int kind);
   void disconnect(bool say_bye);
@@ -199,6 +206,7 @@ class Client {
   bool loss_pending_ = false;
   std::string loss_why_;
   bool recovering_ = false;
+  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
   std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
