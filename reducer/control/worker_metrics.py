@@ -17,7 +17,7 @@ from typing import Any, Iterator, Optional
 from . import import_prometheus
 
 prometheus_client = import_prometheus()
-from prometheus_client.core import CounterMetricFamily  # noqa: E402
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
 from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
 
 PREFIX = "reduction_worker"
@@ -31,7 +31,15 @@ CLIENT_COUNTERS = {
     "rounds": ("rounds", "All-reduce rounds this worker completed (blocking and fused)."),
     "bytes_sent": ("sent_bytes", "Bytes this worker sent to the reducers."),
     "bytes_received": ("received_bytes", "Bytes this worker received from the reducers."),
-    "reconnects": ("reconnects", "Reconnections to a reducer (failovers)."),
+    "reconnects": ("reconnects", "New sessions after a failed round (the next call reconnects)."),
+    "reducer_failovers": ("reducer_failovers", "Sessions moved to the surviving reducers after a reducer was lost."),
+    "reducer_rejoins": ("reducer_rejoins", "Lost reducers taken back after they came back at their address."),
+    "repaired_bytes": ("repaired_bytes", "Bytes of unfinished rounds copied or reduced again after failovers."),
+}
+
+# Communicator.stats() key -> (gauge name without prefix, help).
+CLIENT_GAUGES = {
+    "reducers_active": ("reducers_active", "Reducers the worker's current session uses."),
 }
 
 
@@ -43,8 +51,12 @@ class _CommunicatorCollector(Collector):
     def collect(self) -> Iterator[Any]:
         stats = self.comm.stats()
         for key, value in stats.items():
-            suffix, text = CLIENT_COUNTERS.get(key, (key, f"Communicator.stats()[{key!r}]."))
-            family = CounterMetricFamily(f"{PREFIX}_{suffix}", text, labels=list(LABELS))
+            if key in CLIENT_GAUGES:
+                suffix, text = CLIENT_GAUGES[key]
+                family: Any = GaugeMetricFamily(f"{PREFIX}_{suffix}", text, labels=list(LABELS))
+            else:
+                suffix, text = CLIENT_COUNTERS.get(key, (key, f"Communicator.stats()[{key!r}]."))
+                family = CounterMetricFamily(f"{PREFIX}_{suffix}", text, labels=list(LABELS))
             family.add_metric(self.labels, value)
             yield family
         for key, value in self.comm.fusion_stats().items():
