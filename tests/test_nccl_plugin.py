@@ -420,6 +420,28 @@ def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, 
         assert r["unloaded"]
 
 
+def test_collnet_reducer_stopped_mid_stream_fails_over(pool, reducers, tmp_path):
+    """With failover (the default) the heads finish every call on the surviving reducer: no error
+    reaches NCCL, and every result is exact."""
+    servers = reducers(2)
+    calls = [(7, 0, 60000), (2, 0, 3000), (4, 3, 20001)] * 500
+    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls, timeout=10.0) for r in range(2)]
+    deadline = time.monotonic() + 60
+    while servers[1].stats()["rounds_completed"] < 50:
+        assert time.monotonic() < deadline, "the heads never started streaming"
+        time.sleep(0.02)
+    assert not all(f.done() for f in futs), "the heads finished before the reducer stopped"
+    served_before = servers[0].stats()["rounds_completed"]
+    servers[1].stop()
+    for f in futs:
+        r: Dict[str, Any] = f.result(timeout=180)
+        assert r["error_rc"] == H.SUCCESS, r
+        assert r["calls_done"] == len(calls) and r["mismatches"] == [], r
+        assert r["unloaded"]
+    assert servers[0].stats()["rounds_completed"] > served_before
+
+
 def test_cli_prints_path_and_installs(tmp_path, capsys):
     from reducer.cli.main import main
     from reducer.cli.nccl_plugin import plugin_path
