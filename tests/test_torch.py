@@ -499,3 +499,39 @@ def test_example_script_under_the_launcher(tmp_path):
 
     p0, p1 = (torch.load(tmp_path / f"p{r}.pt") for r in range(2))
     assert all(torch.equal(p0[k], p1[k]) for k in p0)
+
+
+@needs_torch
+def test_ddp_hook_training_survives_a_reducer_kill(tpool, servers, tmp_path):
+    """A reducer SIGKILLed in the middle of DDP training (the reducer.torch hook) costs nothing:
+    the job finishes, and every parameter equals, bit for bit, the run without the failure."""
+    import torch
+
+    from test_failover import Victim
+
+    common = ["--steps", str(STEPS), "--log-every", "1", "--bucket-cap-mb", "0.02"]
+    good = servers[0]
+    ref_save = os.path.join(str(tmp_path), "ref-{rank}.pt")
+    _run(tpool, task_train, 2, [s.address for s in servers], argv=common + ["--save", ref_save])
+    victim = Victim()
+    try:
+        save = os.path.join(str(tmp_path), "kill-{rank}.pt")
+        port = _free_port()
+        addrs = [victim.address, good.address]
+        before = int(good.stats()["rounds_completed"])
+        futs = [tpool.submit(task_train, env=_worker_env(r, 2, port, addrs), rank=r, world=2,
+                             argv=common + ["--save", save]) for r in range(2)]
+        deadline = time.monotonic() + TASK_TIMEOUT
+        while int(good.stats()["rounds_completed"]) - before < STEPS // 2:  # halfway through training
+            assert time.monotonic() < deadline and not any(f.done() for f in futs), "training did not progress"
+            time.sleep(0.01)
+        victim.kill()
+        logs = [f.result(timeout=TASK_TIMEOUT) for f in futs]
+    finally:
+        victim.kill()
+    assert len(re.findall(r"^step \d+ loss", logs[0], re.M)) == STEPS, logs[0]
+    for r in range(2):
+        want = torch.load(ref_save.replace("{rank}", str(r)))
+        got = torch.load(save.replace("{rank}", str(r)))
+        for k in want:
+            assert torch.equal(want[k], got[k]), k
