@@ -59,6 +59,10 @@ class BenchConfig:
     chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
     compression: Optional[str] = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
     netns_prefix: str = "rsb"
+    # TCP congestion control(s) to run under, each a full pass over the algorithms: an algorithm name
+    # ('cubic', 'bbr', ...) or 'default' (the kernel's). Emulated hosts: every connection of every
+    # host (the namespaces' routes); always: rs's and the ring's sockets (RS_TCP_CONGESTION).
+    congestion: Optional[List[str]] = None
     progress: bool = True
     cpu_warn_percent: float = 70.0
     # training steps (reducer.bench.steps): set `model` to measure steps instead of sizes
@@ -127,6 +131,38 @@ def _check_compression(cfg: BenchConfig) -> BenchConfig:
     return dataclasses.replace(cfg, compression=comp)
 
 
+DEFAULT_CONGESTION = "default"
+
+
+def parse_congestion(text: str) -> List[str]:
+    """'cubic,bbr' -> ['cubic', 'bbr'] (in order, without repeats); 'default' = the kernel's."""
+    names = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+    if not names:
+        raise ConfigError("--congestion: no algorithm given")
+    return names
+
+
+def kernel_congestion() -> str:
+    """The machine's default TCP congestion control (what new namespaces inherit), or '?'."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _check_congestion(names: Optional[List[str]]) -> None:
+    if not names:
+        return
+    from .emulate import available_congestion
+
+    avail = available_congestion()
+    bad = [n for n in names if n != DEFAULT_CONGESTION and avail and n not in avail]
+    if bad:
+        raise ConfigError(f"--congestion {','.join(bad)}: not available in this kernel (available: {' '.join(avail)}; "
+                          f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)")
+
+
 def machine_description() -> str:
     model = platform.processor() or "?"
     try:
@@ -147,6 +183,12 @@ class _LoopbackHosts:
     def bind_host(self, i: int) -> str:
         return "127.0.0.1"
 
+    def set_congestion(self, name: Optional[str]) -> None:
+        pass  # only RS_TCP_CONGESTION (rs, ring): the machine's default is not ours to change
+
+    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+        return None  # loopback connections of the whole machine: not only ours
+
     def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
         full = dict(os.environ)
         full.update(env)
@@ -162,6 +204,12 @@ class _EmulatedHosts:
 
     def bind_host(self, i: int) -> str:
         return self.hosts[i].ip
+
+    def set_congestion(self, name: Optional[str]) -> None:
+        self.hosts.set_congestion(name)
+
+    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+        return self.hosts.flow_congestion(i)
 
     def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
         return self.hosts.popen(i, argv, env=env, **kw)
@@ -322,10 +370,12 @@ RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
 
 
 def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
-              run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+              run_id: str, extra_env: Optional[Dict[str, str]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
-    make_row(algo, key, messages in rank order, wall seconds)."""
+    make_row(algo, key, messages in rank order, wall seconds). extra_env: added to every
+    process's environment. Each row gets "flows": the congestion control of worker 0's (and
+    reducer 0's) established connections once the group is connected (emulated hosts only)."""
     W, R = cfg.workers, cfg.reducers
     events: "queue.Queue" = queue.Queue()
     procs: List[_Proc] = []
@@ -340,7 +390,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                 h = W + k if hosts.emulated else 0
                 rprocs.append(_spawn(hosts, h, f"reducer {k}",
                                      {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                      "threads": rs_config.get("threads")}, events))
+                                      "threads": rs_config.get("threads")}, events, extra_env))
             procs += rprocs
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
@@ -354,7 +404,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
                    "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if algo == "rs" else None,
                    "wire_dtype": wire_dtype(algo, cfg), **work}
-            wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
+            wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events, extra_env))
         procs += wprocs
         listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
         addrs = []
@@ -366,6 +416,13 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
             p.send({"addresses": addrs})
         ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
         t_ready = time.monotonic()
+        flows: Optional[Dict[str, int]] = None
+        for h in ([0] + ([W] if rprocs and hosts.emulated else [])):
+            got = hosts.flow_congestion(h)
+            if got is not None:
+                flows = flows or {}
+                for name, n in got.items():
+                    flows[name] = flows.get(name, 0) + n
 
         pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
         t_wall = time.monotonic()
@@ -397,6 +454,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         share = 100.0 * cpu_s / (wall * (os.cpu_count() or 1)) if wall > 0 else None
         for r in rows:
             r["bench_cpu_percent"] = share
+            if flows is not None:
+                r["flows"] = flows
         return rows, None
     except BenchError as exc:
         return rows, str(exc)
@@ -453,6 +512,10 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     cfg = _check_compression(dataclasses.replace(cfg, op=check_op(cfg.op)))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
+    _check_congestion(cfg.congestion)
+    ccs: List[Optional[str]] = list(cfg.congestion or [None])  # None: leave congestion control alone
+    if cfg.model and len(ccs) > 1:
+        raise ConfigError("--model runs one congestion control at a time: give --congestion one name")
     plan = None
     sizes: List[int] = []
     if cfg.model:
@@ -496,20 +559,25 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
+    out(f"# TCP congestion control: {_describe_congestion(cfg, ccs)}")
     if plan is not None:
         for line in plan.describe():
             out(line)
 
     all_rows: List[Dict[str, Any]] = []
     if plan is not None:
-        work_passes: Any = ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
         make_row = plan.make_row(cfg)
     else:
-        work_passes = ((a, {"sizes": sizes}, len(sizes)) for a in algos)
         make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize,
                                    cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
-    errors: Dict[str, Optional[str]] = {}
-    cpu_by_algo: Dict[str, Any] = {}
+
+    def work_passes() -> Any:
+        if plan is not None:
+            return ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
+        return ((a, {"sizes": sizes}, len(sizes)) for a in algos)
+
+    errors: Dict[Tuple[Optional[str], str], Optional[str]] = {}
+    cpu_by_algo: Dict[Tuple[Optional[str], str], Any] = {}
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
@@ -526,28 +594,36 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         prog, add_task = _progress(cfg)
         try:
-            for algo, work, n_results in work_passes:
-                if n_results == 0 or errors.get(algo):
-                    continue
-                mon = cpu_monitor.CpuMonitor(interval=0.5).start()
-                advance = add_task(algo, n_results) if add_task else None
+            for cc in ccs:
+                extra_env: Dict[str, str] = {}
+                if cc is not None:
+                    # '' = unset: the kernel's default, whatever the caller's environment says
+                    extra_env[rs_config.SETTINGS["tcp_congestion"].env] = "" if cc == DEFAULT_CONGESTION else cc
+                    hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
+                for algo, work, n_results in work_passes():
+                    if n_results == 0 or errors.get((cc, algo)):
+                        continue
+                    mon = cpu_monitor.CpuMonitor(interval=0.5).start()
+                    advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
 
-                def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
-                                     advance: Any = advance) -> Dict[str, Any]:
-                    row = make_row(a, key, msgs, wall)
-                    if advance is not None:
-                        advance(row.get("label") or f"{row['size']} B")
-                    return row
+                    def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
+                                         advance: Any = advance, cc: Optional[str] = cc) -> Dict[str, Any]:
+                        row = make_row(a, key, msgs, wall)
+                        if cc is not None:
+                            row["congestion"] = kernel_congestion() if cc == DEFAULT_CONGESTION else cc
+                        if advance is not None:
+                            advance(row.get("label") or f"{row['size']} B")
+                        return row
 
-                try:
-                    rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id)
-                finally:
-                    mon.stop()
-                    cpu_by_algo[algo] = mon
-                all_rows += rows
-                errors[algo] = errors.get(algo) or err
-                if err:
-                    log.error("%s failed: %s", algo, err)
+                    try:
+                        rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id, extra_env)
+                    finally:
+                        mon.stop()
+                        cpu_by_algo[(cc, algo)] = mon
+                    all_rows += rows
+                    errors[(cc, algo)] = errors.get((cc, algo)) or err
+                    if err:
+                        log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
         finally:
             if prog is not None:
                 prog.stop()
@@ -562,36 +638,49 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         out("")
         out(report.format_step_table(all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
                                                f"R={cfg.reducers}, {where_short}"))
-        for algo in algos:
-            if errors.get(algo):
-                out(f"# {algo} FAILED: {errors[algo]}")
-    else:
-        for algo in algos:
+        for (cc, algo), err in errors.items():
+            if err:
+                out(f"# {algo} FAILED: {err}")
+    for cc in ccs:
+        mine_rows = [r for r in all_rows if cc is None or r.get("congestion") == _cc_label(cc)]
+        if len(ccs) > 1 or cc is not None:
             out("")
-            out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
-                                         cfg.reducers, errors.get(algo),
-                                         compression=cfg.compression if algo == "rs" else None))
-    for algo in algos:
-        mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
-        if algo in cpu_by_algo:
-            mon = cpu_by_algo[algo]
-            txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-                  f"mean {mon.mean_percent:.0f}% of {mon.ncpu} cores"
-            if mine is not None:
-                txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
-                        "kernel network processing in softirq, and any other load)")
-            out(txt)
-    if all_rows and plan is None:
-        out("")
-        out(report.format_summary(all_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
-    if cfg.emulate_gbps:
+            out(f"# ===== TCP congestion control: {_cc_label(cc)} =====")
+        if plan is None:
+            for algo in algos:
+                out("")
+                out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
+                                             cfg.reducers, errors.get((cc, algo)),
+                                             compression=cfg.compression if algo == "rs" else None))
         for algo in algos:
-            hot = [r for r in all_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
-            if hot:
-                which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)" for r in hot)
-                out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during the "
-                    f"timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
-                    f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+            rows_a = [r for r in mine_rows if r["algo"] == algo]
+            mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
+            if (cc, algo) in cpu_by_algo:
+                mon = cpu_by_algo[(cc, algo)]
+                txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
+                      f"mean {mon.mean_percent:.0f}% of {mon.ncpu} cores"
+                if mine is not None:
+                    txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
+                            "kernel network processing in softirq, and any other load)")
+                out(txt)
+            flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
+            if flows:
+                out(f"# {algo}: congestion control of worker 0's" + (" and reducer 0's" if uses_reducers(algo) else "")
+                    + " established connections (ss -ti): " + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
+        if mine_rows and plan is None:
+            out("")
+            out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
+            out("")
+            out(report.format_variance(mine_rows))
+        if cfg.emulate_gbps:
+            for algo in algos:
+                hot = [r for r in mine_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
+                if hot:
+                    which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)"
+                                      for r in hot)
+                    out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
+                        f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
+                        f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
     for r in all_rows:
         r["background_cpu_percent"] = background
         r["load_average_1m"] = load1
@@ -603,13 +692,43 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         if plan is not None:
             plot.plot_steps(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+            out(f"# wrote plot {cfg.plot_path}")
         else:
-            plot.plot(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
-        out(f"# wrote plot {cfg.plot_path}")
-    failed = [a for a in algos if errors.get(a)]
+            for cc in ccs:
+                path = cfg.plot_path if len(ccs) == 1 else _suffixed(cfg.plot_path, _cc_label(cc))
+                plot.plot([r for r in all_rows if cc is None or r.get("congestion") == _cc_label(cc)], path,
+                          cfg.workers, cfg.reducers, cfg.emulate_gbps)
+                out(f"# wrote plot {path}")
+    failed = [(cc, a) for (cc, a), err in errors.items() if err]
     if failed:
-        raise BenchError("benchmark failed for " + ", ".join(f"{a}: {errors[a]}" for a in failed))
+        raise BenchError("benchmark failed for " + ", ".join(
+            f"{a}{'' if cc is None else f' ({cc})'}: {errors[(cc, a)]}" for cc, a in failed))
     return all_rows
+
+
+def _cc_label(cc: Optional[str]) -> str:
+    """The congestion control a pass ran under, as rows record it."""
+    if cc is None or cc == DEFAULT_CONGESTION:
+        return kernel_congestion()
+    return cc
+
+
+def _describe_congestion(cfg: BenchConfig, ccs: List[Optional[str]]) -> str:
+    if ccs == [None]:
+        rs_cc = rs_config.get("tcp_congestion")
+        return (f"the kernel's default ({kernel_congestion()})" +
+                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION)" if rs_cc else "") +
+                " (--congestion NAME[,NAME] to choose; one pass per name)")
+    names = ", ".join(f"{_cc_label(c)}{' (kernel default)' if c == DEFAULT_CONGESTION else ''}" for c in ccs)
+    how = ("every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
+           "(RS_TCP_CONGESTION)" if cfg.emulate_gbps else
+           "rs and ring sockets only (RS_TCP_CONGESTION); gloo keeps the kernel's default on loopback")
+    return f"one pass each: {names}; applied to {how}"
+
+
+def _suffixed(path: str, tag: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}-{tag}{ext}"
 
 
 def _progress(cfg: BenchConfig):
