@@ -423,6 +423,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                 flows = flows or {}
                 for name, n in got.items():
                     flows[name] = flows.get(name, 0) + n
+        for p in wprocs:  # connected and looked at: go
+            p.send({"start": True})
 
         pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
         t_wall = time.monotonic()
@@ -665,8 +667,9 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                 out(txt)
             flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
             if flows:
-                out(f"# {algo}: congestion control of worker 0's" + (" and reducer 0's" if uses_reducers(algo) else "")
-                    + " established connections (ss -ti): " + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
+                out(f"# congestion control of the {algo} run's connections on worker 0"
+                    + (" and reducer 0" if uses_reducers(algo) else "") + " (ss -ti, once connected): "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
         if mine_rows and plan is None:
             out("")
             out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
