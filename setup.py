@@ -35,6 +35,9 @@ ext = Pybind11Extension(
     cxx_std=17,
     extra_compile_args=CXX_FLAGS,
     extra_link_args=["-pthread"],
+    # OpenSSL's libcrypto (libcrypto.so.3, the one Python's ssl module loads): AES-GCM for frame
+    # integrity (csrc/net/frame_auth.cc). Building needs its headers (Debian: libssl-dev).
+    libraries=["crypto"],
 )
 
 
@@ -61,6 +64,7 @@ class BuildExtWithPlugin(build_ext):
         self.compiler.link_shared_object(
             objects,
             os.path.join(out_dir, PLUGIN_NAME),
+            libraries=["crypto"],  # frame integrity, as in the extension (no CUDA, no NCCL)
             extra_postargs=["-pthread", "-Wl,--no-undefined",
                             "-Wl,--version-script=" + os.path.join(PLUGIN_DIR, "exports.map")],
             target_lang="c++",

@@ -41,15 +41,15 @@ def _cpu_seconds() -> float:
 
 
 def _worker(rank: int, world: int, addr: str, dtype: str, nbytes: int, iters: int,
-            barrier: Any, out: Any) -> None:
+            barrier: Any, out: Any, auth_token: str = "", integrity: bool = False) -> None:
     import reducer
     from reducer.dtypes import numpy_dtype
 
     try:
         dt = numpy_dtype(dtype)
         a = np.ones(nbytes // dt.itemsize, dt)
-        with reducer.Communicator([addr], rank, world, group="cpu-bench", timeout=120,
-                                  connect_timeout=30) as comm:
+        with reducer.Communicator([addr], rank, world, group="cpu-bench", timeout=120, connect_timeout=30,
+                                  auth_token=auth_token or None, integrity="on" if integrity else "off") as comm:
             comm.allreduce(a)  # warm up: connections, buffers
             barrier.wait(BARRIER_TIMEOUT)
             for _ in range(iters):
@@ -82,14 +82,18 @@ def kernel_gbps(dtype: str, nbytes: int, rounds: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def measure(dtype: str, workers: int, nbytes: int, iters: int) -> Dict[str, float]:
+def measure(dtype: str, workers: int, nbytes: int, iters: int, auth_token: str = "",
+            integrity: bool = False) -> Dict[str, float]:
+    """One run; with `integrity` (needs `auth_token`) every frame carries its GMAC tags."""
     from reducer import ReducerServer
 
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     out = ctx.Queue()
-    with ReducerServer(host="127.0.0.1", port=0, threads=1) as srv:
-        procs = [ctx.Process(target=_worker, args=(r, workers, srv.address, dtype, nbytes, iters, barrier, out))
+    with ReducerServer(host="127.0.0.1", port=0, threads=1, auth_token=auth_token or None,
+                       integrity="on" if integrity else "off") as srv:
+        procs = [ctx.Process(target=_worker, args=(r, workers, srv.address, dtype, nbytes, iters, barrier, out,
+                                                   auth_token, integrity))
                  for r in range(workers)]
         for p in procs:
             p.start()

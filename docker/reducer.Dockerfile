@@ -8,7 +8,7 @@ ARG PYTHON_VERSION=3.11
 # -- build: compile the C++ core into a wheel ------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .

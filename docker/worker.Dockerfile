@@ -10,7 +10,7 @@ ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 # -- build: compile the C++ core into a wheel (the runtime base has no compiler) --------------
 FROM ${BASE} AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ \
+    && apt-get install -y --no-install-recommends g++ libssl-dev \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
 COPY . .
@@ -22,6 +22,10 @@ FROM ${BASE}
 ENV PYTHONUNBUFFERED=1 \
     PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+# The core links OpenSSL's libcrypto (frame integrity); `openssl` pulls in this base's libssl.
+RUN apt-get update \
+    && apt-get install -y --no-install-recommends openssl \
+    && rm -rf /var/lib/apt/lists/*
 COPY --from=build /wheels /wheels
 # The [torch] extra is already satisfied by the base image's torch; pip keeps it.
 RUN set -e; whl="$(ls /wheels/*.whl)"; pip install "${whl}[torch]"; rm -rf /wheels

@@ -33,7 +33,10 @@ class Communicator:
     docs/worker-library.md): fused buffer size in bytes (0 = fusion off), age in ms after
     which a partly filled buffer is flushed (inf = only on wait/synchronize). compression
     ('bf16', 'fp16' or None) is the wire compression of float32 buffers, for every all-reduce
-    of this communicator unless a call says otherwise.
+    of this communicator unless a call says otherwise. integrity ('on' / 'required' / 'off')
+    asks every reducer for frame integrity (AES-GMAC tags on every frame, needs auth_token;
+    docs/security.md): a frame modified, replayed, reordered or dropped on the way then fails
+    the round with a ProtocolError.
     """
 
     def __init__(
@@ -53,6 +56,9 @@ class Communicator:
         compression: Optional[str] = None,
         socket_buffer: Optional[int] = None,
         window: Optional[int] = None,
+        max_rounds_in_flight: Optional[int] = None,
+        failover: Optional[bool] = None,
+        integrity: Optional[str] = None,
     ) -> None:
         # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
         self._closed = False
@@ -77,6 +83,7 @@ class Communicator:
         self.connect_timeout = float(ct)
         token = config.resolve_auth_token(auth_token)
         self._auth_token = token or ""
+        self.integrity: bool = config.worker_integrity(integrity)
         ft = config.get("fusion_threshold", fusion_threshold)
         self.fusion_threshold = config.parse_size(ft) if isinstance(ft, str) else int(ft)
         if self.fusion_threshold < 0:
@@ -91,7 +98,9 @@ class Communicator:
                   ", ".join(self.reducers))
         self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
                                    self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
-                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)))
+                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)),
+                                   int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
+                                   bool(config.get("failover", failover)), integrity=self.integrity)
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:
@@ -202,7 +211,7 @@ class Communicator:
 
         return functools.partial(core.Client, list(reducers), self.rank, self.world_size, self.group + suffix,
                                  self.job_id, self.timeout, min(self.connect_timeout, self.timeout), self._auth_token,
-                                 1, chunk_bytes)
+                                 1, chunk_bytes, integrity=self.integrity)
 
     def _diagnostic_client_factory(self) -> Any:
         """Connections for the fusion fingerprint check (made when a round fails)."""
@@ -293,7 +302,7 @@ def init(**overrides: Any) -> Communicator:
     Keyword arguments override what discovery finds (reducers, rank, world_size,
     local_rank, local_world_size, reducer_port, job_id) and the Communicator's own
     options (group, timeout, auth_token, streams, chunk_bytes, connect_timeout,
-    fusion_threshold, cycle_time_ms, compression).
+    fusion_threshold, cycle_time_ms, compression, socket_buffer, window, integrity).
     """
     from .cluster import discover_worker
 
@@ -302,7 +311,8 @@ def init(**overrides: Any) -> Communicator:
     info = discover_worker(**disc)
     comm_kwargs = {k: overrides.pop(k) for k in list(overrides)
                    if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout",
-                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window")}
+                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window",
+                           "integrity")}
     if overrides:
         raise ConfigError(f"unknown arguments to reducer.init(): {', '.join(sorted(overrides))}")
     log.info("rank %d of %d (from %s), %d reducers", info.rank, info.world_size, info.source, len(info.reducers))

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional, Union
 
 from .errors import ConfigError
 
@@ -50,6 +50,17 @@ def _port_or_off(text: str) -> Optional[int]:
     return port
 
 
+INTEGRITY_MODES = ("off", "on", "required")
+
+
+def _integrity(text: str) -> str:
+    """Frame integrity: 'off', 'on' or 'required' (see docs/security.md)."""
+    t = text.strip().lower()
+    if t not in INTEGRITY_MODES:
+        raise ValueError(f"not one of {', '.join(INTEGRITY_MODES)}: {text!r}")
+    return t
+
+
 def _size(text: str) -> int:
     """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
     t = text.strip().upper().rstrip("B").rstrip("I")
@@ -79,12 +90,20 @@ _TABLE = [
             "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 64 KiB."),
     Setting("window", "RS_WINDOW", 4, int,
             "Chunks a worker keeps in flight per reducer connection (sent, result not yet back)."),
+    Setting("max_rounds_in_flight", "RS_MAX_ROUNDS_IN_FLIGHT", 8, int,
+            "Unfinished all-reduce rounds a worker keeps in flight before starting another waits."),
+    Setting("failover", "RS_FAILOVER", True, _bool,
+            "Finish rounds on the surviving reducers when one is lost (every worker of a group must agree)."),
     Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _size,
             "SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: leave to the kernel's autotuning)."),
     Setting("tcp_congestion", "RS_TCP_CONGESTION", None, str,
             "TCP congestion control (TCP_CONGESTION) of every data connection of the process (workers, reducers, ring), e.g. 'cubic' or 'bbr'; default: the kernel's."),
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
     Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
+    Setting("integrity", "RS_INTEGRITY", None, _integrity,
+            "Frame integrity (AES-GMAC tags on every frame; needs the auth token): 'off', 'on' or 'required'. "
+            "Worker: 'on'/'required' ask every reducer for it (default off). Reducer: 'on' offers it, 'required' "
+            "refuses workers that do not ask (default: on with a secret, else off)."),
     Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
     Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused buffers (cut points never depend on timing)."),
     Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
@@ -182,6 +201,33 @@ def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = 
     if not secret:
         raise ConfigError(f"auth token file {path!r} is empty")
     return secret
+
+
+def worker_integrity(value: Union[str, bool, None] = None) -> bool:
+    """The integrity setting as a worker uses it: 'on' and 'required' both ask for it (a worker
+    that asks never falls back)."""
+    if isinstance(value, bool):
+        return value
+    mode = get("integrity", None if value is None else _parse_arg("integrity", value))
+    return mode is not None and mode != "off"
+
+
+def _parse_arg(name: str, value: Any) -> Any:
+    """An explicit argument given as text, checked like its variable (ConfigError names the argument)."""
+    try:
+        return SETTINGS[name].parse(str(value))
+    except (ValueError, TypeError) as exc:
+        raise ConfigError(f"{name}={value!r} is not valid: {exc}") from None
+
+
+def reducer_integrity(value: Optional[str] = None, auth_token: Optional[str] = None) -> str:
+    """The integrity setting as the reducer core takes it: 'off', 'on', 'required', or 'auto'
+    (unset: on with a shared secret, else off). ConfigError for on/required without a secret."""
+    mode = get("integrity", None if value is None else _parse_arg("integrity", value))
+    if mode in ("on", "required") and not auth_token:
+        raise ConfigError(f"frame integrity '{mode}' needs authentication: give the reducer a shared secret "
+                          "(--auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE) or set integrity off")
+    return "auto" if mode is None else mode
 
 
 def setup_logging(level: Optional[str] = None) -> None:

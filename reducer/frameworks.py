@@ -64,9 +64,14 @@ class Staged:
 
 
 # ====================================================================== host arrays
-def _torch_cpu_numpy(t: Any) -> np.ndarray:
+def check_contiguous_tensor(t: Any) -> None:
+    """ConfigError unless the torch tensor `t` is contiguous (it is reduced in place)."""
     if not t.is_contiguous():
         raise ConfigError("tensor must be contiguous (call .contiguous() and copy the result back)")
+
+
+def _torch_cpu_numpy(t: Any) -> np.ndarray:
+    check_contiguous_tensor(t)
     try:
         return tensor_as_numpy(t)
     except (TypeError, RuntimeError) as exc:

@@ -329,11 +329,12 @@ class HierarchicalAllreduce:
     def _run_arrays(self, items: Sequence[Tuple[Any, str]]) -> None:
         import torch
 
+        from .frameworks import check_contiguous_tensor
+
         groups: Dict[Tuple[Any, str, Any], List[Any]] = {}
         for arr, op in items:
             t = arr if isinstance(arr, torch.Tensor) else _to_torch(arr)
-            if not t.is_contiguous():
-                raise ConfigError("tensor must be contiguous")
+            check_contiguous_tensor(t)
             groups.setdefault((t.dtype, op, t.device), []).append(t)
         for (dtype, op, device), ts in groups.items():
             self._reduce_flat(ts, dtype, op, device)

@@ -24,7 +24,9 @@ class ReducerServer:
 
     host/port: where to listen (port 0 = any free port); threads: event-loop threads (default:
     CPUs, at most 8); auth_token: the shared secret workers must prove they know (HMAC-SHA256
-    challenge-response, per-job keys; docs/security.md). The limits (group_slots,
+    challenge-response, per-job keys; docs/security.md). integrity: frame integrity, 'off', 'on'
+    (offered to workers that ask) or 'required' (workers that do not ask are refused); default
+    RS_INTEGRITY, else on with an auth_token and off without; on/required need an auth_token. The limits (group_slots,
     handshake_timeout, group_timeout, max_group_bytes, max_memory_bytes, max_connections,
     max_connections_per_peer, max_groups_per_peer) are described in docs/configuration.md; each
     defaults to its RS_* variable, else the core's default. `limits()` reports those in force.
@@ -37,6 +39,7 @@ class ReducerServer:
         threads: Optional[int] = None,
         auth_token: Optional[str] = None,
         socket_buffer: Optional[int] = None,
+        integrity: Optional[str] = None,
         **limits: Any,
     ) -> None:
         unknown = set(limits) - set(_LIMITS)
@@ -49,6 +52,7 @@ class ReducerServer:
         token = config.resolve_auth_token(auth_token)
         options: Dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
         options["socket_buffer"] = config.get("socket_buffer", socket_buffer)
+        options["integrity"] = config.reducer_integrity(integrity, token)
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "",
                                    **{k: v for k, v in options.items() if v is not None})
         self._started = False

@@ -22,9 +22,9 @@ COUNTS = (0, 1, 7, 1000, 20_000, 100_003, 300_000)
 
 
 def client(addrs: Sequence[str], rank: int, world: int, group: str, timeout: float = 30.0, streams: int = 1,
-           chunk_bytes: int = 1 << 20, window: int = 4, max_rounds_in_flight: int = 8) -> Any:
+           chunk_bytes: int = 1 << 20, window: int = 4, max_rounds_in_flight: int = 8, failover: bool = True) -> Any:
     return core.Client(list(addrs), rank, world, group, "local", timeout, 30.0, "", streams, chunk_bytes,
-                       window=window, max_rounds_in_flight=max_rounds_in_flight)
+                       window=window, max_rounds_in_flight=max_rounds_in_flight, failover=failover)
 
 
 def round_specs(seed: int, rounds: int) -> List[Tuple[str, str, int, int]]:
@@ -131,8 +131,9 @@ def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group:
     """Rank 0 starts `stalled` rounds that the other ranks never start (so they stay in flight)
     and tells the test (file marks/started); the test kills a reducer. Every outstanding round
     must raise. After the test restarted the reducer (marks/restarted), every rank runs a
-    round on a new session (retrying while the group re-forms)."""
-    c = client(addrs, rank, world, group, timeout=timeout)
+    round on a new session (retrying while the group re-forms). Failover is off: with it, the
+    rounds rank 0 started alone would be carried over to the survivors (tests/test_failover.py)."""
+    c = client(addrs, rank, world, group, timeout=timeout, failover=False)
     warm = np.ones(1000, np.float32)
     c.allreduce(warm, "float32", "sum")  # the whole group is there and working
     outcome: List[str] = []

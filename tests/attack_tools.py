@@ -69,6 +69,7 @@ class Status(IntEnum):
     SHUTTING_DOWN = 6
     OVER_LIMIT = 7
     GROUP_INCOMPLETE = 8
+    INTEGRITY_MISMATCH = 9
 
 
 def _hmac(key: bytes, msg: bytes) -> bytes:
@@ -151,6 +152,33 @@ def frame(type_: int, length: int = 0, *, dtype: int = F32, op: int = SUM, flags
 
 def bye(text: bytes = b"") -> bytes:
     return frame(BYE, len(text), flags=0) + text
+
+
+# ---- frame integrity (docs/protocol.md section 2, "Frame integrity") ----------------------------
+
+HELLO_INTEGRITY = 1                                # HELLO flags bit 0
+FRAME_KEY_LABEL = b"RSV2-FRAME-KEY"
+TO_REDUCER, TO_WORKER = 0, 1                       # dir
+TAG_BYTES = 16
+
+
+def frame_key(k_job: bytes, direction: int, worker_nonce: bytes, challenge_nonce: bytes) -> bytes:
+    """K_dir = HMAC-SHA256(K_job, "RSV2-FRAME-KEY" || dir || worker_nonce || challenge_nonce)."""
+    return _hmac(k_job, FRAME_KEY_LABEL + bytes([direction]) + worker_nonce + challenge_nonce)
+
+
+def gmac(key: bytes, direction: int, part: bytes, n: int, aad: bytes) -> bytes:
+    """AES-256-GCM tag over `aad` with an empty plaintext, nonce dir || part || 0x0000 || n (LE)."""
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    nonce = bytes([direction]) + part + b"\0\0" + struct.pack("<Q", n)
+    return AESGCM(key).encrypt(nonce, b"", aad)  # = the 16-byte tag
+
+
+def seal(key: bytes, direction: int, n: int, header: bytes, payload: bytes) -> bytes:
+    """Frame n of a protected direction: header || header tag || payload || trailer."""
+    return (header + gmac(key, direction, b"H", n, header) + payload +
+            gmac(key, direction, b"P", n, header + payload))
 
 
 # ---- raw sockets --------------------------------------------------------------------------------

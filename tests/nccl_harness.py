@@ -516,7 +516,13 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     plugin = Plugin()
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
+        # finalize and unload as after a run: this pool process runs the next test's heads too
+        if version != 8:
+            check(coll.finalize(ctx), "collnet finalize", plugin)
         result["log"] = plugin.log_text()
+        path = plugin.path
+        plugin.close()
+        result["unloaded"] = not loaded(path)
         return result
 
     # NCCL's staging region: send half and receive half, registered twice (as per channel).

@@ -136,9 +136,10 @@ def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: i
 
 
 def hold_round(rank: int, world: int, addrs: Sequence[str], group: str, n: int = 1 << 20,
-               timeout: float = 20.0, again: bool = False) -> Dict[str, Any]:
+               timeout: float = 20.0, again: bool = False, failover: bool = True) -> Dict[str, Any]:
     """Enter an all-reduce and report the error (if any); optionally try again after it."""
-    comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeout, connect_timeout=timeout)
+    comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeout, connect_timeout=timeout,
+                                failover=failover)
     out: Dict[str, Any] = {}
     a = np.ones(n, np.float32)
     t0 = time.monotonic()
@@ -159,9 +160,10 @@ def hold_round(rank: int, world: int, addrs: Sequence[str], group: str, n: int =
     return out
 
 
-def join_and_wait(addrs: Sequence[str], rank: int, world: int, group: str, seconds: float = 60.0) -> None:
+def join_and_wait(addrs: Sequence[str], rank: int, world: int, group: str, seconds: float = 60.0,
+                  failover: bool = True) -> None:
     """Joins the group, then stays silent for `seconds` (a process the test may kill)."""
-    comm = reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30)
+    comm = reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30, failover=failover)
     time.sleep(seconds)
     comm.close()
 

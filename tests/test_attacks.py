@@ -578,7 +578,7 @@ def test_bye_with_text_gives_peer_lost_to_a_real_worker():
         def real() -> None:
             try:
                 with reducer.Communicator([srv.address], 0, 2, job_id="job-bye", group="g", connect_timeout=10,
-                                          timeout=10, chunk_bytes=1 << 20) as comm:
+                                          timeout=10, chunk_bytes=1 << 20, failover=False) as comm:
                     box["joined"] = True
                     assert wait_until(lambda: "bye" in box, 10)
                     comm.allreduce(np.ones(1000, np.float32))

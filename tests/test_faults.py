@@ -82,6 +82,8 @@ def test_worker_dies_mid_round_then_group_reconnects(pool, reducers):
 
 
 def test_reducer_dies_mid_round(pool, reducers):
+    """With failover off, a reducer that dies fails the round at once (tests/test_failover.py
+    covers the default, where the round finishes on the survivors)."""
     good = reducers(1)[0]
     ctx = mp.get_context("spawn")
     with tempfile.TemporaryDirectory() as tmp:
@@ -94,8 +96,8 @@ def test_reducer_dies_mid_round(pool, reducers):
                     break
                 time.sleep(0.05)
             addrs = [good.address, f"127.0.0.1:{open(port_file).read()}"]
-            silent = pool.submit(tasks.join_and_wait, addrs, 1, 2, "rdie", 3.0)
-            fut = pool.submit(tasks.hold_round, rank=0, world=2, addrs=addrs, group="rdie", timeout=30)
+            silent = pool.submit(tasks.join_and_wait, addrs, 1, 2, "rdie", 3.0, False)
+            fut = pool.submit(tasks.hold_round, rank=0, world=2, addrs=addrs, group="rdie", timeout=30, failover=False)
             time.sleep(1.5)
             proc.kill()
             out = fut.result(timeout=30)

@@ -98,6 +98,17 @@ def test_group_fuses_many_small_allreduces(reducers):
     assert all((b == 3).all() for b in res[0] + res[1])
 
 
+def test_hierarchical_refuses_a_non_contiguous_tensor_before_any_traffic():
+    torch = pytest.importorskip("torch")
+
+    class _Comm:  # never used: the check comes first
+        rank, world_size = 0, 2
+
+    h = nccl.HierarchicalAllreduce(_Comm(), None, local_rank=0, local_size=2)
+    with pytest.raises(ConfigError, match=r"call \.contiguous\(\)"):
+        h.allreduce(torch.zeros(4, 4).t())
+
+
 def test_hierarchical_two_nodes_two_local_ranks_gloo(reducers):
     """2 nodes x 2 local ranks (threads): reduce-scatter in the node, slices via reducers, all-gather."""
     torch = pytest.importorskip("torch")

@@ -245,6 +245,32 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
         assert "window 3" in r["log"]  # RS_WINDOW overrides the plugin's default
 
 
+def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_path):
+    """RS_CHUNK_BYTES goes through the protocol's own chunk-size rule (protocol/plan.h)."""
+    servers = reducers(1)
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=[], extra_env={"RS_CHUNK_BYTES": "1001"})
+    for r in results:
+        assert r["connect_rc"] != H.SUCCESS
+        assert "RS_CHUNK_BYTES='1001' is not valid: chunk size 1001 must be a multiple of 8" in r["log"]
+        assert r["unloaded"]  # nothing of the failed connect stays behind
+
+
+def test_collnet_with_frame_integrity(pool, reducers, tmp_path):
+    # RS_INTEGRITY reaches the plugin's clients: a reducer that requires integrity serves them
+    # (without the flag it would refuse every hello with IntegrityMismatch).
+    secret = "plugin-integrity"
+    servers = reducers(1, auth_token=secret, integrity="required")
+    calls = [(7, 0, 1000), (4, 0, 3001), (9, 3, 40000)] * 2
+    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
+                        reducers=",".join(addresses(servers)), calls=calls,
+                        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": "on"})
+    for r in results:
+        assert r["connect_rc"] == H.SUCCESS, r.get("log")
+        assert r["calls_done"] == len(calls) and r["mismatches"] == []
+    assert servers[0].stats()["rejected"] == 0
+
+
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
     servers = reducers(2)
     calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999), (7, 0, 65536)] * 40
@@ -378,7 +404,8 @@ def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, 
     timeout = 4.0
     futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
-                        timeout=timeout, stream_until_error=60.0) for r in range(2)]
+                        timeout=timeout, stream_until_error=60.0, extra_env={"RS_FAILOVER": "0"})
+            for r in range(2)]
     deadline = time.monotonic() + 60
     while servers[1].stats()["rounds_completed"] < 50:
         assert time.monotonic() < deadline, "the heads never started streaming"

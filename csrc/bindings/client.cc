@@ -85,8 +85,11 @@ void bind_client(py::module_& m) {
   py::class_<Client>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
                        const std::string& job, double timeout, double connect_timeout, const std::string& token,
-                       int streams, uint32_t chunk, int socket_buffer, int window, int max_rounds_in_flight) {
+                       int streams, uint32_t chunk, int socket_buffer, int window, int max_rounds_in_flight,
+                       bool failover, bool integrity) {
              ClientOptions o;
+             o.failover = failover;
+             o.integrity = integrity;
              if (socket_buffer >= 0) o.socket_buffer = socket_buffer;  // -1: the core's default
              o.window = window;
              o.max_rounds_in_flight = max_rounds_in_flight;
@@ -106,7 +109,8 @@ void bind_client(py::module_& m) {
            py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
            py::arg("chunk_bytes") = defaults.chunk_bytes, py::arg("socket_buffer") = defaults.socket_buffer,
-           py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight)
+           py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight,
+           py::arg("failover") = defaults.failover, py::arg("integrity") = defaults.integrity)
       .def("allreduce", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
                            const std::string& comp) {
              run(c, buffer_round(std::move(buf), dtype, op, tag, comp));
@@ -162,6 +166,10 @@ void bind_client(py::module_& m) {
         d["bytes_received"] = st.bytes_received;
         d["rounds"] = st.rounds;
         d["reconnects"] = st.reconnects;
+        d["reducer_failovers"] = st.reducer_failovers;
+        d["reducers_active"] = st.reducers_active;
+        d["repaired_bytes"] = st.repaired_bytes;
+        d["reducer_rejoins"] = st.reducer_rejoins;
         return d;
       });
 }

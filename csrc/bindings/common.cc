@@ -1,12 +1,15 @@
 // Errors, logging and protocol helpers of reducer._core.
 #include <Python.h>
 
+#include <algorithm>
 #include <string>
 
 #include "bindings/common.h"
+#include "common/defaults.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "net/socket.h"
+#include "net/frame_auth.h"
 #include "protocol/auth.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
@@ -120,8 +123,42 @@ void bind_common(py::module_& m) {
         py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
   m.def("socket_congestion", &rs::net::socket_congestion, py::arg("fd"),
         "The congestion control a TCP socket uses ('' if unreadable).");
+  m.def("frame_tags", [](const std::string& key, int direction, uint64_t frame, const std::string& header,
+                         const py::buffer& payload, uint64_t repeat) {
+    if (key.size() != 32 || header.size() != rs::proto::kFrameHeaderBytes || (direction != 0 && direction != 1) || repeat < 1)
+      throw py::value_error("frame_tags needs a 32-byte key, direction 0 or 1, a 48-byte header and repeat >= 1");
+    BufView v = view_of(payload, false);
+    rs::proto::Key k;
+    std::copy(key.begin(), key.end(), k.begin());
+    rs::net::FrameAuth auth(k, rs::proto::Direction(direction));
+    const auto* hdr = reinterpret_cast<const uint8_t*>(header.data());
+    rs::net::FrameAuth::Tag htag, trailer;
+    {
+      py::gil_scoped_release release;
+      for (uint64_t i = 0; i < frame; ++i) {  // frames 0 .. frame-1 (empty) set the counter
+        auth.begin(hdr, header.size());
+        auth.finish();
+      }
+      for (uint64_t r = 0; r < repeat; ++r) {
+        htag = auth.header_tag(hdr, header.size());
+        auth.begin(hdr, header.size());
+        auth.update(v.ptr, v.nbytes);
+        trailer = auth.finish();
+      }
+    }
+    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(htag.data()), htag.size()),
+                          py::bytes(reinterpret_cast<const char*>(trailer.data()), trailer.size()));
+  }, py::arg("key"), py::arg("direction"), py::arg("frame"), py::arg("header"), py::arg("payload"), py::arg("repeat") = 1,
+     "Header tag and trailer of frame number `frame + repeat - 1` (net/frame_auth.h), computed `repeat` times "
+     "(for benchmarks; the GIL is released).");
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
+  py::dict defaults;  // common/defaults.h: reducer/config.py states the same (a test checks)
+  defaults["chunk_bytes"] = rs::kDefaultChunkBytes;
+  defaults["socket_buffer"] = rs::kDefaultSocketBuffer;
+  defaults["window"] = rs::kDefaultWindow;
+  defaults["streams"] = rs::kDefaultStreams;
+  m.attr("DEFAULTS") = defaults;
 
 }
 

@@ -16,7 +16,7 @@ void bind_ring(py::module_& m) {
              o.port = port;
              o.timeout = timeout;
              o.chunk_bytes = chunk;
-             o.socket_buffer = socket_buffer;
+             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;  // -1: the core's default
              o.session = session;
              return std::make_unique<rs::ring::Ring>(o);
            }),

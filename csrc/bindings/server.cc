@@ -1,5 +1,6 @@
 // The reducer node (csrc/server) in reducer._core.
 #include "bindings/common.h"
+#include "common/error.h"
 #include "server/server.h"
 
 namespace rs::py_bind {
@@ -43,6 +44,7 @@ py::dict server_limits(const rs::server::Server& s) {
   d["max_connections"] = o.max_connections;
   d["max_connections_per_peer"] = o.max_connections_per_peer;
   d["max_groups_per_peer"] = o.max_groups_per_peer;
+  d["integrity"] = rs::server::integrity_mode_name(o.integrity);
   return d;
 }
 
@@ -79,8 +81,10 @@ void bind_server(py::module_& m) {
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int group_slots,
                        double handshake_timeout, double group_timeout, int socket_buffer, uint64_t max_group_bytes,
                        uint64_t max_memory_bytes, uint32_t max_connections, uint32_t max_connections_per_peer,
-                       uint32_t max_groups_per_peer) {
+                       uint32_t max_groups_per_peer, const std::string& integrity) {
              rs::server::ServerOptions o;
+             if (!rs::server::parse_integrity_mode(integrity, &o.integrity))
+               throw rs::Error(rs::ErrorKind::Config, "integrity must be 'off', 'on' or 'required', not '" + integrity + "'");
              o.host = host;
              o.port = port;
              o.threads = threads;
@@ -103,7 +107,8 @@ void bind_server(py::module_& m) {
            py::arg("max_memory_bytes") = defaults.max_memory_bytes,
            py::arg("max_connections") = defaults.max_connections,
            py::arg("max_connections_per_peer") = defaults.max_connections_per_peer,
-           py::arg("max_groups_per_peer") = defaults.max_groups_per_peer)
+           py::arg("max_groups_per_peer") = defaults.max_groups_per_peer,
+           py::arg("integrity") = "auto")
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)

@@ -1,5 +1,6 @@
 #include "client/client.h"
 
+#include "client/failover.h"
 #include "client/handshake.h"
 
 #include <poll.h>
@@ -29,8 +30,25 @@ constexpr size_t kLinkBudget = 8u << 20;
 constexpr size_t kMaxStagingSlots = 4;
 
 // A frame's token in the link's writer: the round number, and whether the payload sits in a
-// staging slot (which the write frees).
+// staging slot (which the write frees); kDoneToken for a DONE frame.
 uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
+constexpr uint64_t kDoneToken = ~uint64_t(0);
+
+// The fingerprint of the failover exchange rounds (all workers send the same).
+constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
+
+// How long a worker that is leaving for a failover waits to finish a frame it is half-way
+// through writing, so that its goodbye is read as one (the others then learn it is a failover).
+constexpr int kByeFinishMs = 1000;
+
+// After a reducer reports that another worker left, how long this worker waits for a reducer
+// loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
+constexpr int kPeerLeftGraceMs = 200;
+
+// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
+// on every worker) whether they came back; a probe waits at most kProbeMs per lost reducer.
+constexpr RoundId kRejoinEvery = 32;
+constexpr int kProbeMs = 200;
 
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
 
@@ -54,6 +72,8 @@ const char* compression_name(Compression c) {
 
 // A round: its buffer, and its progress on every link.
 struct Client::Round {
+  enum class Role : uint8_t { User, Repair, Exchange };
+  Role role = Role::User;
   RoundId id = 0;
   uint64_t wire = 0;  // round number on the wire (per session)
   DType dtype = DType::F32;
@@ -71,14 +91,27 @@ struct Client::Round {
     uint64_t expected = 0;     // chunks of this stream
     uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
     uint64_t written = 0;      // chunks of this stream completely written
-    uint64_t received = 0;     // results received
+    uint64_t received = 0;     // results received (they arrive in chunk order)
+    bool cleared = false;      // the reducer said CLEAR for this round (failover)
   };
   std::vector<Part> parts;     // by link
   size_t parts_left = 0;       // parts still waiting for results
+  size_t clears_left = 0;      // parts still waiting for CLEAR (failover)
+  bool in_session = false;     // in session_, planned on the current links
   enum class State { Running, Done, Failed } state = State::Running;
   bool collected = false;      // done and reported, freed when it leaves session_
   ErrorKind kind = ErrorKind::Internal;
   std::string error;
+  // Failover (client/failover.h).
+  failover::Intervals held;    // User: wire bytes known to hold results (as of the last failover)
+  size_t children = 0;         // User: repair rounds not yet done
+  Round* parent = nullptr;     // Repair: the user round whose bytes it completes
+  struct Span {
+    uint64_t at, pos, len;     // Repair: its wire bytes [at, at + len) are the parent's [pos, pos + len)
+  };
+  std::vector<Span> map;
+  std::vector<int64_t> store;  // Exchange: the table being all-reduced
+  uint64_t scale() const { return comp != Compression::None ? 2 : 1; }  // buffer bytes per wire byte
 };
 
 struct Client::Link {
@@ -92,6 +125,12 @@ struct Client::Link {
   uint64_t in_flight = 0;   // chunks queued or sent whose result is not back (all rounds)
   Round* reading = nullptr; // the round of the result frame being read
   std::string error_text;   // payload of an Error frame being read
+  bool closed = false;      // lost, or the reducer sent an error: nothing more is read or written
+  // Releases (failover): DONE sent, CLEAR received.
+  uint64_t done_next = 0;   // rounds below this one are complete on this link
+  uint64_t done_sent = 0;
+  bool done_queued = false; // a DONE is in `out`, not yet written (one at a time: they are cumulative)
+  uint64_t cleared = 0;     // rounds below this one are cleared on this link
   // Compressed rounds' staging, allocated at the session's first compressed round on this link:
   std::vector<uint8_t> tx;  // staging_slots() chunks: narrowed payloads queued, not yet written
   uint64_t tx_pushed = 0;   // narrowed frames queued (slot = tx_pushed % slots)
@@ -106,6 +145,7 @@ ErrorKind kind_of(proto::ErrorCode code) {
     case proto::ErrorCode::Mismatch: return ErrorKind::Mismatch;
     case proto::ErrorCode::Protocol: return ErrorKind::Protocol;
     case proto::ErrorCode::PeerLost:
+    case proto::ErrorCode::Failover:
     case proto::ErrorCode::Shutdown: return ErrorKind::PeerLost;
     default: return ErrorKind::Internal;
   }
@@ -133,6 +173,31 @@ void convert(const net::Segments& buf, DType wire, uint64_t off, uint64_t len, u
   }
 }
 
+// Writes the identity of a sum over wire bytes [2 off or off, ...) of a round's buffer: -0.0 for
+// floats (x + -0.0 == x bit for bit, also for x = +0.0), 0 for integers. `buf_dtype` is the
+// buffer's type (float32 for compressed rounds).
+void fill_identity(const net::Segments& buf, DType buf_dtype, uint64_t off, uint64_t len) {
+  constexpr int kPieces = 16;
+  const size_t es = dtype_size(buf_dtype);
+  while (len > 0) {
+    iovec piece[kPieces];
+    int n = 0;
+    const uint64_t got = buf.gather(off, len, piece, &n, kPieces);
+    uint64_t at = off;  // elements start at multiples of es in the round's buffer
+    for (int i = 0; i < n; ++i) {
+      uint8_t* p = static_cast<uint8_t*>(piece[i].iov_base);
+      std::memset(p, 0, piece[i].iov_len);
+      if (buf_dtype != DType::I32 && buf_dtype != DType::I64) {
+        // Little-endian: the sign bit is the top bit of each element's last byte.
+        for (size_t b = size_t(es - 1 - at % es); b < piece[i].iov_len; b += es) p[b] = 0x80;
+      }
+      at += piece[i].iov_len;
+    }
+    off += got;
+    len -= got;
+  }
+}
+
 }  // namespace
 
 Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeout) {
@@ -153,6 +218,8 @@ Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeou
   if (opts_.max_rounds_in_flight < 1 || opts_.max_rounds_in_flight > 4096)
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
+  for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
+  lost_.assign(addrs_.size(), 0);
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   connect_all();
@@ -165,29 +232,53 @@ Client::~Client() {
   }
 }
 
-void Client::connect_all() {
-  const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(opts_.connect_timeout * 1000));
+void Client::connect_all(std::vector<size_t>* lost) {
+  const auto now = Clock::now();
+  // A failover session waits for the other workers like the first one (they notice the loss
+  // when they next call in); a reducer that refuses the connection there is lost too.
+  const auto deadline = net::deadline_after(opts_.connect_timeout);
+  const auto connect_deadline = lost ? std::min(deadline, now + std::chrono::seconds(3)) : deadline;
   const int S = opts_.streams;
-  std::vector<std::unique_ptr<Link>> links(addrs_.size() * size_t(S));
+  std::vector<std::unique_ptr<Link>> links(active_.size() * size_t(S));
   std::vector<PendingLink> pending(links.size());
   std::vector<size_t> todo;
   for (size_t i = 0; i < links.size(); ++i) todo.push_back(i);
+  auto refused = [&](const Error& e, size_t reducer) {
+    const bool reducer_gone = e.kind() == ErrorKind::Connect || e.kind() == ErrorKind::PeerLost ||
+                              (e.kind() == ErrorKind::Timeout && Clock::now() < deadline);
+    if (!lost || !reducer_gone) return false;
+    if (std::find(lost->begin(), lost->end(), reducer) == lost->end()) lost->push_back(reducer);
+    log_warn("reducer failover: " + addrs_[reducer].str() + " is not reachable either: " + e.what());
+    return true;
+  };
   // Phase 1 sends a hello on every link; phase 2 waits for the replies, which come
   // only once every rank of the group has connected (a rendezvous). A link whose
   // rank is still held by our own previous connection is retried.
   while (!todo.empty()) {
     for (size_t i : todo) {
       auto l = std::make_unique<Link>();
-      l->reducer = i / size_t(S);
+      l->reducer = active_[i / size_t(S)];
       l->stream = int(i % size_t(S));
       l->peer = "reducer " + addrs_[l->reducer].str() + (S > 1 ? " (stream " + std::to_string(l->stream) + ")" : "");
-      pending[i] = begin_handshake(addrs_[l->reducer], l->peer, hello_for(l->stream), credential_, opts_.socket_buffer,
-                                   deadline);
+      try {
+        pending[i] = begin_handshake(addrs_[l->reducer], l->peer, hello_for(l->stream), credential_,
+                                     opts_.socket_buffer, connect_deadline);
+      } catch (const Error& e) {
+        if (!refused(e, l->reducer)) throw;
+      }
       links[i] = std::move(l);
     }
+    if (lost && !lost->empty()) return;  // the caller drops them and starts again
     std::vector<size_t> retry;
     for (size_t i : todo) {
-      if (finish_handshake(pending[i], deadline) == proto::Status::RankTaken) {
+      proto::Status st;
+      try {
+        st = finish_handshake(pending[i], deadline);
+      } catch (const Error& e) {
+        if (!refused(e, links[i]->reducer)) throw;
+        return;
+      }
+      if (st == proto::Status::RankTaken) {
         if (Clock::now() >= deadline)
           throw Error(ErrorKind::Connect, links[i]->peer + ": rank " + std::to_string(opts_.rank) +
                                               " is still held by an earlier connection");
@@ -195,13 +286,14 @@ void Client::connect_all() {
         continue;
       }
       links[i]->fd = std::move(pending[i].fd);
+      protect_link(pending[i], &links[i]->out, &links[i]->in);
     }
     if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
     todo.swap(retry);
   }
   for (auto& l : links) {
     net::set_nonblocking(l->fd.get(), true);
-    l->out.reserve(size_t(opts_.window));
+    l->out.reserve(size_t(opts_.window) + 2);  // the window's chunks, a DONE, a goodbye
     l->in.set_max_payload(opts_.chunk_bytes);
   }
   links_ = std::move(links);
@@ -217,8 +309,28 @@ proto::Hello Client::hello_for(int stream) const {
   h.num_streams = uint16_t(opts_.streams);
   h.chunk_bytes = opts_.chunk_bytes;
   h.job_id = opts_.job_id;
-  h.group = opts_.group;
+  h.group = session_group();
+  if (opts_.failover) h.flags |= proto::kHelloFailover;
+  if (opts_.integrity) h.flags |= proto::kHelloIntegrity;
   return h;
+}
+
+// The group name of the current reducer set: the configured one with every reducer, else a
+// suffix naming the survivors, so workers that (briefly) disagree on the set never pair up.
+std::string Client::session_group() const {
+  if (active_.size() == addrs_.size()) return opts_.group;
+  uint64_t h = 1469598103934665603ull;  // FNV-1a over the survivors' indices
+  for (size_t i : active_) {
+    for (int b = 0; b < 8; ++b) {
+      h ^= (uint64_t(i) >> (8 * b)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  static const char hex[] = "0123456789abcdef";
+  std::string suffix = "#f";
+  for (int b = 15; b >= 0; --b) suffix += hex[(h >> (4 * b)) & 15];
+  std::string base = opts_.group.substr(0, proto::kMaxNameBytes - suffix.size());
+  return base + suffix;
 }
 
 void Client::disconnect(bool say_bye) {
@@ -229,7 +341,7 @@ void Client::disconnect(bool say_bye) {
     proto::encode(h, b);
     for (auto& l : links_) {
       // Best effort: a link mid-frame cannot take a goodbye; the reducer then sees a plain close.
-      if (!l->out.mid_frame()) ::send(l->fd.get(), b, sizeof b, MSG_NOSIGNAL | MSG_DONTWAIT);
+      if (!l->closed) l->out.send_now(l->fd.get(), l->peer, b, sizeof b);
       ::shutdown(l->fd.get(), SHUT_WR);
     }
   }
@@ -238,7 +350,8 @@ void Client::disconnect(bool say_bye) {
 }
 
 void Client::fail_all(ErrorKind kind, const std::string& why) {
-  for (Round* r : session_) {
+  auto fail = [&](Round* r) {
+    if (r->role != Round::Role::User) return;
     if (r->collected) {
       rounds_.erase(r->id);
     } else if (r->state == Round::State::Running) {
@@ -246,9 +359,18 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
       r->kind = kind;
       r->error = why;
     }
-  }
+  };
+  for (Round* r : session_) fail(r);
+  for (Round* r : parents_) fail(r);
   session_.clear();
+  parents_.clear();
+  internal_.clear();
+  open_ = 0;
   running_ = 0;
+  std::fill(lost_.begin(), lost_.end(), 0);
+  loss_pending_ = false;
+  loss_why_.clear();
+  peer_left_.clear();
   // The session is out of step with the group now: drop it; the next start() reconnects.
   // Links at a frame boundary say goodbye, so groups that were idle on them do not report
   // this worker as lost (which could reach the others before the real cause).
@@ -274,7 +396,9 @@ size_t Client::in_flight() const {
 
 ClientStats Client::stats() const {
   std::lock_guard<std::mutex> lock(mu_);
-  return stats_;
+  ClientStats st = stats_;
+  st.reducers_active = active_.size();
+  return st;
 }
 
 void Client::allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, Compression comp) {
@@ -339,13 +463,9 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     connect_all();
     stats_.reconnects++;
   }
-  if (compressed) {
-    for (auto& l : links_) {  // the staging of compressed rounds: once per session and link
-      if (!l->tx.empty()) continue;
-      l->tx.resize(staging_slots() * opts_.chunk_bytes);
-      l->rx.resize(opts_.chunk_bytes);
-    }
-  }
+  if (opts_.failover && active_.size() < addrs_.size() && id_next_ > 0 && id_next_ % kRejoinEvery == 0 &&
+      rejoin_checked_ != id_next_ && !try_rejoin(may_wait))
+    return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -356,15 +476,39 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   r.nbytes = elems * wes;
   r.comp = comp;
   r.buf.assign(segs, nsegs);
-  const size_t R = addrs_.size();
+  plan(r);
+  if (r.parts_left == 0) {
+    r.state = Round::State::Done;  // an empty buffer: nothing to send
+    stats_.rounds++;
+  } else {
+    if (open_ == 0) timer_.progress();  // the no-progress clock starts with the first round in flight
+    running_++;
+    open_++;
+  }
+  session_.push_back(&r);
+  rounds_.emplace(r.id, std::move(owned));
+  *out = r.id;
+  pump();  // start streaming now
+  retire();
+  return true;
+}
+
+// Splits a round over the current links: one contiguous shard per reducer of active_, in
+// chunks dealt round-robin to its streams.
+void Client::plan(Round& r) {
+  const size_t wes = dtype_size(r.dtype);
+  const uint64_t es = wes * r.scale();  // bytes per element in the buffer
   const uint64_t S = uint64_t(opts_.streams);
-  proto::ShardPlan plan = proto::plan_round(elems, wes, R, r.wire);
-  r.parts.resize(links_.size());
+  proto::ShardPlan sp = proto::plan_round(r.nbytes / wes, wes, active_.size(), r.wire);
+  r.parts.assign(links_.size(), Round::Part{});
+  r.parts_left = 0;
+  r.clears_left = 0;
   for (size_t li = 0; li < links_.size(); ++li) {
     const Link& l = *links_[li];
+    const size_t pos = li / size_t(S);  // the reducer's place in active_
     Round::Part& p = r.parts[li];
-    p.shard_off = plan.offset[l.reducer] * wes;
-    p.shard_bytes = plan.count[l.reducer] * wes;
+    p.shard_off = sp.offset[pos] * wes;
+    p.shard_bytes = sp.count[pos] * wes;
     // Chunks as large on the wire as the uncompressed round's (chunk_for of the shard's buffer
     // bytes, so 32 per shard instead of 64): a reducer holds a few chunks per stream at once, so
     // the chunk size bounds the bytes in flight per link (measured: half-size chunks reached 40%
@@ -373,21 +517,80 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     p.nchunks = (p.shard_bytes + p.chunk - 1) / p.chunk;
     p.next_send = uint64_t(l.stream);
     p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
-    if (p.expected > 0) r.parts_left++;
+    if (p.expected > 0) {
+      r.parts_left++;
+      if (opts_.failover) r.clears_left++;
+    }
   }
-  if (r.parts_left == 0) {
-    r.state = Round::State::Done;  // an empty buffer: nothing to send
-    stats_.rounds++;
-  } else {
-    if (running_ == 0) timer_.progress();  // the no-progress clock starts with the first round in flight
-    running_++;
+  r.in_session = true;
+}
+
+// Plans an internal or re-planned round on the current links and appends it to the session.
+void Client::enqueue(Round* r) {
+  plan(*r);
+  session_.push_back(r);
+  open_++;
+  settle(*r);  // an empty one (nothing on any link) is done at once
+}
+
+// A round is done once every result is in and, with failover, every reducer cleared it.
+void Client::settle(Round& r) {
+  if (r.state != Round::State::Running || r.parts_left > 0 || r.clears_left > 0 || r.children > 0) return;
+  r.state = Round::State::Done;
+  if (r.in_session) open_--;
+  switch (r.role) {
+    case Round::Role::User:
+      running_--;
+      stats_.rounds++;
+      break;
+    case Round::Role::Repair: {
+      Round& parent = *r.parent;
+      for (const Round::Span& m : r.map) parent.held.add(m.pos, m.pos + m.len);
+      stats_.repaired_bytes += r.nbytes;
+      parent.children--;
+      settle(parent);
+      break;
+    }
+    case Round::Role::Exchange:
+      break;
   }
-  session_.push_back(&r);
-  rounds_.emplace(r.id, std::move(owned));
-  *out = r.id;
-  pump();  // start streaming now
-  retire();
-  return true;
+}
+
+void Client::finish_part(size_t li, Round& r) {
+  r.parts_left--;
+  advance_done(li);
+  settle(r);
+}
+
+// DONE(n): this worker holds the results of every round below n on this link (fill() sends it).
+void Client::advance_done(size_t li) {
+  if (!opts_.failover) return;
+  Link& l = *links_[li];
+  if (!session_.empty()) l.done_next = std::max(l.done_next, session_.front()->wire);
+  while (Round* r = by_wire(l.done_next)) {
+    const Round::Part& p = r->parts[li];
+    if (p.received < p.expected) break;
+    l.done_next++;
+  }
+}
+
+// CLEAR(n) on link li: every worker holds the results of the rounds below n on this link.
+void Client::apply_clear(size_t li, uint64_t upto) {
+  Link& l = *links_[li];
+  if (!opts_.failover || upto > l.done_sent)
+    throw Error(ErrorKind::Protocol, l.peer + " cleared round " + std::to_string(upto) +
+                                         " before this worker said it had the results");
+  const uint64_t from = std::max(l.cleared, session_.empty() ? wire_next_ : session_.front()->wire);
+  for (uint64_t w = from; w < upto; ++w) {
+    Round* r = by_wire(w);
+    if (!r) continue;
+    Round::Part& p = r->parts[li];
+    if (p.expected == 0 || p.cleared) continue;
+    p.cleared = true;
+    r->clears_left--;
+    settle(*r);
+  }
+  l.cleared = std::max(l.cleared, upto);
 }
 
 // Rounds progress only inside calls. Time in which no thread is inside start/test/wait does
@@ -404,7 +607,13 @@ void Client::retire() {
   while (!session_.empty() && session_.front()->state != Round::State::Running) {
     Round* r = session_.front();
     session_.pop_front();
-    if (r->collected) rounds_.erase(r->id);
+    r->in_session = false;
+    if (r->role == Round::Role::User) {
+      if (r->collected) rounds_.erase(r->id);
+    } else if (r->role == Round::Role::Repair) {  // exchange rounds: recover() reads them, the next one frees them
+      auto it = std::find_if(internal_.begin(), internal_.end(), [&](const auto& p) { return p.get() == r; });
+      if (it != internal_.end()) internal_.erase(it);
+    }
   }
 }
 
@@ -418,7 +627,18 @@ size_t Client::staging_slots() const { return std::min(size_t(opts_.window), kMa
 
 void Client::fill(size_t li) {
   Link& l = *links_[li];
+  if (l.closed) return;
   const uint64_t S = uint64_t(opts_.streams), window = uint64_t(opts_.window);
+  if (!l.done_queued && l.done_sent < l.done_next && !l.out.full()) {
+    proto::FrameHeader h;
+    h.type = proto::FrameType::Done;
+    h.round = l.done_next;
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
+    l.out.push(hdr, sizeof hdr, net::Payload::none(), kDoneToken);
+    l.done_queued = true;
+    l.done_sent = l.done_next;
+  }
   // Rounds before the oldest unfinished one are complete, so this link sent all of them.
   if (session_.empty()) l.send_wire = wire_next_;
   else l.send_wire = std::max(l.send_wire, session_.front()->wire);
@@ -431,6 +651,10 @@ void Client::fill(size_t li) {
       continue;
     }
     const bool staged = r->comp != Compression::None;
+    if (staged && l.tx.empty()) {  // the staging of compressed rounds: once per session and link
+      l.tx.resize(staging_slots() * opts_.chunk_bytes);
+      l.rx.resize(opts_.chunk_bytes);
+    }
     if (staged && l.tx_pushed - l.tx_written >= staging_slots()) break;  // every slot waits to be written
     const uint64_t off = p.next_send * p.chunk;
     const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
@@ -463,12 +687,13 @@ void Client::watch(std::vector<pollfd>* pfds) {
   pfds->resize(links_.size());
   for (size_t li = 0; li < links_.size(); ++li) {
     fill(li);
-    (*pfds)[li] = {links_[li]->fd.get(), short(POLLIN | (links_[li]->out.empty() ? 0 : POLLOUT)), 0};
+    const Link& l = *links_[li];
+    (*pfds)[li] = {l.closed ? -1 : l.fd.get(), short(POLLIN | (l.out.empty() ? 0 : POLLOUT)), 0};
   }
 }
 
 bool Client::pump(const pollfd* ready) {
-  if (links_.empty() || running_ == 0) return false;
+  if (links_.empty() || open_ == 0) return false;
   const int S = opts_.streams;
   bool moved = false;
   try {
@@ -484,13 +709,19 @@ bool Client::pump(const pollfd* ready) {
     for (size_t li = 0; li < links_.size(); ++li) {
       if (ready[li].revents == 0) continue;
       Link& l = *links_[li];
+      if (l.closed) continue;
       auto written = [&](uint64_t token) {
+        if (token == kDoneToken) {
+          l.done_queued = false;
+          return;
+        }
         if (token & 1) l.tx_written++;
         if (Round* r = by_wire(token >> 1)) r->parts[li].written++;
       };
       auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
         if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from reducer " + l.peer + ": " + err);
         if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
+        if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
         if (h.type != proto::FrameType::Result)
           throw Error(ErrorKind::Protocol, "unexpected frame type from reducer " + l.peer);
         Round* r = by_wire(h.round);
@@ -499,9 +730,10 @@ bool Client::pump(const pollfd* ready) {
           const Round::Part& p = r->parts[li];
           const uint64_t chunk = p.chunk, idx = h.offset / chunk;
           ok = h.dtype == uint8_t(r->dtype) && h.op == uint8_t(r->op) && h.shard_bytes == p.shard_bytes &&
-               h.total_bytes == r->nbytes && h.offset % chunk == 0 && idx % uint64_t(S) == uint64_t(l.stream) &&
-               idx < p.nchunks && h.length == std::min<uint64_t>(chunk, p.shard_bytes - h.offset) &&
-               p.received < p.expected && idx / uint64_t(S) < p.written;  // only chunks already sent
+               h.total_bytes == r->nbytes && h.offset % chunk == 0 && idx < p.nchunks &&
+               h.length == std::min<uint64_t>(chunk, p.shard_bytes - h.offset) && p.received < p.expected &&
+               idx == uint64_t(l.stream) + p.received * uint64_t(S) &&  // results come in chunk order
+               p.received < p.written;                                // only chunks already sent
         }
         if (!ok)
           throw Error(ErrorKind::Protocol, l.peer + " sent a result that does not belong to any round in flight " +
@@ -509,43 +741,74 @@ bool Client::pump(const pollfd* ready) {
                                                std::to_string(h.offset) + ")");
         l.reading = r;
         if (r->comp != Compression::None) return net::Sink::memory(l.rx.data());  // widened in on_frame
-        return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset);
+        // Whole elements only: after a failure each element is either the input or the result.
+        return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
       };
       auto on_frame = [&](const proto::FrameHeader& h) -> bool {
-        if (h.type == proto::FrameType::Error)
-          throw Error(kind_of(proto::ErrorCode(h.flags)), "reducer " + addrs_[l.reducer].str() + ": " + l.error_text);
+        if (h.type == proto::FrameType::Error) {
+          const auto code = proto::ErrorCode(h.flags);
+          const std::string msg = "reducer " + addrs_[l.reducer].str() + ": " + l.error_text;
+          if (!opts_.failover) throw Error(kind_of(code), msg);
+          l.closed = true;  // the reducer closes this connection after its error
+          switch (code) {
+            case proto::ErrorCode::Shutdown:
+              note_lost(l.reducer, msg);
+              return false;
+            case proto::ErrorCode::Failover:  // another worker lost reducers: the tag says which
+              for (size_t i = 0; i < addrs_.size() && i < 64; ++i)
+                if (h.tag >> i & 1) note_lost(i, "another worker of the group lost it (" + msg + ")");
+              loss_pending_ = true;  // (beyond 64 reducers the mask is empty: connecting finds them)
+              if (loss_why_.empty()) loss_why_ = msg;
+              return false;
+            case proto::ErrorCode::PeerLost:  // a worker left: fatal unless a reducer loss explains it
+              if (peer_left_.empty()) {
+                peer_left_ = msg;
+                peer_left_until_ = Clock::now() + std::chrono::milliseconds(kPeerLeftGraceMs);
+              }
+              return false;
+            default:
+              throw Error(kind_of(code), msg);
+          }
+        }
+        if (h.type == proto::FrameType::Clear) {
+          apply_clear(li, h.round);
+          return true;
+        }
         Round& r = *l.reading;
         Round::Part& p = r.parts[li];
         if (r.comp != Compression::None) convert(r.buf, r.dtype, p.shard_off + h.offset, h.length, l.rx.data(), false);
         p.received++;
         l.in_flight--;
-        if (p.received == p.expected && --r.parts_left == 0) {
-          r.state = Round::State::Done;
-          running_--;
-          stats_.rounds++;
-        }
+        if (p.received == p.expected) finish_part(li, r);
         return true;
       };
       net::IoBudget budget(kLinkBudget);
       uint64_t sent = 0, got = 0;
       const short rev = ready[li].revents;
-      if (rev & POLLOUT) {
-        net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written);
-        sent += wr.bytes;
-        // Written frames free staging slots: queue (narrow) and write the next ones now.
-        if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
-          fill(li);
-          sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+      try {
+        if (rev & POLLOUT) {
+          net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written);
+          sent += wr.bytes;
+          // Written frames free staging slots: queue (narrow) and write the next ones now.
+          if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
+            fill(li);
+            sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+          }
         }
-      }
-      if (rev & (POLLIN | POLLHUP | POLLERR)) {
-        net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
-        got += rd.bytes;
-        // Results free window slots: queue and write more before the next link's turn.
-        if (rd.frames > 0 && !budget.spent()) {
-          fill(li);
-          sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+        if (rev & (POLLIN | POLLHUP | POLLERR)) {
+          net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
+          got += rd.bytes;
+          // Results free window slots: queue and write more before the next link's turn.
+          if (rd.frames > 0 && !budget.spent() && !l.closed) {
+            fill(li);
+            sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+          }
         }
+      } catch (const Error& e) {
+        // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
+        if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
+        l.closed = true;
+        note_lost(l.reducer, e.what());
       }
       stats_.bytes_sent += sent;
       stats_.bytes_received += got;
@@ -555,8 +818,24 @@ bool Client::pump(const pollfd* ready) {
       }
     }
     retire();
-    if (running_ > 0 && timer_.expired()) throw Error(ErrorKind::Timeout, describe_stall());
+    if (loss_pending_) {
+      if (!recovering_) recover();
+      wake_waiters();
+      return true;
+    }
+    if (!peer_left_.empty() && Clock::now() >= peer_left_until_) throw Error(ErrorKind::PeerLost, peer_left_);
+    if (open_ > 0 && timer_.expired()) {
+      size_t k = 0;
+      if (opts_.failover && stall_is_one_reducer(&k)) {
+        note_lost(k, "no progress from it for " + std::to_string(opts_.timeout) + " s while the others finished");
+        if (!recovering_) recover();
+        wake_waiters();
+        return true;
+      }
+      throw Error(ErrorKind::Timeout, describe_stall());
+    }
   } catch (const Error& e) {
+    if (recovering_) throw;  // recover() unwinds, then the outer pump fails the rounds
     fail_all(e.kind(), e.what());
     return true;
   }
@@ -577,6 +856,369 @@ std::string Client::describe_stall() const {
   std::string more = running_ > 1 ? " (" + std::to_string(running_) + " rounds in flight)" : "";
   return "all-reduce round " + std::to_string(r.wire) + " made no progress for " + std::to_string(opts_.timeout) +
          " s (a worker of the group may be missing or slow): " + waiting + more;
+}
+
+// ---- reducer failover ------------------------------------------------------------------
+
+void Client::note_lost(size_t reducer, const std::string& why) {
+  if (reducer >= lost_.size()) return;
+  if (!lost_[reducer] && std::find(active_.begin(), active_.end(), reducer) != active_.end())
+    log_warn("reducer " + addrs_[reducer].str() + " lost (rank " + std::to_string(opts_.rank) + ", group " +
+             opts_.group + "): " + why);
+  lost_[reducer] = 1;
+  loss_pending_ = true;
+  if (loss_why_.empty()) loss_why_ = addrs_[reducer].str() + ": " + why;
+}
+
+// No progress for `timeout`: a lost reducer if it alone still owes this worker results or
+// clears (a slow or missing worker would hold up every reducer).
+bool Client::stall_is_one_reducer(size_t* reducer) const {
+  if (active_.size() < 2) return false;
+  std::vector<uint8_t> owing(addrs_.size(), 0);
+  for (const Round* r : session_) {
+    if (r->state != Round::State::Running) continue;
+    for (size_t li = 0; li < links_.size(); ++li) {
+      const Round::Part& p = r->parts[li];
+      if (p.received < p.expected || (p.expected > 0 && opts_.failover && !p.cleared)) owing[links_[li]->reducer] = 1;
+    }
+  }
+  size_t n = 0;
+  for (size_t i = 0; i < owing.size(); ++i)
+    if (owing[i]) {
+      n++;
+      *reducer = i;
+    }
+  return n == 1;
+}
+
+// Adds what this session's rounds received to their user rounds' `held` (wire bytes).
+void Client::collect_held() {
+  const uint64_t S = uint64_t(opts_.streams);
+  for (Round* r : session_) {
+    if (r->state != Round::State::Running || r->role == Round::Role::Exchange) continue;
+    failover::Intervals got;
+    for (size_t li = 0; li < links_.size(); ++li) {
+      const Round::Part& p = r->parts[li];
+      const Link& l = *links_[li];
+      for (uint64_t k = 0; k < p.received; ++k) {
+        const uint64_t off = (uint64_t(l.stream) + k * S) * p.chunk;
+        got.add(p.shard_off + off, p.shard_off + std::min(off + p.chunk, p.shard_bytes));
+      }
+      // A result being read: its first whole elements are in place (compressed rounds widen
+      // only complete frames, so nothing of theirs is).
+      if (l.reading == r && l.in.reading_payload() && l.in.header().type == proto::FrameType::Result &&
+          r->comp == Compression::None) {
+        if (l.in.torn())
+          throw Error(ErrorKind::Internal, "reducer failover: a result from " + l.peer +
+                                               " ended inside an element; the round cannot be repaired");
+        const uint64_t off = p.shard_off + l.in.header().offset;
+        got.add(off, off + l.in.payload_in_place());
+      }
+    }
+    if (r->role == Round::Role::User) {
+      for (const auto& sp : got.spans()) r->held.add(sp.first, sp.second);
+      continue;
+    }
+    for (const auto& sp : got.spans())  // Repair: its bytes map onto the parent's
+      for (const Round::Span& m : r->map) {
+        const uint64_t a = std::max(sp.first, m.at), b = std::min(sp.second, m.at + m.len);
+        if (a < b) r->parent->held.add(m.pos + (a - m.at), m.pos + (b - m.at));
+      }
+  }
+}
+
+// Tells every surviving reducer that this worker leaves for a failover and which reducers were
+// lost (BYE with kByeFailover, tag = mask): each fails the group's session with
+// ErrorCode::Failover, so the other workers learn it even if they have not noticed the loss.
+void Client::say_failover_bye() {
+  uint64_t mask = 0;
+  bool any = false;
+  for (size_t i = 0; i < lost_.size(); ++i) {
+    if (!lost_[i]) continue;
+    any = true;
+    if (i < 64) mask |= uint64_t(1) << i;
+  }
+  proto::FrameHeader h;
+  h.type = proto::FrameType::Bye;
+  h.flags = any ? proto::kByeFailover : 0;  // a rejoin leaves between rounds: an ordinary goodbye
+  h.tag = mask;
+  uint8_t bye[proto::kFrameHeaderBytes];
+  proto::encode(h, bye);
+  const auto until = Clock::now() + std::chrono::milliseconds(kByeFinishMs);
+  for (auto& lp : links_) {
+    Link& l = *lp;
+    if (l.closed || lost_[l.reducer]) continue;
+    try {
+      // Frames queued are written first (a half-written one would swallow the goodbye, and with
+      // frame integrity every queued frame has taken its place in the sequence).
+      while (!l.out.empty() && Clock::now() < until) {
+        pollfd p{l.fd.get(), POLLOUT, 0};
+        if (::poll(&p, 1, net::ms_until(until, 50)) <= 0) continue;
+        l.out.flush(l.fd.get(), l.peer, nullptr, [](uint64_t) {});
+      }
+      l.out.send_now(l.fd.get(), l.peer, bye, sizeof bye);
+    } catch (const Error&) {
+      // gone too: its own loss shows when connecting the survivors
+    }
+    ::shutdown(l.fd.get(), SHUT_WR);
+  }
+  links_.clear();
+  session_gen_++;
+}
+
+Client::Round* Client::new_internal(int kind) {
+  internal_.push_back(std::make_unique<Round>());
+  Round* r = internal_.back().get();
+  r->role = Round::Role(kind);
+  r->id = ~RoundId(0);  // never in rounds_
+  return r;
+}
+
+// Finishes every round in flight (with the lock held). False if it would have to wait and
+// `may_wait` is false, or if the session failed meanwhile.
+bool Client::drain(bool may_wait) {
+  std::vector<pollfd> pfds;
+  while (open_ > 0 && !links_.empty()) {
+    if (!may_wait) {
+      pump();
+      if (open_ > 0) return false;
+      break;
+    }
+    watch(&pfds);
+    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
+    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+    pump(pr > 0 ? pfds.data() : nullptr);
+  }
+  return !links_.empty();
+}
+
+// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
+// kRejoinEvery, on every worker): drain, probe the lost reducers, agree with a MIN all-reduce
+// on the ones every worker reached, and move the session to the larger set if there are any.
+// False: try_start() would have had to wait for the drain (the caller retries later).
+bool Client::try_rejoin(bool may_wait) {
+  if (!drain(may_wait)) return false;
+  rejoin_checked_ = id_next_;
+  if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
+  const size_t R = addrs_.size();
+  Round* x = new_internal(int(Round::Role::Exchange));
+  x->store.assign(R, 0);
+  for (size_t i : active_) x->store[i] = 1;
+  for (size_t i = 0; i < R; ++i) {
+    if (x->store[i]) continue;
+    try {
+      net::connect_with_retry(addrs_[i], Clock::now() + std::chrono::milliseconds(kProbeMs));
+      x->store[i] = 1;  // listening again (the probe closes at once; the reducer logs it at debug level)
+    } catch (const Error&) {
+    }
+  }
+  x->dtype = DType::I64;
+  x->op = Op::Min;
+  x->tag = kExchangeTag;
+  x->nbytes = R * sizeof(int64_t);
+  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
+  x->wire = wire_next_++;
+  enqueue(x);
+  bool agreed;
+  {
+    struct Flag {  // a loss during the check is handled after it (recover() frees the check round)
+      bool& f;
+      explicit Flag(bool& v) : f(v) { f = true; }
+      ~Flag() { f = false; }
+    } flag(recovering_);
+    agreed = run_internal(nullptr, x);
+  }
+  if (!agreed) {
+    recover();
+    return true;
+  }
+  std::vector<size_t> back;
+  for (size_t i = 0; i < R; ++i)
+    if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
+  if (back.empty()) return true;
+  std::string names;
+  for (size_t i : back) {
+    names += (names.empty() ? "" : ", ") + addrs_[i].str();
+    active_.push_back(i);
+  }
+  std::sort(active_.begin(), active_.end());
+  stats_.reducer_rejoins += back.size();
+  log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
+           "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
+  recover();  // no round in flight: a new session on the larger set
+  return true;
+}
+
+// Drives the session until internal round `r` is done, with the lock held (other threads
+// wait: nothing else may start while the workers agree). False if a reducer was lost meanwhile.
+bool Client::run_internal(std::unique_lock<std::mutex>*, Round* r) {
+  std::vector<pollfd> pfds;
+  while (r->state == Round::State::Running) {
+    if (loss_pending_) return false;
+    if (links_.empty()) throw Error(ErrorKind::PeerLost, "reducer failover: the new session was dropped");
+    watch(&pfds);
+    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
+    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+    pump(pr > 0 ? pfds.data() : nullptr);
+  }
+  return !loss_pending_;
+}
+
+// Moves the session to the surviving reducers and sets up the repair of every unfinished round
+// (see client/failover.h and docs/protocol.md, "Reducer failover"). Blocks until the workers
+// have agreed (two small all-reduces); the repairs then run like any round.
+void Client::recover() {
+  struct Flag {
+    bool& f;
+    explicit Flag(bool& x) : f(x) { f = true; }
+    ~Flag() { f = false; }
+  } flag(recovering_);
+  // Rounds not finished here, by RoundId: their progress so far goes into `held`.
+  collect_held();
+  std::vector<Round*> pending;
+  for (Round* r : session_)
+    if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
+  for (Round* r : parents_)
+    if (r->state == Round::State::Running) pending.push_back(r);
+  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
+  for (;;) {
+    // 1. Leave the session, telling the survivors why.
+    say_failover_bye();
+    for (Round* r : pending) {
+      r->parts.clear();
+      r->in_session = false;
+      r->parts_left = r->clears_left = r->children = 0;
+    }
+    parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
+    session_.clear();
+    internal_.clear();
+    open_ = 0;
+    std::vector<size_t> next;
+    std::string lost_names;
+    for (size_t i : active_) {
+      if (!lost_[i]) next.push_back(i);
+      else lost_names += (lost_names.empty() ? "" : ", ") + addrs_[i].str();
+    }
+    const std::string why = loss_why_;
+    std::fill(lost_.begin(), lost_.end(), 0);
+    loss_pending_ = false;
+    loss_why_.clear();
+    peer_left_.clear();
+    if (next.empty()) throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
+    const bool changed = next.size() != active_.size();
+    active_ = next;
+    if (changed) stats_.reducer_failovers++;
+    const std::string line = "(rank " + std::to_string(opts_.rank) + ", group " + opts_.group + "): " +
+                             (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
+                             "; continuing on " + std::to_string(active_.size()) + " of " +
+                             std::to_string(addrs_.size()) + " reducers with " + std::to_string(pending.size()) +
+                             " round(s) to finish";
+    if (why.empty()) log_info("new session on " + std::to_string(active_.size()) + " reducers (rank " +
+                              std::to_string(opts_.rank) + ", group " + opts_.group + ")");  // a rejoin
+    else log_warn("reducer failover " + line);
+    // 2. A session on the survivors (a reducer that refuses it is lost too: start again).
+    std::vector<size_t> refused;
+    connect_all(&refused);
+    if (!refused.empty()) {
+      for (size_t i : refused) note_lost(i, "it refused the failover session");
+      continue;
+    }
+    timer_.progress();
+    // 3. The exchange: what every worker holds of every unfinished round.
+    std::vector<failover::Entry> entries;
+    for (Round* r : pending) failover::append_round(r->id, r->held, &entries);
+    const uint32_t W = opts_.world_size, me = opts_.rank;
+    auto exchange = [&](size_t words) -> Round* {
+      Round* x = new_internal(int(Round::Role::Exchange));
+      x->store.assign(words, 0);
+      x->dtype = DType::I64;
+      x->op = Op::Sum;
+      x->tag = kExchangeTag;
+      x->nbytes = words * sizeof(int64_t);
+      x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
+      x->wire = wire_next_++;
+      return x;
+    };
+    auto launch = [&](Round* x) {
+      enqueue(x);
+    };
+    Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
+    int64_t* row = &x1->store[size_t(me) * failover::kSummaryWords];
+    row[0] = int64_t(pending.empty() ? id_next_ : pending.front()->id);
+    row[1] = int64_t(id_next_);
+    row[2] = int64_t(entries.size());
+    launch(x1);
+    if (!run_internal(nullptr, x1)) continue;
+    const std::vector<int64_t> summaries = x1->store;
+    const uint64_t max_e = failover::Table::max_entries(W, summaries);
+    Round* x2 = exchange(size_t(W) * max_e * failover::kEntryWords);
+    for (size_t i = 0; i < entries.size(); ++i) {
+      int64_t* e = &x2->store[(size_t(me) * max_e + i) * failover::kEntryWords];
+      e[0] = entries[i].round;
+      e[1] = entries[i].begin;
+      e[2] = entries[i].end;
+    }
+    launch(x2);
+    if (!run_internal(nullptr, x2)) continue;
+    failover::Table table(W, summaries, x2->store, max_e);
+    // 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
+    std::vector<Round*> parents;
+    for (Round* r : pending) {
+      if (r->id >= table.hi()) {
+        if (!r->held.empty())
+          throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
+                                               " has results here but was not started on every worker");
+        r->wire = wire_next_++;
+        enqueue(r);
+        continue;
+      }
+      const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
+      const DType buf_dtype = r->comp != Compression::None ? DType::F32 : r->dtype;
+      for (int pass = 0; pass < 2; ++pass) {  // copies first, then reductions
+        const bool copy = pass == 0;
+        Round* c = nullptr;
+        std::vector<iovec> segs;
+        for (const auto& pc : pieces) {
+          if ((pc.holder >= 0) != copy) continue;
+          if (!c) {
+            c = new_internal(int(Round::Role::Repair));
+            c->parent = r;
+            c->dtype = r->dtype;
+            c->op = copy ? Op::Sum : r->op;
+            c->tag = r->tag;
+            c->comp = r->comp;
+          }
+          const uint64_t len = pc.end - pc.begin;
+          c->map.push_back({c->nbytes, pc.begin, len});
+          c->nbytes += len;
+          if (copy && pc.holder != int64_t(me)) fill_identity(r->buf, buf_dtype, pc.begin * r->scale(), len * r->scale());
+          uint64_t at = pc.begin * r->scale(), left = len * r->scale();
+          while (left > 0) {
+            iovec piece[16];
+            int n = 0;
+            const uint64_t got = r->buf.gather(at, left, piece, &n, 16);
+            segs.insert(segs.end(), piece, piece + n);
+            at += got;
+            left -= got;
+          }
+        }
+        if (!c) continue;
+        c->buf.assign(segs.data(), segs.size());
+        c->wire = wire_next_++;
+        enqueue(c);
+        r->children++;
+      }
+      if (r->children > 0) parents.push_back(r);
+      else {
+        r->held.clear();
+        settle(*r);  // every worker holds all of it
+      }
+    }
+    parents_ = parents;
+    timer_.progress();
+    wake_waiters();
+    return;
+  }
 }
 
 void Client::wake_waiters() {
@@ -601,7 +1243,7 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
     watch(&pfds);
     pfds.push_back({wake_.get(), POLLIN, 0});
     const uint64_t gen = session_gen_;
-    const int ms = timer_.poll_ms(200);
+    const int ms = timer_.poll_ms(peer_left_.empty() ? 200 : 20);
     pollers_++;
     lk.unlock();
     int pr = ::poll(pfds.data(), pfds.size(), ms);

@@ -19,6 +19,17 @@
 // rounded once, widened. Shards are planned on the wire bytes (half the buffer); chunks carry
 // as many wire bytes as the uncompressed round's would (twice the elements), so the bytes in
 // flight per link stay what the reducers' chunk slots allow.
+//
+// Reducer failover (ClientOptions::failover, on by default): a round is handed back (test()
+// true, wait() returns) only once every reducer of the round said CLEAR, i.e. every worker
+// holds its results. When a reducer is lost (its connection closes or resets, it shuts down,
+// or it alone stalls for `timeout`), the worker says goodbye to the others with the lost set
+// (so every worker of the group learns it), connects a new session to the survivors, and the
+// workers agree in two small all-reduces which bytes of their unfinished rounds each of them
+// already holds; those bytes are copied from the lowest holder, the rest is reduced again, on
+// the survivors (client/failover.h). Results are bit-identical to a run without the failure.
+// Later rounds use the survivors. Only when no reducer is left, or the failure is not a
+// reducer's (a worker left, a mismatch), do the rounds fail.
 #pragma once
 
 #include <poll.h>
@@ -32,6 +43,7 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/defaults.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "net/deadline.h"
@@ -58,11 +70,13 @@ struct ClientOptions {
   double timeout = 30.0;           // seconds without progress before an all-reduce fails
   double connect_timeout = 300.0;  // bound on connect retries + waiting for the whole group
   std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
-  int streams = 1;
-  uint32_t chunk_bytes = 1u << 20;  // the largest chunk; a round uses smaller ones for smaller shards
-  int window = 4;                   // chunks in flight per connection (sent, result not yet back), across rounds
-  int socket_buffer = 4 << 20;
+  int streams = kDefaultStreams;
+  uint32_t chunk_bytes = kDefaultChunkBytes;  // the largest chunk; a round uses smaller ones for smaller shards
+  int window = kDefaultWindow;        // chunks in flight per connection (sent, result not yet back), across rounds
+  int socket_buffer = kDefaultSocketBuffer;
+  bool failover = true;             // finish rounds on the surviving reducers when one is lost
   int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
+  bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
 };
 
 struct ClientStats {
@@ -70,6 +84,10 @@ struct ClientStats {
   uint64_t bytes_received = 0;
   uint64_t rounds = 0;
   uint64_t reconnects = 0;
+  uint64_t reducer_failovers = 0;  // sessions moved to surviving reducers
+  uint64_t reducers_active = 0;    // reducers the current session uses
+  uint64_t repaired_bytes = 0;     // bytes of unfinished rounds copied or reduced again after failovers
+  uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
 };
 
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when
@@ -131,8 +149,29 @@ class Client {
  private:
   struct Link;
   struct Round;
-  void connect_all();
+  // Connects every link of the current reducer set (active_). With `lost` (failover) a reducer
+  // that refuses the connection is reported there instead of failing the call.
+  void connect_all(std::vector<size_t>* lost = nullptr);
   proto::Hello hello_for(int stream) const;
+  std::string session_group() const;             // the group name of this reducer set
+  void plan(Round& r);                            // splits a round over the current links
+  void enqueue(Round* r);                         // plan() and append to session_
+  void settle(Round& r);                          // Done once its results are in and cleared
+  void finish_part(size_t li, Round& r);          // a link's share of a round is complete
+  void advance_done(size_t li);                   // DONE: rounds complete on this link
+  void apply_clear(size_t li, uint64_t upto);
+  // Failover (client/failover.h): note a lost reducer; recover() moves the session.
+  void note_lost(size_t reducer, const std::string& why);
+  void recover();
+  bool stall_is_one_reducer(size_t* reducer) const;
+  void collect_held();
+  void say_failover_bye();
+  // While reducers are lost: every kRejoinEvery rounds the workers drain, probe the lost
+  // reducers and agree (a MIN all-reduce) on the ones every worker reaches; those rejoin.
+  bool try_rejoin(bool may_wait);
+  bool drain(bool may_wait);                      // every round in flight done (false: would block)
+  bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
+  Round* new_internal(int kind);
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, Compression comp, bool may_wait, RoundId* out);
@@ -153,12 +192,23 @@ class Client {
   ClientOptions opts_;
   std::vector<net::HostPort> addrs_;
   proto::Credential credential_;
-  std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[r * streams + s]
+  std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[i * streams + s], i indexes active_
+  std::vector<size_t> active_;                // reducers (indices into addrs_) of the current session
   uint64_t wire_next_ = 0;                    // round number of the next round of this session
   RoundId id_next_ = 0;
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
-  size_t running_ = 0;          // rounds in session_ not finished
+  size_t open_ = 0;             // rounds in session_ not finished (user, repair, exchange)
+  size_t running_ = 0;          // user rounds not finished (in session_ or being repaired)
+  std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
+  std::vector<Round*> parents_; // user rounds waiting for their repair rounds
+  std::vector<uint8_t> lost_;   // by reducer: lost and not yet handled
+  bool loss_pending_ = false;
+  std::string loss_why_;
+  bool recovering_ = false;
+  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
+  std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
+  net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
   struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
     explicit Driving(Client* c);

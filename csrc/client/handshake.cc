@@ -20,6 +20,7 @@ namespace {
     case proto::Status::BadHello: throw Error(ErrorKind::Protocol, text);
     case proto::Status::GroupConflict: throw Error(ErrorKind::Mismatch, text);
     case proto::Status::GroupIncomplete: throw Error(ErrorKind::Timeout, text);
+    case proto::Status::IntegrityMismatch: throw Error(ErrorKind::Config, text);
     default: throw Error(ErrorKind::Connect, text);
   }
 }
@@ -30,6 +31,10 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
                             const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline) {
   PendingLink l;
   l.peer = peer;
+  l.integrity = (h.flags & proto::kHelloIntegrity) != 0;
+  if (l.integrity && !cred.present())
+    throw Error(ErrorKind::Config, "frame integrity (RS_INTEGRITY) needs authentication: give the worker the shared "
+                                   "secret or its job's credential (RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE)");
   uint8_t chbuf[proto::kChallengeBytes];
   // A reducer at its connection cap closes new connections before its challenge: it is busy,
   // not gone, so retry with back-off until the deadline (then the last error stands).
@@ -89,6 +94,11 @@ proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline) 
   }
   if (reply.status == proto::Status::Ok || reply.status == proto::Status::RankTaken) return reply.status;
   throw_reply(l.peer, reply.status, reply.message);
+}
+
+void protect_link(const PendingLink& l, net::FrameWriter* out, net::FrameReader* in) {
+  if (!l.integrity) return;
+  net::protect(out, in, l.key, l.worker_nonce, l.challenge_nonce, proto::Direction::WorkerToReducer);
 }
 
 }  // namespace rs::client

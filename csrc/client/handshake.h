@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <string>
 
+#include "net/frame_io.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/wire.h"
@@ -21,10 +22,15 @@ struct PendingLink {
   proto::Key key{};
   std::array<uint8_t, proto::kNonceBytes> worker_nonce{};
   std::array<uint8_t, proto::kNonceBytes> challenge_nonce{};
+  bool integrity = false;  // the hello asked for frame integrity: an Ok reply means it is on
 };
 
+// After an Ok reply: turns on frame integrity on the link's writer and reader if it was asked for.
+void protect_link(const PendingLink& link, net::FrameWriter* out, net::FrameReader* in);
+
 // Phase 1: `hello` says who this worker is; its nonce and MAC are filled in here.
-// Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`.
+// Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`; Error(Config) when the hello asks
+// for frame integrity (proto::kHelloIntegrity) without a credential.
 PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, proto::Hello hello,
                             const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline);
 

@@ -106,6 +106,10 @@ void fuzz_frame(const uint8_t* p, size_t n) {
     FUZZ_CHECK(h.length <= proto::kMaxMessageBytes);
     return;
   }
+  if (h.type == proto::FrameType::Done || h.type == proto::FrameType::Clear) {
+    FUZZ_CHECK(h.length == 0);  // header only
+    return;
+  }
   // An accepted DATA/RESULT header never lets a payload land outside its shard.
   FUZZ_CHECK(rs::valid_dtype(h.dtype) && rs::valid_op(h.op));
   const uint64_t es = rs::dtype_size(rs::DType(h.dtype));

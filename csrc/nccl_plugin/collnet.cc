@@ -236,7 +236,7 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   auto cc = std::make_unique<CollComm>();
   cc->group = "nccl-" + hex(d.data(), 16);
   client::ClientOptions opts = client_options_from_env();
-  if (!getenv_str("RS_WINDOW")) opts.window = kDefaultWindow;
+  if (!getenv_str("RS_WINDOW")) opts.window = kCollNetWindow;
   opts.reducers = lc->pool.reducers;
   opts.job_id = lc->pool.job_id;
   opts.group = cc->group;

@@ -28,9 +28,9 @@ void free_context(void* ctx);
 constexpr size_t kMaxCollBytes = size_t(1) << 30;  // per iallreduce (v8 passes counts as int)
 constexpr int kMaxRoundsInFlight = 64;             // NCCL keeps at most 64 requests per collComm
 // Chunks in flight per reducer connection when RS_WINDOW is not set. NCCL's calls are 32-256 KiB,
-// so a reducer gets chunks of 64 KiB or less: the worker library's 4 would keep only 256 KiB in
-// flight per connection (docs/nccl-plugin.md, docs/performance.md).
-constexpr int kDefaultWindow = 8;
+// so a reducer gets chunks of 64 KiB or less: the worker library's window (rs::kDefaultWindow, 4)
+// would keep only 256 KiB in flight per connection (docs/nccl-plugin.md, docs/performance.md).
+constexpr int kCollNetWindow = 8;
 
 void listen(void* ctx, void* handle, void** listen_comm);
 void connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm);

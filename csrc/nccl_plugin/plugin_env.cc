@@ -15,6 +15,8 @@
 #include "common/error.h"
 #include "nccl_plugin/json.h"
 #include "net/socket.h"
+#include "protocol/plan.h"
+#include "protocol/wire.h"
 
 namespace rs::nccl {
 
@@ -167,13 +169,20 @@ client::ClientOptions client_options_from_env() {
   client::ClientOptions o;
   if (auto v = getenv_str("RS_TIMEOUT")) o.timeout = parse_seconds("RS_TIMEOUT", *v);
   if (auto v = getenv_str("RS_CONNECT_TIMEOUT")) o.connect_timeout = parse_seconds("RS_CONNECT_TIMEOUT", *v);
-  if (auto v = getenv_str("RS_STREAMS")) o.streams = int(parse_int("RS_STREAMS", *v, 1, 64));
+  if (auto v = getenv_str("RS_STREAMS")) o.streams = int(parse_int("RS_STREAMS", *v, 1, proto::kMaxStreams));
   if (auto v = getenv_str("RS_CHUNK_BYTES")) {
     uint64_t c = parse_size("RS_CHUNK_BYTES", *v);
-    if (c < 64 || c > (64u << 20) || c % 8) bad("RS_CHUNK_BYTES", *v, "must be a multiple of 8 between 64 and 64 MiB");
+    std::string why = proto::check_chunk_bytes(c);  // the rule of the client, the ring and the hello check
+    if (!why.empty()) bad("RS_CHUNK_BYTES", *v, why);
     o.chunk_bytes = uint32_t(c);
   }
   if (auto v = getenv_str("RS_WINDOW")) o.window = int(parse_int("RS_WINDOW", *v, 1, 1024));
+  if (auto v = getenv_str("RS_FAILOVER")) {
+    const std::string t = trim(*v);
+    if (t == "1" || t == "true" || t == "yes" || t == "on") o.failover = true;
+    else if (t == "0" || t == "false" || t == "no" || t == "off") o.failover = false;
+    else if (!t.empty()) bad("RS_FAILOVER", *v, "expected true or false");
+  }
   if (auto v = getenv_str("RS_SOCKET_BUFFER")) {
     uint64_t b = parse_size("RS_SOCKET_BUFFER", *v);
     if (b > uint64_t(INT_MAX)) bad("RS_SOCKET_BUFFER", *v, "larger than 2 GiB");
@@ -185,6 +194,11 @@ client::ClientOptions client_options_from_env() {
     std::string secret = trim(read_file(*f));
     if (secret.empty()) bad("RS_AUTH_TOKEN_FILE", *f, "the file cannot be read or is empty");
     o.auth_token = secret;
+  }
+  if (auto v = getenv_str("RS_INTEGRITY")) {
+    const std::string mode = trim(*v);
+    if (mode != "off" && mode != "on" && mode != "required") bad("RS_INTEGRITY", *v, "must be off, on or required");
+    o.integrity = mode != "off";  // a worker that asks for it never falls back
   }
   return o;
 }

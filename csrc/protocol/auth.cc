@@ -85,4 +85,11 @@ Digest reply_mac(const Key& key, const Reply& r, const std::array<uint8_t, kNonc
                      "RSV2-REPLY" + nonce_bytes(worker_nonce) + nonce_bytes(challenge_nonce) + encode_unsigned(r));
 }
 
+Key frame_key(const Key& job_key, Direction dir, const std::array<uint8_t, kNonceBytes>& worker_nonce,
+              const std::array<uint8_t, kNonceBytes>& challenge_nonce) {
+  std::string label = "RSV2-FRAME-KEY";
+  label.push_back(char(dir));
+  return hmac_sha256(key_bytes(job_key), label + nonce_bytes(worker_nonce) + nonce_bytes(challenge_nonce));
+}
+
 }  // namespace rs::proto

@@ -8,6 +8,8 @@
 //   hello MAC = HMAC(K_job, "RSV2-HELLO" || challenge nonce || hello with zero mac || names)
 //   reply MAC = HMAC(K_job, "RSV2-REPLY" || worker nonce || challenge nonce || reply with zero mac || message)
 // Fresh nonces on both sides make a recorded hello or reply useless on another connection.
+// Frame integrity (a hello with kHelloIntegrity, accepted by the reducer) keys each direction of
+// the connection with its own key from K_job and both nonces (frame_key; net/frame_auth.h).
 #pragma once
 
 #include <string>
@@ -44,5 +46,13 @@ std::string format_job_token(const std::string& job, const Key& key);
 Digest hello_mac(const Key& key, const Hello& h, const std::array<uint8_t, kNonceBytes>& challenge_nonce);
 Digest reply_mac(const Key& key, const Reply& r, const std::array<uint8_t, kNonceBytes>& worker_nonce,
                  const std::array<uint8_t, kNonceBytes>& challenge_nonce);
+
+// The two directions of a connection (the byte is part of the frame key and of every frame nonce).
+enum class Direction : uint8_t { WorkerToReducer = 0, ReducerToWorker = 1 };
+
+//   K_dir = HMAC-SHA256(K_job, "RSV2-FRAME-KEY" || dir || worker nonce || challenge nonce)
+// Fresh nonces give every connection (and each of its directions) keys of its own.
+Key frame_key(const Key& job_key, Direction dir, const std::array<uint8_t, kNonceBytes>& worker_nonce,
+              const std::array<uint8_t, kNonceBytes>& challenge_nonce);
 
 }  // namespace rs::proto

@@ -70,6 +70,7 @@ std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* j
   std::memcpy(h->nonce.data(), in + 32, kNonceBytes);
   std::memcpy(h->mac.data(), in + 64, kMacBytes);
   if (h->version != kVersion) return "";  // the caller reports the version mismatch first
+  if (h->flags & ~kHelloKnownFlags) return "unknown hello flags " + std::to_string(h->flags);
   if (*job_len == 0 || *group_len == 0) return "empty job id or group name";
   if (*job_len > kMaxNameBytes || *group_len > kMaxNameBytes) return "job id or group name longer than 256 bytes";
   if (h->world_size == 0 || h->world_size > kMaxWorldSize) return "world size " + std::to_string(h->world_size) + " out of range 1..65536";
@@ -134,6 +135,7 @@ const char* status_name(Status s) {
     case Status::ShuttingDown: return "reducer shutting down";
     case Status::OverLimit: return "over a reducer limit";
     case Status::GroupIncomplete: return "group incomplete";
+    case Status::IntegrityMismatch: return "frame integrity mismatch";
   }
   return "unknown status";
 }
@@ -153,7 +155,7 @@ void encode(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]) {
 
 std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t max_payload) {
   uint8_t type = in[0];
-  if (type < 1 || type > 4) return "unknown frame type " + std::to_string(type);
+  if (type < 1 || type > 6) return "unknown frame type " + std::to_string(type);
   h->type = FrameType(type);
   h->dtype = in[1];
   h->op = in[2];
@@ -164,6 +166,10 @@ std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t
   h->shard_bytes = get_u64(in + 24);
   h->offset = get_u64(in + 32);
   h->tag = get_u64(in + 40);
+  if (h->type == FrameType::Done || h->type == FrameType::Clear) {
+    if (h->length != 0) return "DONE/CLEAR frame with a payload";
+    return "";
+  }
   if (h->type == FrameType::Error || h->type == FrameType::Bye) {
     if (h->length > kMaxMessageBytes) return "error message length " + std::to_string(h->length) + " exceeds 4096";
     return "";

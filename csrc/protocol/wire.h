@@ -54,9 +54,18 @@ void encode(const Challenge& c, uint8_t out[kChallengeBytes]);
 std::string decode(const uint8_t in[kChallengeBytes], Challenge* c);
 
 // 2. worker -> reducer: HELLO (96 fixed bytes, then job id and group name bytes)
+// Flags: kHelloIntegrity asks for frame integrity (net/frame_auth.h); it needs authentication.
+// A reducer that accepts such a hello (REPLY Ok) protects every frame of the connection in both
+// directions; one that does not offer it refuses with IntegrityMismatch.
+// kHelloFailover: the worker sends DONE frames and waits for CLEAR before it releases a round
+// (reducer failover); every member of a group must send the same bit (GroupConflict otherwise).
+// Other bits: BadHello.
+constexpr uint16_t kHelloIntegrity = 1;
+constexpr uint16_t kHelloFailover = 1u << 8;
+constexpr uint16_t kHelloKnownFlags = kHelloIntegrity | kHelloFailover;
 struct Hello {
   uint16_t version = kVersion;
-  uint16_t flags = 0;
+  uint16_t flags = 0;              // kHello* bits
   uint32_t world_size = 0;
   uint32_t rank = 0;
   uint16_t stream_index = 0;
@@ -92,6 +101,7 @@ enum class Status : uint16_t {
   ShuttingDown = 6,
   OverLimit = 7,        // a memory, connection or group cap of the reducer (the message names the setting)
   GroupIncomplete = 8,  // the group did not complete within the reducer's group timeout
+  IntegrityMismatch = 9,  // frame integrity asked for but not offered, or required but not asked for
 };
 struct Reply {
   Status status = Status::Ok;
@@ -106,16 +116,24 @@ std::string decode_reply_fixed(const uint8_t in[kReplyFixedBytes], Reply* r, siz
 const char* status_name(Status s);
 
 // ---- frames ------------------------------------------------------------------
-enum class FrameType : uint8_t { Data = 1, Result = 2, Error = 3, Bye = 4 };
+// DONE (worker -> reducer, header only): `round` = R, this member holds the results of every
+// round < R on this stream. CLEAR (reducer -> worker, header only): `round` = R, every member
+// of the group sent DONE >= R, so every worker holds those results (reducer failover relies on
+// it: a worker hands a round back to its caller only once it is cleared everywhere).
+enum class FrameType : uint8_t { Data = 1, Result = 2, Error = 3, Bye = 4, Done = 5, Clear = 6 };
 enum FrameFlags : uint8_t { kLastInStream = 1 };
-enum class ErrorCode : uint8_t { Mismatch = 1, PeerLost = 2, Protocol = 3, Shutdown = 4, Internal = 5 };
+// BYE flags: the worker leaves because reducers were lost (failover); `tag` = bit mask of the
+// lost reducers' indices (< 64) in the job's reducer list. The reducer tells the others with
+// ErrorCode::Failover and the same tag.
+enum ByeFlags : uint8_t { kByeFailover = 1 };
+enum class ErrorCode : uint8_t { Mismatch = 1, PeerLost = 2, Protocol = 3, Shutdown = 4, Internal = 5, Failover = 6 };
 
 constexpr size_t kFrameHeaderBytes = 48;
 struct FrameHeader {
   FrameType type = FrameType::Data;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;        // Data/Result: FrameFlags; Error: ErrorCode
+  uint8_t flags = 0;        // Data/Result: FrameFlags; Error: ErrorCode; Bye: ByeFlags
   uint32_t length = 0;      // payload bytes following the header
   uint64_t round = 0;       // all-reduce sequence number of the communicator
   uint64_t total_bytes = 0; // size of the whole buffer being reduced (all shards)

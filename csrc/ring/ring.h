@@ -42,6 +42,7 @@
 
 #include "kernels/kernels.h"
 #include "net/frame_io.h"
+#include "common/defaults.h"
 #include "net/socket.h"
 
 namespace rs::ring {
@@ -52,8 +53,8 @@ struct RingOptions {
   std::string listen_host = "0.0.0.0";  // where this rank accepts its left neighbour
   uint16_t port = 0;                     // 0 = any free port (read it back with Ring::port())
   double timeout = 30.0;                 // seconds without progress before an all-reduce fails
-  uint32_t chunk_bytes = 1u << 20;       // pipeline chunk (multiple of 8, 64 B .. 64 MiB)
-  int socket_buffer = 4 << 20;
+  uint32_t chunk_bytes = kDefaultChunkBytes;  // pipeline chunk (multiple of 8, 64 B .. 64 MiB)
+  int socket_buffer = kDefaultSocketBuffer;
   uint64_t session = 0;                  // all ranks must agree (guards against stale peers)
 };
 

@@ -65,8 +65,14 @@ struct Conn {
   int64_t seq_next = 0;
   uint64_t last_round = 0;
   bool said_bye = false;
+  bool bye_failover = false;  // the goodbye said reducers were lost (ByeFlags::kByeFailover)
+  uint64_t bye_lost = 0;      // ... which ones (bit mask, the BYE's tag)
+  // releases (failover groups): DONE received from this member, CLEAR sent to it
+  uint64_t done_round = 0;
+  uint64_t clear_sent = 0;
+  bool clear_queued = false;  // a CLEAR is in `out`, not yet written (one at a time: they are cumulative)
   // lifecycle
-  net::FrameWriter out;  // tokens: the Slot* of a result, 0 for control messages
+  net::FrameWriter out;  // tokens: the Slot* of a result, kClearToken, 0 for other control messages
   bool close_after_flush = false;
   bool dead = false;
   bool counted = false;  // in stats.connections

@@ -1,4 +1,5 @@
 #include "server/group.h"
+#include "server/conn.h"
 
 #include <sys/mman.h>
 
@@ -158,6 +159,22 @@ void Group::release(Slot& s) {
   s.next_rank = 0;
   s.pending_sends = 0;
   std::fill(s.arrived.begin(), s.arrived.end(), 0);
+}
+
+}  // namespace rs::server
+
+namespace rs::server {
+
+bool Group::update_cleared() {
+  if (!complete_) return false;
+  uint64_t low = ~uint64_t(0);
+  for (Conn* m : members_) {
+    if (!m) return false;  // a member is gone: nothing is cleared any more
+    low = std::min(low, m->done_round);
+  }
+  if (low <= cleared_) return false;
+  cleared_ = low;
+  return true;
 }
 
 }  // namespace rs::server

@@ -98,6 +98,18 @@ class Group {
   std::vector<uint32_t> missing_ranks(size_t at_most) const;
   void mark_failed(const std::string& why);
   void mark_left(const std::string& why) { left_ = why; }
+  // Why the group ended when a member left with a failover goodbye: the others get
+  // ErrorCode::Failover with the lost reducers' mask instead of PeerLost.
+  void mark_failover(uint64_t lost) { failover_ = true; failover_lost_ = lost; }
+  bool failover() const { return failover_; }
+  uint64_t failover_lost() const { return failover_lost_; }
+  // The hello flags every member must share (set by the first member).
+  uint16_t flags() const { return flags_; }
+  void set_flags(uint16_t f) { flags_ = f; }
+  // Releases: every member holds the results of the rounds below cleared() (see FrameType::Done).
+  uint64_t cleared() const { return cleared_; }
+  // Recomputes the minimum DONE over the members; true if it advanced.
+  bool update_cleared();
 
   // Completes the group: reserves its buffers from `budget` and maps them. Returns "" or why not.
   // (max_group_bytes is checked when the group is created: GroupTable::join.)
@@ -144,6 +156,10 @@ class Group {
   bool complete_ = false;
   bool failed_ = false;
   std::string left_;  // set when a member left between rounds: the next round fails with this
+  bool failover_ = false;
+  uint64_t failover_lost_ = 0;
+  uint16_t flags_ = 0;
+  uint64_t cleared_ = 0;
   std::string last_error_;
 
   static constexpr size_t kRoundStarts = 64;

@@ -26,6 +26,7 @@ JoinOutcome GroupTable::join(Conn* c, const proto::Hello& h, const GroupKey& key
       return out;
     }
     g = std::make_shared<Group>(key, h.world_size, h.chunk_bytes, h.num_streams, limits_.slots, std::move(ticket));
+    g->set_flags(h.flags & proto::kHelloFailover);
     groups_.emplace(key, g);
     if (key.stream == 0) (*live_groups_)++;
     out.created = true;
@@ -38,6 +39,9 @@ JoinOutcome GroupTable::join(Conn* c, const proto::Hello& h, const GroupKey& key
       conflict = "streams " + std::to_string(h.num_streams) + " differ from the group's " + std::to_string(g->num_streams());
     else if (g->chunk() != h.chunk_bytes)
       conflict = "chunk size " + std::to_string(h.chunk_bytes) + " differs from the group's " + std::to_string(g->chunk());
+    else if ((h.flags & proto::kHelloFailover) != g->flags())
+      conflict = std::string("reducer failover is ") + ((h.flags & proto::kHelloFailover) ? "on" : "off") +
+                 " for this worker and " + (g->flags() ? "on" : "off") + " for the group's first member (RS_FAILOVER)";
     if (!conflict.empty()) {
       out.status = proto::Status::GroupConflict;
       out.message = "group " + key.label() + ": " + who + ": " + conflict;

@@ -52,6 +52,21 @@ Verdict check_hello_names(proto::Hello* h, const std::string& names, size_t job_
   return v;
 }
 
+Verdict check_integrity(const proto::Hello& h, IntegrityMode mode, const std::string& peer) {
+  Verdict v;
+  const bool asked = (h.flags & proto::kHelloIntegrity) != 0;
+  if (asked && mode == IntegrityMode::Off) {
+    v.status = proto::Status::IntegrityMismatch;
+    v.message = "worker " + peer + " asks for frame integrity, which this reducer does not offer " +
+                "(start it with a shared secret and --integrity on, or RS_INTEGRITY=on)";
+  } else if (!asked && mode == IntegrityMode::Required) {
+    v.status = proto::Status::IntegrityMismatch;
+    v.message = "this reducer requires frame integrity and worker " + peer +
+                " did not ask for it: set RS_INTEGRITY=on (or integrity='on') on the workers";
+  }
+  return v;
+}
+
 std::string make_reply(proto::Status status, const std::string& message, bool authenticated, const proto::Key& key,
                        const std::array<uint8_t, proto::kNonceBytes>& worker_nonce,
                        const std::array<uint8_t, proto::kNonceBytes>& challenge_nonce) {

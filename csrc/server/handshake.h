@@ -9,6 +9,7 @@
 
 #include "protocol/auth.h"
 #include "protocol/wire.h"
+#include "server/server.h"
 
 namespace rs::server {
 
@@ -29,6 +30,9 @@ Verdict check_hello_fixed(const uint8_t fixed[proto::kHelloFixedBytes], proto::H
 Verdict check_hello_names(proto::Hello* h, const std::string& names, size_t job_len, const std::string& secret,
                           const std::array<uint8_t, proto::kNonceBytes>& challenge_nonce, const std::string& peer,
                           proto::Key* key, bool* authenticated);
+
+// Whether the hello's frame integrity flag agrees with the reducer's mode (resolved, not Auto).
+Verdict check_integrity(const proto::Hello& h, IntegrityMode mode, const std::string& peer);
 
 // The reply bytes; authenticated with `key` when `authenticated` (else a zero MAC).
 std::string make_reply(proto::Status status, const std::string& message, bool authenticated, const proto::Key& key,

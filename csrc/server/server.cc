@@ -51,6 +51,7 @@ namespace {
 // net::IoBudget::kFrameCharge, so frames without payload (a flood of BYE headers) cannot starve
 // the other connections of a loop.
 constexpr size_t kReadBudget = 8u << 20;  // bytes per connection per wakeup
+constexpr uint64_t kClearToken = 1;        // a CLEAR frame in a member's queue (results use their Slot*, aligned)
 constexpr size_t kEndedGroupsKept = 16;   // ended groups still shown by group_stats()
 
 std::string ip_of(const std::string& peer) {
@@ -182,11 +183,12 @@ struct Loop {
     flush(c);
   }
 
-  void send_error(Conn* c, proto::ErrorCode code, const std::string& msg) {
+  void send_error(Conn* c, proto::ErrorCode code, const std::string& msg, uint64_t tag = 0) {
     std::string text = msg.substr(0, proto::kMaxMessageBytes);
     proto::FrameHeader h;
     h.type = proto::FrameType::Error;
     h.flags = uint8_t(code);
+    h.tag = tag;
     h.length = uint32_t(text.size());
     std::string bytes(proto::kFrameHeaderBytes, '\0');
     proto::encode(h, reinterpret_cast<uint8_t*>(&bytes[0]));
@@ -208,7 +210,8 @@ struct Loop {
     const size_t mark = delivered.size();  // flush() may nest through result_delivered()
     try {
       net::IoResult res = c->out.flush(c->fd.get(), c->peer, nullptr, [&](uint64_t token) {
-        if (token) delivered.push_back(reinterpret_cast<Slot*>(token));
+        if (token == kClearToken) c->clear_queued = false;
+        else if (token) delivered.push_back(reinterpret_cast<Slot*>(token));
       });
       srv->bytes_sent += res.bytes;
       if (c->group) c->group->bytes_sent += res.bytes;
@@ -220,6 +223,10 @@ struct Loop {
     for (size_t i = mark; i < delivered.size() && !c->dead; ++i) result_delivered(c, delivered[i]);
     delivered.resize(mark);
     if (c->dead) return;
+    if (!c->clear_queued && c->group && c->clear_sent < c->group->cleared() && !c->close_after_flush) {
+      queue_clear(c);  // CLEARs are cumulative: the newest one replaces those not sent
+      return flush(c);
+    }
     if (c->out.empty() && c->close_after_flush) {
       kill(c, c->why.empty() ? "closed after error" : c->why, false);
       return;
@@ -345,6 +352,7 @@ struct Loop {
     }
     Verdict v = check_hello_names(&c->hello, c->names, c->job_len, srv->opts.auth_token, c->nonce, c->peer, &c->key,
                                   &c->authenticated);
+    if (v.ok()) v = check_integrity(c->hello, srv->opts.integrity, c->peer);
     if (!v.ok()) {
       reject(c, v.status, v.message);
       return Step::Stop;
@@ -405,6 +413,10 @@ struct Loop {
       if (m->gkey.stream == 0) srv->workers++;
       m->counted = true;
       send_reply(m, proto::Status::Ok, "welcome");
+      // Frames after the Ok reply carry integrity tags when the hello asked for them (and it
+      // was accepted: check_integrity refused it otherwise).
+      if (m->hello.flags & proto::kHelloIntegrity)
+        net::protect(&m->out, &m->reader, m->key, m->hello.nonce, m->nonce, proto::Direction::ReducerToWorker);
     });
   }
 
@@ -414,8 +426,38 @@ struct Loop {
     record_ended(*g);
     log_warn("group " + g->key().label() + " failed: " + msg);
     g->for_each_member([&](Conn* m) {
-      if (!m->dead) send_error(m, code, msg);
+      if (!m->dead) send_error(m, code, msg, code == proto::ErrorCode::Failover ? g->failover_lost() : 0);
     });
+  }
+
+  // The error the others get when a member left: a failover goodbye names the lost reducers.
+  static proto::ErrorCode end_code(const Group& g) {
+    return g.failover() ? proto::ErrorCode::Failover : proto::ErrorCode::PeerLost;
+  }
+
+  // ---- releases (reducer failover) ----------------------------------------------------------
+  void queue_clear(Conn* c) {
+    proto::FrameHeader h;
+    h.type = proto::FrameType::Clear;
+    h.round = c->group->cleared();
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
+    // The queue holds one result per slot plus a few control frames (reserved at join); one CLEAR at a time.
+    if (!c->out.push(hdr, sizeof hdr, net::Payload::none(), kClearToken))
+      throw Error(ErrorKind::Internal, "output queue of " + c->peer + " is full");
+    c->clear_queued = true;
+    c->clear_sent = h.round;
+  }
+
+  void on_done(Conn* c) {
+    Group& g = *c->group;
+    if (c->cur.round > c->done_round) c->done_round = c->cur.round;
+    if (!g.update_cleared()) return;
+    std::shared_ptr<Group> keep = c->group;
+    g.for_each_member([&](Conn* m) {
+      if (!m->dead && !m->clear_queued && !m->close_after_flush) queue_clear(m);
+    });
+    keep->for_each_member([&](Conn* m) { flush(m); });
   }
 
   void leave(Conn* c) {
@@ -428,6 +470,7 @@ struct Loop {
       c->counted = false;
     }
     const bool was_detached_before = g->failed() || !g->left().empty();
+    if (c->bye_failover && !g->failed()) g->mark_failover(c->bye_lost);
     LeaveOutcome o = table->leave(g, c->rank, c->who() + " of group " + g->key().label(), c->said_bye, c->why);
     switch (o.kind) {
       case LeaveOutcome::Kind::Failed:
@@ -438,7 +481,7 @@ struct Loop {
         record_ended(*g);
         log_warn("group " + g->key().label() + " failed: " + o.message);
         g->for_each_member([&](Conn* m) {
-          if (!m->dead) send_error(m, proto::ErrorCode::PeerLost, o.message);
+          if (!m->dead) send_error(m, end_code(*g), o.message, g->failover_lost());
         });
         break;
       case LeaveOutcome::Kind::Left:
@@ -522,6 +565,10 @@ struct Loop {
       c->cur = h;
       return net::Sink::text_into(&c->text);
     }
+    if (err.empty() && h.type == proto::FrameType::Done) {
+      c->cur = h;
+      return net::Sink::discard();  // no payload (decode checked): on_frame handles it
+    }
     if (err.empty() && h.type != proto::FrameType::Data) err = "unexpected frame type from a worker";
     if (err.empty() && h.round < c->last_round) err = "round number went backwards";
     if (!err.empty()) {
@@ -531,8 +578,8 @@ struct Loop {
     Group& g = *c->group;
     if (!g.left().empty() || g.failed()) {
       const std::string why = g.left().empty() ? g.last_error() : g.left();
-      fail_group(c->group, proto::ErrorCode::PeerLost, why);
-      if (!c->dead && !c->close_after_flush) send_error(c, proto::ErrorCode::PeerLost, why);
+      fail_group(c->group, end_code(g), why);
+      if (!c->dead && !c->close_after_flush) send_error(c, end_code(g), why, g.failover_lost());
       return net::Sink::stop();
     }
     c->cur = h;
@@ -546,12 +593,18 @@ struct Loop {
       on_bye(c);
       return false;
     }
+    if (c->cur.type == proto::FrameType::Done) {
+      on_done(c);
+      return !c->dead && !c->close_after_flush && c->state == ConnState::Active;
+    }
     on_payload(c);
     return !c->dead && !c->close_after_flush && !c->paused && c->state == ConnState::Active;
   }
 
   void on_bye(Conn* c) {
     c->said_bye = true;
+    c->bye_failover = (c->cur.flags & proto::kByeFailover) != 0;
+    c->bye_lost = c->cur.tag;
     set_state(c, ConnState::Leaving);  // nothing more is read from this connection
     std::string text;
     for (char ch : c->text) text += (ch >= 32 && ch < 127) ? ch : '?';  // untrusted: printable only
@@ -605,13 +658,22 @@ struct Loop {
     });
   }
 
+  // Errors end this connection only (also when called for another connection's event).
   void read_data(Conn* c) {
     if (c->dead || c->paused || c->close_after_flush || c->state != ConnState::Active) return;
     net::IoBudget budget(kReadBudget);
-    net::IoResult res = c->reader.pump(
-        c->fd.get(), c->peer, &budget,
-        [&](const proto::FrameHeader& h, const std::string& err) { return on_header(c, h, err); },
-        [&](const proto::FrameHeader&) { return on_frame(c); });
+    net::IoResult res;
+    try {
+      res = c->reader.pump(
+          c->fd.get(), c->peer, &budget,
+          [&](const proto::FrameHeader& h, const std::string& err) { return on_header(c, h, err); },
+          [&](const proto::FrameHeader&) { return on_frame(c); });
+    } catch (const Error& e) {
+      // A frame that fails its integrity check: the whole group learns why it fails.
+      if (e.kind() == ErrorKind::Protocol && c->member && !c->said_bye) protocol_error(c, e.what());
+      else kill(c, e.what(), !(c->said_bye || c->close_after_flush));
+      return;
+    }
     srv->bytes_received += res.bytes;
     if (c->group) c->group->bytes_received += res.bytes;
   }
@@ -790,12 +852,10 @@ struct Loop {
         h.flags = uint8_t(proto::ErrorCode::Shutdown);
         const std::string msg = "reducer is shutting down";
         h.length = uint32_t(msg.size());
-        uint8_t hb[proto::kFrameHeaderBytes];
-        proto::encode(h, hb);
-        if (!c->out.mid_frame()) {
-          ::send(c->fd.get(), hb, sizeof hb, MSG_NOSIGNAL | MSG_DONTWAIT);
-          ::send(c->fd.get(), msg.data(), msg.size(), MSG_NOSIGNAL | MSG_DONTWAIT);
-        }
+        std::string frame(proto::kFrameHeaderBytes, '\0');
+        proto::encode(h, reinterpret_cast<uint8_t*>(&frame[0]));
+        frame += msg;
+        c->out.send_now(c->fd.get(), c->peer, reinterpret_cast<const uint8_t*>(frame.data()), frame.size());
       }
       if (c->member) {
         c->why = "reducer shutting down";
@@ -895,6 +955,12 @@ void Server::start() {
     throw Error(ErrorKind::Config, "handshake_timeout and group_timeout must be positive");
   if (s.opts.max_connections < 1 || s.opts.max_connections_per_peer < 1 || s.opts.max_groups_per_peer < 1)
     throw Error(ErrorKind::Config, "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
+  if (s.opts.integrity == IntegrityMode::Auto)
+    s.opts.integrity = s.opts.auth_token.empty() ? IntegrityMode::Off : IntegrityMode::On;
+  if (s.opts.integrity != IntegrityMode::Off && s.opts.auth_token.empty())
+    throw Error(ErrorKind::Config, std::string("frame integrity '") + integrity_mode_name(s.opts.integrity) +
+                                       "' needs authentication: give the reducer a shared secret (--auth-token-file, "
+                                       "RS_AUTH_TOKEN) or set integrity off");
   resolve_limits(s.opts);
   s.budget.set_limit(s.opts.max_memory_bytes);
   s.listener = net::listen_on(s.opts.host, s.opts.port, &s.port);
@@ -929,7 +995,11 @@ void Server::start() {
     lp->thread = std::thread([lp] { lp->run(); });
   }
   log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + std::to_string(threads) +
-           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") + "; limits: memory " +
+           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") +
+           (s.opts.integrity == IntegrityMode::Required ? ", frame integrity required"
+            : s.opts.integrity == IntegrityMode::On    ? ", frame integrity offered"
+                                                       : "") +
+           "; limits: memory " +
            std::to_string(s.opts.max_memory_bytes >> 20) + " MiB, " + std::to_string(s.opts.max_connections) +
            " connections (" + std::to_string(s.opts.max_connections_per_peer) + " per address)");
   if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
@@ -937,6 +1007,24 @@ void Server::start() {
              " has NO authentication: anyone who can reach this port can join any job's group, inject data into its "
              "sums and read them; set a shared secret (RS_AUTH_TOKEN or --auth-token-file) on reducers and workers, "
              "see docs/security.md");
+}
+
+bool parse_integrity_mode(const std::string& s, IntegrityMode* out) {
+  if (s.empty() || s == "auto") *out = IntegrityMode::Auto;
+  else if (s == "off") *out = IntegrityMode::Off;
+  else if (s == "on") *out = IntegrityMode::On;
+  else if (s == "required") *out = IntegrityMode::Required;
+  else return false;
+  return true;
+}
+
+const char* integrity_mode_name(IntegrityMode m) {
+  switch (m) {
+    case IntegrityMode::Off: return "off";
+    case IntegrityMode::On: return "on";
+    case IntegrityMode::Required: return "required";
+    default: return "auto";
+  }
 }
 
 uint16_t Server::port() const { return impl_->port; }

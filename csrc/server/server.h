@@ -7,7 +7,17 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
+
 namespace rs::server {
+
+// Frame integrity (docs/security.md): Off refuses hellos that ask for it; On accepts hellos with
+// and without; Required refuses hellos without. Auto: On with a shared secret, else Off. On and
+// Required need a shared secret.
+enum class IntegrityMode : uint8_t { Auto, Off, On, Required };
+// "auto" / "" / "off" / "on" / "required"; false if unknown.
+bool parse_integrity_mode(const std::string& s, IntegrityMode* out);
+const char* integrity_mode_name(IntegrityMode m);
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
@@ -17,12 +27,13 @@ struct ServerOptions {
   int group_slots = 4;           // chunk slots per group stream (memory bound, see docs/protocol.md)
   double handshake_timeout = 10.0;      // seconds for a connection to complete its hello
   double group_timeout = 300.0;         // seconds for a group stream to gather all its ranks
-  int socket_buffer = 4 << 20;
+  int socket_buffer = kDefaultSocketBuffer;
   uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream
   uint64_t max_memory_bytes = 0;        // all groups together; 0: half of the physical memory
   uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64
   uint32_t max_connections_per_peer = 256;  // per peer IP address, any state
   uint32_t max_groups_per_peer = 64;        // live group streams created from one peer IP address
+  IntegrityMode integrity = IntegrityMode::Auto;  // resolved by start()
 };
 
 struct ServerStats {

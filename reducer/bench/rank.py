@@ -21,8 +21,11 @@ the same, but the timed part is one step of DDP's gradient traffic (step_once): 
 is started when its release time has passed, as DDP starts it when its last gradient is
 ready; the step ends when every bucket is reduced (op avg, as DDP averages).
 
-Reducer life cycle:
-  -> {"event": "ready", "port": P} ... runs until stdin closes ... -> {"event": "done", "stats": {...}}
+Reducer life cycle (job "control_plane": also a gRPC control plane and a /metrics endpoint):
+  -> {"event": "ready", "port": P[, "control_address": "host:port", "metrics_url": U]} ... until stdin closes
+  -> {"event": "done", "stats": {...}}
+Poller life cycle (reducer.bench.poller; job "control", "metrics", "interval"):
+  -> {"event": "ready"} ... polls until stdin closes ... -> {"event": "done", "polls": {...}}
 """
 from __future__ import annotations
 
@@ -185,12 +188,16 @@ class _GradBucket:
 
 class _Ring(_Algo):
     def __init__(self, job: Dict[str, Any]):
+        from .. import config
         from .._native import core
 
         self.job = job
         self.dtype = job["dtype"]
-        self.ring = core.Ring(job["rank"], job["world"], job["bind_host"], 0, job["timeout"], job["chunk_bytes"],
-                              4 << 20, job["session"])
+        # chunk: the runner's (--ring-chunk-bytes, else RS_CHUNK_BYTES); socket buffer: RS_SOCKET_BUFFER as
+        # for rs, else the core's default
+        self.ring = core.Ring(job["rank"], job["world"], listen_host=job["bind_host"], port=0, timeout=job["timeout"],
+                              chunk_bytes=job["chunk_bytes"], socket_buffer=config.socket_buffer_arg(),
+                              session=job["session"])
 
     def listen_port(self) -> Optional[int]:
         return int(self.ring.port)
@@ -322,7 +329,8 @@ class _GlooBF16(_Gloo):
         return run
 
 
-ALGOS = {"rs": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gloo, "gloo-bf16": _GlooBF16}
+# rs+cp: rs measured against reducers that run their control plane (the runner starts those and a poller)
+ALGOS = {"rs": _RS, "rs+cp": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gloo, "gloo-bf16": _GlooBF16}
 
 
 # ------------------------------------------------------------------------ worker
@@ -446,12 +454,69 @@ def run_reducer(job: Dict[str, Any]) -> int:
     from ..server import ReducerServer
 
     srv = ReducerServer(host=job["bind_host"], port=0, threads=job.get("threads")).start()
-    emit(event="ready", port=srv.port, cpu_s=cpu_seconds())
+    side = _ControlSide(srv, job["bind_host"]) if job.get("control_plane") else None
+    emit(event="ready", port=srv.port, cpu_s=cpu_seconds(), **(side.addresses() if side else {}))
     sys.stdin.read()  # until the runner closes our stdin (or dies)
     stats = srv.stats()
     cpu = cpu_seconds()
+    if side is not None:
+        side.stop()
     srv.stop()
     emit(event="done", stats=stats, cpu_s=cpu)
+    return 0
+
+
+class _ControlSide:
+    """A reducer's control plane and metrics endpoint, as `reduction-server serve` runs them (both on
+    any free port of the reducer's host), with serve's liveness refresh every 0.25 s."""
+
+    def __init__(self, srv: Any, host: str) -> None:
+        import threading
+
+        from ..control.lifecycle import Lifecycle
+        from ..control.metrics import MetricsEndpoint, reducer_registry
+        from ..control.service import ControlPlane
+
+        lifecycle = Lifecycle(srv)
+        self.control = ControlPlane(srv, lifecycle, host=host, port=0).start()
+        self.metrics = MetricsEndpoint(reducer_registry(srv, lifecycle), host=host, port=0)
+        self._stop = threading.Event()
+        self._refresh = threading.Thread(target=self._refresh_loop, name="rs-refresh", daemon=True)
+        self._refresh.start()
+
+    def _refresh_loop(self) -> None:
+        while not self._stop.wait(0.25):
+            self.control.refresh()
+
+    def addresses(self) -> Dict[str, str]:
+        return {"control_address": self.control.address, "metrics_url": self.metrics.url}
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._refresh.join(2.0)
+        self.control.stop(0)
+        self.metrics.stop()
+
+
+# ------------------------------------------------------------------------ control-plane poller
+def run_poller(job: Dict[str, Any]) -> int:
+    """Poll the reducers' control planes (reducer.bench.poller) until the runner closes our stdin."""
+    import threading
+
+    from .poller import Poller
+
+    poller = Poller(job["control"], job["metrics"], interval=job["interval"])
+    stop = threading.Event()
+    thread = threading.Thread(target=poller.run, args=(stop,), name="rs-poller", daemon=True)
+    cpu0 = cpu_seconds()
+    emit(event="ready", cpu_s=cpu0)
+    thread.start()
+    sys.stdin.read()
+    stop.set()
+    thread.join(30.0)
+    poller.close()
+    poller.counts.cpu_s = cpu_seconds() - cpu0
+    emit(event="done", polls=poller.counts.as_dict(), cpu_s=cpu_seconds())
     return 0
 
 
@@ -460,6 +525,8 @@ def main() -> int:
     try:
         if job["role"] == "reducer":
             return run_reducer(job)
+        if job["role"] == "poller":
+            return run_poller(job)
         return run_worker(job)
     except SystemExit:
         raise

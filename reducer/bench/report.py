@@ -15,6 +15,8 @@ TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 
 
 ALGO_TITLES = {
     "rs": "rs: reduction server (this project; {w} workers -> {r} reducers -> {w} workers)",
+    "rs+cp": "rs+cp: reduction server with the control plane on (gRPC control port and /metrics on every reducer, "
+             "polled; see the A/B table)",
     "rs+bf16": "rs+bf16: reduction server, gradients sent as bfloat16 (reducer.torch.bf16_compress_hook)",
     "ring": "ring: ring all-reduce (this project's C++ ring over the same transport and kernels)",
     "gloo": "gloo: torch.distributed gloo backend (ring all-reduce)",
@@ -76,20 +78,43 @@ def iteration_stats(samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, flo
     return st
 
 
-def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
-             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> Dict[str, Any]:
+def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, Any]:
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
     algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
-    row = {
-        "algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
-        "workers": workers, "reducers": reducers if uses_reducers(algo) else 0,
-        "time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "wrong": wrong,
-        "rank_median_us": medians, "samples_us": [list(s) for s in samples_by_rank],
-        "iter_us": iteration_stats(samples_by_rank),
-    }
+    return {"time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "rank_median_us": medians,
+            "samples_us": [list(s) for s in samples_by_rank], "iter_us": iteration_stats(samples_by_rank)}
+
+
+def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
+             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> Dict[str, Any]:
+    row = {"algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
+           "workers": workers, "reducers": reducers if uses_reducers(algo) else 0, "wrong": wrong}
+    row.update(_timing(size, workers, samples_by_rank))
     row.update(extra)
     return row
+
+
+def merge_passes(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """One row per (algo, size) from rows of several passes over the same sizes: each rank's samples
+    of all passes together (time = slowest rank's median of them), #wrong and wall time summed, cpu%
+    averaged; pass_time_us keeps each pass's own time, in run order."""
+    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["algo"], r["size"]), []).append(r)
+    out = []
+    for parts in groups.values():
+        row = dict(parts[0])
+        row["pass_time_us"] = [p["time_us"] for p in parts]
+        if len(parts) > 1:
+            samples = [sum((list(p["samples_us"][k]) for p in parts), []) for k in range(len(row["samples_us"]))]
+            row.update(_timing(row["size"], row["workers"], samples))
+            row["wrong"] = sum(p["wrong"] for p in parts)
+            row["wall_s"] = sum(p.get("wall_s") or 0.0 for p in parts)
+            cpus = [p["cpu_percent"] for p in parts if p.get("cpu_percent") is not None]
+            row["cpu_percent"] = sum(cpus) / len(cpus) if cpus else None
+        out.append(row)
+    return out
 
 
 def bound_fraction(row: Dict[str, Any], emulate_gbps: float, reducers: int) -> float:
@@ -108,7 +133,7 @@ TARGET_VS_RING = (64 << 10, 256 << 20)
 TARGET_BOUND = (4 << 20, 256 << 20, 0.95)
 
 
-def _fmt_time(us: Optional[float]) -> str:
+def fmt_time(us: Optional[float]) -> str:
     if us is None:
         return "-"
     return f"{us:.1f}" if us < 1e5 else f"{us:.0f}"
@@ -130,7 +155,7 @@ def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reduc
            f"# {'size(B)':>12} {'count':>12} {'type':>9} {'redop':>6} {'time(us)':>11} "
            f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7} {'cpu%':>5}"]
     for r in rows:
-        out.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:>6} {_fmt_time(r['time_us']):>11} "
+        out.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:>6} {fmt_time(r['time_us']):>11} "
                    f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7} {_fmt_cpu(r.get('cpu_percent')):>5}")
     if error:
         out.append(f"# FAILED: {error}")
@@ -184,7 +209,7 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
     for s in sizes:
         cells = [f"{s:>12}"]
         times = {a: (by[(a, s)]["time_us"] if (a, s) in by else None) for a in algos}
-        cells += [f"{_fmt_time(times[a]):>{tw[a]}}" for a in algos]
+        cells += [f"{fmt_time(times[a]):>{tw[a]}}" for a in algos]
         if "rs" in algos:
             for a in algos:
                 if a == "rs":

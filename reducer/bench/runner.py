@@ -30,7 +30,8 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import cpu_monitor, report, steps
+from . import control_ab, cpu_monitor, report, steps
+from .poller import DEFAULT_INTERVAL_S, merge_counts
 from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
@@ -71,6 +72,10 @@ class BenchConfig:
     first_bucket_mb: float = 1.0             # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
     compute_ms: str = "0"                    # backward time(s), ms, comma list; 'gloo' = gloo's comm time
     scale: float = 1.0                       # shrink every tensor and bucket limit (tests)
+    # the reducers' control plane (reducer.bench.control_ab): off, on (polled), or ab (rs both ways)
+    control_plane: str = "off"
+    poll_interval: float = DEFAULT_INTERVAL_S  # seconds between the poller's GetStats + /metrics rounds
+    ab_passes: int = 2                       # with ab: passes of each variant (A B B A for 2)
 
 
 def parse_sizes(text: str) -> List[int]:
@@ -113,7 +118,7 @@ def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
     """The 16-bit type `algo` puts the float32 buffer on the wire as (None: the buffer's own)."""
     if algo == "gloo-bf16":
         return "bfloat16"
-    if algo == "rs" and cfg.compression:
+    if control_ab.base_algo(algo) == "rs" and cfg.compression:
         return {"bf16": "bfloat16", "fp16": "float16"}[cfg.compression]
     return None
 
@@ -370,13 +375,18 @@ RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
 
 
 def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
-              run_id: str, extra_env: Optional[Dict[str, str]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+              run_id: str, extra_env: Optional[Dict[str, str]] = None,
+              polls: Optional[List[Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
     make_row(algo, key, messages in rank order, wall seconds). extra_env: added to every
     process's environment. Each row gets "flows": the congestion control of worker 0's (and
-    reducer 0's) established connections once the group is connected (emulated hosts only)."""
+    reducer 0's) established connections once the group is connected (emulated hosts only).
+    When its reducers run the control plane, a poller polls them meanwhile and its counts are
+    appended to `polls`."""
     W, R = cfg.workers, cfg.reducers
+    control = control_ab.with_control_plane(algo, cfg.control_plane)
+    is_rs = control_ab.base_algo(algo) == "rs"
     events: "queue.Queue" = queue.Queue()
     procs: List[_Proc] = []
     rows: List[Dict[str, Any]] = []
@@ -390,19 +400,32 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                 h = W + k if hosts.emulated else 0
                 rprocs.append(_spawn(hosts, h, f"reducer {k}",
                                      {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                      "threads": rs_config.get("threads")}, events, extra_env))
+                                      "threads": rs_config.get("threads"), "control_plane": control}, events,
+                                     extra_env))
             procs += rprocs
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
                 host = hosts.bind_host(W + k if hosts.emulated else 0)
                 reducer_addrs.append(format_address(host, rready[p]["port"]))
+        t_rready = t_pready = time.monotonic()  # the reducers are up (if any)
+        poller: Optional[_Proc] = None
+        pready: Dict[_Proc, Dict[str, Any]] = {}
+        if control and rprocs:
+            # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
+            job = {"role": "poller", "interval": cfg.poll_interval,
+                   "control": [rready[p]["control_address"] for p in rprocs],
+                   "metrics": [rready[p]["metrics_url"] for p in rprocs]}
+            poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events, extra_env)
+            procs.append(poller)
+            pready = _wait_all(events, [poller], "ready", cfg.connect_timeout, watch=procs)
+            t_pready = time.monotonic()
         wprocs = []
         for i in range(W):
             job = {"role": "worker", "algo": algo, "rank": i, "world": W, "dtype": cfg.dtype,
                    "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if algo == "rs" else None,
+                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
                    "wire_dtype": wire_dtype(algo, cfg), **work}
             wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events, extra_env))
         procs += wprocs
@@ -444,16 +467,25 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         # Results stream in; 'done' comes after the last one.
         done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_result, watch=procs, idle=True)
         wall = time.monotonic() - t_ready
-        cpu_s = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs)
+        # The bench's own processes' share of the machine: each process's CPU seconds over the time
+        # it was measured (workers: 'ready' to 'done', with input restores and result checks; reducers
+        # and the poller: their own 'ready' to the end), in cores; the rest of the load is someone else's.
+        cores = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs) / wall if wall > 0 else 0.0
+        if poller is not None:
+            poller.close_stdin()
+            pdone = _wait_all(events, [poller], "done", 60.0)[poller]
+            cores += (pdone["cpu_s"] - pready[poller]["cpu_s"]) / max(1e-3, time.monotonic() - t_pready)
+            if polls is not None:
+                polls.append(pdone["polls"])
         if rprocs:
             for p in rprocs:
                 p.close_stdin()
             rdone = _wait_all(events, rprocs, "done", 30.0)
-            cpu_s += sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
-        # The bench's own processes' share of the machine, between 'ready' and 'done'
-        # (includes input restores and result checks): the rest of the machine's load is
-        # someone else's.
-        share = 100.0 * cpu_s / (wall * (os.cpu_count() or 1)) if wall > 0 else None
+            reducer_cpu_s = sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
+            cores += reducer_cpu_s / max(1e-3, time.monotonic() - t_rready)
+            for r in rows:
+                r["reducer_cpu_s"] = reducer_cpu_s  # all reducers, this pass: 'ready' to the end
+        share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
         for r in rows:
             r["bench_cpu_percent"] = share
             if flows is not None:
@@ -490,16 +522,17 @@ def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, 
 
 def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
     def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+        is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
         return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
                                [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
                                cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
                                warmup=cfg.warmup,
                                chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                               streams=int(rs_config.get("streams")) if algo == "rs" else 1,
+                               streams=int(rs_config.get("streams")) if is_rs else 1,
                                wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
                                **({"window": int(rs_config.get("window")), "compression": cfg.compression}
-                                  if algo == "rs" else {}))
+                                  if is_rs else {}))
 
     return make
 
@@ -535,6 +568,9 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             raise ConfigError(f"no size holds a whole {cfg.dtype} element")
         algos = _choose_algos(cfg, ALL_ALGOS + EXTRA_ALGOS, available_algos(), out,
                               default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()))
+    control_ab.check(cfg.control_plane, algos, cfg.model, cfg.ab_passes, cfg.poll_interval)
+    run_order = control_ab.pass_order(algos, cfg.control_plane, cfg.ab_passes)
+    algos = list(dict.fromkeys(run_order))  # what the tables show: with ab, rs+cp after rs
     if cfg.plot_path:
         from .plot import _pyplot
 
@@ -549,6 +585,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
     run_id = uuid.uuid4().hex[:8]
     n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in algos) else 0)
+    if any(control_ab.with_control_plane(a, cfg.control_plane) for a in algos):
+        n_hosts += 1  # the control-plane poller's
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
@@ -562,6 +600,9 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
     out(f"# TCP congestion control: {_describe_congestion(cfg, ccs)}")
+    cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
+    if cp_line:
+        out(cp_line)
     if plan is not None:
         for line in plan.describe():
             out(line)
@@ -574,12 +615,16 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                                    cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
 
     def work_passes() -> Any:
+        """The passes of one congestion control: the model's steps, or every size in `run_order`."""
         if plan is not None:
             return ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
-        return ((a, {"sizes": sizes}, len(sizes)) for a in algos)
+        return ((a, {"sizes": sizes}, len(sizes)) for a in run_order)
 
+    # keyed by (congestion control, algorithm): each congestion control's passes are a run of their own
     errors: Dict[Tuple[Optional[str], str], Optional[str]] = {}
-    cpu_by_algo: Dict[Tuple[Optional[str], str], Any] = {}
+    cpu_by_algo: Dict[Tuple[Optional[str], str], List[Any]] = {}
+    polls_by_algo: Dict[Tuple[Optional[str], str], List[Dict[str, Any]]] = {}
+    rows_by_cc: Dict[Optional[str], List[Dict[str, Any]]] = {cc: [] for cc in ccs}
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
@@ -603,7 +648,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                     extra_env[rs_config.SETTINGS["tcp_congestion"].env] = "" if cc == DEFAULT_CONGESTION else cc
                     hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
                 for algo, work, n_results in work_passes():
-                    if n_results == 0 or errors.get((cc, algo)):
+                    key = (cc, algo)
+                    if n_results == 0 or errors.get(key):
                         continue
                     mon = cpu_monitor.CpuMonitor(interval=0.5).start()
                     advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
@@ -612,18 +658,23 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                                          advance: Any = advance, cc: Optional[str] = cc) -> Dict[str, Any]:
                         row = make_row(a, key, msgs, wall)
                         if cc is not None:
-                            row["congestion"] = kernel_congestion() if cc == DEFAULT_CONGESTION else cc
+                            row["congestion"] = _cc_label(cc)
                         if advance is not None:
                             advance(row.get("label") or f"{row['size']} B")
                         return row
 
                     try:
-                        rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id, extra_env)
+                        rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id, extra_env,
+                                              polls=polls_by_algo.setdefault(key, []))
                     finally:
                         mon.stop()
-                        cpu_by_algo[(cc, algo)] = mon
+                        cpu_by_algo.setdefault(key, []).append(mon)
+                    if uses_reducers(algo):
+                        for r in rows:
+                            r["control_plane"] = "on" if control_ab.with_control_plane(algo, cfg.control_plane) else "off"
                     all_rows += rows
-                    errors[(cc, algo)] = errors.get((cc, algo)) or err
+                    rows_by_cc[cc] += rows
+                    errors[key] = errors.get(key) or err
                     if err:
                         log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
         finally:
@@ -633,9 +684,10 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         if emu_ctx is not None:
             emu_ctx.__exit__(None, None, None)
 
-    if plan is not None:
+    if plan is not None:  # --model: one congestion control
         steps.finish(all_rows)
         all_rows.sort(key=steps.sort_key)
+        rows_by_cc = {ccs[0]: all_rows}
         where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
         out("")
         out(report.format_step_table(all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
@@ -644,23 +696,42 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             if err:
                 out(f"# {algo} FAILED: {err}")
     for cc in ccs:
-        mine_rows = [r for r in all_rows if cc is None or r.get("congestion") == _cc_label(cc)]
+        mine_rows = rows_by_cc[cc]
         if len(ccs) > 1 or cc is not None:
             out("")
             out(f"# ===== TCP congestion control: {_cc_label(cc)} =====")
+        bench_cpu = _mean_by_algo(mine_rows, "bench_cpu_percent")
+        reducer_cpu = _mean_by_algo(mine_rows, "reducer_cpu_s")  # per pass
         if plan is None:
+            if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
+                mine_rows = rows_by_cc[cc] = report.merge_passes(mine_rows)
+                for r in mine_rows:
+                    r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
+                    r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
             for algo in algos:
                 out("")
                 out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
                                              cfg.reducers, errors.get((cc, algo)),
-                                             compression=cfg.compression if algo == "rs" else None))
+                                             compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
+        for algo in algos:
+            counts = polls_by_algo.get((cc, algo))
+            if counts:
+                merged = merge_counts(counts)
+                for r in mine_rows:
+                    if r["algo"] == algo:
+                        r["polls"] = merged
+                if cfg.control_plane == "on":
+                    out(control_ab.format_polls(merged, cfg.poll_interval, algo))
+        if cfg.control_plane == "ab" and plan is None:
+            out("")
+            out(control_ab.format_table(mine_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
         for algo in algos:
             rows_a = [r for r in mine_rows if r["algo"] == algo]
             mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
-            if (cc, algo) in cpu_by_algo:
-                mon = cpu_by_algo[(cc, algo)]
+            mons = cpu_by_algo.get((cc, algo))
+            if mons:
                 txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-                      f"mean {mon.mean_percent:.0f}% of {mon.ncpu} cores"
+                      f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
                 if mine is not None:
                     txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
                             "kernel network processing in softirq, and any other load)")
@@ -684,6 +755,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                     out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
                         f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
                         f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+    all_rows = [r for cc in ccs for r in rows_by_cc[cc]]
     for r in all_rows:
         r["background_cpu_percent"] = background
         r["load_average_1m"] = load1
@@ -699,8 +771,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         else:
             for cc in ccs:
                 path = cfg.plot_path if len(ccs) == 1 else _suffixed(cfg.plot_path, _cc_label(cc))
-                plot.plot([r for r in all_rows if cc is None or r.get("congestion") == _cc_label(cc)], path,
-                          cfg.workers, cfg.reducers, cfg.emulate_gbps)
+                plot.plot(rows_by_cc[cc], path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
                 out(f"# wrote plot {path}")
     failed = [(cc, a) for (cc, a), err in errors.items() if err]
     if failed:
@@ -732,6 +803,15 @@ def _describe_congestion(cfg: BenchConfig, ccs: List[Optional[str]]) -> str:
 def _suffixed(path: str, tag: str) -> str:
     root, ext = os.path.splitext(path)
     return f"{root}-{tag}{ext}"
+
+
+def _mean_by_algo(rows: List[Dict[str, Any]], key: str) -> Dict[str, Optional[float]]:
+    """The mean of rows[key] per algorithm (None where no row has it)."""
+    out: Dict[str, Optional[float]] = {}
+    for algo in dict.fromkeys(r["algo"] for r in rows):
+        vals = [r[key] for r in rows if r["algo"] == algo and r.get(key) is not None]
+        out[algo] = sum(vals) / len(vals) if vals else None
+    return out
 
 
 def _progress(cfg: BenchConfig):

@@ -5,6 +5,7 @@ import argparse
 import sys
 
 from reducer.bench.models import MODELS
+from reducer.bench.poller import DEFAULT_INTERVAL_S
 from reducer.dtypes import OPS, SUPPORTED
 
 
@@ -46,6 +47,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                         "every algorithm once per name (an A/B in one run). With --emulate-gbps it applies to every "
                         "connection of the emulated hosts (gloo's too), else to rs's and the ring's sockets "
                         "(RS_TCP_CONGESTION) (default: leave it alone)")
+    c = p.add_argument_group("control plane (docs/operations.md): does serving it cost the data path anything?")
+    c.add_argument("--control-plane", default="off", choices=("off", "on", "ab"),
+                   help="on: the rs reducers also serve the gRPC control plane and Prometheus /metrics, polled "
+                        "(GetStats + a scrape of every reducer) every --poll-interval-ms while they run; ab: rs "
+                        "measured both ways in one run, off (rs) and on (rs+cp) in alternating passes A B B A, "
+                        "with a table of on/off per size (default off)")
+    c.add_argument("--poll-interval-ms", type=float, default=1e3 * DEFAULT_INTERVAL_S,
+                   help="ms between the poller's rounds of requests; Prometheus scrapes every 15-60 s: the "
+                        "default is pessimistic on purpose (default %(default)g)")
+    c.add_argument("--ab-passes", type=int, default=2,
+                   help="with --control-plane ab: passes of each variant over all sizes (default 2: A B B A)")
     p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the rows as JSON")
     p.add_argument("--plot", dest="plot_path", default=None, metavar="FILE.png",
                    help="write algbw vs size (log-log), with --model step times as bars, as an image "
@@ -86,7 +98,8 @@ def config_from_args(args: argparse.Namespace):
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
         netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty(),
         model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
-        scale=args.scale, congestion=parse_congestion(args.congestion) if args.congestion else None)
+        scale=args.scale, congestion=parse_congestion(args.congestion) if args.congestion else None,
+        control_plane=args.control_plane, poll_interval=args.poll_interval_ms / 1e3, ab_passes=args.ab_passes)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -55,6 +55,10 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--auth-token-file", default=None,
                    help="file holding the shared secret workers must prove they know "
                         "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE, else no authentication)")
+    p.add_argument("--integrity", choices=("off", "on", "required"), default=None,
+                   help="frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered "
+                        "to workers that ask, required = workers that do not ask are refused "
+                        "(default: $RS_INTEGRITY, else on with a secret, off without)")
     p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
                    help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)")
     p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL,
@@ -179,12 +183,13 @@ class SidePorts:
 def resolve_side_ports(control: Optional[int], metrics: Optional[int], data_port: int) -> SidePorts:
     """--control-port / --metrics-port, else RS_CONTROL_PORT / RS_METRICS_PORT, else the defaults."""
     from reducer import config
+    from reducer.addresses import MAX_PORT
 
     control = config.get("control_port", control)
     metrics = config.get("metrics_port", metrics)
     is_default = control is None
     if is_default:
-        control = data_port + 1 if data_port < 65535 else None
+        control = data_port + 1 if data_port < MAX_PORT else None
     return SidePorts(None if control == config.OFF else control, is_default,
                      None if metrics is None or metrics == config.OFF else metrics)
 
@@ -228,6 +233,7 @@ def run(args: argparse.Namespace) -> int:
     try:
         plan = resolve_listen(args.host, args.port)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
+        config.reducer_integrity(args.integrity, token)  # on/required without a secret: refused here
     except ConfigError as exc:
         print(f"reduction-server serve: error: {exc}", file=sys.stderr)
         return 2
@@ -260,7 +266,8 @@ def run(args: argparse.Namespace) -> int:
             pass
     try:
         try:
-            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "")
+            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
+                                   integrity=args.integrity)
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)

@@ -160,9 +160,9 @@ class MetricsEndpoint:
 
     @property
     def url(self) -> str:
-        from reducer.cluster import format_address
+        from reducer.addresses import connect_host, format_address
 
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        host = connect_host(self.host)
         return f"http://{format_address(host, self.port)}/metrics"
 
     def stop(self) -> None:

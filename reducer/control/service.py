@@ -100,7 +100,7 @@ class ControlPlane:
 
     def start(self) -> "ControlPlane":
         """Bind and serve; raises OSError if the port cannot be bound."""
-        from reducer.cluster import format_address
+        from reducer.addresses import format_address
 
         try:
             self._port = self._grpc.add_insecure_port(format_address(self.host, self._requested_port))
@@ -117,9 +117,9 @@ class ControlPlane:
 
     @property
     def address(self) -> str:
-        from reducer.cluster import format_address
+        from reducer.addresses import connect_host, format_address
 
-        host = "127.0.0.1" if self.host in ("0.0.0.0", "", "::") else self.host
+        host = connect_host(self.host)
         return format_address(host, self._port)
 
     def refresh(self) -> None:

@@ -4,19 +4,11 @@
 #include <cstdlib>
 #include <string>
 
+#include "check.h"
 #include "server/group_table.h"
 
 using namespace rs;
 using namespace rs::server;
-
-static int failures = 0;
-#define CHECK(cond)                                                        \
-  do {                                                                     \
-    if (!(cond)) {                                                         \
-      std::fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-      ++failures;                                                          \
-    }                                                                      \
-  } while (0)
 
 static proto::Hello hello(uint32_t world, uint32_t rank, uint32_t chunk = 4096, uint16_t streams = 1) {
   proto::Hello h;
@@ -161,10 +153,5 @@ int main() {
   sparse_membership_before_completion();
   leaving();
   expiry();
-  if (failures) {
-    std::fprintf(stderr, "%d checks failed\n", failures);
-    return 1;
-  }
-  std::printf("group table: all checks passed\n");
-  return 0;
+  return finish("group table");
 }

@@ -1,0 +1,33 @@
+"""Builds and runs the C++ unit tests of tests/cpp/ (each prints "all checks passed")."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from typing import Sequence
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def kernel_sources() -> list:
+    return sorted(f"csrc/kernels/{f}" for f in os.listdir(os.path.join(ROOT, "csrc/kernels")) if f.endswith(".cc"))
+
+
+def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = ()) -> str:
+    """Compiles `sources` (paths from the repository root) into tmp_path/name, runs it, checks it
+    passed and returns its output."""
+    cxx = shutil.which(os.environ.get("CXX", "g++").split()[-1]) or shutil.which("g++")
+    if cxx is None:
+        pytest.fail("no C++ compiler: the suite needs g++ (the extension needs it too)")
+    exe = tmp_path / name
+    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Icsrc", "-Itests/cpp", "-o", str(exe), *sources,
+                            "-pthread", *(f"-l{lib}" for lib in libs)], cwd=ROOT, capture_output=True, text=True,
+                           timeout=300)
+    assert build.returncode == 0, build.stderr
+    run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "all checks passed" in run.stdout
+    return run.stdout

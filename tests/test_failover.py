@@ -1,0 +1,322 @@
+"""Reducer failover (issue 13): a reducer killed at any point of large rounds costs nothing.
+
+The workers run as threads of this process (the core releases the GIL), the surviving
+reducers in-process, the victim in a process of its own that the test SIGKILLs at a random
+point of a batch of large rounds in flight (start, middle, while results stream back). Every
+worker's bytes must equal, bit for bit, those of the same batch run without the failure on the
+same cluster (the survivors fold in rank order like the lost reducer did), and be close to the
+float64 reference.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import random
+import tempfile
+import threading
+import time
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import pytest
+
+import reducer
+from reducer._native import core
+
+import async_tasks
+from conftest import addresses
+from tasks import make_data, reference
+
+pytestmark = pytest.mark.timeout(300)
+
+# A batch: several rounds in flight at once, mixed dtypes, ops, sizes, compression and segments.
+BATCH: Tuple[Tuple[str, str, int, str, int], ...] = (
+    # dtype, op, elements, compression, segments
+    ("float32", "sum", 3_000_000, "", 1),
+    ("int64", "max", 700_001, "", 3),
+    ("float32", "avg", 2_000_000, "bf16", 1),
+    ("bfloat16", "sum", 1_500_000, "", 2),
+    ("float64", "min", 900_000, "", 1),
+    ("int32", "sum", 1_200_000, "", 1),
+    ("float16", "sum", 1_000_001, "", 1),
+    ("float32", "sum", 1_300_000, "fp16", 2),
+)
+
+
+def inputs(rank: int, seed: int) -> List[List[np.ndarray]]:
+    out = []
+    for i, (dtype, _op, n, _comp, parts) in enumerate(BATCH):
+        a = make_data(dtype, n, rank, seed=seed * 100 + i)
+        out.append([np.array(p, copy=True) for p in np.array_split(a, parts)])
+    return out
+
+
+def run_batch(client: Any, bufs: List[List[np.ndarray]]) -> Dict[str, Any]:
+    """Starts every round of the batch, then waits for all of them."""
+    try:
+        ids = []
+        for (dtype, op, _n, comp, _parts), pieces in zip(BATCH, bufs):
+            if len(pieces) == 1:
+                ids.append(client.start_ptr(pieces[0].ctypes.data, pieces[0].nbytes, dtype, op, compression=comp))
+            else:
+                ids.append(client.start_segments([(p.ctypes.data, p.nbytes) for p in pieces], dtype, op,
+                                                 compression=comp))
+        for i in ids:
+            client.wait(i)
+        return {"ok": True}
+    except Exception as exc:  # reported, not raised, so every thread is joined
+        return {"ok": False, "error": f"{type(exc).__name__}: {exc}"}
+
+
+def on_threads(fn: Callable[[int], Any], world: int, timeout: float = 120.0) -> List[Any]:
+    out: List[Any] = [None] * world
+
+    def body(r: int) -> None:
+        try:
+            out[r] = fn(r)
+        except BaseException as exc:
+            out[r] = exc
+
+    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+        assert not t.is_alive(), "a worker thread hung"
+    return out
+
+
+class Victim:
+    """A reducer in its own process, killed with SIGKILL."""
+
+    def __init__(self, port: int = 0) -> None:
+        ctx = mp.get_context("spawn")
+        self.tmp = tempfile.mkdtemp()
+        port_file = os.path.join(self.tmp, "port")
+        self.proc = ctx.Process(target=async_tasks.serve_on, args=(port_file, port), daemon=True)
+        self.proc.start()
+        async_tasks._wait_for(port_file, 60)
+        self.port = int(open(port_file).read())
+        self.address = f"127.0.0.1:{self.port}"
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(10)
+
+
+def connect(addrs: Sequence[str], world: int, group: str, timeout: float = 20.0) -> List[Any]:
+    clients = on_threads(lambda r: core.Client(list(addrs), r, world, group, "local", timeout, 60.0, "", 1, 1 << 20),
+                         world)
+    for c in clients:
+        assert not isinstance(c, BaseException), c
+    return clients
+
+
+def bits(a: np.ndarray) -> bytes:
+    return a.tobytes()
+
+
+@pytest.mark.parametrize("survivors,world,trials", [(1, 2, 3), (2, 3, 3), (2, 4, 2)])
+def test_reducer_killed_mid_batch_gives_bit_identical_results(reducers, survivors, world, trials):
+    """R = survivors + 1 reducers; one is killed at a random point of a batch of rounds in flight."""
+    good = addresses(reducers(survivors))
+    rng = random.Random(1000 * survivors + world)
+    for trial in range(trials):
+        victim = Victim()
+        try:
+            addrs = list(good)
+            addrs.insert(rng.randrange(len(addrs) + 1), victim.address)  # the victim's place varies
+            group = f"fo-{survivors}-{world}-{trial}"
+            clients = connect(addrs, world, group)
+            seed = trial + 7
+            # The batch without a failure: the bytes to match, and how long it takes.
+            ref = [inputs(r, seed) for r in range(world)]
+            t0 = time.monotonic()
+            res = on_threads(lambda r: run_batch(clients[r], ref[r]), world)
+            healthy = time.monotonic() - t0
+            assert all(x["ok"] for x in res), res
+            # The same batch, the victim killed at a random point of it.
+            got = [inputs(r, seed) for r in range(world)]
+            kill_at = rng.uniform(0.0, 1.0) * healthy
+            killer = threading.Timer(kill_at, victim.kill)
+            killer.start()
+            res = on_threads(lambda r: run_batch(clients[r], got[r]), world)
+            killer.join()
+            assert all(x["ok"] for x in res), (kill_at, healthy, res)
+            for r in range(world):
+                for i, (want, have) in enumerate(zip(ref[r], got[r])):
+                    for a, b in zip(want, have):
+                        assert bits(a) == bits(b), f"rank {r} round {i} differs after a kill at {kill_at:.3f}s"
+            stats = [c.stats() for c in clients]
+            killed_during = any(s["reducer_failovers"] for s in stats)
+            # A kill after the batch finished is noticed by the next round.
+            after = [[np.full(1000, float(r + 1), np.float32)] for r in range(world)]
+            res = on_threads(lambda r: clients[r].wait(clients[r].start(after[r][0], "float32", "sum")), world)
+            assert all(x is None for x in res), res
+            assert all(float(a[0][0]) == world * (world + 1) / 2 for a in after)
+            stats = [c.stats() for c in clients]
+            for s in stats:
+                assert s["reducer_failovers"] == 1, (killed_during, stats)
+                assert s["reducers_active"] == survivors
+            for c in clients:
+                c.close()
+        finally:
+            victim.kill()
+
+
+def test_results_match_the_float64_reference_after_a_failover(reducers):
+    """Not only equal to the healthy run: right (float64 reference, exact for integers)."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    try:
+        world = 2
+        clients = connect([victim.address] + good, world, "fo-ref")
+        bufs = [[np.array(make_data(d, 2_000_000, r, seed=5 + i), copy=True)] for i, d in enumerate(("float32", "int64"))
+                for r in range(world)]
+        per_rank = [[bufs[0 * world + r][0], bufs[1 * world + r][0]] for r in range(world)]
+        ids: List[List[int]] = [[], []]
+
+        def start(r: int) -> None:
+            ids[r] = [clients[r].start(per_rank[r][0], "float32", "sum"), clients[r].start(per_rank[r][1], "int64", "sum")]
+
+        on_threads(start, world)
+        victim.kill()  # the rounds are in flight (or, on a fast machine, just done: then the next one fails over)
+        res = on_threads(lambda r: [clients[r].wait(i) for i in ids[r]], world)
+        assert all(not isinstance(x, BaseException) for x in res), res
+        for r in range(world):
+            np.testing.assert_allclose(per_rank[r][0], reference("float32", "sum", 2_000_000, world, seed=5),
+                                       rtol=1e-5, atol=1e-5)
+            assert np.array_equal(per_rank[r][1], reference("int64", "sum", 2_000_000, world, seed=6))
+        for c in clients:
+            c.close()
+    finally:
+        victim.kill()
+
+
+def test_no_reducer_left_fails_with_the_cause():
+    victim = Victim()
+    try:
+        clients = connect([victim.address], 2, "fo-none", timeout=5.0)
+        victim.kill()
+        arrays = [np.ones(1 << 20, np.float32) for _ in range(2)]
+        res = on_threads(lambda r: run_batch_one(clients[r], arrays[r]), 2)
+        for x in res:
+            assert isinstance(x, reducer.PeerLostError), res
+            assert "every reducer is lost" in str(x)
+    finally:
+        victim.kill()
+
+
+def run_batch_one(client: Any, a: np.ndarray) -> Optional[BaseException]:
+    try:
+        client.allreduce(a, "float32", "sum")
+    except BaseException as exc:
+        return exc
+    return None
+
+
+def test_failover_off_fails_the_round(reducers):
+    good = addresses(reducers(1))
+    victim = Victim()
+    try:
+        clients = on_threads(lambda r: core.Client([victim.address] + good, r, 2, "fo-off", "local", 10.0, 30.0, "", 1,
+                                                   1 << 20, failover=False), 2)
+        victim.kill()
+        res = on_threads(lambda r: run_batch_one(clients[r], np.ones(1 << 20, np.float32)), 2)
+        assert all(isinstance(x, reducer.PeerLostError) for x in res), res
+        assert all(c.stats()["reducer_failovers"] == 0 for c in clients)
+    finally:
+        victim.kill()
+
+
+def test_mixed_failover_settings_are_refused(reducers):
+    addrs = addresses(reducers(1))
+    errors: List[Any] = []
+
+    def make(r: int) -> Any:
+        try:
+            return core.Client(addrs, r, 2, "fo-mixed", "local", 5.0, 5.0, "", 1, 1 << 20, failover=(r == 0))
+        except BaseException as exc:
+            errors.append(exc)
+            return None
+
+    on_threads(make, 2)
+    # The later one is refused with the reason; the earlier one then waits for it in vain.
+    assert len(errors) == 2, errors
+    assert any(isinstance(e, reducer.MismatchError) and "RS_FAILOVER" in str(e) for e in errors), errors
+
+
+def test_async_fusion_survives_a_reducer_kill(reducers):
+    """allreduce_async (tensor fusion, several fused rounds in flight) finishes on the survivor."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    try:
+        world = 2
+        tensors = [[make_data("float32", n, r, seed=40 + i) for i, n in enumerate([300_000] * 40)]
+                   for r in range(world)]
+        comms = on_threads(lambda r: reducer.Communicator([victim.address] + good, r, world, group="fo-fusion",
+                                                          timeout=20, fusion_threshold=4 << 20), world)
+
+        def step(r: int) -> Any:
+            handles = [comms[r].allreduce_async(t) for t in tensors[r]]
+            if r == 0:
+                victim.kill()
+            for h in handles:
+                h.wait()
+            return comms[r].stats()
+
+        stats = on_threads(step, world)
+        assert all(isinstance(s, dict) for s in stats), stats
+        # (A kill after the fused rounds finished is noticed by the next one.)
+        on_threads(lambda r: comms[r].allreduce(np.ones(10, np.float32)), world)
+        stats = [c.stats() for c in comms]
+        for i, n in enumerate([300_000] * 40):
+            want = reference("float32", "sum", n, world, seed=40 + i)
+            for r in range(world):
+                np.testing.assert_allclose(tensors[r][i], want, rtol=1e-5, atol=1e-5)
+        assert all(s["reducers_active"] == 1 for s in stats), stats
+        for c in comms:
+            c.close()
+    finally:
+        victim.kill()
+
+
+def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
+    """Killed, the job goes on on the survivor; restarted at its address, it is taken back at a
+    rejoin check (every 32 rounds, the same round on every worker) and used again."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    restarted: Optional[Victim] = None
+    try:
+        world = 2
+        clients = connect([victim.address] + good, world, "fo-rejoin")
+        victim.kill()
+        restarted_box: List[Victim] = []
+
+        def rounds(r: int, count: int, restart_after: int = -1) -> List[float]:
+            out = []
+            for k in range(count):
+                if r == 0 and k == restart_after:
+                    restarted_box.append(Victim(victim.port))
+                a = np.full(50_000, float(r + 1 + k), np.float32)
+                clients[r].allreduce(a, "float32", "sum")
+                out.append(float(a[-1]))
+            return out
+
+        res = on_threads(lambda r: rounds(r, 70, restart_after=5), world)
+        assert all(isinstance(x, list) for x in res), res
+        for x in res:
+            assert x == [float(sum(r + 1 + k for r in range(world))) for k in range(70)]
+        restarted = restarted_box[0] if restarted_box else None
+        stats = [c.stats() for c in clients]
+        for s in stats:
+            assert s["reducer_failovers"] == 1, stats
+            assert s["reducer_rejoins"] == 1, stats
+            assert s["reducers_active"] == 2, stats
+        for c in clients:
+            c.close()
+    finally:
+        victim.kill()
+        if restarted is not None:
+            restarted.kill()
