@@ -32,6 +32,7 @@ _LAZY = {
     "Communicator": ("reducer.communicator", "Communicator"),
     "init": ("reducer.communicator", "init"),
     "Handle": ("reducer.fusion", "Handle"),
+    "set_tcp_congestion": ("reducer._native", "set_tcp_congestion"),
 }
 
 
@@ -50,6 +51,7 @@ __all__ = [
     "ReducerServer",
     "Communicator",
     "init",
+    "set_tcp_congestion",
     "ReductionError",
     "ConfigError",
     "ConnectError",

@@ -1,8 +1,12 @@
-"""Loads the C++ core and routes its log lines into Python's logging ("reducer.core")."""
+"""Loads the C++ core, routes its log lines into Python's logging ("reducer.core") and applies
+the process-wide socket settings (RS_TCP_CONGESTION)."""
 from __future__ import annotations
 
 import atexit
 import logging
+from typing import Optional
+
+from . import config
 
 try:
     from . import _core
@@ -24,4 +28,22 @@ _core.set_log_callback(_forward)
 atexit.register(_core.set_log_callback, None)
 
 core = _core
-__all__ = ["core"]
+
+
+def set_tcp_congestion(name: Optional[str] = None) -> str:
+    """Set the TCP congestion control of every data connection this process opens or accepts from
+    now on (workers, reducers, ring): `name` (e.g. 'cubic', 'bbr'), else RS_TCP_CONGESTION, else
+    the kernel's default (''). Returns the setting in force. ConfigError if the kernel refuses it
+    (not available, or not allowed for this process)."""
+    value = (config.get("tcp_congestion", name) or "").strip()
+    try:
+        _core.set_tcp_congestion(value)
+    except Exception as exc:
+        src = f"{config.SETTINGS['tcp_congestion'].env}={value!r}" if name is None else repr(value)
+        raise type(exc)(f"{src}: {exc}") from None
+    return value
+
+
+set_tcp_congestion()
+
+__all__ = ["core", "set_tcp_congestion"]

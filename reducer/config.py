@@ -96,6 +96,8 @@ _TABLE = [
             "Finish rounds on the surviving reducers when one is lost (every worker of a group must agree)."),
     Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _size,
             "SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: leave to the kernel's autotuning)."),
+    Setting("tcp_congestion", "RS_TCP_CONGESTION", None, str,
+            "TCP congestion control (TCP_CONGESTION) of every data connection of the process (workers, reducers, ring), e.g. 'cubic' or 'bbr'; default: the kernel's."),
     Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
     Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
     Setting("integrity", "RS_INTEGRITY", None, _integrity,

@@ -140,6 +140,76 @@ def test_report_busbw_and_summary():
     assert "1.50x" in line and "1.60x" in line  # rs/ring, rs/gloo, theory 2(n-1)/n = 1.5
 
 
+def test_report_iteration_spread():
+    from reducer.bench import report
+
+    # iterations are barrier-separated: iteration i's time is the slowest rank's sample i
+    samples = [[10.0, 50.0, 20.0, 30.0, 40.0], [12.0, 11.0, 25.0, 33.0, 39.0]]
+    assert report.iteration_times(samples) == [12.0, 50.0, 25.0, 33.0, 40.0]
+    st = report.iteration_stats(samples)
+    ref = np.array([12.0, 50.0, 25.0, 33.0, 40.0], dtype=np.float64)
+    assert st["min"] == 12.0 and st["max"] == 50.0 and st["median"] == 33.0
+    assert st["p10"] == pytest.approx(np.percentile(ref, 10)) and st["p90"] == pytest.approx(np.percentile(ref, 90))
+    assert st["spread"] == pytest.approx((np.percentile(ref, 90) - np.percentile(ref, 10)) / 33.0)
+    row = report.make_row("rs", 1 << 20, 1 << 18, "float32", "sum", 2, 2, samples, 0)
+    assert row["iter_us"] == st
+    text = report.format_variance([row])
+    line = [ln for ln in text.splitlines() if ln.strip().startswith(str(1 << 20))][0]
+    assert f"0.03 [{np.percentile(ref, 10) / 1e3:.2f}-{np.percentile(ref, 90) / 1e3:.2f}]" in line
+    assert f"{100 * st['spread']:.0f}% 0.01-0.05" in line
+
+
+def _rows_at(times, workers=4, reducers=4):
+    """rs / ring rows with the given {(algo, size): seconds}, one rank, 3 equal iterations."""
+    from reducer.bench import report
+
+    return [report.make_row(a, s, s // 4, "float32", "sum", workers, reducers, [[t * 1e6] * 3], 0)
+            for (a, s), t in times.items()]
+
+
+def test_report_issue12_targets_and_verdicts():
+    from reducer.bench import report
+
+    rate = report.TCP_PAYLOAD_FRACTION * 1e9 / 8  # 1 Gbit/s of TCP payload, bytes/s
+    M = 1 << 20
+    times = {
+        ("rs", 64 << 10): 0.002, ("ring", 64 << 10): 0.003,          # rs faster: met (no bound below 4M)
+        ("rs", M): 0.040, ("ring", M): 0.012,                        # rs slower than the ring
+        ("rs", 4 * M): 4 * M / rate / 0.90, ("ring", 4 * M): 1.0,    # 90% of rs's bound: below 95%
+        ("rs", 64 * M): 64 * M / rate / 0.97, ("ring", 64 * M): 1.5 * 64 * M / rate,  # 97%, faster than the ring
+    }
+    rows = _rows_at(times)
+    assert report.bound_fraction(rows[4], 1.0, 4) == pytest.approx(0.90)
+    text = report.format_summary(rows, 4, 4, emulate_gbps=1.0)
+    cell = {int(ln.split()[0]): ln.split()[-1] for ln in text.splitlines() if ln.strip() and ln.strip()[0].isdigit()}
+    assert cell == {64 << 10: "met", M: "rs<ring", 4 * M: "<95%", 64 * M: "met"}
+    verdict = [ln for ln in text.splitlines() if ln.startswith("# verdict")]
+    assert verdict[0].startswith("# verdict: rs >= ring at every size 64K-256M: NOT met at 1 of 4 sizes "
+                                 "(rs/ring: 1M 0.30x); not measured: 128K, 256K, 512K, 2M, 8M,")
+    assert verdict[1].startswith("# verdict: rs >= 95% of the link bound 4M-256M: NOT met at 1 of 2 sizes "
+                                 "(rs %bound: 4M 90.0%); not measured: 8M, 16M, 32M, 128M, 256M")
+    # R < W: rs's bound grows by W/R (the reducers' links carry more)
+    rows = _rows_at({("rs", 4 * M): 2 * 4 * M / rate / 0.96, ("ring", 4 * M): 1.0}, workers=4, reducers=2)
+    assert report.bound_fraction(rows[0], 1.0, 2) == pytest.approx(0.96)
+    text = report.format_summary(rows, 4, 2, emulate_gbps=1.0)
+    assert "# verdict: rs >= 95% of the link bound 4M-256M: met at all 1 sizes measured" in text
+    # on loopback no target is judged (the stated targets are for emulated links)
+    assert "verdict" not in report.format_summary(rows, 4, 2)
+
+
+def test_parse_congestion():
+    from reducer.bench.runner import _check_congestion, parse_congestion
+    from reducer.errors import ConfigError
+
+    assert parse_congestion("cubic, BBR,cubic") == ["cubic", "bbr"]
+    assert parse_congestion("default") == ["default"]
+    with pytest.raises(ConfigError):
+        parse_congestion(" , ")
+    _check_congestion(["reno", "default"])
+    with pytest.raises(ConfigError, match="nosuchcc: not available"):
+        _check_congestion(["reno", "nosuchcc"])
+
+
 # ------------------------------------------------------------------ end to end
 def _bench(args, timeout=120, **kw):
     cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + args
@@ -210,6 +280,8 @@ def test_bench_other_dtype_and_op(tmp_path):
 def test_bench_bad_arguments():
     res = _bench(["--sizes", "64K:4K"])
     assert res.returncode == 2 and "bad size range" in res.stderr
+    res = _bench(["--congestion", "nosuchcc"])
+    assert res.returncode == 2 and "not available in this kernel" in res.stderr
     res = _bench(["--algos", "rs,mpi"])
     assert res.returncode == 2 and "unknown algorithm" in res.stderr
 
@@ -234,6 +306,33 @@ def test_bench_emulated_end_to_end(tmp_path, prefix):
                   "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp)])
     _check_run(res, jp, ["rs", "ring"], [4096, 65536])
     assert "1 Gbit/s emulated" in res.stdout
+    assert emulate.leftovers(prefix) == []
+
+
+@pytest.mark.netns
+@needs_netns
+def test_bench_emulated_congestion_ab(tmp_path, prefix):
+    """--congestion A,B: one pass per congestion control, every flow of the hosts under it (ss), rows tagged."""
+    default = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    other = "reno" if default != "reno" else "cubic"
+    jp = tmp_path / "cc.json"
+    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "64K", "--iters", "2", "--warmup", "1",
+                  "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp),
+                  "--congestion", f"{other},default"])
+    assert res.returncode == 0, res.stdout + res.stderr
+    out = res.stdout
+    for name in (other, default):
+        assert f"===== TCP congestion control: {name} =====" in out
+    mine, then = out.split(f"===== TCP congestion control: {default} =====")
+    # worker 0 has one connection per reducer (2), reducer 0 one per worker (2); the ring's worker 0: 2
+    assert f"the rs run's connections on worker 0 and reducer 0 (ss -ti, once connected): {other} 4" in mine
+    assert f"the ring run's connections on worker 0 (ss -ti, once connected): {other} 2" in mine
+    assert f"the rs run's connections on worker 0 and reducer 0 (ss -ti, once connected): {default} 4" in then
+    assert mine.count("# verdict: rs >= ring") == 1 and then.count("# verdict: rs >= ring") == 1
+    rows = json.load(open(jp))
+    assert sorted((r["congestion"], r["algo"]) for r in rows) == sorted(
+        [(other, "rs"), (other, "ring"), (default, "rs"), (default, "ring")])
+    assert all(r["wrong"] == 0 and r["iter_us"]["min"] <= r["iter_us"]["median"] <= r["iter_us"]["max"] for r in rows)
     assert emulate.leftovers(prefix) == []
 
 

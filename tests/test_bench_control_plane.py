@@ -89,6 +89,12 @@ def test_merge_passes_pools_each_ranks_samples():
     assert rs["algbw"] == pytest.approx((1 << 20) / (rs["time_us"] * 1e-6) / 1e9)
     assert rs["wall_s"] == 2.0
     assert merged[1]["pass_time_us"] == [6.0] and merged[1]["samples_us"] == [[5.0], [6.0]]
+    # per-iteration variance over the pooled iterations (slowest rank per iteration), not one pass's
+    slowest = np.max(np.array(pooled), axis=0)
+    st = rs["iter_us"]
+    assert st["median"] == float(np.median(slowest)) and st["max"] == 32.0 and st["min"] == 20.0
+    assert (st["p10"], st["p90"]) == (pytest.approx(float(np.percentile(slowest, 10))),
+                                      pytest.approx(float(np.percentile(slowest, 90))))
 
 
 def test_ab_table_gives_on_over_off_per_size_and_the_spread():

@@ -201,3 +201,66 @@ def test_cpu_monitor(caplog):
         assert cpu.warn_if_over(-1.0, log) is True
         assert cpu.warn_if_over(101.0, log) is False
     assert "CPU busy" in caplog.text
+
+
+# ------------------------------------------------------------------ congestion control per host
+SS_SAMPLE = textwrap.dedent("""\
+    State  Recv-Q Send-Q  Local Address:Port   Peer Address:Port Process
+    ESTAB  0      0           10.77.0.1:40000     10.77.0.5:2222
+    \t ts sack cubic wscale:7,7 rto:204 rtt:0.5/0.2 mss:1448 cwnd:10
+    ESTAB  0      0           10.77.0.1:40002     10.77.0.6:2222
+    \t cubic wscale:7,7 rto:204 rtt:0.5/0.2 mss:1448 cwnd:10
+    ESTAB  0      0           10.77.0.1:40004     10.77.0.7:2222
+    \t ts sack ecn bbr wscale:7,7 rto:204 mss:1448 cwnd:10 bbr:(bw:1Gbps,mrtt:0.1)
+    TIME-WAIT 0   0           10.77.0.1:40006     10.77.0.8:2222
+    \t cubic wscale:7,7 rto:204
+    LISTEN 0      1024          0.0.0.0:7000        0.0.0.0:*
+    \t cubic cwnd:10
+""")
+
+
+def test_parse_ss_congestion():
+    assert emulate.parse_ss_congestion(SS_SAMPLE) == {"cubic": 2, "bbr": 1}
+    assert emulate.parse_ss_congestion("State Recv-Q Send-Q Local Address:Port Peer Address:Port\n") == {}
+
+
+def _flows_after_connect(hosts):
+    """Connect host 0 -> host 1 and return each end's {algorithm: count} while connected."""
+    server = hosts.popen(1, [sys.executable, "-c", textwrap.dedent("""
+        import socket, sys
+        s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((sys.argv[1], 7001)); s.listen(1); print("ready", flush=True)
+        c, _ = s.accept(); c.recv(1)
+    """), hosts[1].ip], stdout=subprocess.PIPE, text=True)
+    assert server.stdout.readline().strip() == "ready"
+    client = hosts.popen(0, [sys.executable, "-c", textwrap.dedent("""
+        import socket, sys
+        c = socket.create_connection((sys.argv[1], 7001), timeout=5); print("up", flush=True); sys.stdin.read()
+        c.sendall(b"x")
+    """), hosts[1].ip], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert client.stdout.readline().strip() == "up"
+        return hosts.flow_congestion(0), hosts.flow_congestion(1)
+    finally:
+        client.stdin.close()
+        assert client.wait(5) == 0 and server.wait(5) == 0
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(30)
+@needs_netns
+def test_congestion_control_per_host(prefix):
+    avail = emulate.available_congestion()
+    assert "reno" in avail  # always built in
+    default = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+    other = "reno" if default != "reno" else next(a for a in avail if a != "reno")
+    with EmulatedHosts(2, gbps=1.0, prefix=prefix, congestion=other) as hosts:
+        assert hosts.congestion == other
+        # both ends of a connection (the connecting and the accepting side) use it
+        assert _flows_after_connect(hosts) == ({other: 1}, {other: 1})
+        hosts.set_congestion(None)  # back to the namespace's default, inherited from the machine
+        assert hosts.congestion is None
+        assert _flows_after_connect(hosts) == ({default: 1}, {default: 1})
+        with pytest.raises(EmulationError, match="not available"):
+            hosts.set_congestion("nosuchcc")
+    assert emulate.leftovers(prefix) == []

@@ -8,6 +8,7 @@
 #include "common/defaults.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "net/socket.h"
 #include "net/frame_auth.h"
 #include "protocol/auth.h"
 #include "protocol/hmac.h"
@@ -114,6 +115,14 @@ void bind_common(py::module_& m) {
   m.def("check_name", [](const std::string& what, const std::string& name) {
     return rs::proto::check_name(what.c_str(), name);
   }, py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
+  m.def("set_tcp_congestion", &rs::net::set_tcp_congestion, py::arg("name"),
+        "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
+        "from now on; '' = the kernel's default. Raises ConfigError if the kernel refuses it.");
+  m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
+  m.def("tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
+        py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
+  m.def("socket_congestion", &rs::net::socket_congestion, py::arg("fd"),
+        "The congestion control a TCP socket uses ('' if unreadable).");
   m.def("frame_tags", [](const std::string& key, int direction, uint64_t frame, const std::string& header,
                          const py::buffer& payload, uint64_t repeat) {
     if (key.size() != 32 || header.size() != rs::proto::kFrameHeaderBytes || (direction != 0 && direction != 1) || repeat < 1)

@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
+#include <mutex>
 #include <thread>
 
 #include "common/error.h"
@@ -54,6 +55,51 @@ HostPort parse_host_port(const std::string& text) {
   return hp;
 }
 
+namespace {
+
+// The process-wide congestion control (set_tcp_congestion); read once per new connection.
+std::mutex g_congestion_mu;
+std::string g_congestion;
+
+// setsockopt(TCP_CONGESTION); 0 or the errno.
+int apply_congestion(int fd, const std::string& name) {
+  if (setsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name.data(), socklen_t(name.size())) == 0) return 0;
+  return errno;
+}
+
+}  // namespace
+
+void set_tcp_congestion(const std::string& name) {
+  if (!name.empty()) {
+    if (name.size() >= 16 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': not an algorithm name");
+    Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    if (!probe.valid()) throw Error(ErrorKind::Config, "cannot create a TCP socket: " + errno_text(errno));
+    int err = apply_congestion(probe.get(), name);
+    if (err == ENOENT)
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not available in this kernel "
+                  "(see net.ipv4.tcp_available_congestion_control; a module such as tcp_" + name + " may need loading)");
+    if (err == EPERM)
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not allowed for this process: add it to "
+                  "net.ipv4.tcp_allowed_congestion_control or run with CAP_NET_ADMIN");
+    if (err != 0) throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': " + errno_text(err));
+  }
+  std::lock_guard<std::mutex> lock(g_congestion_mu);
+  g_congestion = name;
+}
+
+std::string tcp_congestion() {
+  std::lock_guard<std::mutex> lock(g_congestion_mu);
+  return g_congestion;
+}
+
+std::string socket_congestion(int fd) {
+  char buf[16] = {};
+  socklen_t len = sizeof buf;
+  if (getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, buf, &len) != 0) return "";
+  return std::string(buf, strnlen(buf, std::min<size_t>(len, sizeof buf)));
+}
+
 void tune_socket(int fd, int buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -62,6 +108,10 @@ void tune_socket(int fd, int buffer_bytes) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
   }
+  // Checked by set_tcp_congestion; a failure here (e.g. a module unloaded since) keeps the
+  // kernel's default for this connection, which still works.
+  std::string cc = tcp_congestion();
+  if (!cc.empty()) apply_congestion(fd, cc);
 }
 
 void set_nonblocking(int fd, bool on) {

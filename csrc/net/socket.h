@@ -44,8 +44,20 @@ struct HostPort {
 // "host:port", "1.2.3.4:5", "[::1]:5". Throws Error(Config) on junk.
 HostPort parse_host_port(const std::string& text);
 
-// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive.
+// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, and the
+// process-wide TCP congestion control (TCP_CONGESTION) if one is set.
 void tune_socket(int fd, int buffer_bytes);
+
+// The congestion control tune_socket gives every data connection of this process (workers,
+// reducers, ring): "" = the kernel's default (net.ipv4.tcp_congestion_control of the socket's
+// network namespace). Checked on a probe socket first: throws Error(Config) naming the algorithm
+// and the cause (not built into / loaded by the kernel, or not in
+// net.ipv4.tcp_allowed_congestion_control for a process without CAP_NET_ADMIN).
+void set_tcp_congestion(const std::string& name);
+std::string tcp_congestion();
+
+// The congestion control a socket uses now ("" if it cannot be read).
+std::string socket_congestion(int fd);
 void set_nonblocking(int fd, bool on);
 
 // Listening socket on host:port (port 0 = any); returns the fd and the bound port.

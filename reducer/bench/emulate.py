@@ -26,6 +26,13 @@ Layout for ``EmulatedHosts(n, gbps, prefix="rsb")``::
   included; iperf3 at 1 Gbit/s both ways gives ~95% of the rate each way
   with them on or off), and switching them off doubles the per-byte CPU of the senders
   and receivers on this 2-core machine.
+* Congestion control (``congestion=`` / ``set_congestion``): every host's route to the subnet
+  carries ``congctl NAME``, so every TCP connection of the host (whatever program opens it:
+  rs, the ring, gloo) uses NAME, set per namespace without touching the machine's settings.
+  (``sysctl net.ipv4.tcp_congestion_control`` inside a namespace is refused with EPERM for any
+  algorithm not in the global ``net.ipv4.tcp_allowed_congestion_control``: the kernel lets only
+  the initial namespace set a restricted default. A route's ``congctl`` has no such rule.)
+  ``None``: the namespace's default, inherited from the machine's when the namespace is created.
 * tbf ``latency`` (queue length) is ``latency_ms`` (default 20 ms, i.e.
   2.5 MB at 1 Gbit/s).  One stream reaches the full rate with any value
   >= 2 ms, but incast (several hosts sending to one, the reducer pattern)
@@ -59,7 +66,7 @@ from dataclasses import dataclass
 from typing import Dict, List, Optional, Sequence
 
 __all__ = ["EmulationError", "EmulatedHosts", "Host", "cleanup_stale", "check_prerequisites", "unavailable_reason",
-           "leftovers", "measure_tcp", "main"]
+           "leftovers", "measure_tcp", "available_congestion", "parse_ss_congestion", "main"]
 
 _IFNAMSIZ = 15  # max length of a Linux interface name
 _ETC_NETNS = "/etc/netns"  # `ip netns exec` bind-mounts /etc/netns/NAME/* over /etc/*
@@ -133,6 +140,38 @@ def unavailable_reason() -> Optional[str]:
         return f"cannot create network namespaces here: {p.stderr.strip()}"
     _run(["ip", "netns", "del", probe], check=False)
     return None
+
+
+def available_congestion() -> List[str]:
+    """The TCP congestion controls the kernel offers now (built in or loaded as modules)."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
+            return f.read().split()
+    except OSError:
+        return []
+
+
+def parse_ss_congestion(text: str) -> Dict[str, int]:
+    """Count the congestion controls of the established connections in `ss -tin` output: after
+    each connection's line, an indented TCP_INFO line lists flags (ts, sack, ecn, ...), then the
+    algorithm, then key:value fields."""
+    counts: Dict[str, int] = {}
+    established = False
+    for line in text.splitlines():
+        if line and not line[0].isspace():
+            established = line.startswith("ESTAB")
+            continue
+        if not established:
+            continue
+        words = []
+        for word in line.split():
+            if ":" in word:
+                break
+            words.append(word)
+        if words:
+            counts[words[-1]] = counts.get(words[-1], 0) + 1
+        established = False
+    return counts
 
 
 def leftovers(prefix: str) -> List[str]:
@@ -251,7 +290,8 @@ class EmulatedHosts:
     """
 
     def __init__(self, n_hosts: int, gbps: float, prefix: str = "rsb", burst_bytes: int = 256 * 1024,
-                 subnet: str = "10.77.0.0/24", latency_ms: float = 20.0, mtu: int = 1500):
+                 subnet: str = "10.77.0.0/24", latency_ms: float = 20.0, mtu: int = 1500,
+                 congestion: Optional[str] = None):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if not gbps > 0:
@@ -270,6 +310,8 @@ class EmulatedHosts:
         self.latency_ms = float(latency_ms)
         self.mtu = int(mtu)
         self.subnet = net
+        self.congestion: Optional[str] = None
+        self._congestion_wanted = congestion
         self.switch_netns = f"{prefix}-sw"
         self.bridge = f"{prefix}-br"
         self.hosts: List[Host] = [
@@ -372,6 +414,28 @@ class EmulatedHosts:
             _run(["tc", "-n", h.netns, "qdisc", "replace", "dev", h.ifname, "root"] + self.tbf_args())
             # ... and what it receives
             _run(["tc", "-n", sw, "qdisc", "replace", "dev", f"{self.prefix}-v{i}", "root"] + self.tbf_args())
+        if self._congestion_wanted:
+            self.set_congestion(self._congestion_wanted)
+
+    def set_congestion(self, name: Optional[str]) -> None:
+        """Make every host's TCP connections opened from now on use congestion control `name`
+        (the subnet route's ``congctl``); None or '' = the namespace's default again."""
+        if name and name not in available_congestion():
+            raise EmulationError(f"TCP congestion control {name!r} is not available in this kernel (available: "
+                                 f"{' '.join(available_congestion()) or '?'}; e.g. `modprobe tcp_{name}`)")
+        plen = self.subnet.prefixlen
+        for h in self.hosts:
+            _run(["ip", "-n", h.netns, "route", "replace", f"{self.subnet.network_address}/{plen}", "dev", h.ifname,
+                  "proto", "kernel", "scope", "link", "src", h.ip] + (["congctl", name] if name else []))
+        self.congestion = name or None
+
+    def flow_congestion(self, i: int) -> Dict[str, int]:
+        """Congestion control of host i's established TCP connections now: {algorithm: count}."""
+        ss = _which("ss")
+        if ss is None:
+            return {}
+        p = _run(["ip", "netns", "exec", self.hosts[i].netns, ss, "-tin"], check=False)
+        return parse_ss_congestion(p.stdout) if p.returncode == 0 else {}
 
     def close(self) -> None:
         """Kill processes inside the namespaces and delete everything. Idempotent."""

@@ -9,6 +9,7 @@ Worker life cycle (spawned once per algorithm, all sizes or steps in one process
   -> {"event": "listen", "port": P}        its ring / gloo-store port (or null)
   <- {"addresses": ["host:port", ...]}     every rank's listen address
   -> {"event": "ready"}                    connected to the group
+  <- {"start": true}                       after the runner has looked at the connections
   -> {"event": "result", "key": K, "samples_us": [...], "wrong": k}   per size / step case
   -> {"event": "done", "stats": {...}}
 Sizes (job "sizes"), per size and iteration: restore the input, barrier, time one all-reduce,
@@ -339,6 +340,7 @@ def run_worker(job: Dict[str, Any]) -> int:
     reply = _read_json_line()
     algo.connect(reply["addresses"])
     emit(event="ready", cpu_s=cpu_seconds())
+    _read_json_line()  # {"start": true}
     if "steps" in job:
         _step_loop(algo, job)
     else:

@@ -48,12 +48,42 @@ def rs_factor(workers: int, reducers: int) -> float:
     return max(1.0, workers / reducers)
 
 
+def percentile(xs: Sequence[float], q: float) -> float:
+    """The q-th percentile (0-100) of xs, linear between closest ranks (numpy's default)."""
+    v = sorted(xs)
+    if not v:
+        raise ValueError("percentile of no values")
+    pos = (len(v) - 1) * q / 100.0
+    lo = int(pos)
+    hi = min(lo + 1, len(v) - 1)
+    return v[lo] + (v[hi] - v[lo]) * (pos - lo)
+
+
+def iteration_times(samples_by_rank: Sequence[Sequence[float]]) -> List[float]:
+    """Per timed iteration, the slowest rank's time: iterations are barrier-separated, so
+    sample i of every rank belongs to the same all-reduce."""
+    n = min((len(s) for s in samples_by_rank), default=0)
+    return [max(s[i] for s in samples_by_rank) for i in range(n)]
+
+
+def iteration_stats(samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, float]:
+    """min / p10 / median / p90 / max of the per-iteration times (slowest rank per iteration), and
+    spread = (p90 - p10) / median."""
+    it = iteration_times(samples_by_rank)
+    if not it:
+        return {}
+    med = statistics.median(it)
+    st = {"min": min(it), "p10": percentile(it, 10), "median": med, "p90": percentile(it, 90), "max": max(it)}
+    st["spread"] = (st["p90"] - st["p10"]) / med if med > 0 else 0.0
+    return st
+
+
 def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, Any]:
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
     algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
     return {"time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "rank_median_us": medians,
-            "samples_us": [list(s) for s in samples_by_rank]}
+            "samples_us": [list(s) for s in samples_by_rank], "iter_us": iteration_stats(samples_by_rank)}
 
 
 def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
@@ -85,6 +115,22 @@ def merge_passes(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             row["cpu_percent"] = sum(cpus) / len(cpus) if cpus else None
         out.append(row)
     return out
+
+
+def bound_fraction(row: Dict[str, Any], emulate_gbps: float, reducers: int) -> float:
+    """Link-rate bound / measured time for a row of an emulated run (1.0 = at the link rate).
+    Bound = bytes per link / (TCP payload rate): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n,
+    S halved for 16-bit wire data."""
+    rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
+    w = row["workers"]
+    per_link = rs_factor(w, reducers) if uses_reducers(row["algo"]) else bus_factor(w)
+    return row["size"] * wire_fraction(row) * per_link / rate / (row["time_us"] * 1e-6)
+
+
+# Issue 12, part 4: rs at least as fast as the ring from 64 KiB to 256 MiB, and at >= 95% of the
+# link bound from 4 MiB to 256 MiB (emulated links).
+TARGET_VS_RING = (64 << 10, 256 << 20)
+TARGET_BOUND = (4 << 20, 256 << 20, 0.95)
 
 
 def fmt_time(us: Optional[float]) -> str:
@@ -140,6 +186,11 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
         cols.append(f"{'theory@R':>8}")
     if emulate_gbps:
         cols += [f"{a + '%bound':>{bw[a]}}" for a in algos]
+    # the targets are stated for emulated links (on loopback the CPU, not a link, is the limit)
+    check_ring = "rs" in algos and "ring" in algos and bool(emulate_gbps)
+    check_bound = "rs" in algos and bool(emulate_gbps)
+    if check_ring or check_bound:
+        cols.append("  target")
     lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {workers} workers, {reducers} reducers",
              f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
              "reducers not the limit)"]
@@ -171,15 +222,114 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
         if rsf > 1:
             cells.append(f"{theory / rsf:>7.2f}x")
         if emulate_gbps:
-            rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
             for a in algos:
                 if times[a] and s >= MIN_BOUND_SIZE:
-                    bound_s = s * frac[a] * (rsf if a == "rs" else bus_factor(workers)) / rate
-                    cells.append(f"{100 * bound_s / (times[a] * 1e-6):>{bw[a] - 1}.1f}%")
+                    cells.append(f"{100 * bound_fraction(by[(a, s)], emulate_gbps, reducers):>{bw[a] - 1}.1f}%")
                 else:
                     cells.append(f"{'-':>{bw[a]}}")
+        if check_ring or check_bound:
+            cells.append("  " + _target_cell(by, s, check_ring, check_bound, emulate_gbps, reducers))
         lines.append("  " + " ".join(cells))
+    if check_ring or check_bound:
+        lines.append("# target (issue 12, part 4): 'met', or what fails: 'rs<ring' (64 KiB-256 MiB: rs at least as fast "
+                     "as the ring), '<95%' (4 MiB-256 MiB: rs at >= 95% of its link bound); '-' outside both ranges")
+        lines += verdicts(rows, reducers, emulate_gbps if check_bound else None, check_ring)
     return "\n".join(lines)
+
+
+def _target_cell(by: Dict[Any, Dict[str, Any]], size: int, check_ring: bool, check_bound: bool,
+                 emulate_gbps: Optional[float], reducers: int) -> str:
+    rs = by.get(("rs", size))
+    if rs is None:
+        return "-"
+    fails, checked = [], False
+    ring = by.get(("ring", size))
+    if check_ring and ring is not None and TARGET_VS_RING[0] <= size <= TARGET_VS_RING[1]:
+        checked = True
+        if rs["time_us"] > ring["time_us"]:
+            fails.append("rs<ring")
+    if check_bound and emulate_gbps and TARGET_BOUND[0] <= size <= TARGET_BOUND[1]:
+        checked = True
+        if bound_fraction(rs, emulate_gbps, reducers) < TARGET_BOUND[2]:
+            fails.append("<95%")
+    return ",".join(fails) if fails else ("met" if checked else "-")
+
+
+def _size_name(n: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if n >= 1 << shift and n % (1 << shift) == 0:
+            return f"{n >> shift}{unit}"
+    return str(n)
+
+
+def verdicts(rows: List[Dict[str, Any]], reducers: int, emulate_gbps: Optional[float],
+             check_ring: bool = True) -> List[str]:
+    """The issue-12 part-4 verdicts over one run's rows (one congestion control): one line each,
+    'met' / 'NOT met' with the failing sizes, and which sizes of the range were not measured."""
+    by = {(r["algo"], r["size"]): r for r in rows}
+    out = []
+
+    def sizes_in(lo: int, hi: int) -> List[int]:
+        return sorted(s for (a, s) in by if a == "rs" and lo <= s <= hi)
+
+    if check_ring:
+        lo, hi = TARGET_VS_RING
+        sizes = [s for s in sizes_in(lo, hi) if ("ring", s) in by]
+        bad = [f"{_size_name(s)} {by[('ring', s)]['time_us'] / by[('rs', s)]['time_us']:.2f}x" for s in sizes
+               if by[("rs", s)]["time_us"] > by[("ring", s)]["time_us"]]
+        out.append(_verdict_line(f"rs >= ring at every size {_size_name(lo)}-{_size_name(hi)}", sizes, bad,
+                                 lo, hi, "rs/ring"))
+    if emulate_gbps:
+        lo, hi, need = TARGET_BOUND
+        sizes = sizes_in(lo, hi)
+        bad = [f"{_size_name(s)} {100 * bound_fraction(by[('rs', s)], emulate_gbps, reducers):.1f}%" for s in sizes
+               if bound_fraction(by[("rs", s)], emulate_gbps, reducers) < need]
+        out.append(_verdict_line(f"rs >= {100 * need:.0f}% of the link bound {_size_name(lo)}-{_size_name(hi)}", sizes,
+                                 bad, lo, hi, "rs %bound"))
+    return out
+
+
+def _verdict_line(what: str, sizes: List[int], bad: List[str], lo: int, hi: int, unit: str) -> str:
+    if not sizes:
+        return f"# verdict: {what}: not measured (no size in the range)"
+    missing = []
+    s = lo
+    while s <= hi:  # the powers of two of the range that were not run
+        if s not in sizes:
+            missing.append(_size_name(s))
+        s *= 2
+    tail = f"; not measured: {', '.join(missing)}" if missing else ""
+    if bad:
+        return f"# verdict: {what}: NOT met at {len(bad)} of {len(sizes)} sizes ({unit}: {', '.join(bad)}){tail}"
+    return f"# verdict: {what}: met at all {len(sizes)} sizes measured{tail}"
+
+
+def format_variance(rows: List[Dict[str, Any]]) -> str:
+    """Per size and algorithm, the per-iteration times (slowest rank per iteration): median and
+    p10-p90, spread = (p90 - p10) / median, and min-max."""
+    algos = [a for a in ALGO_ORDER if any(r["algo"] == a for r in rows)]
+    by = {(r["algo"], r["size"]): r for r in rows}
+    sizes = sorted({r["size"] for r in rows})
+    w = 38
+    lines = ["# Per-iteration times (ms), slowest rank per iteration: median [p10-p90] spread (p90-p10)/median, "
+             "min-max",
+             "# " + f"{'size(B)':>12} " + " ".join(f"{a:<{w}}" for a in algos)]
+    for s in sizes:
+        cells = []
+        for a in algos:
+            st = (by.get((a, s)) or {}).get("iter_us")
+            if not st:
+                cells.append(f"{'-':<{w}}")
+                continue
+            ms = {k: v / 1e3 for k, v in st.items() if k != "spread"}
+            cells.append(f"{_fmt_ms(ms['median'])} [{_fmt_ms(ms['p10'])}-{_fmt_ms(ms['p90'])}] "
+                         f"{100 * st['spread']:.0f}% {_fmt_ms(ms['min'])}-{_fmt_ms(ms['max'])}".ljust(w))
+        lines.append(f"  {s:>12} " + " ".join(cells))
+    return "\n".join(lines)
+
+
+def _fmt_ms(ms: float) -> str:
+    return f"{ms:.2f}" if ms < 10 else (f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}")
 
 
 def format_step_table(rows: List[Dict[str, Any]], title: str, width: int = 130) -> str:

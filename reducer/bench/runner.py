@@ -60,6 +60,10 @@ class BenchConfig:
     chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
     compression: Optional[str] = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
     netns_prefix: str = "rsb"
+    # TCP congestion control(s) to run under, each a full pass over the algorithms: an algorithm name
+    # ('cubic', 'bbr', ...) or 'default' (the kernel's). Emulated hosts: every connection of every
+    # host (the namespaces' routes); always: rs's and the ring's sockets (RS_TCP_CONGESTION).
+    congestion: Optional[List[str]] = None
     progress: bool = True
     cpu_warn_percent: float = 70.0
     # training steps (reducer.bench.steps): set `model` to measure steps instead of sizes
@@ -132,6 +136,38 @@ def _check_compression(cfg: BenchConfig) -> BenchConfig:
     return dataclasses.replace(cfg, compression=comp)
 
 
+DEFAULT_CONGESTION = "default"
+
+
+def parse_congestion(text: str) -> List[str]:
+    """'cubic,bbr' -> ['cubic', 'bbr'] (in order, without repeats); 'default' = the kernel's."""
+    names = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
+    if not names:
+        raise ConfigError("--congestion: no algorithm given")
+    return names
+
+
+def kernel_congestion() -> str:
+    """The machine's default TCP congestion control (what new namespaces inherit), or '?'."""
+    try:
+        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
+            return f.read().strip() or "?"
+    except OSError:
+        return "?"
+
+
+def _check_congestion(names: Optional[List[str]]) -> None:
+    if not names:
+        return
+    from .emulate import available_congestion
+
+    avail = available_congestion()
+    bad = [n for n in names if n != DEFAULT_CONGESTION and avail and n not in avail]
+    if bad:
+        raise ConfigError(f"--congestion {','.join(bad)}: not available in this kernel (available: {' '.join(avail)}; "
+                          f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)")
+
+
 def machine_description() -> str:
     model = platform.processor() or "?"
     try:
@@ -152,6 +188,12 @@ class _LoopbackHosts:
     def bind_host(self, i: int) -> str:
         return "127.0.0.1"
 
+    def set_congestion(self, name: Optional[str]) -> None:
+        pass  # only RS_TCP_CONGESTION (rs, ring): the machine's default is not ours to change
+
+    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+        return None  # loopback connections of the whole machine: not only ours
+
     def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
         full = dict(os.environ)
         full.update(env)
@@ -167,6 +209,12 @@ class _EmulatedHosts:
 
     def bind_host(self, i: int) -> str:
         return self.hosts[i].ip
+
+    def set_congestion(self, name: Optional[str]) -> None:
+        self.hosts.set_congestion(name)
+
+    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+        return self.hosts.flow_congestion(i)
 
     def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
         return self.hosts.popen(i, argv, env=env, **kw)
@@ -327,11 +375,15 @@ RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
 
 
 def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
-              run_id: str, polls: Optional[List[Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+              run_id: str, extra_env: Optional[Dict[str, str]] = None,
+              polls: Optional[List[Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
-    make_row(algo, key, messages in rank order, wall seconds). When its reducers run the control
-    plane, a poller polls them meanwhile and its counts are appended to `polls`."""
+    make_row(algo, key, messages in rank order, wall seconds). extra_env: added to every
+    process's environment. Each row gets "flows": the congestion control of worker 0's (and
+    reducer 0's) established connections once the group is connected (emulated hosts only).
+    When its reducers run the control plane, a poller polls them meanwhile and its counts are
+    appended to `polls`."""
     W, R = cfg.workers, cfg.reducers
     control = control_ab.with_control_plane(algo, cfg.control_plane)
     is_rs = control_ab.base_algo(algo) == "rs"
@@ -348,7 +400,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                 h = W + k if hosts.emulated else 0
                 rprocs.append(_spawn(hosts, h, f"reducer {k}",
                                      {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                      "threads": rs_config.get("threads"), "control_plane": control}, events))
+                                      "threads": rs_config.get("threads"), "control_plane": control}, events,
+                                     extra_env))
             procs += rprocs
             rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
             for k, p in enumerate(rprocs):
@@ -362,7 +415,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
             job = {"role": "poller", "interval": cfg.poll_interval,
                    "control": [rready[p]["control_address"] for p in rprocs],
                    "metrics": [rready[p]["metrics_url"] for p in rprocs]}
-            poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events)
+            poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events, extra_env)
             procs.append(poller)
             pready = _wait_all(events, [poller], "ready", cfg.connect_timeout, watch=procs)
             t_pready = time.monotonic()
@@ -374,7 +427,7 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
                    "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
                    "wire_dtype": wire_dtype(algo, cfg), **work}
-            wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events))
+            wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events, extra_env))
         procs += wprocs
         listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
         addrs = []
@@ -386,6 +439,15 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
             p.send({"addresses": addrs})
         ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
         t_ready = time.monotonic()
+        flows: Optional[Dict[str, int]] = None
+        for h in ([0] + ([W] if rprocs and hosts.emulated else [])):
+            got = hosts.flow_congestion(h)
+            if got is not None:
+                flows = flows or {}
+                for name, n in got.items():
+                    flows[name] = flows.get(name, 0) + n
+        for p in wprocs:  # connected and looked at: go
+            p.send({"start": True})
 
         pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
         t_wall = time.monotonic()
@@ -426,6 +488,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
         for r in rows:
             r["bench_cpu_percent"] = share
+            if flows is not None:
+                r["flows"] = flows
         return rows, None
     except BenchError as exc:
         return rows, str(exc)
@@ -483,6 +547,10 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     cfg = _check_compression(dataclasses.replace(cfg, op=check_op(cfg.op)))
     if cfg.iters < 1 or cfg.warmup < 0:
         raise ConfigError("--iters must be >= 1 and --warmup >= 0")
+    _check_congestion(cfg.congestion)
+    ccs: List[Optional[str]] = list(cfg.congestion or [None])  # None: leave congestion control alone
+    if cfg.model and len(ccs) > 1:
+        raise ConfigError("--model runs one congestion control at a time: give --congestion one name")
     plan = None
     sizes: List[int] = []
     if cfg.model:
@@ -531,6 +599,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 64 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
+    out(f"# TCP congestion control: {_describe_congestion(cfg, ccs)}")
     cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
     if cp_line:
         out(cp_line)
@@ -540,15 +609,22 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
     all_rows: List[Dict[str, Any]] = []
     if plan is not None:
-        work_passes: Any = ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
         make_row = plan.make_row(cfg)
     else:
-        work_passes = ((a, {"sizes": sizes}, len(sizes)) for a in run_order)
         make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize,
                                    cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
-    errors: Dict[str, Optional[str]] = {}
-    cpu_by_algo: Dict[str, List[Any]] = {}
-    polls_by_algo: Dict[str, List[Dict[str, Any]]] = {}
+
+    def work_passes() -> Any:
+        """The passes of one congestion control: the model's steps, or every size in `run_order`."""
+        if plan is not None:
+            return ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
+        return ((a, {"sizes": sizes}, len(sizes)) for a in run_order)
+
+    # keyed by (congestion control, algorithm): each congestion control's passes are a run of their own
+    errors: Dict[Tuple[Optional[str], str], Optional[str]] = {}
+    cpu_by_algo: Dict[Tuple[Optional[str], str], List[Any]] = {}
+    polls_by_algo: Dict[Tuple[Optional[str], str], List[Dict[str, Any]]] = {}
+    rows_by_cc: Dict[Optional[str], List[Dict[str, Any]]] = {cc: [] for cc in ccs}
     emu_ctx = None
     try:
         if cfg.emulate_gbps:
@@ -565,32 +641,42 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         prog, add_task = _progress(cfg)
         try:
-            for algo, work, n_results in work_passes:
-                if n_results == 0 or errors.get(algo):
-                    continue
-                mon = cpu_monitor.CpuMonitor(interval=0.5).start()
-                advance = add_task(algo, n_results) if add_task else None
+            for cc in ccs:
+                extra_env: Dict[str, str] = {}
+                if cc is not None:
+                    # '' = unset: the kernel's default, whatever the caller's environment says
+                    extra_env[rs_config.SETTINGS["tcp_congestion"].env] = "" if cc == DEFAULT_CONGESTION else cc
+                    hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
+                for algo, work, n_results in work_passes():
+                    key = (cc, algo)
+                    if n_results == 0 or errors.get(key):
+                        continue
+                    mon = cpu_monitor.CpuMonitor(interval=0.5).start()
+                    advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
 
-                def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
-                                     advance: Any = advance) -> Dict[str, Any]:
-                    row = make_row(a, key, msgs, wall)
-                    if advance is not None:
-                        advance(row.get("label") or f"{row['size']} B")
-                    return row
+                    def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
+                                         advance: Any = advance, cc: Optional[str] = cc) -> Dict[str, Any]:
+                        row = make_row(a, key, msgs, wall)
+                        if cc is not None:
+                            row["congestion"] = _cc_label(cc)
+                        if advance is not None:
+                            advance(row.get("label") or f"{row['size']} B")
+                        return row
 
-                try:
-                    rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id,
-                                          polls=polls_by_algo.setdefault(algo, []))
-                finally:
-                    mon.stop()
-                    cpu_by_algo.setdefault(algo, []).append(mon)
-                if uses_reducers(algo):
-                    for r in rows:
-                        r["control_plane"] = "on" if control_ab.with_control_plane(algo, cfg.control_plane) else "off"
-                all_rows += rows
-                errors[algo] = errors.get(algo) or err
-                if err:
-                    log.error("%s failed: %s", algo, err)
+                    try:
+                        rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id, extra_env,
+                                              polls=polls_by_algo.setdefault(key, []))
+                    finally:
+                        mon.stop()
+                        cpu_by_algo.setdefault(key, []).append(mon)
+                    if uses_reducers(algo):
+                        for r in rows:
+                            r["control_plane"] = "on" if control_ab.with_control_plane(algo, cfg.control_plane) else "off"
+                    all_rows += rows
+                    rows_by_cc[cc] += rows
+                    errors[key] = errors.get(key) or err
+                    if err:
+                        log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
         finally:
             if prog is not None:
                 prog.stop()
@@ -598,61 +684,78 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         if emu_ctx is not None:
             emu_ctx.__exit__(None, None, None)
 
-    if plan is not None:
+    if plan is not None:  # --model: one congestion control
         steps.finish(all_rows)
         all_rows.sort(key=steps.sort_key)
+        rows_by_cc = {ccs[0]: all_rows}
         where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
         out("")
         out(report.format_step_table(all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
                                                f"R={cfg.reducers}, {where_short}"))
-        for algo in algos:
-            if errors.get(algo):
-                out(f"# {algo} FAILED: {errors[algo]}")
-    else:
-        bench_cpu = _mean_by_algo(all_rows, "bench_cpu_percent")
-        reducer_cpu = _mean_by_algo(all_rows, "reducer_cpu_s")  # per pass
-        if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
-            all_rows = report.merge_passes(all_rows)
-            for r in all_rows:
-                r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
-                r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
-        for algo in algos:
+        for (cc, algo), err in errors.items():
+            if err:
+                out(f"# {algo} FAILED: {err}")
+    for cc in ccs:
+        mine_rows = rows_by_cc[cc]
+        if len(ccs) > 1 or cc is not None:
             out("")
-            out(report.format_algo_table(algo, [r for r in all_rows if r["algo"] == algo], cfg.workers,
-                                         cfg.reducers, errors.get(algo),
-                                         compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
-    for algo, counts in polls_by_algo.items():
-        if counts:
-            merged = merge_counts(counts)
-            for r in all_rows:
-                if r["algo"] == algo:
-                    r["polls"] = merged
-            if cfg.control_plane == "on":
-                out(control_ab.format_polls(merged, cfg.poll_interval, algo))
-    if cfg.control_plane == "ab" and plan is None:
-        out("")
-        out(control_ab.format_table(all_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
-    for algo in algos:
-        mine = next((r.get("bench_cpu_percent") for r in all_rows if r["algo"] == algo), None)
-        if algo in cpu_by_algo:
-            mons = cpu_by_algo[algo]
-            txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-                  f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
-            if mine is not None:
-                txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
-                        "kernel network processing in softirq, and any other load)")
-            out(txt)
-    if all_rows and plan is None:
-        out("")
-        out(report.format_summary(all_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
-    if cfg.emulate_gbps:
+            out(f"# ===== TCP congestion control: {_cc_label(cc)} =====")
+        bench_cpu = _mean_by_algo(mine_rows, "bench_cpu_percent")
+        reducer_cpu = _mean_by_algo(mine_rows, "reducer_cpu_s")  # per pass
+        if plan is None:
+            if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
+                mine_rows = rows_by_cc[cc] = report.merge_passes(mine_rows)
+                for r in mine_rows:
+                    r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
+                    r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
+            for algo in algos:
+                out("")
+                out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
+                                             cfg.reducers, errors.get((cc, algo)),
+                                             compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
         for algo in algos:
-            hot = [r for r in all_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
-            if hot:
-                which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)" for r in hot)
-                out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during the "
-                    f"timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
-                    f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+            counts = polls_by_algo.get((cc, algo))
+            if counts:
+                merged = merge_counts(counts)
+                for r in mine_rows:
+                    if r["algo"] == algo:
+                        r["polls"] = merged
+                if cfg.control_plane == "on":
+                    out(control_ab.format_polls(merged, cfg.poll_interval, algo))
+        if cfg.control_plane == "ab" and plan is None:
+            out("")
+            out(control_ab.format_table(mine_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
+        for algo in algos:
+            rows_a = [r for r in mine_rows if r["algo"] == algo]
+            mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
+            mons = cpu_by_algo.get((cc, algo))
+            if mons:
+                txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
+                      f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
+                if mine is not None:
+                    txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
+                            "kernel network processing in softirq, and any other load)")
+                out(txt)
+            flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
+            if flows:
+                out(f"# congestion control of the {algo} run's connections on worker 0"
+                    + (" and reducer 0" if uses_reducers(algo) else "") + " (ss -ti, once connected): "
+                    + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
+        if mine_rows and plan is None:
+            out("")
+            out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
+            out("")
+            out(report.format_variance(mine_rows))
+        if cfg.emulate_gbps:
+            for algo in algos:
+                hot = [r for r in mine_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
+                if hot:
+                    which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)"
+                                      for r in hot)
+                    out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
+                        f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
+                        f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+    all_rows = [r for cc in ccs for r in rows_by_cc[cc]]
     for r in all_rows:
         r["background_cpu_percent"] = background
         r["load_average_1m"] = load1
@@ -664,13 +767,42 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
 
         if plan is not None:
             plot.plot_steps(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+            out(f"# wrote plot {cfg.plot_path}")
         else:
-            plot.plot(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
-        out(f"# wrote plot {cfg.plot_path}")
-    failed = [a for a in algos if errors.get(a)]
+            for cc in ccs:
+                path = cfg.plot_path if len(ccs) == 1 else _suffixed(cfg.plot_path, _cc_label(cc))
+                plot.plot(rows_by_cc[cc], path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+                out(f"# wrote plot {path}")
+    failed = [(cc, a) for (cc, a), err in errors.items() if err]
     if failed:
-        raise BenchError("benchmark failed for " + ", ".join(f"{a}: {errors[a]}" for a in failed))
+        raise BenchError("benchmark failed for " + ", ".join(
+            f"{a}{'' if cc is None else f' ({cc})'}: {errors[(cc, a)]}" for cc, a in failed))
     return all_rows
+
+
+def _cc_label(cc: Optional[str]) -> str:
+    """The congestion control a pass ran under, as rows record it."""
+    if cc is None or cc == DEFAULT_CONGESTION:
+        return kernel_congestion()
+    return cc
+
+
+def _describe_congestion(cfg: BenchConfig, ccs: List[Optional[str]]) -> str:
+    if ccs == [None]:
+        rs_cc = rs_config.get("tcp_congestion")
+        return (f"the kernel's default ({kernel_congestion()})" +
+                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION)" if rs_cc else "") +
+                " (--congestion NAME[,NAME] to choose; one pass per name)")
+    names = ", ".join(f"{_cc_label(c)}{' (kernel default)' if c == DEFAULT_CONGESTION else ''}" for c in ccs)
+    how = ("every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
+           "(RS_TCP_CONGESTION)" if cfg.emulate_gbps else
+           "rs and ring sockets only (RS_TCP_CONGESTION); gloo keeps the kernel's default on loopback")
+    return f"one pass each: {names}; applied to {how}"
+
+
+def _suffixed(path: str, tag: str) -> str:
+    root, ext = os.path.splitext(path)
+    return f"{root}-{tag}{ext}"
 
 
 def _mean_by_algo(rows: List[Dict[str, Any]], key: str) -> Dict[str, Optional[float]]:

@@ -42,6 +42,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--emulate-gbps", type=float, default=None, metavar="B",
                    help="run every worker and reducer in its own network namespace with a B Gbit/s "
                         "full-duplex link (needs root and iproute2)")
+    p.add_argument("--congestion", default=None, metavar="NAME[,NAME]",
+                   help="TCP congestion control, e.g. cubic, bbr, or 'default' (the kernel's); a comma list runs "
+                        "every algorithm once per name (an A/B in one run). With --emulate-gbps it applies to every "
+                        "connection of the emulated hosts (gloo's too), else to rs's and the ring's sockets "
+                        "(RS_TCP_CONGESTION) (default: leave it alone)")
     c = p.add_argument_group("control plane (docs/operations.md): does serving it cost the data path anything?")
     c.add_argument("--control-plane", default="off", choices=("off", "on", "ab"),
                    help="on: the rs reducers also serve the gRPC control plane and Prometheus /metrics, polled "
@@ -77,6 +82,7 @@ def register(subparsers) -> None:
 
 def config_from_args(args: argparse.Namespace):
     from reducer.bench import BenchConfig, parse_sizes
+    from reducer.bench.runner import parse_congestion
     from reducer.config import parse_size
     from reducer.errors import ConfigError
 
@@ -92,8 +98,8 @@ def config_from_args(args: argparse.Namespace):
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
         netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty(),
         model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
-        scale=args.scale, control_plane=args.control_plane, poll_interval=args.poll_interval_ms / 1e3,
-        ab_passes=args.ab_passes)
+        scale=args.scale, congestion=parse_congestion(args.congestion) if args.congestion else None,
+        control_plane=args.control_plane, poll_interval=args.poll_interval_ms / 1e3, ab_passes=args.ab_passes)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -1,0 +1,103 @@
+"""RS_TCP_CONGESTION / reducer.set_tcp_congestion: the TCP congestion control of the data connections.
+
+The setting is process-wide (csrc/net/socket.cc applies it in tune_socket to every data connection:
+client, reducer, ring); every test restores the kernel's default ('') when it ends.
+"""
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import threading
+
+import numpy as np
+import pytest
+
+import reducer
+from reducer.bench.emulate import available_congestion, parse_ss_congestion
+from reducer.errors import ConfigError
+
+KERNEL_DEFAULT = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
+# reno is always built in and always allowed; pick the other side of the A/B so the check can fail
+OTHER = "reno" if KERNEL_DEFAULT != "reno" else next((a for a in available_congestion() if a != "reno"), None)
+
+
+@pytest.fixture
+def core():
+    from reducer._native import core
+
+    yield core
+    core.set_tcp_congestion("")
+
+
+def _cc(s: socket.socket) -> str:
+    return s.getsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, 16).split(b"\0")[0].decode()
+
+
+@pytest.mark.skipif(OTHER is None, reason="only one congestion control in this kernel")
+def test_tuned_sockets_get_the_setting(core):
+    assert reducer.set_tcp_congestion(OTHER) == OTHER
+    assert core.tcp_congestion() == OTHER
+    with socket.socket() as s:
+        assert _cc(s) == KERNEL_DEFAULT  # an untuned socket: the kernel's default
+        core.tune_socket(s.fileno())
+        assert _cc(s) == OTHER == core.socket_congestion(s.fileno())
+    assert reducer.set_tcp_congestion("") == ""  # back to the kernel's default: tune_socket leaves it alone
+    with socket.socket() as s:
+        core.tune_socket(s.fileno())
+        assert _cc(s) == KERNEL_DEFAULT
+
+
+def test_refused_names_are_config_errors(core, monkeypatch):
+    with pytest.raises(ConfigError, match="'nosuchcc' is not available in this kernel"):
+        reducer.set_tcp_congestion("nosuchcc")
+    with pytest.raises(ConfigError, match="not an algorithm name"):
+        reducer.set_tcp_congestion("cubic; rm")
+    assert core.tcp_congestion() == ""  # a refused name changes nothing
+    monkeypatch.setenv("RS_TCP_CONGESTION", "nosuchcc")
+    with pytest.raises(ConfigError, match="RS_TCP_CONGESTION='nosuchcc'"):
+        reducer.set_tcp_congestion()
+    monkeypatch.setenv("RS_TCP_CONGESTION", "  ")  # blank = unset
+    assert reducer.set_tcp_congestion() == ""
+
+
+@pytest.mark.skipif(OTHER is None, reason="only one congestion control in this kernel")
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+@pytest.mark.timeout(60)
+def test_ring_connections_use_it_on_both_ends(core):
+    """Both the connecting and the accepting end of the ring's data connections, as `ss` sees them,
+    and the all-reduce over them is still right."""
+    reducer.set_tcp_congestion(OTHER)
+    rings = [core.Ring(r, 2, "127.0.0.1", 0, 20.0) for r in range(2)]
+    addrs = [f"127.0.0.1:{r.port}" for r in rings]
+    errors = []
+
+    def connect(r):
+        try:
+            r.connect(addrs, 20.0)
+        except Exception as exc:  # reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=connect, args=(r,)) for r in rings]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    try:
+        assert not errors and not any(t.is_alive() for t in threads), errors
+        ports = " or ".join(f"sport = :{r.port} or dport = :{r.port}" for r in rings)
+        out = subprocess.run(["ss", "-tin", f"( {ports} )"], capture_output=True, text=True, timeout=10).stdout
+        flows = parse_ss_congestion(out)
+        # each rank connects to its right neighbour: 2 connections, seen from both ends = 4 sockets
+        assert flows == {OTHER: 4}, out
+        xs = [np.arange(1000, dtype=np.float32) * (r + 1) for r in range(2)]
+        threads = [threading.Thread(target=rg.allreduce, args=(x, "float32", "sum")) for rg, x in zip(rings, xs)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(30)
+        for x in xs:
+            np.testing.assert_array_equal(x, np.arange(1000, dtype=np.float64) * 3)
+    finally:
+        for r in rings:
+            r.close()
