@@ -592,8 +592,9 @@ class ReducerProcess:
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else b""
         if not line.strip():
+            log = self.log_text()
             self.stop()
-            raise RuntimeError(f"reducer subprocess did not start:\n{self.log_text()[-3000:]}")
+            raise RuntimeError(f"reducer subprocess did not start:\n{log[-3000:]}")
         self.port = int(line)
         self.address = f"127.0.0.1:{self.port}"
         self.pid = self.proc.pid
