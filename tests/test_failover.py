@@ -26,6 +26,7 @@ from reducer._native import core
 import async_tasks
 from conftest import addresses
 from tasks import make_data, reference
+from test_fusion import run_workers
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -69,21 +70,7 @@ def run_batch(client: Any, bufs: List[List[np.ndarray]]) -> Dict[str, Any]:
 
 
 def on_threads(fn: Callable[[int], Any], world: int, timeout: float = 120.0) -> List[Any]:
-    out: List[Any] = [None] * world
-
-    def body(r: int) -> None:
-        try:
-            out[r] = fn(r)
-        except BaseException as exc:
-            out[r] = exc
-
-    threads = [threading.Thread(target=body, args=(r,), daemon=True) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout)
-        assert not t.is_alive(), "a worker thread hung"
-    return out
+    return run_workers(world, fn, timeout)
 
 
 class Victim:

@@ -463,8 +463,10 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     connect_all();
     stats_.reconnects++;
   }
-  if (opts_.failover && active_.size() < addrs_.size() && id_next_ > 0 && id_next_ % kRejoinEvery == 0 &&
-      rejoin_checked_ != id_next_ && !try_rejoin(may_wait))
+  // (A worker that started this round before the failover did not check: only rounds that no
+  // worker had started then are checked, so every worker checks at the same ones.)
+  if (opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ && id_next_ > 0 &&
+      id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_ && !try_rejoin(may_wait))
     return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
@@ -966,6 +968,16 @@ void Client::say_failover_bye() {
   session_gen_++;
 }
 
+// An exchange round over its own table (x->store, int64), with the next round number.
+void Client::seal_exchange(Round* x, Op op) {
+  x->dtype = DType::I64;
+  x->op = op;
+  x->tag = kExchangeTag;
+  x->nbytes = x->store.size() * sizeof(int64_t);
+  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
+  x->wire = wire_next_++;
+}
+
 Client::Round* Client::new_internal(int kind) {
   internal_.push_back(std::make_unique<Round>());
   Round* r = internal_.back().get();
@@ -1002,7 +1014,7 @@ bool Client::try_rejoin(bool may_wait) {
   if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
   const size_t R = addrs_.size();
   Round* x = new_internal(int(Round::Role::Exchange));
-  x->store.assign(R, 0);
+  x->store.assign(R, 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
   for (size_t i : active_) x->store[i] = 1;
   for (size_t i = 0; i < R; ++i) {
     if (x->store[i]) continue;
@@ -1012,12 +1024,7 @@ bool Client::try_rejoin(bool may_wait) {
     } catch (const Error&) {
     }
   }
-  x->dtype = DType::I64;
-  x->op = Op::Min;
-  x->tag = kExchangeTag;
-  x->nbytes = R * sizeof(int64_t);
-  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-  x->wire = wire_next_++;
+  seal_exchange(x, Op::Min);
   enqueue(x);
   bool agreed;
   {
@@ -1128,18 +1135,13 @@ void Client::recover() {
     std::vector<failover::Entry> entries;
     for (Round* r : pending) failover::append_round(r->id, r->held, &entries);
     const uint32_t W = opts_.world_size, me = opts_.rank;
-    auto exchange = [&](size_t words) -> Round* {
+    auto exchange = [&](size_t words) -> Round* {  // an all-gather: SUM of rows, each worker fills its own
       Round* x = new_internal(int(Round::Role::Exchange));
       x->store.assign(words, 0);
-      x->dtype = DType::I64;
-      x->op = Op::Sum;
-      x->tag = kExchangeTag;
-      x->nbytes = words * sizeof(int64_t);
-      x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-      x->wire = wire_next_++;
       return x;
     };
     auto launch = [&](Round* x) {
+      seal_exchange(x, Op::Sum);
       enqueue(x);
     };
     Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
@@ -1161,6 +1163,7 @@ void Client::recover() {
     launch(x2);
     if (!run_internal(nullptr, x2)) continue;
     failover::Table table(W, summaries, x2->store, max_e);
+    rejoin_from_ = table.max_next();
     // 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
     std::vector<Round*> parents;
     for (Round* r : pending) {

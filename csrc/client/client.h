@@ -172,6 +172,7 @@ class Client {
   bool drain(bool may_wait);                      // every round in flight done (false: would block)
   bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
   Round* new_internal(int kind);
+  void seal_exchange(Round* x, Op op);
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, Compression comp, bool may_wait, RoundId* out);
@@ -207,6 +208,7 @@ class Client {
   std::string loss_why_;
   bool recovering_ = false;
   RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
+  RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
   std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds

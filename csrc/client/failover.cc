@@ -59,6 +59,7 @@ Table::Table(uint32_t world, const std::vector<int64_t>& summaries, const std::v
     rows_[w] = {uint64_t(s[0]), uint64_t(s[1]), uint64_t(s[2])};
     lo_ = std::min(lo_, rows_[w].oldest);
     hi_ = std::min(hi_, rows_[w].next);
+    max_next_ = std::max(max_next_, rows_[w].next);
     auto& mine = held_[w];
     for (uint64_t i = 0; i < rows_[w].entries; ++i) {
       const int64_t* e = &entries[(w * max_entries + i) * kEntryWords];

@@ -62,6 +62,7 @@ class Table {
         uint64_t max_entries);
   uint64_t lo() const { return lo_; }  // rounds [lo, hi) are repaired
   uint64_t hi() const { return hi_; }  // rounds >= hi were not started everywhere: they start afresh
+  uint64_t max_next() const { return max_next_; }  // no worker has started a round from here on
   static uint64_t max_entries(uint32_t world, const std::vector<int64_t>& summaries);
   // What happens to round `round` (of `nbytes`, element size `elem`): pieces in order.
   struct Piece {
@@ -73,7 +74,7 @@ class Table {
 
  private:
   uint32_t world_;
-  uint64_t lo_ = 0, hi_ = 0;
+  uint64_t lo_ = 0, hi_ = 0, max_next_ = 0;
   std::vector<Summary> rows_;
   struct Held {
     bool unfinished = false;

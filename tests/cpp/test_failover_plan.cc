@@ -80,7 +80,7 @@ int main() {
     x.unfinished(2, 5, {});
     for (uint32_t w = 0; w < 3; ++w) x.unfinished(w, 6, {});  // round 6: nobody holds anything
     Table t = x.table();
-    CHECK(t.lo() == 5 && t.hi() == 7);
+    CHECK(t.lo() == 5 && t.hi() == 7 && t.max_next() == 7);
     auto p = t.plan(5, 100, 4);
     CHECK(p.size() == 3);
     CHECK(p[0].begin == 0 && p[0].end == 40 && p[0].holder == 0);   // copied from rank 0
@@ -118,7 +118,7 @@ int main() {
     x.unfinished(0, 3, {});
     x.unfinished(1, 2, {});
     Table t = x.table();
-    CHECK(t.hi() == 3);
+    CHECK(t.hi() == 3 && t.max_next() == 4);
     CHECK(throws([&] { t.plan(3, 8, 4); }));
   }
 
