@@ -48,6 +48,16 @@ def rs_factor(workers: int, reducers: int) -> float:
     return max(1.0, workers / reducers)
 
 
+def link_seconds(nbytes: float, gbps: float) -> float:
+    """Seconds one emulated link needs for `nbytes` of payload at tbf's TCP payload rate."""
+    return nbytes / (TCP_PAYLOAD_FRACTION * gbps * 1e9 / 8)
+
+
+def rs_bound_seconds(size: int, workers: int, reducers: int, gbps: float, wire: float = 1.0) -> float:
+    """The rs link bound: one worker link carries S x max(1, W/R) bytes (x `wire`, 1/2 for 16-bit data)."""
+    return link_seconds(size * wire * rs_factor(workers, reducers), gbps)
+
+
 def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, Any]:
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
@@ -171,10 +181,9 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
         if rsf > 1:
             cells.append(f"{theory / rsf:>7.2f}x")
         if emulate_gbps:
-            rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
             for a in algos:
                 if times[a] and s >= MIN_BOUND_SIZE:
-                    bound_s = s * frac[a] * (rsf if a == "rs" else bus_factor(workers)) / rate
+                    bound_s = link_seconds(s * frac[a] * (rsf if a == "rs" else bus_factor(workers)), emulate_gbps)
                     cells.append(f"{100 * bound_s / (times[a] * 1e-6):>{bw[a] - 1}.1f}%")
                 else:
                     cells.append(f"{'-':>{bw[a]}}")
