@@ -59,6 +59,7 @@ LOAD_LIMIT = 2.0          # above this load average the numbers are preliminary
 FAILOVER_LIMIT = 1.6      # issue 13: the failover round takes at most 1.6x a normal round
 FOLLOWING_LIMIT = 0.05    # issue 13: the following rounds are within 5% of the R-1 link bound
 SEED = 13
+CLOSE_WAIT_S = 15.0       # a worker's Communicator.close() taking longer is reported as hung
 
 
 # ------------------------------------------------------------------------ pure helpers
@@ -219,8 +220,14 @@ def _worker(job: Dict[str, Any]) -> None:
         following.append(_timed(comm, buf, inp, tiny))
         differ += chk.check(buf)
     emit(event="following", samples=following, differ=differ, stats=comm.stats())
-    comm.close()
-    emit(event="done", cpu_s=cpu_seconds())
+    # close() is bounded here: a close that hangs is reported (close_hung), not waited for
+    closer = threading.Thread(target=comm.close, daemon=True)
+    closer.start()
+    closer.join(CLOSE_WAIT_S)
+    emit(event="done", cpu_s=cpu_seconds(), close_hung=closer.is_alive())
+    if closer.is_alive():
+        sys.stdout.flush()
+        os._exit(0)
 
 
 def _worker_main() -> int:
@@ -243,6 +250,10 @@ def _pid_is_reducer(pid: int) -> bool:
             return b"reducer.bench.rank" in f.read()
     except OSError:
         return False
+
+
+def note(text: str) -> None:
+    print(f"# {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
 def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
@@ -270,6 +281,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
                                         args=["--worker"]))
         procs += wprocs
         runner._wait_all(events, wprocs, "ready", args.connect_timeout, watch=procs)
+        note("workers connected")
 
         ab = []
         for size in args.ab_sizes:
@@ -279,7 +291,9 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
             on = slowest([m["samples"]["on"] for m in msgs])
             ab.append({"size": size, "off_s": off, "on_s": on, "ratio": on / off,
                        "wrong": sum(m["wrong"] for m in msgs), "differ": sum(m["differ"] for m in msgs)})
+        note("release A/B done")
         got = runner._wait_all(events, wprocs, "normal", phase_timeout, watch=procs, idle=True)
+        note("normal rounds done")
         msgs = [got[p] for p in wprocs]
         normal_s = slowest([m["samples"] for m in msgs])
         wrong = sum(m["wrong"] for m in msgs)
@@ -294,9 +308,11 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
             p.send({"kill": {"pid": victim.p.pid, "after_s": after_s}} if i == 0 else {})
         got = runner._wait_all(events, wprocs, "failover", phase_timeout, watch=procs, idle=True)
         fmsgs = [got[p] for p in wprocs]
+        note("failover round done")
         got = runner._wait_all(events, wprocs, "following", phase_timeout, watch=procs, idle=True)
         lmsgs = [got[p] for p in wprocs]
-        runner._wait_all(events, wprocs, "done", phase_timeout, watch=procs, idle=True)
+        got = runner._wait_all(events, wprocs, "done", phase_timeout, watch=procs, idle=True)
+        close_hung = [i for i, p in enumerate(wprocs) if got[p].get("close_hung")]
         log_lines = [line for line in wprocs[0].stderr_tail(40).splitlines() if "failover" in line or "lost" in line]
         for p in rprocs:
             if p is not victim:
@@ -312,10 +328,13 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
                "bound_R1_s": bound_s, "kill_after_s": fmsgs[0].get("killed_after_s"), "planned_kill_s": after_s,
                "wrong": wrong + sum(m["wrong"] for m in fmsgs),
                "differ": differ + sum(m["differ"] for m in fmsgs) + sum(m["differ"] for m in lmsgs),
-               "stats": [m["stats"] for m in lmsgs], "ab": ab, "log": log_lines,
+               "stats": [m["stats"] for m in lmsgs], "ab": ab, "log": log_lines, "close_hung": close_hung,
                "load": (load_before, os.getloadavg()[0])}
         out.update(verdicts(normal_s, failover_s, following_s, bound_s))
         return out
+    except runner.BenchError as exc:
+        tails = "\n".join(f"--- {p.name}:\n{p.stderr_tail(8)}" for p in procs)
+        raise runner.BenchError(f"{exc}\n{tails}") from None
     finally:
         for p in procs:
             p.kill()
@@ -352,6 +371,9 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
         f"{_stat(run['stats'], 'reducers_active')}, repaired_bytes {_stat(run['stats'], 'repaired_bytes')}, "
         f"reducer_rejoins {_stat(run['stats'], 'reducer_rejoins')}",
     ]
+    if run["close_hung"]:
+        lines.append(f"  WARNING: Communicator.close() did not return within {CLOSE_WAIT_S:g} s on worker(s) "
+                     f"{run['close_hung']} after the failover")
     lines += [f"  rank 0 log: {line.strip()}" for line in run["log"][-4:]]
     return "\n".join(lines)
 
