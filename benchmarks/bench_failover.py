@@ -173,7 +173,7 @@ def _worker(job: Dict[str, Any]) -> None:
                 chk.check(buf)
                 if it > 0:
                     samples[mode].append(dt)
-        emit(event="ab", size=size, samples=samples, wrong=chk.wrong, differ=chk.differ)
+        emit(event=f"ab {size}", size=size, samples=samples, wrong=chk.wrong, differ=chk.differ)
     comms.pop("off").close()
     comm = comms["on"]
 
@@ -256,6 +256,28 @@ def note(text: str) -> None:
     print(f"# {time.strftime('%H:%M:%S')} {text}", file=sys.stderr, flush=True)
 
 
+class _Inbox:
+    """runner._wait_all for phases that follow each other: a message of a later phase that arrives
+    while an earlier one is awaited (a fast worker) is kept for its own wait, not dropped. Every
+    event name is used once per process."""
+
+    def __init__(self, events: "queue.Queue", procs: List[Any], timeout: float) -> None:
+        self.events, self.procs, self.timeout = events, procs, timeout
+        self.kept: Dict[Tuple[Any, str], Dict[str, Any]] = {}
+
+    def _keep(self, proc: Any, msg: Dict[str, Any]) -> None:
+        self.kept[(proc, msg.get("event", ""))] = msg
+
+    def wait(self, procs: List[Any], event: str) -> List[Dict[str, Any]]:
+        """Each of `procs`' message `event`, in the order of `procs`."""
+        got = {p: self.kept.pop((p, event)) for p in procs if (p, event) in self.kept}
+        rest = [p for p in procs if p not in got]
+        if rest:
+            got.update(runner._wait_all(self.events, rest, event, self.timeout, on_other=self._keep,
+                                        watch=self.procs, idle=True))
+        return [got[p] for p in procs]
+
+
 def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
     W, R = args.workers, args.reducers
     events: "queue.Queue" = queue.Queue()
@@ -280,21 +302,20 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
             wprocs.append(runner._spawn(hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover",
                                         args=["--worker"]))
         procs += wprocs
-        runner._wait_all(events, wprocs, "ready", args.connect_timeout, watch=procs)
+        inbox = _Inbox(events, procs, phase_timeout)
+        inbox.wait(wprocs, "ready")
         note("workers connected")
 
         ab = []
         for size in args.ab_sizes:
-            got = runner._wait_all(events, wprocs, "ab", phase_timeout, watch=procs, idle=True)
-            msgs = [got[p] for p in wprocs]
+            msgs = inbox.wait(wprocs, f"ab {size}")
             off = slowest([m["samples"]["off"] for m in msgs])
             on = slowest([m["samples"]["on"] for m in msgs])
             ab.append({"size": size, "off_s": off, "on_s": on, "ratio": on / off,
                        "wrong": sum(m["wrong"] for m in msgs), "differ": sum(m["differ"] for m in msgs)})
         note("release A/B done")
-        got = runner._wait_all(events, wprocs, "normal", phase_timeout, watch=procs, idle=True)
+        msgs = inbox.wait(wprocs, "normal")
         note("normal rounds done")
-        msgs = [got[p] for p in wprocs]
         normal_s = slowest([m["samples"] for m in msgs])
         wrong = sum(m["wrong"] for m in msgs)
         differ = sum(m["differ"] for m in msgs)
@@ -306,13 +327,11 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
         after_s = args.kill_at * normal_s
         for i, p in enumerate(wprocs):
             p.send({"kill": {"pid": victim.p.pid, "after_s": after_s}} if i == 0 else {})
-        got = runner._wait_all(events, wprocs, "failover", phase_timeout, watch=procs, idle=True)
-        fmsgs = [got[p] for p in wprocs]
+        fmsgs = inbox.wait(wprocs, "failover")
         note("failover round done")
-        got = runner._wait_all(events, wprocs, "following", phase_timeout, watch=procs, idle=True)
-        lmsgs = [got[p] for p in wprocs]
-        got = runner._wait_all(events, wprocs, "done", phase_timeout, watch=procs, idle=True)
-        close_hung = [i for i, p in enumerate(wprocs) if got[p].get("close_hung")]
+        lmsgs = inbox.wait(wprocs, "following")
+        note("following rounds done")
+        close_hung = [i for i, m in enumerate(inbox.wait(wprocs, "done")) if m.get("close_hung")]
         log_lines = [line for line in wprocs[0].stderr_tail(40).splitlines() if "failover" in line or "lost" in line]
         for p in rprocs:
             if p is not victim:
