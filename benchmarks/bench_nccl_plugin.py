@@ -107,10 +107,7 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
             p.kill()
 
 
-def bound_seconds(size: int, workers: int, reducers: int, gbps: float) -> float:
-    """The rs link bound: the bytes one worker link carries at tbf's TCP payload rate."""
-    rate = report.TCP_PAYLOAD_FRACTION * gbps * 1e9 / 8
-    return size * report.rs_factor(workers, reducers) / rate
+bound_seconds = report.rs_bound_seconds  # the bytes one worker link carries at tbf's TCP payload rate
 
 
 def plugin_row(results: List[Dict[str, Any]], warmup: int, args: argparse.Namespace) -> Dict[str, Any]:

@@ -78,6 +78,16 @@ def iteration_stats(samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, flo
     return st
 
 
+def link_seconds(nbytes: float, gbps: float) -> float:
+    """Seconds one emulated link needs for `nbytes` of payload at tbf's TCP payload rate."""
+    return nbytes / (TCP_PAYLOAD_FRACTION * gbps * 1e9 / 8)
+
+
+def rs_bound_seconds(size: int, workers: int, reducers: int, gbps: float, wire: float = 1.0) -> float:
+    """The rs link bound: one worker link carries S x max(1, W/R) bytes (x `wire`, 1/2 for 16-bit data)."""
+    return link_seconds(size * wire * rs_factor(workers, reducers), gbps)
+
+
 def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, Any]:
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
@@ -121,10 +131,9 @@ def bound_fraction(row: Dict[str, Any], emulate_gbps: float, reducers: int) -> f
     """Link-rate bound / measured time for a row of an emulated run (1.0 = at the link rate).
     Bound = bytes per link / (TCP payload rate): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n,
     S halved for 16-bit wire data."""
-    rate = TCP_PAYLOAD_FRACTION * emulate_gbps * 1e9 / 8  # payload bytes/s per direction
     w = row["workers"]
     per_link = rs_factor(w, reducers) if uses_reducers(row["algo"]) else bus_factor(w)
-    return row["size"] * wire_fraction(row) * per_link / rate / (row["time_us"] * 1e-6)
+    return link_seconds(row["size"] * wire_fraction(row) * per_link, emulate_gbps) / (row["time_us"] * 1e-6)
 
 
 # Issue 12, part 4: rs at least as fast as the ring from 64 KiB to 256 MiB, and at >= 95% of the

@@ -302,12 +302,15 @@ class BenchError(RuntimeError):
 
 
 def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: "queue.Queue",
-           extra_env: Optional[Dict[str, str]] = None) -> _Proc:
+           extra_env: Optional[Dict[str, str]] = None, module: str = "reducer.bench.rank",
+           args: Sequence[str] = ()) -> _Proc:
+    """Start `python -m module *args` (a process speaking reducer.bench.rank's JSON-lines protocol)
+    on host `host_index` and hand it `job`."""
     env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
            "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     env.update(extra_env or {})
     errfile = tempfile.TemporaryFile(mode="w+", prefix=f"rsb-{name}-")
-    p = hosts.popen(host_index, [sys.executable, "-m", "reducer.bench.rank"], env=env, stdin=subprocess.PIPE,
+    p = hosts.popen(host_index, [sys.executable, "-m", module, *args], env=env, stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE, stderr=errfile, text=True, bufsize=1)
     proc = _Proc(name, p, events, errfile)
     proc.send(job)
