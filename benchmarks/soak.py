@@ -115,7 +115,9 @@ def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first
             comm.allreduce(a, op, compression=comp or "none")
         except Exception as exc:  # noqa: BLE001
             events.put(("error", rank, i, f"{type(exc).__name__}: {str(exc)[:120]}"))
-            break
+            events.put(("stats", rank, -1, dict(comm.stats())))  # its failovers still count
+            comm.close()
+            return
         events.put(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
     events.put(("stats", rank, 0, dict(comm.stats())))
     comm.close()
@@ -226,7 +228,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             elif kind == "stats":
                 failovers += payload["reducer_failovers"]
                 rejoins += payload.get("reducer_rejoins", 0)
-                ended.add(rank)
+                if i >= 0:
+                    ended.add(rank)
             progress = min(done_by_rank.values())
             if progress >= next_reducer_kill and not restarts:
                 victim = rng.choice(reducers)

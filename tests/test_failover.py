@@ -152,6 +152,7 @@ def test_reducer_killed_mid_batch_gives_bit_identical_results(reducers, survivor
             victim.kill()
 
 
+@pytest.mark.sanitize
 def test_results_match_the_float64_reference_after_a_failover(reducers):
     """Not only equal to the healthy run: right (float64 reference, exact for integers)."""
     good = addresses(reducers(1))
