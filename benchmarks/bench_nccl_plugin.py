@@ -137,7 +137,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
                              warmup=args.warmup, emulate_gbps=args.gbps, progress=False)
     for algo in args.baselines:
         rid = uuid.uuid4().hex[:8]
-        got, err = runner._run_algo(algo, cfg, hosts, [args.size], None, rid)
+        got, err = runner.run_sizes(algo, cfg, hosts, rid)
         if err or not got:
             raise RuntimeError(f"{algo}: {err}")
         rows[algo] = got[0]

@@ -540,6 +540,13 @@ def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
     return make
 
 
+def run_sizes(algo: str, cfg: BenchConfig, hosts: Any, run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+    """One algorithm over cfg.sizes on `hosts` (emulated or not): its rows and error, without the
+    report (for benchmarks that compare something else against these baselines)."""
+    make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize, cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
+    return _run_algo(algo, cfg, hosts, {"sizes": list(cfg.sizes)}, make_row, run_id)
+
+
 def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, Any]]:
     """Run the benchmark, print its tables with `out`, write JSON / plot; returns the rows.
 
