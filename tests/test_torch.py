@@ -502,14 +502,18 @@ def test_example_script_under_the_launcher(tmp_path):
 
 
 @needs_torch
-def test_ddp_hook_training_survives_a_reducer_kill(tpool, servers, tmp_path):
-    """A reducer SIGKILLed in the middle of DDP training (the reducer.torch hook) costs nothing:
-    the job finishes, and every parameter equals, bit for bit, the run without the failure."""
+@pytest.mark.parametrize("path", ["hook", "backend"])
+def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
+    """A reducer SIGKILLed in the middle of DDP training (through the reducer.torch hook, or
+    plain DDP over the reduction_server torch.distributed backend) costs nothing: the job
+    finishes, and every parameter equals, bit for bit, the run without the failure."""
     import torch
 
     from test_failover import Victim
 
     common = ["--steps", str(STEPS), "--log-every", "1", "--bucket-cap-mb", "0.02"]
+    if path == "backend":
+        common.append("--no-hook")
     good = servers[0]
     ref_save = os.path.join(str(tmp_path), "ref-{rank}.pt")
     _run(tpool, task_train, 2, [s.address for s in servers], argv=common + ["--save", ref_save])
