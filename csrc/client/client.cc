@@ -544,6 +544,8 @@ void Client::settle(Round& r) {
     case Round::Role::User:
       running_--;
       stats_.rounds++;
+      // A repaired round leaves parents_ now: once collected it is freed (collect()).
+      parents_.erase(std::remove(parents_.begin(), parents_.end(), &r), parents_.end());
       break;
     case Round::Role::Repair: {
       Round& parent = *r.parent;
@@ -1013,6 +1015,9 @@ bool Client::try_rejoin(bool may_wait) {
   rejoin_checked_ = id_next_;
   if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
   const size_t R = addrs_.size();
+  internal_.erase(std::remove_if(internal_.begin(), internal_.end(),  // earlier checks' rounds
+                                 [](const auto& p) { return p->role == Round::Role::Exchange && !p->in_session; }),
+                  internal_.end());
   Round* x = new_internal(int(Round::Role::Exchange));
   x->store.assign(R, 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
   for (size_t i : active_) x->store[i] = 1;
