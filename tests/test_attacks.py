@@ -696,3 +696,24 @@ def test_fuzz_wire_parsers(tmp_path):
     assert "no crash" in out.stdout
     executed = re.search(r"stat::number_of_executed_units:\s+(\d+)", out.stdout)
     assert executed and int(executed.group(1)) > 10_000, out.stdout[-2000:]
+
+
+# ---- 8. release frames (reducer failover) ---------------------------------------------------------
+
+def test_done_frames_lying_or_malformed_hurt_only_their_sender():
+    """DONE is a header-only frame: one with a payload is a protocol error for its sender alone;
+    a member that claims absurd DONE rounds or floods DONEs only gets CLEARs for its own group,
+    and a well-behaved group keeps working meanwhile."""
+    with serve(threads=1) as srv:
+        bad = RawWorker(srv.port, 0, 1, group=b"done-bad", chunk=4096)
+        assert bad.reply().status == Status.OK
+        bad.sock.sendall(frame(5, 8) + b"x" * 8)
+        t, flags, _r, _o, payload = bad.frame(timeout=10)
+        assert t == ERROR and b"DONE/CLEAR frame with a payload" in payload
+        liar = RawWorker(srv.port, 0, 1, group=b"done-liar", chunk=4096)
+        assert liar.reply().status == Status.OK
+        liar.sock.sendall(b"".join(frame(5, 0, round_=2**63 + i) for i in range(2000)))
+        got = liar.frame(timeout=10)
+        assert got[0] == 6 and got[2] >= 2**63  # CLEAR for its own (lying) claim, nothing else
+        run_good_group(srv.address, "done-good")  # others are unaffected
+        close_all([bad.sock, liar.sock])
