@@ -84,6 +84,7 @@ class Communicator:
         token = config.resolve_auth_token(auth_token)
         self._auth_token = token or ""
         self.integrity: bool = config.worker_integrity(integrity)
+        self.failover = bool(config.get("failover", failover))
         ft = config.get("fusion_threshold", fusion_threshold)
         self.fusion_threshold = config.parse_size(ft) if isinstance(ft, str) else int(ft)
         if self.fusion_threshold < 0:
@@ -100,7 +101,7 @@ class Communicator:
                                    self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
                                    config.socket_buffer_arg(socket_buffer), int(config.get("window", window)),
                                    int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
-                                   bool(config.get("failover", failover)), integrity=self.integrity)
+                                   self.failover, integrity=self.integrity)
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:
@@ -211,19 +212,19 @@ class Communicator:
 
         return functools.partial(core.Client, list(reducers), self.rank, self.world_size, self.group + suffix,
                                  self.job_id, self.timeout, min(self.connect_timeout, self.timeout), self._auth_token,
-                                 1, chunk_bytes, integrity=self.integrity)
+                                 1, chunk_bytes, failover=self.failover, integrity=self.integrity)
 
     def _diagnostic_client_factory(self) -> Any:
         """Connections for the fusion fingerprint check (made when a round fails)."""
         return self._side_client_factory("/fusion-check", self.reducers, self.chunk_bytes)
 
     def _probe_client_factory(self) -> Any:
-        """The connection the fusion agreement probes run on (16-byte rounds): to one reducer,
-        the same on every worker (picked by the group name), with small chunks."""
-        import zlib
+        """The connections the fusion agreement probes run on (16-byte rounds, small chunks).
 
-        one = self.reducers[zlib.crc32(self.group.encode()) % len(self.reducers)]
-        return self._side_client_factory("/fusion-probe", [one], PROBE_CHUNK_BYTES)
+        Every reducer, like the data rounds: a 16-byte round goes to one reducer (rounds are
+        rotated over them, protocol/plan.h), and a lost reducer fails over like any other,
+        so the probes survive the loss of any reducer but the last."""
+        return self._side_client_factory("/fusion-probe", self.reducers, PROBE_CHUNK_BYTES)
 
     def stats(self) -> dict:
         return dict(self._client.stats())

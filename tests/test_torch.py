@@ -276,6 +276,48 @@ def task_train(env: Dict[str, str], rank: int, world: int, argv: List[str]) -> s
         return buf.getvalue()
 
 
+def task_backend_errors(env: Dict[str, str], rank: int, world: int, first: str) -> Dict[str, Any]:
+    """Over the backend, with the only reducer stopped after one training step: the error must
+    reach the caller instead of passing silently or crashing the process. `first` is the call
+    made first after the stop (its round fails in flight: "all_reduce" fails in Work.wait(),
+    "backward" in the Future DDP's reducer waits on); the other one is made after it."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import reducer
+    import reducer.torch  # noqa: F401  (registers the backend)
+
+    srv = reducer.ReducerServer(host="127.0.0.1", port=0).start()
+    out: Dict[str, Any] = {}
+    with _in_env({**env, "RS_REDUCERS": f"127.0.0.1:{srv.port}", "RS_TIMEOUT": "10"}):
+        dist.init_process_group("reduction_server", timeout=datetime.timedelta(seconds=30))
+        try:
+            torch.manual_seed(0)
+            model = DDP(torch.nn.Linear(8, 4))
+            model(torch.ones(2, 8)).sum().backward()
+            t = torch.ones(4)
+            dist.all_reduce(t)
+            out["before"] = t.tolist()
+            srv.stop()
+
+            def all_reduce() -> None:
+                dist.all_reduce(torch.ones(4))
+
+            def backward() -> None:
+                model(torch.ones(2, 8)).sum().backward()
+
+            calls = {"all_reduce": all_reduce, "backward": backward}
+            for name in sorted(calls, key=lambda n: n != first):
+                try:
+                    calls[name]()
+                    out[name] = "no error"
+                except Exception as exc:
+                    out[name] = f"{type(exc).__name__}: {exc}"
+        finally:
+            dist.destroy_process_group()
+    return out
+
 def task_hook_grads(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any]:
     """One backward per hook on the same batch; also every rank's exact local gradients."""
     import torch
@@ -502,13 +544,30 @@ def test_example_script_under_the_launcher(tmp_path):
 
 
 @needs_torch
-@pytest.mark.parametrize("path", ["hook"])
+@pytest.mark.parametrize("first", ["all_reduce", "backward"])
+def test_backend_errors_reach_the_caller(tpool, first):
+    """A failed reduction is an exception, never a silent no-op or a crash: wait() on a backend
+    Work raises the reducer error (torch's Work made from a Future returns True even when the
+    Future failed), and DDP's backward() raises it (DDP's reducer once read the exception object
+    as the bucket's result and crashed the process)."""
+    port = _free_port()
+    out = tpool.submit(task_backend_errors, env=_worker_env(0, 1, port, []), rank=0, world=1, first=first).result(
+        timeout=TASK_TIMEOUT)
+    assert out["before"] == [1.0] * 4, out
+    assert out["all_reduce"].startswith("PeerLostError: every reducer is lost"), out
+    if first == "backward":  # failed in flight: the C++ error of the Future DDP waits on
+        assert out["backward"].startswith("RuntimeError") and "PeerLostError: every reducer is lost" in \
+            out["backward"], out
+    else:  # the engine has failed: the next submit raises the same error at once
+        assert out["backward"].startswith("PeerLostError: every reducer is lost"), out
+
+@needs_torch
+@pytest.mark.parametrize("path", ["hook", "backend"])
 def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
     """A reducer SIGKILLed in the middle of DDP training (through the reducer.torch hook) costs
     nothing: the job finishes, and every parameter equals, bit for bit, the run without the
-    failure. ("backend", plain DDP over the reduction_server backend, passes in fresh processes
-    but segfaults when it follows the hook run in the same pool processes: an open defect, see
-    the issue 13 note.)"""
+    failure; both through the hook and as plain DDP over the reduction_server backend (whose
+    fusion engine's agreement probes then fail over too)."""
     import torch
 
     from test_failover import Victim

@@ -719,8 +719,8 @@ class FusionEngine:
             st["fused_rounds"] += 1
 
     # ================================================================ probe thread
-    # Agreement probes run on their own client (reducer group ``<group>/fusion-probe``, one
-    # connection), so a probe never waits behind the data rounds in flight: the next batch is cut
+    # Agreement probes run on their own client (reducer group ``<group>/fusion-probe``, failing
+    # over like the data client), so a probe never waits behind the data rounds in flight: the next batch is cut
     # while the previous one streams. Probes are still strictly sequential and identical in number
     # and order on every worker (the next one is only sent after the previous one's cuts).
     def _probe_main(self) -> None:

@@ -27,12 +27,11 @@ from typing import Any, Callable, List, Optional, Sequence
 
 import torch
 import torch.distributed as dist
-from torch._C._distributed_c10d import _create_work_from_future
 
 from .. import config
 from ..dtypes import OPS, SUPPORTED, torch_dtype
 from ..errors import ConfigError
-from .hooks import reduce_async
+from .hooks import cpp_future, reduce_async
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +54,31 @@ def _op_name(reduce_op: Any) -> Optional[str]:
     return None
 
 
+class _Work(dist.Work):
+    """A collective's Work: wait() raises the reduction's own exception (a reducer.ReductionError
+    subclass), get_future() is the Future C++ callers such as DDP's reducer wait on, which carries
+    the error as a C++ error. (A Work made from the Future alone, with torch's
+    _create_work_from_future, returns from wait() without raising: a failed all-reduce would pass
+    silently, and DDP would crash reading the error as the result.)"""
+
+    def __init__(self, fut: torch.futures.Future) -> None:
+        super().__init__()
+        self._fut = fut
+        self._cpp = cpp_future(fut)
+
+    def wait(self, timeout: Any = None) -> bool:
+        self._fut.wait()  # bounded: the communicator fails its rounds after RS_TIMEOUT
+        return True
+
+    def is_completed(self) -> bool:
+        return self._fut.done()
+
+    def get_future(self) -> torch.futures.Future:
+        return self._cpp
+
+
 def _work(fut: torch.futures.Future) -> dist.Work:
-    return _create_work_from_future(fut)
+    return _Work(fut)
 
 
 def _done_work(value: Any) -> dist.Work:

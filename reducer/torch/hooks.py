@@ -94,6 +94,19 @@ def _future_for(tensors: Sequence[torch.Tensor]) -> torch.futures.Future:
     return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
 
+def cpp_future(fut: torch.futures.Future) -> torch.futures.Future:
+    """`fut` as torch's C++ side must see it: DDP's reducer (a comm hook's result, a Work's
+    get_future()) reads the value in C++. An error set with ``Future.set_exception`` is visible
+    to Python only: C++ takes the exception object for the value, and DDP's reducer then reads
+    it as a tensor list (torch 2.x crashes). A ``then()`` child carries the error as a C++ error,
+    so backward() raises it (as a RuntimeError naming the original exception)."""
+    return fut.then(_value)
+
+
+def _value(fut: torch.futures.Future) -> Any:
+    return fut.wait()  # raises what set_exception stored
+
+
 def reduce_async(comm: Any, tensors: Sequence[torch.Tensor], op: str, finish: Callable[[], Any],
                  name: Optional[str] = None) -> torch.futures.Future:
     """Submit every tensor with comm.allreduce_async; the returned Future gets finish()'s value.
@@ -220,7 +233,7 @@ def allreduce_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[
             buffer.copy_(target)
         return buffer
 
-    return reduce_async(comm, [target], "avg", finish, name=f"ddp.bucket{bucket.index()}")
+    return cpp_future(reduce_async(comm, [target], "avg", finish, name=f"ddp.bucket{bucket.index()}"))
 
 
 def _compress_hook(dtype: torch.dtype, compression: str, state: Any, bucket: dist.GradBucket) -> torch.futures.Future:
@@ -241,7 +254,7 @@ def _compress_hook(dtype: torch.dtype, compression: str, state: Any, bucket: dis
 
         fut = _future_for([buffer])
         _completer(comm).submit(rounds, fut, finish_in_place)
-        return fut
+        return cpp_future(fut)
     # Other dtypes, and device buckets (casting on the device halves the copy to the host too):
     # as torch's built-ins: cast, divide by the world size (keeps fp16 sums in range), sum, cast back.
     compressed = buffer.to(dtype).div_(comm.world_size)
@@ -252,7 +265,7 @@ def _compress_hook(dtype: torch.dtype, compression: str, state: Any, bucket: dis
         buffer.copy_(compressed)
         return buffer
 
-    return reduce_async(comm, [compressed], "sum", finish, name=f"ddp.bucket{bucket.index()}")
+    return cpp_future(reduce_async(comm, [compressed], "sum", finish, name=f"ddp.bucket{bucket.index()}"))
 
 
 def fp16_compress_hook(state: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
