@@ -273,7 +273,9 @@ def test_async_fusion_survives_a_reducer_kill(reducers):
 
 def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
     """Killed, the job goes on on the survivor; restarted at its address, it is taken back at a
-    rejoin check (every 32 rounds, the same round on every worker) and used again."""
+    rejoin check (every 32 rounds, the same round on every worker) and used again. Restarted
+    before round 5: the check at RoundId 32 (the first after the failover) starts the probes,
+    which reach it; the check at 64 reads them and takes it back (70 rounds cover both)."""
     good = addresses(reducers(1))
     victim = Victim()
     restarted: Optional[Victim] = None
