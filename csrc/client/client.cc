@@ -1075,8 +1075,9 @@ void Client::start_probes() {
   }
 }
 
-// Closes the probes whose connect is over (the reducer sees a probe's close at once, well
-// within its handshake timeout); their outcome stays for the next check.
+// Closes the probes whose connect is over, at each round start and test() (so a reducer sees a
+// probe's connection closed soon, normally long before its handshake timeout); their outcome
+// stays for the next check.
 void Client::check_probes() {
   for (auto& p : probes_) p.second.check();
 }
