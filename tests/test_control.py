@@ -453,6 +453,7 @@ def test_worker_metrics(pool, reducers) -> None:
         assert a["reduction_worker_sent_bytes_total"] == stats["bytes_sent"] > b["reduction_worker_sent_bytes_total"]
         assert a["reduction_worker_received_bytes_total"] == stats["bytes_received"]
         assert a["reduction_worker_reconnects_total"] == stats["reconnects"]
+        assert a["reduction_worker_rejoin_probes_total"] == stats["rejoin_probes"] == 0  # no reducer lost
         assert b["reduction_worker_allreduce_seconds_count"] == 0
         assert a["reduction_worker_allreduce_seconds_count"] == rounds
         assert a["reduction_worker_allreduce_seconds_bucket{le=+Inf}"] == rounds

@@ -12,6 +12,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import random
+import socket
 import tempfile
 import threading
 import time
@@ -281,7 +282,9 @@ def test_async_fusion_survives_a_reducer_kill(reducers, victim_at):
 
 def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
     """Killed, the job goes on on the survivor; restarted at its address, it is taken back at a
-    rejoin check (every 32 rounds, the same round on every worker) and used again."""
+    rejoin check (every 32 rounds, the same round on every worker) and used again. Restarted
+    before round 5: the check at RoundId 32 (the first after the failover) starts the probes,
+    which reach it; the check at 64 reads them and takes it back (70 rounds cover both)."""
     good = addresses(reducers(1))
     victim = Victim()
     restarted: Optional[Victim] = None
@@ -317,3 +320,99 @@ def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
         victim.kill()
         if restarted is not None:
             restarted.kill()
+
+
+SYN_SENT = "02"  # the state column of /proc/net/tcp
+
+
+def sockets_to(port: int) -> Dict[int, str]:
+    """This process's TCP sockets whose remote port is `port`: inode -> state (/proc/net/tcp)."""
+    mine = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            link = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            continue
+        if link.startswith("socket:["):
+            mine.add(int(link[len("socket:["):-1]))
+    out: Dict[int, str] = {}
+    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
+        with open(table) as f:
+            next(f)
+            for line in f:
+                cols = line.split()
+                inode = int(cols[9])
+                if int(cols[2].rsplit(":", 1)[1], 16) == port and inode in mine:
+                    out[inode] = cols[3]
+    return out
+
+
+def open_fds() -> int:
+    return len(os.listdir("/proc/self/fd"))
+
+
+def test_a_rejoin_check_never_waits_for_a_probe(reducers):
+    """The lost reducer's address black-holed (a listener whose accept queue is full drops every
+    SYN, so a connect to it stays under way): try_start at a rejoin check returns a round while
+    the probe it started is still connecting (it did not wait for it); the next check counts that
+    probe as not reached, closes it and starts a new one; close() and the destructor close them."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    hole: Optional[socket.socket] = None
+    filler: Optional[socket.socket] = None
+    try:
+        world, n = 2, 1000
+        clients = connect([victim.address] + good, world, "fo-probe")
+        victim.kill()
+
+        def rounds(r: int, first: int, check: int) -> int:
+            """Rounds first..check-1 with allreduce, then round `check` with try_start."""
+            for k in range(first, check):
+                a = np.full(n, float(r + 1 + k), np.float32)
+                clients[r].allreduce(a, "float32", "sum")
+                assert (a == sum(q + 1 + k for q in range(world))).all(), (k, a[:4])
+            a = np.full(n, float(r + 1 + check), np.float32)
+            rid = clients[r].try_start_ptr(a.ctypes.data, a.nbytes, "float32", "sum")
+            assert rid is not None  # nothing in flight: the check had no reason to refuse
+            clients[r].wait(rid)
+            assert (a == sum(q + 1 + check for q in range(world))).all(), (check, a[:4])
+            return rid
+
+        # Round 0 finds the loss; the session continues on the survivor.
+        assert on_threads(lambda r: rounds(r, 0, 1), world) == [1, 1]
+        hole = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        hole.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        hole.bind(("127.0.0.1", victim.port))
+        hole.listen(0)
+        filler = socket.create_connection(("127.0.0.1", victim.port), timeout=10)  # the queue's one place
+        assert list(sockets_to(victim.port).values()) == ["01"]  # the filler, established; no probe yet
+        idle_fds = open_fds()
+        assert all(c.stats()["rejoin_probes"] == 0 for c in clients)
+
+        # The first check after the failover has no probe to read: it starts one per worker.
+        assert on_threads(lambda r: rounds(r, 2, 32), world) == [32, 32]
+        first = {i: st for i, st in sockets_to(victim.port).items() if st != "01"}
+        assert len(first) == world and set(first.values()) == {SYN_SENT}, first
+        assert open_fds() == idle_fds + world
+        stats = [c.stats() for c in clients]
+        assert [(s["rejoin_probes"], s["reducer_rejoins"], s["reducers_active"]) for s in stats] == [(1, 0, 1)] * world, stats
+
+        # The next check reads them (still connecting: not reached), closes them, starts new ones.
+        assert on_threads(lambda r: rounds(r, 33, 64), world) == [64, 64]
+        second = {i: st for i, st in sockets_to(victim.port).items() if st != "01"}
+        assert len(second) == world and set(second.values()) == {SYN_SENT}, second
+        assert not set(first) & set(second)
+        assert open_fds() == idle_fds + world
+        stats = [c.stats() for c in clients]
+        assert [(s["rejoin_probes"], s["reducer_rejoins"], s["reducers_active"]) for s in stats] == [(2, 0, 1)] * world, stats
+
+        clients[0].close()
+        assert len([st for st in sockets_to(victim.port).values() if st == SYN_SENT]) == 1
+        c1 = clients.pop(1)
+        del c1, clients  # the destructor
+        assert [st for st in sockets_to(victim.port).values() if st == SYN_SENT] == []
+    finally:
+        victim.kill()
+        for s in (filler, hole):
+            if s is not None:
+                s.close()

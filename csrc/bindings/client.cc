@@ -170,6 +170,7 @@ void bind_client(py::module_& m) {
         d["reducers_active"] = st.reducers_active;
         d["repaired_bytes"] = st.repaired_bytes;
         d["reducer_rejoins"] = st.reducer_rejoins;
+        d["rejoin_probes"] = st.rejoin_probes;
         return d;
       });
 }

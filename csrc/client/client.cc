@@ -46,9 +46,8 @@ constexpr int kByeFinishMs = 1000;
 constexpr int kPeerLeftGraceMs = 200;
 
 // While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
-// on every worker) whether they came back; a probe waits at most kProbeMs per lost reducer.
+// on every worker) whether they came back (with the probes the previous check started).
 constexpr RoundId kRejoinEvery = 32;
-constexpr int kProbeMs = 200;
 
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
 
@@ -346,6 +345,7 @@ void Client::disconnect(bool say_bye) {
     }
   }
   links_.clear();
+  probes_.clear();
   session_gen_++;
 }
 
@@ -453,6 +453,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   const size_t wes = dtype_size(wire);
   const uint64_t elems = nbytes / es;
   const size_t max_rounds = size_t(opts_.max_rounds_in_flight);
+  check_probes();
   if (running_ >= max_rounds) pump();
   if (running_ >= max_rounds) {
     if (!may_wait) return false;
@@ -967,6 +968,7 @@ void Client::say_failover_bye() {
     ::shutdown(l.fd.get(), SHUT_WR);
   }
   links_.clear();
+  probes_.clear();  // the next check only starts probes (for the set the new session leaves out)
   session_gen_++;
 }
 
@@ -1007,8 +1009,11 @@ bool Client::drain(bool may_wait) {
 }
 
 // A rejoin check at this round boundary (start() of a RoundId that is a multiple of
-// kRejoinEvery, on every worker): drain, probe the lost reducers, agree with a MIN all-reduce
-// on the ones every worker reached, and move the session to the larger set if there are any.
+// kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
+// every worker reached with the probe it started at the previous check, move the session to
+// the larger set if there are any, and start the probes the next check reads. Nothing here
+// waits for a connect: a probe still under way counts as not reached (so the first check
+// after a failover only starts probes, and a reducer that is back rejoins one check later).
 // False: try_start() would have had to wait for the drain (the caller retries later).
 bool Client::try_rejoin(bool may_wait) {
   if (!drain(may_wait)) return false;
@@ -1021,14 +1026,9 @@ bool Client::try_rejoin(bool may_wait) {
   Round* x = new_internal(int(Round::Role::Exchange));
   x->store.assign(R, 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
   for (size_t i : active_) x->store[i] = 1;
-  for (size_t i = 0; i < R; ++i) {
-    if (x->store[i]) continue;
-    try {
-      net::connect_with_retry(addrs_[i], Clock::now() + std::chrono::milliseconds(kProbeMs));
-      x->store[i] = 1;  // listening again (the probe closes at once; the reducer logs it at debug level)
-    } catch (const Error&) {
-    }
-  }
+  for (auto& [i, probe] : probes_)  // connected (the reducer logs the close at debug level)
+    if (probe.check() == net::ConnectProbe::State::Reached) x->store[i] = 1;
+  probes_.clear();
   seal_exchange(x, Op::Min);
   enqueue(x);
   bool agreed;
@@ -1042,23 +1042,44 @@ bool Client::try_rejoin(bool may_wait) {
   }
   if (!agreed) {
     recover();
+    start_probes();
     return true;
   }
   std::vector<size_t> back;
   for (size_t i = 0; i < R; ++i)
     if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
-  if (back.empty()) return true;
-  std::string names;
-  for (size_t i : back) {
-    names += (names.empty() ? "" : ", ") + addrs_[i].str();
-    active_.push_back(i);
+  if (!back.empty()) {
+    std::string names;
+    for (size_t i : back) {
+      names += (names.empty() ? "" : ", ") + addrs_[i].str();
+      active_.push_back(i);
+    }
+    std::sort(active_.begin(), active_.end());
+    stats_.reducer_rejoins += back.size();
+    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
+             "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
+    recover();  // no round in flight: a new session on the larger set
   }
-  std::sort(active_.begin(), active_.end());
-  stats_.reducer_rejoins += back.size();
-  log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
-           "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
-  recover();  // no round in flight: a new session on the larger set
+  start_probes();
   return true;
+}
+
+// Starts a connect to every reducer the session leaves out, for the next rejoin check.
+void Client::start_probes() {
+  probes_.clear();
+  if (links_.empty()) return;
+  for (size_t i = 0; i < addrs_.size(); ++i) {
+    if (std::find(active_.begin(), active_.end(), i) != active_.end()) continue;
+    probes_.emplace_back(i, net::ConnectProbe(addrs_[i]));
+    stats_.rejoin_probes++;
+  }
+}
+
+// Closes the probes whose connect is over, at each round start and test() (so a reducer sees a
+// probe's connection closed soon, normally long before its handshake timeout); their outcome
+// stays for the next check.
+void Client::check_probes() {
+  for (auto& p : probes_) p.second.check();
 }
 
 // Drives the session until internal round `r` is done, with the lock held (other threads
@@ -1297,6 +1318,7 @@ bool Client::test(RoundId id) {
   std::unique_lock<std::mutex> lk(mu_);
   Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
+  check_probes();
   pump();
   return collect(id);
 }

@@ -88,6 +88,7 @@ struct ClientStats {
   uint64_t reducers_active = 0;    // reducers the current session uses
   uint64_t repaired_bytes = 0;     // bytes of unfinished rounds copied or reduced again after failovers
   uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
+  uint64_t rejoin_probes = 0;      // non-blocking connects to lost reducers started by rejoin checks
 };
 
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when
@@ -166,9 +167,12 @@ class Client {
   bool stall_is_one_reducer(size_t* reducer) const;
   void collect_held();
   void say_failover_bye();
-  // While reducers are lost: every kRejoinEvery rounds the workers drain, probe the lost
-  // reducers and agree (a MIN all-reduce) on the ones every worker reaches; those rejoin.
+  // While reducers are lost: every kRejoinEvery rounds the workers drain, agree (a MIN
+  // all-reduce) on the lost reducers every worker reached with the probe started at the
+  // previous check (never waited for), take those back, and start the next probes.
   bool try_rejoin(bool may_wait);
+  void start_probes();                            // a probe per reducer not in active_
+  void check_probes();                            // notes probes that finished (never waits)
   bool drain(bool may_wait);                      // every round in flight done (false: would block)
   bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
   Round* new_internal(int kind);
@@ -209,6 +213,9 @@ class Client {
   bool recovering_ = false;
   RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
   RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
+  // The connects to lost reducers started at the last rejoin check, by reducer; the next check
+  // reads them. Closed when links_ is dropped (close, error, failover, rejoin).
+  std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
   std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds

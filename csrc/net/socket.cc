@@ -138,6 +138,24 @@ int resolve(const std::string& host, uint16_t port, bool passive, AddrInfo* out)
   return getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &out->ai);
 }
 
+// Opens a non-blocking socket for `a` and starts connecting it: 0 (connected already; the
+// socket is in *out), EINPROGRESS (under way; the socket is in *out), or the errno of the failure.
+int start_connect(const addrinfo* a, Fd* out) {
+  Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
+  if (!fd.valid()) return errno;
+  const int err = ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
+  if (err == 0 || err == EINPROGRESS) *out = std::move(fd);
+  return err;
+}
+
+// The outcome of a connect that was under way and whose socket polled ready: 0 or its errno.
+int connect_result(int fd) {
+  int err = 0;
+  socklen_t len = sizeof err;
+  if (getsockopt(fd, SOL_SOCKET, SO_ERROR, &err, &len) != 0) return errno;
+  return err;
+}
+
 }  // namespace
 
 Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
@@ -181,32 +199,18 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
       last = std::string("cannot resolve host: ") + gai_strerror(rc);
     } else {
       for (addrinfo* a = res.ai; a; a = a->ai_next) {
-        Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC, a->ai_protocol));
-        if (!fd.valid()) {
-          last = errno_text(errno);
-          continue;
-        }
-        set_nonblocking(fd.get(), true);
-        int r = ::connect(fd.get(), a->ai_addr, a->ai_addrlen);
-        if (r != 0 && errno == EINPROGRESS) {
+        Fd fd;
+        int err = start_connect(a, &fd);
+        if (err == EINPROGRESS) {
           pollfd p{fd.get(), POLLOUT, 0};
           int pr = ::poll(&p, 1, std::max(1, ms_until(deadline, 5000)));
-          if (pr == 1) {
-            int err = 0;
-            socklen_t len = sizeof err;
-            getsockopt(fd.get(), SOL_SOCKET, SO_ERROR, &err, &len);
-            r = err == 0 ? 0 : -1;
-            errno = err;
-          } else {
-            r = -1;
-            errno = ETIMEDOUT;
-          }
+          err = pr == 1 ? connect_result(fd.get()) : ETIMEDOUT;
         }
-        if (r == 0) {
+        if (err == 0) {
           set_nonblocking(fd.get(), false);
           return fd;
         }
-        last = errno_text(errno);
+        last = errno_text(err);
       }
     }
     auto now = Clock::now();
@@ -216,6 +220,40 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
+}
+
+ConnectProbe::ConnectProbe(const HostPort& addr) {
+  AddrInfo res;
+  if (resolve(addr.host, addr.port, false, &res) != 0) return;  // Failed
+  for (addrinfo* a = res.ai; a; a = a->ai_next) {
+    Fd fd;
+    const int err = start_connect(a, &fd);
+    if (err == 0) {
+      fds_.clear();
+      state_ = State::Reached;
+      return;
+    }
+    if (err == EINPROGRESS) fds_.push_back(std::move(fd));
+  }
+  state_ = fds_.empty() ? State::Failed : State::Pending;
+}
+
+ConnectProbe::State ConnectProbe::check() {
+  if (state_ != State::Pending) return state_;
+  for (size_t i = 0; i < fds_.size();) {
+    pollfd p{fds_[i].get(), POLLOUT, 0};
+    if (::poll(&p, 1, 0) == 1 && p.revents) {  // POLLOUT / POLLERR / POLLHUP: this connect is over
+      if (connect_result(fds_[i].get()) == 0) {
+        fds_.clear();
+        return state_ = State::Reached;
+      }
+      fds_.erase(fds_.begin() + std::ptrdiff_t(i));
+      continue;
+    }
+    ++i;
+  }
+  if (fds_.empty()) state_ = State::Failed;
+  return state_;
 }
 
 void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer) {

@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "net/deadline.h"
 
@@ -66,6 +67,24 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port);
 // Connect to addr, retrying refused/unreachable connections with backoff until
 // `deadline`; throws Error(Connect) naming the address and the last cause.
 Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline);
+
+// A TCP connect that never waits (a reachability probe): the constructor starts a
+// non-blocking connect (SOCK_NONBLOCK) to every address `addr` resolves to and returns at
+// once; check() asks, without waiting (poll with a 0 timeout, then SO_ERROR), whether one got
+// through. A connect still under way is Pending. The sockets are closed as soon as the answer
+// is known, and by the destructor. Resolving a numeric address never waits; a host name goes
+// through getaddrinfo (the system resolver, which may ask DNS).
+class ConnectProbe {
+ public:
+  enum class State { Pending, Reached, Failed };
+  explicit ConnectProbe(const HostPort& addr);
+  State check();  // never waits; Reached / Failed are final
+  State state() const { return state_; }
+
+ private:
+  std::vector<Fd> fds_;  // connects under way, one per resolved address
+  State state_ = State::Failed;
+};
 
 // Blocking (poll-based) I/O with a deadline: throws Error(Timeout / PeerLost).
 void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer);

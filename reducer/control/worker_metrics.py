@@ -34,6 +34,7 @@ CLIENT_COUNTERS = {
     "reconnects": ("reconnects", "New sessions after a failed round (the next call reconnects)."),
     "reducer_failovers": ("reducer_failovers", "Sessions moved to the surviving reducers after a reducer was lost."),
     "reducer_rejoins": ("reducer_rejoins", "Lost reducers taken back after they came back at their address."),
+    "rejoin_probes": ("rejoin_probes", "Non-blocking connects to lost reducers started by rejoin checks."),
     "repaired_bytes": ("repaired_bytes", "Bytes of unfinished rounds copied or reduced again after failovers."),
 }
 
