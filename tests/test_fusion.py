@@ -223,26 +223,27 @@ def test_fusion_off_sends_one_round_per_tensor(reducers):
 
 class _Spy:
     """Wraps the C++ client to record what goes on the wire: per round started, (address of its
-    first segment, bytes, dtype, op, tag); the segments themselves in `segments`."""
+    first segment, bytes of its segments, dtype, op, tag, compression); the segments themselves
+    in `segments`."""
 
     def __init__(self, real):
         self.real = real
         self.calls = []
         self.segments = []
 
-    def _record(self, segments, dtype, op, tag):
-        self.calls.append((segments[0][0], sum(n for _, n in segments), dtype, op, tag))
+    def _record(self, segments, dtype, op, tag, compression):
+        self.calls.append((segments[0][0], sum(n for _, n in segments), dtype, op, tag, compression))
         self.segments.append(list(segments))
 
-    def start_segments(self, segments, dtype, op, tag):
-        rid = self.real.start_segments(segments, dtype, op, tag)
-        self._record(segments, dtype, op, tag)
+    def start_segments(self, segments, dtype, op, tag, compression=""):
+        rid = self.real.start_segments(segments, dtype, op, tag, compression=compression)
+        self._record(segments, dtype, op, tag, compression)
         return rid
 
-    def try_start_segments(self, segments, dtype, op, tag):
-        rid = self.real.try_start_segments(segments, dtype, op, tag)
+    def try_start_segments(self, segments, dtype, op, tag, compression=""):
+        rid = self.real.try_start_segments(segments, dtype, op, tag, compression=compression)
         if rid is not None:
-            self._record(segments, dtype, op, tag)
+            self._record(segments, dtype, op, tag, compression)
         return rid
 
     def __getattr__(self, name):  # wait, in_flight, ...: the real client's
