@@ -64,8 +64,9 @@ __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 _PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
-# A round larger than this (in wire bytes) goes to the client as several consecutive rounds of at
-# most this size on the wire (same cut on every worker). The client plans chunks from a round's shard size (about shard/64,
+# A round larger than this on the wire goes to the client as several consecutive rounds of at most
+# this many wire bytes (same cut on every worker; a compressed round's float32 segments hold twice
+# as many bytes). The client plans chunks from a round's shard size on the wire (about shard/64,
 # up to chunk_bytes): measured on loopback (docs/worker-library.md), 64 MiB rounds moved 8-13%
 # slower than the same bytes as per-tensor rounds, and 8 MiB pieces as fast or faster.
 CLIENT_ROUND_BYTES = 8 << 20
@@ -284,7 +285,7 @@ class FusionEngine:
         # planning (fusion thread, under _cv: the network thread reads it for the probe)
         self._agreed = 0  # C of the last probe: entries below it are planned
         self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
-        self._plan: Deque[_Round] = deque()  # cut, not yet staged and handed to the network thread
+        self._plan: Deque[_Round] = deque()  # cut, not yet handed to the network thread
         self._probe_out = False  # a probe is wanted or running (fusion thread sets, completion clears)
         self._probe_next: Optional[_Round] = None  # handed to the probe thread
         self._probe_conn: Any = None  # the probe thread's client, made on the first probe
