@@ -122,7 +122,8 @@ def main(argv: List[str] = None) -> int:
     addrs = [s.address for s in servers]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.workers, addrs, models, modes, args.steps, args.compression, queue))
+    procs = [ctx.Process(target=_worker,
+                         args=(r, args.workers, addrs, models, modes, args.steps, args.compression, queue))
              for r in range(args.workers)]
     print(f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}; cycle time {reducer.config.get('cycle_time_ms')} ms; "

@@ -3,8 +3,9 @@
 
 A sequence is written as a string of steps: ``"40 40f 100 i8 F"`` means entries of 40 bytes
 (float32 sum), 40 bytes float64 (``f``), 100 bytes, an int32 entry of 8 bytes (``i``) and then
-an agreed flush (``F``); ``c`` is float32 sent as bfloat16 (compression), ``b`` a bfloat16 tensor. Cuts are written as ``"0,1"`` (a fused round of entries 0 and 1) or
-``"2!"`` (entry 2 alone, in place).
+an agreed flush (``F``); ``c`` is float32 sent as bfloat16 (compression), ``b`` a bfloat16
+tensor. Cuts are written as ``"0,1"`` (a fused round of entries 0 and 1) or ``"2!"`` (entry 2
+alone, in place).
 """
 from __future__ import annotations
 
