@@ -2,13 +2,15 @@
 
     python benchmarks/bench_fusion.py                    # ResNet-50, BERT-base, small1000; W=2, R=2, loopback
     python benchmarks/bench_fusion.py --models resnet50 --steps 15 --thresholds 64M,16M,1M
+    python benchmarks/bench_fusion.py --compression bf16   # float32 gradients sent as bfloat16
 
 Every step submits each gradient of the model with ``comm.allreduce_async`` (in backward
 order: last layer first) and calls ``comm.synchronize()``, as a training loop would after its
 backward pass. "fusion on" rows use the given thresholds (default: 64M, the default setting,
 and 4M) with the default 5 ms cycle time; "fusion off" is ``fusion_threshold=0``: one
 all-reduce round per gradient (still asynchronous, several rounds in flight). Both send every
-float32 gradient straight from its own memory (scatter-gather rounds, no packing copy). The
+float32 gradient straight from its own memory (scatter-gather rounds, no packing copy; with
+``--compression`` the transport narrows them to 16 bits chunk by chunk, still no copy). The
 modes are interleaved step by step so that load changes on the machine affect them alike. W
 worker processes and R reducers (ReducerServer in this process) talk over loopback. Printed per
 model and mode: tensors, MB, all-reduce rounds per step (``fusion_stats()["rounds"]``:
@@ -33,7 +35,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List
+from typing import Dict, List, Optional
 
 import numpy as np
 
@@ -52,7 +54,7 @@ MODELS: Dict[str, Shapes] = {"resnet50": parameters("resnet50"), "bert-base": pa
 
 
 def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: List[str], steps: int,
-            queue: "mp.Queue") -> None:
+            compression: Optional[str], queue: "mp.Queue") -> None:
     import reducer
 
     try:
@@ -63,7 +65,7 @@ def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: L
             for mode in modes:  # one communicator (reducer group) per mode, all open at once
                 threshold = 0 if mode == "off" else mode
                 comms[mode] = reducer.Communicator(addrs, rank, world, group=f"bench-{model}-{mode}",
-                                                   fusion_threshold=threshold)
+                                                   fusion_threshold=threshold, compression=compression)
             times: Dict[str, List[float]] = {m: [] for m in modes}
             cpu: Dict[str, List[float]] = {m: [] for m in modes}
             rounds: Dict[str, List[int]] = {m: [] for m in modes}
@@ -105,6 +107,8 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--steps", type=int, default=7, help="timed steps per model and mode (after one warm-up)")
     ap.add_argument("--thresholds", default="64M,4M",
                     help="fusion thresholds to compare with fusion off (default: 64M, the default setting, and 4M)")
+    ap.add_argument("--compression", default=None, choices=("bf16", "fp16", "none"),
+                    help="wire compression of the float32 gradients (default: RS_COMPRESSION, else none)")
     args = ap.parse_args(argv)
 
     import reducer
@@ -118,10 +122,12 @@ def main(argv: List[str] = None) -> int:
     addrs = [s.address for s in servers]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.workers, addrs, models, modes, args.steps, queue))
+    procs = [ctx.Process(target=_worker,
+                         args=(r, args.workers, addrs, models, modes, args.steps, args.compression, queue))
              for r in range(args.workers)]
     print(f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
           f"load average {os.getloadavg()[0]:.2f}; cycle time {reducer.config.get('cycle_time_ms')} ms; "
+          f"compression {reducer.config.get('compression', args.compression) or 'none'}; "
           f"{args.steps} timed steps per row (modes interleaved), median of the slowest worker")
     t_start = time.time()
     for p in procs:

@@ -174,8 +174,8 @@ class Communicator:
 
     def fusion_stats(self, peaks: bool = False) -> dict:
         """Counters of the asynchronous path, identical on every worker: rounds, probes, fused_rounds,
-        tensors, bytes, flushes, segments, staged_tensors, staged_bytes. With peaks=True also
-        max_in_flight and max_staging_bytes, which depend on timing (docs/worker-library.md)."""
+        tensors, bytes (on the wire), flushes, segments, compressed_tensors. With peaks=True also
+        max_in_flight, which depends on timing (docs/worker-library.md)."""
         engine = self._engine
         if engine is None:
             return {}

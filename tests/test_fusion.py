@@ -223,26 +223,27 @@ def test_fusion_off_sends_one_round_per_tensor(reducers):
 
 class _Spy:
     """Wraps the C++ client to record what goes on the wire: per round started, (address of its
-    first segment, bytes, dtype, op, tag); the segments themselves in `segments`."""
+    first segment, bytes of its segments, dtype, op, tag, compression); the segments themselves
+    in `segments`."""
 
     def __init__(self, real):
         self.real = real
         self.calls = []
         self.segments = []
 
-    def _record(self, segments, dtype, op, tag):
-        self.calls.append((segments[0][0], sum(n for _, n in segments), dtype, op, tag))
+    def _record(self, segments, dtype, op, tag, compression):
+        self.calls.append((segments[0][0], sum(n for _, n in segments), dtype, op, tag, compression))
         self.segments.append(list(segments))
 
-    def start_segments(self, segments, dtype, op, tag):
-        rid = self.real.start_segments(segments, dtype, op, tag)
-        self._record(segments, dtype, op, tag)
+    def start_segments(self, segments, dtype, op, tag, compression=""):
+        rid = self.real.start_segments(segments, dtype, op, tag, compression=compression)
+        self._record(segments, dtype, op, tag, compression)
         return rid
 
-    def try_start_segments(self, segments, dtype, op, tag):
-        rid = self.real.try_start_segments(segments, dtype, op, tag)
+    def try_start_segments(self, segments, dtype, op, tag, compression=""):
+        rid = self.real.try_start_segments(segments, dtype, op, tag, compression=compression)
         if rid is not None:
-            self._record(segments, dtype, op, tag)
+            self._record(segments, dtype, op, tag, compression)
         return rid
 
     def __getattr__(self, name):  # wait, in_flight, ...: the real client's
@@ -326,13 +327,13 @@ def test_blocking_allreduce_after_async_keeps_order(reducers):
 
 
 # ---------------------------------------------------------------------------- fingerprints
-def _mismatch(reducers, world, make, expect_index, expect_words, **kw):
+def _mismatch(reducers, world, make, expect_index, expect_words, rank_kw=lambda r: {}, **kw):
     servers = reducers(2)
     addrs = addresses(servers)
 
     def work(r):
         tensors = make(r)
-        with comm(addrs, r, world, "mm", timeout=5.0, **kw) as c:
+        with comm(addrs, r, world, "mm", timeout=5.0, **kw, **rank_kw(r)) as c:
             hs = [c.allreduce_async(a, name=name) for a, name in tensors]
             with pytest.raises(MismatchError) as info:
                 c.synchronize()
@@ -340,9 +341,9 @@ def _mismatch(reducers, world, make, expect_index, expect_words, **kw):
             assert all(h.done() and isinstance(h.exception(), ReductionError) for h in hs)
             with pytest.raises(ReductionError):
                 c.allreduce_async(np.ones(3, np.float32))
-            # the blocking path reconnects and still works
+            # the blocking path reconnects and still works (uncompressed on every worker)
             x = np.ones(4, np.float32)
-            c.allreduce(x)
+            c.allreduce(x, compression="none")
             assert (x == world).all()
             return str(info.value)
 
@@ -396,6 +397,29 @@ def test_mismatch_dtype_across_buffers(reducers):
         return t
 
     _mismatch(reducers, 2, make, 2, ["dtype (float32 / float64)"])
+
+
+def test_mismatch_compression_setting(reducers):
+    """One worker compresses float32, the others do not: named at the first float32 tensor."""
+    def make(r):
+        return [(np.ones(10, np.float32), f"g{i}") for i in range(6)]
+
+    _mismatch(reducers, 3, make, 0, ["'g0'", "size in bytes (20 to 40)",
+                                     "wire dtype (compression) (float32 / bfloat16)"],
+              rank_kw=lambda r: {"compression": "bf16" if r == 1 else None})
+
+
+def test_mismatch_compressed_float32_against_bfloat16(reducers):
+    """float32 sent as bfloat16 and a bfloat16 tensor have the same wire dtype and size, but are not
+    the same round (the transport narrows one of them): the dtype difference is named."""
+    def make(r):
+        t = [(np.ones(10, np.float32), f"g{i}") for i in range(6)]
+        if r == 0:
+            t[3] = (np.ones(10, BF16), "g3")
+        return t
+
+    msgs = _mismatch(reducers, 2, make, 3, ["'g3'", "dtype (float32 / bfloat16)"], compression="bf16")
+    assert all("wire dtype" not in m and "size in bytes" not in m for m in msgs), msgs
 
 
 def test_mismatch_in_a_later_step(reducers):

@@ -1,8 +1,8 @@
 """allreduce_async without packing copies and with several rounds in flight.
 
-Fused rounds are scatter-gather rounds over the tensors' own memory (reducer.fusion.engine);
-only casts (compression) stage, once, into the staging ring (reducer.fusion.staging). The
-network thread keeps several rounds in flight. Workers are threads of this process against real
+Fused rounds are scatter-gather rounds over the tensors' own memory (reducer.fusion.engine),
+compressed ones too (the transport narrows float32 chunk by chunk). The network thread keeps
+several rounds in flight. Workers are threads of this process against real
 ReducerServer instances on loopback; nothing here is timed: overlap is made certain by holding
 one worker back until the other has rounds in flight (a round cannot finish without every
 worker's contribution).
@@ -100,7 +100,7 @@ def test_cpu_tensors_are_sent_from_their_own_memory(reducers, threshold):
     res = ok(run_workers(world, work))
     for r, (arrays, spy, st) in enumerate(res):
         _check_sum(inputs, arrays, world)
-        assert st["staged_tensors"] == 0 and st["staged_bytes"] == 0
+        assert st["compressed_tensors"] == 0
         # the data rounds' segments cover exactly the arrays' memory, nothing else
         tensors = _ranges((a.ctypes.data, a.nbytes) for a in arrays)
         assert _ranges(_data_segments(spy)) == tensors
@@ -134,48 +134,102 @@ def test_views_of_one_flat_buffer_go_as_one_segment(reducers):
         assert st["fused_rounds"] == 1 and st["segments"] == 1 and st["tensors"] == len(sizes)
 
 
-def test_compression_stages_each_cast_tensor_once(reducers):
-    """Under bf16 compression float32 tensors are cast into staging memory (one segment each);
-    bfloat16 tensors in the same fused round still go from their own memory. Bit-exact result:
-    each input rounded to bfloat16, summed in float32, rounded once, widened."""
+# ---------------------------------------------------------------------------- compression
+# (compression, the wire dtype, unit roundoff u of the wire type, half the spacing of its subnormals)
+COMPRESSIONS = [("bf16", BF16, 2.0 ** -8, 2.0 ** -134), ("fp16", np.dtype(np.float16), 2.0 ** -11, 2.0 ** -25)]
+
+
+@pytest.mark.parametrize("compression,wire,u,tiny", COMPRESSIONS, ids=[c[0] for c in COMPRESSIONS])
+def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, compression, wire, u, tiny):
+    """Under compression float32 tensors go out as float32 segments of their own memory with the
+    client's compression= (the transport narrows and widens chunk by chunk): no copy, no cast.
+    They get a fused round of their own (never shared with tensors that are 16-bit already, nor
+    with other dtypes). Results: bit for bit what Communicator.allreduce(compression=) gives the
+    same tensor alone and the definition (each input rounded once to the wire type, summed in
+    float32 in rank order, rounded once, widened), within the 16-bit bound of a float64
+    reference; the real 16-bit and float64 tensors of the same step are exact."""
+    from compression_tasks import expected, make_values
+    from reducer.fusion.engine import CLIENT_ROUND_BYTES
+    from test_convert import assert_same_float32
+
     servers = reducers(2)
     addrs, world = addresses(servers), 2
+    wire_name = reducer.dtypes.wire_name(wire)
     threshold = 8192
     rng = np.random.default_rng(21)
-    sizes = [int(s) for s in rng.integers(1, 900, size=30)] + [6000]  # the last goes alone (12000 wire bytes)
-    data = [[(rng.standard_normal(n) * 5).astype(np.float32 if i % 3 else BF16) for i, n in enumerate(sizes)]
-            for _ in range(world)]
+    kinds = [np.dtype(np.float32), wire, np.dtype(np.float32), np.dtype(np.float64)]
+    # small ones fused; 6000 float32 (12000 wire bytes) alone; one alone above CLIENT_ROUND_BYTES on the
+    # wire (two client rounds); a 0-size one
+    specs = [(int(n), kinds[i % 4]) for i, n in enumerate(rng.integers(1, 900, size=30))]
+    specs += [(6000, np.dtype(np.float32)), (CLIENT_ROUND_BYTES // 2 + 1000, np.dtype(np.float32)),
+              (0, np.dtype(np.float32))]
+
+    def inputs(r: int) -> List[np.ndarray]:
+        out = []
+        for i, (n, dt) in enumerate(specs):
+            if dt == np.float32:
+                out.append(make_values(n, r, seed=100 + i))  # ties, subnormals, inf, NaN, overflow edges
+            else:
+                out.append((np.random.default_rng([i, r]).standard_normal(n) * 5).astype(dt))
+        return out
+
+    data = [inputs(r) for r in range(world)]
+    f32 = [i for i, (_, dt) in enumerate(specs) if dt == np.float32]
 
     def work(r):
         arrays = [a.copy() for a in data[r]]
-        with comm(addrs, r, world, "cast", fusion_threshold=threshold, cycle_time_ms=INF, compression="bf16") as c:
-            engine = c._fusion()
-            spy = engine._client = _Spy(c._client)
-            for a in arrays:
-                c.allreduce_async(a)
+        objs: List[Any] = [torch.from_numpy(a) if i % 8 == 2 else a for i, a in enumerate(arrays)]
+        with comm(addrs, r, world, f"cmp{compression}", fusion_threshold=threshold, cycle_time_ms=INF,
+                  compression=compression) as c:
+            spy = c._fusion()._client = _Spy(c._client)
+            for o in objs:
+                c.allreduce_async(o)
             c.synchronize()
-            ring = engine._ring
-            return arrays, _data_segments(spy), c.fusion_stats(peaks=True), ring.size, ring._buf.ctypes.data
+            # the same float32 tensors alone, through the blocking path (its compression argument)
+            alone = {i: c.allreduce(data[r][i].copy(), compression=compression) for i in f32 if specs[i][0]}
+            return arrays, alone, spy, c.fusion_stats()
 
     res = ok(run_workers(world, work))
-    f32 = [i for i, a in enumerate(data[0]) if a.dtype == np.float32]
-    for arrays, segs, st, ring_size, ring_at in res:
+    for arrays, alone, spy, st in res:
         for i, a in enumerate(arrays):
-            x = [d[i].astype(BF16).astype(np.float32) for d in data]
-            expect = (x[0] + x[1]).astype(BF16)
-            np.testing.assert_array_equal(a.view(np.uint16 if a.dtype == BF16 else np.uint32),
-                                          expect.astype(a.dtype).view(np.uint16 if a.dtype == BF16 else np.uint32))
-        assert st["staged_tensors"] == len(f32)
-        assert st["staged_bytes"] == sum(sizes[i] * 2 for i in f32)
-        # every byte on the wire is a bfloat16 array's own memory or the staging ring, never float32 memory
-        own = _ranges((arrays[i].ctypes.data, arrays[i].nbytes) for i in range(len(sizes)) if i not in f32)
-        for p, n in segs:
-            assert ring_at <= p and p + n <= ring_at + ring_size or any(lo <= p and p + n <= hi for lo, hi in own)
-        assert sum(n for p, n in segs if ring_at <= p < ring_at + ring_size) == st["staged_bytes"]
-        # bounded staging: the ring never holds more than 2 x threshold, or the one larger round
-        assert st["max_staging_bytes"] <= ring_size <= max(2 * threshold, 12000 + 64)
-    assert {k: v for k, v in res[0][2].items() if not k.startswith("max_")} == \
-        {k: v for k, v in res[1][2].items() if not k.startswith("max_")}
+            xs = [d[i] for d in data]
+            if i in f32:
+                assert a.dtype == np.float32
+                assert_same_float32(a, expected(xs, compression, "sum"))
+                if a.size:
+                    assert_same_float32(a, alone[i])
+                # within one 16-bit rounding of each input and of the result, where nothing overflows
+                x64 = [x.astype(np.float64) for x in xs]
+                small = np.isfinite(a) & np.all([np.abs(x) < 1e4 for x in x64], axis=0)  # no inf, NaN, overflow
+                x64 = [x[small] for x in x64]
+                ref = sum(x64)
+                bound = u * (sum(np.abs(x) for x in x64) + np.abs(ref)) * 1.001 + (world + 1) * tiny
+                assert (np.abs(a[small].astype(np.float64) - ref) <= bound).all(), i
+                assert small.sum() >= 0.5 * a.size  # the bound is checked on most elements
+            elif a.dtype == np.float64:
+                np.testing.assert_array_equal(a, xs[0] + xs[1])
+            else:  # a 16-bit tensor: summed in float32, rounded once
+                want = (xs[0].astype(np.float32) + xs[1].astype(np.float32)).astype(wire)
+                np.testing.assert_array_equal(a.view(np.uint16), want.view(np.uint16))
+        calls = [(call, segs) for call, segs in zip(spy.calls, spy.segments) if call[4] != reducer.fusion.PROBE_TAG]
+        own = {i: (arrays[i].ctypes.data, arrays[i].nbytes) for i in range(len(specs))}
+        for call, segs in calls:
+            # a round is float32 with compression (its segments inside float32 tensors) or a plain round
+            inside = {i for p, n in segs for i, (lo, size) in own.items() if lo <= p and p + n <= lo + size}
+            assert len(inside) >= 1 and sum(n for _, n in segs) == call[1]
+            if call[5]:
+                assert call[2] == "float32" and call[5] == wire_name and inside <= set(f32)
+            else:
+                assert call[2] in (wire_name, "float64") and not inside & set(f32)
+        # every byte on the wire is a caller's array, nothing else (no staging copy)
+        assert _ranges(seg for _, segs in calls for seg in segs) == _ranges(own.values())
+        # above CLIENT_ROUND_BYTES on the wire: client rounds of CLIENT_ROUND_BYTES wire bytes (twice as many float32)
+        lo, size = own[len(specs) - 2]
+        big = [call[1] for call, segs in calls if all(lo <= p < lo + size for p, _ in segs)]
+        assert big == [2 * CLIENT_ROUND_BYTES, size - 2 * CLIENT_ROUND_BYTES]
+        assert st["compressed_tensors"] == len(f32)
+        assert st["bytes"] == sum(n * (2 if dt == np.float32 else dt.itemsize) for n, dt in specs)
+    assert res[0][3] == res[1][3]
 
 
 def test_large_rounds_go_as_client_rounds_of_bounded_size(reducers):
@@ -230,13 +284,13 @@ class _Gate(_Spy):
             time.sleep(0.001)
         self._opened = True
 
-    def start_segments(self, segments, dtype, op, tag):
+    def start_segments(self, segments, dtype, op, tag, compression=""):
         self._hold(tag)
-        return super().start_segments(segments, dtype, op, tag)
+        return super().start_segments(segments, dtype, op, tag, compression)
 
-    def try_start_segments(self, segments, dtype, op, tag):
+    def try_start_segments(self, segments, dtype, op, tag, compression=""):
         self._hold(tag)
-        return super().try_start_segments(segments, dtype, op, tag)
+        return super().try_start_segments(segments, dtype, op, tag, compression)
 
 
 def _gated(addrs, world, group, make, hold_until, **kw):
@@ -290,7 +344,7 @@ def test_fused_rounds_overlap(reducers):
         assert err is None and all(h.done() and h.exception() is None for h in hs)
         for i, a in enumerate(arrays):
             assert a.dtype == STEP_DTYPES[i % 5] and (a == 2 * i + 1).all()
-        assert st["fused_rounds"] == 5 and st["probes"] == 1 and st["staged_bytes"] == 0
+        assert st["fused_rounds"] == 5 and st["probes"] == 1 and st["compressed_tensors"] == 0
     assert res[0][4]["max_in_flight"] >= 3  # rank 0 had three fused rounds on the wire at once
     assert res[0][4]["max_in_flight"] <= 8  # the client's max_rounds_in_flight
 

@@ -3,8 +3,9 @@
 
 A sequence is written as a string of steps: ``"40 40f 100 i8 F"`` means entries of 40 bytes
 (float32 sum), 40 bytes float64 (``f``), 100 bytes, an int32 entry of 8 bytes (``i``) and then
-an agreed flush (``F``). Cuts are written as ``"0,1"`` (a fused round of entries 0 and 1) or
-``"2!"`` (entry 2 alone, in place).
+an agreed flush (``F``); ``c`` is float32 sent as bfloat16 (compression), ``b`` a bfloat16
+tensor. Cuts are written as ``"0,1"`` (a fused round of entries 0 and 1) or ``"2!"`` (entry 2
+alone, in place).
 """
 from __future__ import annotations
 
@@ -17,13 +18,16 @@ import pytest
 from reducer.fusion.diagnosis import FIELDS, Described, differences, fingerprint, round_tag
 from reducer.fusion.planner import ALONE, FUSED, Cut, Planner
 
-_KEYS = {"": ("float32", "sum"), "f": ("float64", "sum"), "i": ("int32", "sum"), "m": ("float32", "max")}
+# (dtype, wire dtype, op) of each entry kind
+_KEYS = {"": ("float32", "float32", "sum"), "f": ("float64", "float64", "sum"), "i": ("int32", "int32", "sum"),
+         "m": ("float32", "float32", "max"), "c": ("float32", "bfloat16", "sum"), "b": ("bfloat16", "bfloat16", "sum")}
 
 
 @dataclass
 class E:
     index: int
     nbytes: int
+    src: str
     wire: str
     op: str
 
@@ -37,8 +41,7 @@ def _entries(spec: str) -> List[object]:
             steps.append("F")
             continue
         key = word.rstrip("0123456789")
-        wire, op = _KEYS[key]
-        steps.append(E(n, int(word[len(key):]), wire, op))
+        steps.append(E(n, int(word[len(key):]), *_KEYS[key]))
         n += 1
     return steps
 
@@ -66,10 +69,13 @@ def _plan(threshold: int, spec: str) -> List[str]:
     # at least `threshold` bytes: alone, in place; the open buffer of its key is not cut by it
     (100, "30 150 30 F", ["1!", "0,2"]),
     (100, "99 1", ["0,1"]),
-    # (wire dtype, op) pairs fill separate buffers
+    # (dtype, wire dtype, op) keys fill separate buffers
     (100, "40 f40 40 f40 40 f40", ["0,2", "1,3"]),
     (100, "50 m50 50", ["0,2"]),
     (100, "i8 8 F", ["0", "1"]),
+    # compressed float32 shares a round neither with plain float32 nor with bfloat16 tensors
+    (100, "40 c40 b40 40 c40 b40 F", ["0,3", "1,4", "2,5"]),
+    (100, "c60 b40 c40", ["0,2"]),
     # a flush cuts every partly filled buffer, in the order of their first entries
     (100, "f10 20 i30 F 40 F", ["0", "1", "2", "3"]),
     (100, "20 f10 20 F", ["0,2", "1"]),
@@ -106,9 +112,9 @@ def test_negative_threshold_is_refused() -> None:
 def _random_steps(rng: random.Random, n: int, threshold: int) -> Tuple[List[E], List[int]]:
     entries = []
     for i in range(n):
-        wire, op = rng.choice(list(_KEYS.values()))
+        key = rng.choice(list(_KEYS.values()))
         size = rng.choice([0, 1, rng.randrange(1, threshold + 1), rng.randrange(threshold, 3 * threshold + 1)])
-        entries.append(E(i, size, wire, op))
+        entries.append(E(i, size, *key))
     flushes = sorted(rng.sample(range(n + 1), 3))
     return entries, flushes
 
@@ -142,7 +148,7 @@ def test_cuts_depend_on_the_agreed_flushes_only(seed: int) -> None:
             assert len(group) == 1 and group[0].nbytes >= threshold
         else:
             assert kind == FUSED
-            assert len({(e.wire, e.op) for e in group}) == 1
+            assert len({(e.src, e.wire, e.op) for e in group}) == 1
             assert sum(e.nbytes for e in group) <= threshold
             assert all(e.nbytes < threshold for e in group)
             assert ids == tuple(sorted(ids))

@@ -6,10 +6,12 @@ Four threads share the work:
   the submission list;
 * the *fusion thread* decides when to probe, has the planner (reducer.fusion.planner) cut the
   agreed entries into rounds, turns each round into (address, length) *segments*, and on
-  completion writes back casts and completes handles. A round's segments are the entries' own
-  memory (the caller's CPU arrays, or the pinned buffer a device array was staged into): no
-  packing copy, no unpacking copy. Only an entry whose wire dtype differs from its own
-  (compression) is cast, once, into staging memory (reducer.fusion.staging), itself a segment;
+  completion completes handles. A round's segments are the entries' own memory (the caller's
+  CPU arrays, or the pinned buffer a device array was staged into): no packing copy, no
+  unpacking copy, no cast. Compression (float32 sent as bfloat16/float16) is the transport's:
+  a round of float32 entries sent as 16 bits passes their float32 segments with
+  ``compression=``, and the client narrows each chunk as it sends it and widens each result
+  chunk straight back into the segments;
 * the *network thread* is the only one that calls the data client: it starts every round handed
   over as scatter-gather client rounds (``try_start_segments``: sent with writev straight from
   the segments, results received straight back into them; a round above CLIENT_ROUND_BYTES as
@@ -18,9 +20,9 @@ Four threads share the work:
 * the *probe thread* runs the agreement probes on a client of its own (reducer group
   ``<group>/fusion-probe``), so a probe never queues behind data in flight.
 
-Memory: rounds in flight are bounded by the client's ``max_rounds_in_flight``; the engine's own
-memory is the staging ring for casts, bounded by ``STAGING_FACTOR x fusion_threshold`` bytes (or
-one round, if a single round is larger): a round whose casts do not fit waits for earlier ones.
+Memory: rounds in flight are bounded by the client's ``max_rounds_in_flight``; the engine
+allocates no data buffers of its own (the client's per-connection staging chunks for
+compression are the transport's).
 
 Agreed flush points. A partly filled buffer is never cut on one worker's say-so. Before each
 batch of data rounds the workers run a 16-byte *probe* all-reduce (int64, op min) of
@@ -55,7 +57,6 @@ from ..dtypes import BFLOAT16, check_op, wire_name
 from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
 from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
 from .planner import Cut, Planner
-from .staging import StagingRing
 
 log = logging.getLogger(__name__)
 
@@ -63,9 +64,9 @@ __all__ = ["Handle", "FusionEngine", "compression_dtype"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 _PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
-STAGING_FACTOR = 2  # staging memory for casts: this many fusion thresholds (or one larger round)
-# A round larger than this goes to the client as several consecutive rounds of at most this size
-# (same cut on every worker). The client plans chunks from a round's shard size (about shard/64,
+# A round larger than this on the wire goes to the client as several consecutive rounds of at most
+# this many wire bytes (same cut on every worker; a compressed round's float32 segments hold twice
+# as many bytes). The client plans chunks from a round's shard size on the wire (about shard/64,
 # up to chunk_bytes): measured on loopback (docs/worker-library.md), 64 MiB rounds moved 8-13%
 # slower than the same bytes as per-tensor rounds, and 8 MiB pieces as fast or faster.
 CLIENT_ROUND_BYTES = 8 << 20
@@ -158,6 +159,8 @@ class Handle:
 class _Entry:
     __slots__ = ("index", "host", "wire", "wire_dt", "op", "nbytes", "name", "shape", "src", "staged", "handle", "t",
                  "fp")
+    # host: the entry's memory (flat), of dtype src; wire / wire_dt: what travels (differs from src
+    # only for float32 under compression, narrowed by the transport); nbytes: bytes on the wire
 
     def describe(self) -> str:
         return _describe(self.index, self.name, self.src, self.shape, self.op, self.wire)
@@ -178,21 +181,23 @@ def _describe(index: int, name: Optional[str], src: str, shape: Tuple[int, ...],
 class _Round:
     """One round in the agreed sequence: a probe, or a planner cut (FUSED or ALONE) of entries."""
 
-    __slots__ = ("kind", "entries", "wire", "op", "nbytes", "tag", "stage_sizes", "pieces", "next_piece", "casts",
+    __slots__ = ("kind", "entries", "src", "wire", "compression", "op", "nbytes", "tag", "pieces", "next_piece",
                  "values")
 
-    def __init__(self, kind: int, entries: List[_Entry], wire: str, op: str, nbytes: int) -> None:
+    def __init__(self, kind: int, entries: List[_Entry], src: str, wire: str, op: str, nbytes: int) -> None:
         self.kind = kind
         self.entries = entries
-        self.wire = wire
+        self.src = src  # the dtype of the segments' memory (the client's dtype argument)
+        self.wire = wire  # the dtype on the wire
+        # the client's compression argument: the 16-bit wire dtype of a float32 round, or ""
+        self.compression = wire if wire != src else ""
         self.op = op
-        self.nbytes = nbytes
+        self.nbytes = nbytes  # on the wire
         self.tag = 0
-        self.stage_sizes: List[int] = []  # bytes of each entry the engine casts into staging memory
-        # the client rounds this round is sent as: (address, length) segments, CLIENT_ROUND_BYTES at most each
+        # the client rounds this round is sent as: (address, length) segments, CLIENT_ROUND_BYTES at most
+        # each on the wire
         self.pieces: List[List[Tuple[int, int]]] = []
         self.next_piece = 0  # pieces started so far (network thread)
-        self.casts: List[Tuple[_Entry, np.ndarray]] = []  # entries cast into staging, with their staged bytes
         self.values: Optional[np.ndarray] = None  # the probe's two int64
 
 
@@ -234,9 +239,9 @@ class FusionEngine:
     to be flushed (``inf`` = only on wait/synchronize); compression: None, 'bf16' or 'fp16';
     probe_client: makes the client the agreement probes run on (its own connection, so a probe
     never queues behind data; required unless fusion is off); diag_client: makes a fresh client
-    for the fingerprint diagnosis (None disables it); timeout: bounds the diagnosis. Staging
-    memory (casts only) is bounded by ``2 * threshold`` bytes, or one round when a single round
-    is larger.
+    for the fingerprint diagnosis (None disables it); timeout: bounds the diagnosis. Under
+    compression, float32 entries go to the client as float32 segments with ``compression=``
+    (the transport narrows and widens them chunk by chunk): the engine copies nothing.
     """
 
     def __init__(
@@ -280,8 +285,7 @@ class FusionEngine:
         # planning (fusion thread, under _cv: the network thread reads it for the probe)
         self._agreed = 0  # C of the last probe: entries below it are planned
         self._planner: Planner[_Entry] = Planner(self.threshold)  # the fused buffers being filled
-        self._plan: Deque[_Round] = deque()  # cut, not yet staged and handed to the network thread
-        self._ring = StagingRing(STAGING_FACTOR * self.threshold)  # cast copies (fusion thread only)
+        self._plan: Deque[_Round] = deque()  # cut, not yet handed to the network thread
         self._probe_out = False  # a probe is wanted or running (fusion thread sets, completion clears)
         self._probe_next: Optional[_Round] = None  # handed to the probe thread
         self._probe_conn: Any = None  # the probe thread's client, made on the first probe
@@ -295,8 +299,8 @@ class FusionEngine:
         self._closing = False
         # Counters identical on every worker (they follow the agreed rounds), and peaks that depend on timing.
         self.stats = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0, "flushes": 0,
-                      "segments": 0, "staged_tensors": 0, "staged_bytes": 0}
-        self.peaks = {"max_in_flight": 0, "max_staging_bytes": 0}
+                      "segments": 0, "compressed_tensors": 0}
+        self.peaks = {"max_in_flight": 0}
         self._diagnosis: Optional[Diagnosis] = None
         if diag_client is not None:
             self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
@@ -427,7 +431,7 @@ class FusionEngine:
                         if self._closing or self._error is not None:
                             return
                         now = time.monotonic()
-                        if self._done or (self._fusion_off and self._submitted) or self._can_prepare() \
+                        if self._done or (self._fusion_off and self._submitted) or self._plan \
                                 or self._want_probe(now):
                             break
                         self._cv.wait(self._sleep_for(now))
@@ -442,7 +446,7 @@ class FusionEngine:
                 self._prepare_ready()
                 with self._cv:
                     if self._want_probe(time.monotonic()):
-                        rnd = _Round(_PROBE, [], "int64", "min", 16)
+                        rnd = _Round(_PROBE, [], "int64", "int64", "min", 16)
                         rnd.tag = PROBE_TAG
                         rnd.values = self._probe_buf
                         self._probe_out = True
@@ -496,22 +500,11 @@ class FusionEngine:
             return None
         return max(0.0005, oldest + self._cycle - now)
 
-    def _can_prepare(self) -> bool:
-        """The next cut round can be staged now (its casts fit in the staging ring)."""
-        if not self._plan:
-            return False
-        sizes = self._plan[0].stage_sizes
-        return not sizes or self._ring.fits(sizes)
-
-    def _casts(self, e: _Entry) -> bool:
-        """Whether the engine stages `e` through a cast into staging memory (its wire dtype differs)."""
-        return e.wire_dt != e.host.dtype
-
     def _round(self, cut: Cut[_Entry]) -> _Round:
-        entries = cut.entries
-        rnd = _Round(cut.kind, entries, entries[0].wire, entries[0].op, cut.nbytes)
+        entries = cut.entries  # one planner key: the same (src, wire, op) for all of them
+        e0 = entries[0]
+        rnd = _Round(cut.kind, entries, e0.src, e0.wire, e0.op, cut.nbytes)
         rnd.tag = round_tag(cut.kind, rnd.wire, rnd.op, rnd.nbytes, ((e.index, e.fp.dhash) for e in entries))
-        rnd.stage_sizes = [e.nbytes for e in entries if e.nbytes and self._casts(e)]
         return rnd
 
     def _plan_range(self, agreed: int, flush: bool) -> None:
@@ -532,51 +525,31 @@ class FusionEngine:
         self._plan.extend(self._round(c) for c in cuts)
 
     def _prepare_ready(self) -> None:
-        """Stage the cut rounds that can be staged and hand them to the network thread, in order.
-
-        Rounds that copy nothing are handed over together, so that the network thread starts all
-        of them before it blocks on the oldest one; a round that cast data is handed over at once.
-        """
+        """Turn the cut rounds into segments and hand them to the network thread, in order, together:
+        the network thread starts all of them before it blocks on the oldest one."""
         batch: List[_Round] = []
         while True:
             with self._cv:
-                ready = self._can_prepare()
-                if batch and (not ready or batch[-1].casts):
-                    self._netq.extend(batch)
-                    self._cv.notify_all()
-                    batch = []
-                if not ready:
+                if not self._plan:
+                    if batch:
+                        self._netq.extend(batch)
+                        self._cv.notify_all()
                     return
                 rnd = self._plan.popleft()
             self._prepare(rnd)
             batch.append(rnd)
 
     def _prepare(self, rnd: _Round) -> None:
-        """The round's segments: the entries' own memory, or their cast copy in staging memory."""
-        views: List[np.ndarray] = []
-        if rnd.stage_sizes:
-            taken = self._ring.take(rnd.stage_sizes)
-            if taken is None:  # _can_prepare said it fits, and only this thread takes regions
-                raise ReductionError("internal error: the staging ring refused a round it had room for")
-            views = taken
-            self.peaks["max_staging_bytes"] = self._ring.peak
-        staged = iter(views)
+        """The round's segments: the entries' own memory (float32 bytes for a compressed round: the
+        client narrows them), cut into client rounds of at most CLIENT_ROUND_BYTES on the wire."""
         pieces: List[Tuple[int, int]] = []
         for e in rnd.entries:
             e.staged.before_read()  # a device array's copy to the host has landed
-            if not e.nbytes:
-                continue
-            if self._casts(e):
-                view = next(staged)
-                np.copyto(view.view(e.wire_dt), e.host, casting="unsafe")
-                rnd.casts.append((e, view))
-                pieces.append((int(view.ctypes.data), e.nbytes))
-            else:
-                pieces.append((int(e.host.ctypes.data), e.nbytes))
-        rnd.pieces = _split(_segments(pieces), CLIENT_ROUND_BYTES)
-        st = self.stats
-        st["staged_tensors"] += len(rnd.casts)
-        st["staged_bytes"] += sum(rnd.stage_sizes)
+            if e.nbytes:
+                pieces.append((int(e.host.ctypes.data), int(e.host.nbytes)))
+        e0 = rnd.entries[0]
+        widen = e0.host.dtype.itemsize // e0.wire_dt.itemsize  # host bytes per wire byte: 2 compressed, else 1
+        rnd.pieces = _split(_segments(pieces), CLIENT_ROUND_BYTES * widen)
 
     def _complete(self, rnd: _Round, err: Optional[BaseException]) -> None:
         if err is not None:
@@ -589,11 +562,6 @@ class FusionEngine:
                 self._probe_out = False
                 self._plan_range(agreed, flush)
             return
-        for e, view in rnd.casts:
-            np.copyto(e.host, view.view(e.wire_dt), casting="unsafe")
-        if rnd.casts:
-            with self._cv:
-                self._ring.release()
         for e in rnd.entries:
             e.staged.after_write()
         with self._cv:
@@ -682,16 +650,13 @@ class FusionEngine:
         """Start one client round of `rnd`: `segments`, sent and received in place; None if the
         client has no room (only when `block` is false). The one call that puts data on the wire.
 
-        Seam for compression in the transport: today an entry whose wire dtype differs from its
-        own is cast into staging memory by ``_prepare`` (``_casts``), and the round goes out in
-        its wire dtype. When the client narrows float32 per chunk itself, this call passes the
-        float32 segments with ``compression=``; then ``_casts`` returns False for float32 ->
-        bf16/fp16, those entries' segments are their float32 bytes, and they need a planner key
-        of their own (docs/worker-library.md, "Compression").
+        A compressed round (float32 entries sent as 16 bits) passes its float32 segments with
+        ``compression=`` its wire dtype: the client narrows each chunk as it sends it and widens
+        each result chunk straight back into the segments (docs/worker-library.md, "Compression").
         """
         if block:
-            return int(self._client.start_segments(segments, rnd.wire, rnd.op, rnd.tag))
-        rid = self._client.try_start_segments(segments, rnd.wire, rnd.op, rnd.tag)
+            return int(self._client.start_segments(segments, rnd.src, rnd.op, rnd.tag, compression=rnd.compression))
+        rid = self._client.try_start_segments(segments, rnd.src, rnd.op, rnd.tag, compression=rnd.compression)
         return None if rid is None else int(rid)
 
     def _net_failure(self, rnd: _Round, exc: BaseException) -> BaseException:
@@ -715,6 +680,8 @@ class FusionEngine:
         st["tensors"] += len(rnd.entries)
         st["bytes"] += rnd.nbytes
         st["segments"] += sum(len(p) for p in rnd.pieces)
+        if rnd.compression:
+            st["compressed_tensors"] += len(rnd.entries)
         if len(rnd.entries) > 1:
             st["fused_rounds"] += 1
 
@@ -789,7 +756,6 @@ class FusionEngine:
             self._planner.clear()
             self._plan.clear()
             self._netq.clear()
-            self._ring.clear()
         for e in entries:
             try:
                 e.staged.release()

@@ -1,14 +1,19 @@
 """The cut rule of tensor fusion: where fused buffers begin and end. Pure and deterministic.
 
 Every worker must cut its fused buffers at the same places, so the rule depends only on what
-every worker knows: the submitted sequence (sizes, wire dtypes, ops), the threshold, and the
-agreed flush points. Entries are fed in submission order:
+every worker knows: the submitted sequence (sizes, dtypes, wire dtypes, ops), the threshold, and
+the agreed flush points. Entries are fed in submission order:
 
-* an entry of at least ``threshold`` bytes goes alone (sent in place, no copy); it does not
-  cut the buffer that is filling for its (dtype, op);
-* otherwise it joins the open buffer of its (wire dtype, op); a buffer is cut before the entry
-  that would overflow it, and as soon as it is exactly full;
+* an entry of at least ``threshold`` bytes (on the wire) goes alone (sent in place, no copy); it
+  does not cut the buffer that is filling for its key;
+* otherwise it joins the open buffer of its key, (dtype, wire dtype, op); a buffer is cut before
+  the entry that would overflow it, and as soon as it is exactly full;
 * a flush cuts every partly filled buffer, in the order of their first entries.
+
+The key holds the caller's dtype and the wire dtype because together they define a round: a
+float32 entry sent as bfloat16 (compression, narrowed by the transport) cannot share a round with
+float32 sent as it is, nor with tensors that are bfloat16 already (for every other entry the two
+are equal).
 
 So threshold 0 (fusion off) sends every entry alone. How entries are handed over (one at a
 time or in batches, when the agreement probes happen to run) does not change the cuts: only
@@ -30,7 +35,8 @@ class Plannable(Protocol):
 
     index: int   # position in the submitted sequence
     nbytes: int  # bytes on the wire
-    wire: str    # wire dtype name
+    src: str     # dtype name of the entry's memory
+    wire: str    # wire dtype name (differs from src when the transport compresses float32)
     op: str
 
 
@@ -39,7 +45,7 @@ E = TypeVar("E", bound=Plannable)
 
 @dataclass
 class Cut(Generic[E]):
-    """One round to send: FUSED (one or more entries of one (wire dtype, op)) or ALONE."""
+    """One round to send: FUSED (one or more entries of one (dtype, wire dtype, op)) or ALONE."""
 
     kind: int
     entries: List[E]
@@ -62,7 +68,7 @@ class Planner(Generic[E]):
         if threshold < 0:
             raise ValueError(f"threshold must be >= 0 bytes, got {threshold}")
         self.threshold = threshold
-        self._open: Dict[Tuple[str, str], _Open[E]] = {}
+        self._open: Dict[Tuple[str, str, str], _Open[E]] = {}
 
     def add(self, entry: E) -> List[Cut[E]]:
         """Plan the next entry; returns the rounds it completes (0, 1 or 2)."""
@@ -70,7 +76,7 @@ class Planner(Generic[E]):
         if entry.nbytes >= thr:
             return [Cut(ALONE, [entry])]
         cuts: List[Cut[E]] = []
-        key = (entry.wire, entry.op)
+        key = (entry.src, entry.wire, entry.op)
         ob = self._open.get(key)
         if ob is None:
             ob = self._open[key] = _Open()
@@ -105,5 +111,5 @@ class Planner(Generic[E]):
         """Forget the buffers that are filling (the engine failed or stopped)."""
         self._open.clear()
 
-    def _cut(self, key: Tuple[str, str]) -> Cut[E]:
+    def _cut(self, key: Tuple[str, str, str]) -> Cut[E]:
         return Cut(FUSED, self._open.pop(key).entries)
