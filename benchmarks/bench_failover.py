@@ -19,15 +19,18 @@ One experiment (`--repeat` runs it again with fresh reducers and workers):
   3. failover: one more such round; rank 0 SIGKILLs reducer `--victim` `--kill-at` x the normal
      round time after the round started. The workers finish it on R-1 reducers.
   4. following: `--rounds` rounds on the R-1 survivors, against the R-1 link bound
-     S x max(1, W/(R-1)) / (0.956 x link rate) (reducer.bench.report.rs_bound_seconds).
+     S x max(1, W/(R-1)) / (0.956 x link rate) (reducer.bench.report.rs_bound_seconds), and
+     interleaved with them (following, fresh, fresh, following, ...) the same rounds on a *fresh*
+     session on the R-1 survivors (a new Communicator, its own group): the baseline that shows
+     what the failover itself leaves behind, measured under the same conditions.
 
 Checks: every worker's inputs are random float32 (seeded by rank), so the fold order shows in the
 bits. The first normal round is compared with the float64 sum of all inputs (tolerance W x eps32
 x sum |x|); every later round, the failover round included, must equal it bit for bit (the
 survivors fold in rank order as the lost reducer did). Any difference fails the run (exit 1).
 
-Printed: the ratios failover round / normal round and following rounds / R-1 bound with the
-verdicts against issue 13's targets (<= 1.6x, within 5%), and the release A/B ratio on/off. The
+Printed: the ratios failover round / normal round, following rounds / R-1 bound and following
+rounds / fresh R-1 session, with the verdicts against issue 13's targets (<= 1.6x, within 5%), and the release A/B ratio on/off. The
 load average is printed before and after; above 2 the numbers are marked PRELIMINARY.
 """
 from __future__ import annotations
@@ -213,13 +216,23 @@ def _worker(job: Dict[str, Any]) -> None:
     emit(event="failover", seconds=dt, differ=differ, wrong=count_off(buf, ref, tol), stats=comm.stats(), **record)
     del ref, tol
 
-    # 4. the following rounds on the survivors
-    following = []
-    differ = 0
-    for _ in range(job["rounds"]):
-        following.append(_timed(comm, buf, inp, tiny))
-        differ += chk.check(buf)
-    emit(event="following", samples=following, differ=differ, stats=comm.stats())
+    # 4. the following rounds on the survivors, interleaved with a fresh session on them
+    survivors = [a for k, a in enumerate(job["reducers"]) if k != job["victim"]]
+    fresh = Communicator(survivors, rank=rank, world_size=world, group=f"{job['group']}-fresh",
+                         job_id="bench-failover", timeout=job["timeout"], connect_timeout=job["connect_timeout"])
+    _timed(fresh, buf, inp, tiny)  # its first round warms it up (connections, buffers), as for the normal rounds
+    differ = chk.check(buf)
+    following: List[float] = []
+    baseline: List[float] = []
+    for it in range(job["rounds"]):
+        for which in (("following", "fresh") if it % 2 == 0 else ("fresh", "following")):
+            if which == "following":
+                following.append(_timed(comm, buf, inp, tiny))
+            else:
+                baseline.append(_timed(fresh, buf, inp, tiny))
+            differ += chk.check(buf)
+    fresh.close()
+    emit(event="following", samples=following, fresh=baseline, differ=differ, stats=comm.stats())
     # close() is bounded here: a close that hangs is reported (close_hung), not waited for
     closer = threading.Thread(target=comm.close, daemon=True)
     closer.start()
@@ -298,7 +311,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
         for i in range(W):
             job = {"rank": i, "world": W, "reducers": addrs, "group": group, "timeout": args.round_timeout,
                    "connect_timeout": args.connect_timeout, "size": args.size, "rounds": args.rounds,
-                   "ab_sizes": args.ab_sizes, "ab_rounds": args.ab_rounds}
+                   "ab_sizes": args.ab_sizes, "ab_rounds": args.ab_rounds, "victim": args.victim}
             wprocs.append(runner._spawn(hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover",
                                         args=["--worker"]))
         procs += wprocs
@@ -340,11 +353,14 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
 
         failover_s = max(m["seconds"] for m in fmsgs)
         following_s = slowest([m["samples"] for m in lmsgs])
+        fresh_s = slowest([m["fresh"] for m in lmsgs])
         bound_r = report.rs_bound_seconds(args.size, W, R, args.gbps)
         bound_s = report.rs_bound_seconds(args.size, W, R - 1, args.gbps)
         out = {"normal_s": normal_s, "failover_s": failover_s, "following_s": following_s,
                "following_first_s": max(m["samples"][0] for m in lmsgs),
                "following_rounds_s": [max(m["samples"][i] for m in lmsgs) for i in range(args.rounds)], "bound_R_s": bound_r,
+               "fresh_s": fresh_s, "fresh_rounds_s": [max(m["fresh"][i] for m in lmsgs) for i in range(args.rounds)],
+               "following_over_fresh": following_s / fresh_s,
                "bound_R1_s": bound_s, "kill_after_s": fmsgs[0].get("killed_after_s"), "planned_kill_s": after_s,
                "wrong": wrong + sum(m["wrong"] for m in fmsgs),
                "differ": differ + sum(m["differ"] for m in fmsgs) + sum(m["differ"] for m in lmsgs),
@@ -385,6 +401,9 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
         f"  following rounds (R={R - 1}) {1e3 * run['following_s']:8.1f} ms  = {run['following_ratio']:.3f}x the R={R - 1} "
         f"bound {1e3 * run['bound_R1_s']:.1f} ms (limit {1 + FOLLOWING_LIMIT:.2f}x: {ok2}); each (slowest "
         f"worker): {', '.join(f'{1e3 * t:.0f}' for t in run['following_rounds_s'])} ms",
+        f"  fresh R={R - 1} session    {1e3 * run['fresh_s']:8.1f} ms  = {run['fresh_s'] / run['bound_R1_s']:.3f}x the "
+        f"bound (interleaved with the following rounds; following / fresh = {run['following_over_fresh']:.3f}); each: "
+        f"{', '.join(f'{1e3 * t:.0f}' for t in run['fresh_rounds_s'])} ms",
         f"  checks: {run['wrong']} elements off the float64 reference, {run['differ']} differing from the healthy "
         f"round's bits (+ A/B: {sum(a['wrong'] + a['differ'] for a in run['ab'])}); workers' stats: "
         f"reducer_failovers {_stat(run['stats'], 'reducer_failovers')}, reducers_active "
@@ -454,7 +473,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         fl = statistics.median(r["following_ratio"] for r in runs)
         print(f"# median of {len(runs)} runs: failover round {fo:.2f}x normal "
               f"({'PASS' if fo <= FAILOVER_LIMIT else 'FAIL'} vs {FAILOVER_LIMIT}x), following rounds {fl:.3f}x the "
-              f"R={R - 1} bound ({'PASS' if fl <= 1 + FOLLOWING_LIMIT else 'FAIL'} vs {1 + FOLLOWING_LIMIT:.2f}x)")
+              f"R={R - 1} bound ({'PASS' if fl <= 1 + FOLLOWING_LIMIT else 'FAIL'} vs {1 + FOLLOWING_LIMIT:.2f}x), "
+              f"following / fresh session {statistics.median(r['following_over_fresh'] for r in runs):.3f}, "
+              f"fresh session {statistics.median(r['fresh_s'] / r['bound_R1_s'] for r in runs):.3f}x the bound")
         for i, size in enumerate(args.ab_sizes):
             print(f"# median release A/B on/off at {size} B: {statistics.median(r['ab'][i]['ratio'] for r in runs):.3f}")
     if args.json:

@@ -32,17 +32,16 @@ core = _core
 
 def set_tcp_congestion(name: Optional[str] = None) -> str:
     """Set the TCP congestion control of every data connection this process opens or accepts from
-    now on (workers, reducers, ring): `name` (e.g. 'cubic', 'bbr'), else RS_TCP_CONGESTION, else
-    the kernel's default (''). Returns the setting in force. ConfigError if the kernel refuses it
-    (not available, or not allowed for this process)."""
+    now on (workers, reducers, ring): `name` (e.g. 'cubic', 'bbr'; 'auto': cubic where this process
+    may use it, else the kernel's; '' or 'default': the kernel's), else RS_TCP_CONGESTION (default
+    'auto'). Returns the setting in force ('' = the kernel's). ConfigError if the kernel refuses a
+    named algorithm (not available, or not allowed for this process)."""
     value = (config.get("tcp_congestion", name) or "").strip()
     try:
-        _core.set_tcp_congestion(value)
+        return str(_core.set_tcp_congestion(value))
     except Exception as exc:
         src = f"{config.SETTINGS['tcp_congestion'].env}={value!r}" if name is None else repr(value)
         raise type(exc)(f"{src}: {exc}") from None
-    return value
-
 
 set_tcp_congestion()
 

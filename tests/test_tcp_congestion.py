@@ -1,7 +1,7 @@
 """RS_TCP_CONGESTION / reducer.set_tcp_congestion: the TCP congestion control of the data connections.
 
 The setting is process-wide (csrc/net/socket.cc applies it in tune_socket to every data connection:
-client, reducer, ring); every test restores the kernel's default ('') when it ends.
+client, reducer, ring); every test restores the process's setting when it ends.
 """
 from __future__ import annotations
 
@@ -26,8 +26,9 @@ OTHER = "reno" if KERNEL_DEFAULT != "reno" else next((a for a in available_conge
 def core():
     from reducer._native import core
 
+    before = core.tcp_congestion()
     yield core
-    core.set_tcp_congestion("")
+    core.set_tcp_congestion(before)
 
 
 def _cc(s: socket.socket) -> str:
@@ -53,12 +54,41 @@ def test_refused_names_are_config_errors(core, monkeypatch):
         reducer.set_tcp_congestion("nosuchcc")
     with pytest.raises(ConfigError, match="not an algorithm name"):
         reducer.set_tcp_congestion("cubic; rm")
-    assert core.tcp_congestion() == ""  # a refused name changes nothing
+    before = core.tcp_congestion()
+    with pytest.raises(ConfigError, match="'nosuchcc' is not available in this kernel"):
+        reducer.set_tcp_congestion("nosuchcc")
+    assert core.tcp_congestion() == before  # a refused name changes nothing
     monkeypatch.setenv("RS_TCP_CONGESTION", "nosuchcc")
     with pytest.raises(ConfigError, match="RS_TCP_CONGESTION='nosuchcc'"):
         reducer.set_tcp_congestion()
-    monkeypatch.setenv("RS_TCP_CONGESTION", "  ")  # blank = unset
-    assert reducer.set_tcp_congestion() == ""
+
+
+def _may_use(name: str) -> bool:
+    with socket.socket() as s:
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, socket.TCP_CONGESTION, name.encode())
+            return True
+        except OSError:
+            return False
+
+
+def test_default_is_auto_cubic_where_allowed_else_the_kernels(core, monkeypatch):
+    """The measured default (docs/performance.md): cubic if this process may use it, else the
+    kernel's default, quietly; 'default' and '' keep the kernel's."""
+    auto = "cubic" if _may_use("cubic") else ""
+    monkeypatch.delenv("RS_TCP_CONGESTION", raising=False)
+    assert reducer.set_tcp_congestion() == auto == core.tcp_congestion()
+    monkeypatch.setenv("RS_TCP_CONGESTION", "  ")  # blank = unset: the default
+    assert reducer.set_tcp_congestion() == auto
+    assert reducer.set_tcp_congestion("auto") == auto
+    assert reducer.set_tcp_congestion("default") == "" == core.tcp_congestion()
+    assert reducer.set_tcp_congestion("auto") == auto
+    assert reducer.set_tcp_congestion("") == ""
+    if auto:
+        with socket.socket() as s:
+            reducer.set_tcp_congestion("auto")
+            core.tune_socket(s.fileno())
+            assert _cc(s) == "cubic"
 
 
 @pytest.mark.skipif(OTHER is None, reason="only one congestion control in this kernel")

@@ -117,7 +117,8 @@ void bind_common(py::module_& m) {
   }, py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
   m.def("set_tcp_congestion", &rs::net::set_tcp_congestion, py::arg("name"),
         "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
-        "from now on; '' = the kernel's default. Raises ConfigError if the kernel refuses it.");
+        "from now on; '' or 'default' = the kernel's default, 'auto' = cubic where allowed, else the kernel's. "
+        "Returns the setting in force. Raises ConfigError if the kernel refuses a named algorithm.");
   m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
   m.def("tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
         py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");

@@ -177,6 +177,13 @@ client::ClientOptions client_options_from_env() {
     o.chunk_bytes = uint32_t(c);
   }
   if (auto v = getenv_str("RS_WINDOW")) o.window = int(parse_int("RS_WINDOW", *v, 1, 1024));
+  // Process-wide, as in the worker library: every data connection the plugin opens from now on.
+  const std::string cc = trim(getenv_str("RS_TCP_CONGESTION").value_or("auto"));
+  try {
+    net::set_tcp_congestion(cc);
+  } catch (const Error& e) {
+    bad("RS_TCP_CONGESTION", cc, e.what());
+  }
   if (auto v = getenv_str("RS_FAILOVER")) {
     const std::string t = trim(*v);
     if (t == "1" || t == "true" || t == "yes" || t == "on") o.failover = true;

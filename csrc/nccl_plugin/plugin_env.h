@@ -26,7 +26,8 @@ struct ReducerPool {
 std::optional<ReducerPool> discover_reducers();
 
 // ClientOptions from RS_TIMEOUT, RS_CONNECT_TIMEOUT, RS_STREAMS, RS_CHUNK_BYTES, RS_WINDOW,
-// RS_SOCKET_BUFFER, RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE, RS_INTEGRITY (reducers, rank, world and group are the caller's).
+// RS_SOCKET_BUFFER, RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE, RS_INTEGRITY (reducers, rank, world and group are the caller's);
+// also applies RS_TCP_CONGESTION (default auto) process-wide (net::set_tcp_congestion).
 client::ClientOptions client_options_from_env();
 
 // Sockets per point-to-point connection: RS_NCCL_NSOCKS, default 2, 1..16.

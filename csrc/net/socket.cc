@@ -69,8 +69,12 @@ int apply_congestion(int fd, const std::string& name) {
 
 }  // namespace
 
-void set_tcp_congestion(const std::string& name) {
-  if (!name.empty()) {
+std::string set_tcp_congestion(const std::string& requested) {
+  std::string name = requested == "default" ? "" : requested;
+  if (name == "auto") {
+    Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
+    name = probe.valid() && apply_congestion(probe.get(), kAutoCongestion) == 0 ? kAutoCongestion : "";
+  } else if (!name.empty()) {
     if (name.size() >= 16 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
       throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': not an algorithm name");
     Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
@@ -86,6 +90,7 @@ void set_tcp_congestion(const std::string& name) {
   }
   std::lock_guard<std::mutex> lock(g_congestion_mu);
   g_congestion = name;
+  return name;
 }
 
 std::string tcp_congestion() {

@@ -50,11 +50,18 @@ HostPort parse_host_port(const std::string& text);
 void tune_socket(int fd, int buffer_bytes);
 
 // The congestion control tune_socket gives every data connection of this process (workers,
-// reducers, ring): "" = the kernel's default (net.ipv4.tcp_congestion_control of the socket's
-// network namespace). Checked on a probe socket first: throws Error(Config) naming the algorithm
+// reducers, ring, NCCL plugin): "" or "default" = the kernel's default
+// (net.ipv4.tcp_congestion_control of the socket's network namespace); "auto" (the default of
+// RS_TCP_CONGESTION) = kAutoCongestion if this process may use it, else the kernel's, quietly;
+// any other name is checked on a probe socket first: throws Error(Config) naming the algorithm
 // and the cause (not built into / loaded by the kernel, or not in
 // net.ipv4.tcp_allowed_congestion_control for a process without CAP_NET_ADMIN).
-void set_tcp_congestion(const std::string& name);
+// Returns the setting now in force ("" = the kernel's).
+// Why cubic: with BBR (the default of many distributions) a worker's R parallel flows and a
+// reducer's W incoming ones get very uneven rates through a queueing link, and a round waits for
+// its slowest flow (docs/performance.md, "Issue 12 section 4": quiet-machine A/B).
+constexpr const char* kAutoCongestion = "cubic";
+std::string set_tcp_congestion(const std::string& name);
 std::string tcp_congestion();
 
 // The congestion control a socket uses now ("" if it cannot be read).

@@ -654,8 +654,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             for cc in ccs:
                 extra_env: Dict[str, str] = {}
                 if cc is not None:
-                    # '' = unset: the kernel's default, whatever the caller's environment says
-                    extra_env[rs_config.SETTINGS["tcp_congestion"].env] = "" if cc == DEFAULT_CONGESTION else cc
+                    # the kernel's default, whatever the caller's environment says
+                    extra_env[rs_config.SETTINGS["tcp_congestion"].env] = cc
                     hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
                 for algo, work, n_results in work_passes():
                     key = (cc, algo)
@@ -799,9 +799,12 @@ def _cc_label(cc: Optional[str]) -> str:
 
 def _describe_congestion(cfg: BenchConfig, ccs: List[Optional[str]]) -> str:
     if ccs == [None]:
-        rs_cc = rs_config.get("tcp_congestion")
+        from .._native import core
+
+        rs_cc = core.tcp_congestion()  # RS_TCP_CONGESTION as this process resolved it ('' = the kernel's)
         return (f"the kernel's default ({kernel_congestion()})" +
-                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION)" if rs_cc else "") +
+                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION={rs_config.get('tcp_congestion')})"
+                 if rs_cc else "") +
                 " (--congestion NAME[,NAME] to choose; one pass per name)")
     names = ", ".join(f"{_cc_label(c)}{' (kernel default)' if c == DEFAULT_CONGESTION else ''}" for c in ccs)
     how = ("every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
