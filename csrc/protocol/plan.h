@@ -32,9 +32,15 @@ constexpr uint64_t kMinShardBytes = 64 << 10;
 ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
 
 // Chunk size for a shard: about shard / kChunksPerShard (so pipeline fill and drain cost a few
-// percent), at least kMinPipelineChunk, at most max_chunk; a multiple of 4 KiB (or all of max_chunk).
+// percent), at least kMinPipelineChunk (kMinSmallChunk for a shard under kSmallShardBytes), at
+// most max_chunk; a multiple of 4 KiB (or all of max_chunk). The smaller floor for small shards:
+// on a link-bound network a 256 KiB shard in 64 KiB chunks spends half its time filling and
+// draining the pipeline (rs 0.68x the ring at 512 KiB, 1 Gbit/s), in 16 KiB chunks an eighth
+// (1.4x); larger shards keep 64 KiB chunks, which cost less CPU per byte (docs/performance.md).
 constexpr uint64_t kChunksPerShard = 64;
 constexpr uint64_t kMinPipelineChunk = 64 << 10;
+constexpr uint64_t kMinSmallChunk = 16 << 10;
+constexpr uint64_t kSmallShardBytes = 1 << 20;
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 
 }  // namespace rs::proto
