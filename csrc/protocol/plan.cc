@@ -45,7 +45,8 @@ ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t
 
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
   uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
-  c = std::max(c, shard_bytes < kSmallShardBytes ? kMinSmallChunk : kMinPipelineChunk);
+  const bool small = shard_bytes >= kSmallChunkShards && shard_bytes < kSmallShardBytes;
+  c = std::max(c, small ? kMinSmallChunk : kMinPipelineChunk);
   return std::min(c, max_chunk);
 }
 
