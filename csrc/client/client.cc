@@ -633,7 +633,13 @@ size_t Client::staging_slots() const { return std::min(size_t(opts_.window), kMa
 void Client::fill(size_t li) {
   Link& l = *links_[li];
   if (l.closed) return;
-  const uint64_t S = uint64_t(opts_.streams), window = uint64_t(opts_.window);
+  const uint64_t S = uint64_t(opts_.streams);
+  // With fewer reducers than workers (as after a failover from R = W) each reducer's link is
+  // oversubscribed W/R times: half the window keeps the bytes queued toward it within a switch
+  // queue's reach (measured, docs/performance.md "Reducer failover": 1.04x the R = W - 1 bound
+  // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
+  const uint64_t window = active_.size() < size_t(opts_.world_size) && opts_.window > 1
+                              ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
   if (!l.done_queued && l.done_sent < l.done_next && !l.out.full()) {
     proto::FrameHeader h;
     h.type = proto::FrameType::Done;
