@@ -322,6 +322,146 @@ def test_a_restarted_reducer_rejoins_at_an_agreed_boundary(reducers):
             restarted.kill()
 
 
+def start_when_room(client: Any, a: np.ndarray, limit: float = 60.0) -> int:
+    """try_start_ptr of `a` (a sum) until the client takes it: it refuses (None) while rounds are
+    in flight at a rejoin check and while the check waits for the other workers. The round id."""
+    deadline = time.monotonic() + limit  # a guard against a hang, not a measurement
+    while time.monotonic() < deadline:
+        rid = client.try_start_ptr(a.ctypes.data, a.nbytes, str(a.dtype), "sum")
+        if rid is not None:
+            return int(rid)
+        time.sleep(0.001)
+    raise AssertionError(f"try_start did not take the round within {limit} s")
+
+
+def test_try_start_at_a_rejoin_check_does_not_wait_for_a_late_worker(reducers):
+    """The session runs on fewer reducers than configured, so RoundId 32 is a rejoin check, whose
+    MIN all-reduce completes only once every worker reached it. try_start (the NCCL plugin's
+    iallreduce calls it on NCCL's proxy thread, which must never block) must not wait for that:
+    rank 1 is held back until rank 0's try_start calls at the check have returned, so a call that
+    waited for rank 1 would not return (the watchdog lets rank 1 go after 10 s, so the test fails
+    instead of hanging). They return None ("no room"); once rank 1 is there the round starts on
+    both, and every round's result is exact. A check left open is dropped by close()."""
+    good = addresses(reducers(1))
+    victim = Victim()
+    try:
+        world, n, check = 2, 1000, 32
+        clients = connect([victim.address] + good, world, "fo-late")
+        victim.kill()
+        arrived = threading.Event()  # rank 1 may go on to the check
+
+        def data(r: int, k: int) -> np.ndarray:
+            return np.full(n, r + 1 + k, np.int64)
+
+        def expect(a: np.ndarray, k: int) -> None:
+            assert np.array_equal(a, np.full(n, sum(q + 1 + k for q in range(world)), np.int64)), (k, a[:4])
+
+        def blocking(r: int, first: int, last: int) -> None:
+            for k in range(first, last):
+                a = data(r, k)
+                clients[r].allreduce(a, "int64", "sum")
+                expect(a, k)
+
+        def non_blocking(r: int, first: int, last: int) -> None:
+            for k in range(first, last):
+                a = data(r, k)
+                clients[r].wait(start_when_room(clients[r], a))
+                expect(a, k)
+
+        # Round 0 finds the loss (the session goes on on the survivor), then up to the check.
+        assert on_threads(lambda r: blocking(r, 0, check), world) == [None] * world
+        assert all(c.stats()["reducers_active"] == 1 for c in clients)
+        refused: List[Any] = []
+
+        def rank0() -> Dict[str, Any]:
+            a = data(0, check)
+            calls: List[Any] = []
+
+            def call() -> None:
+                for _ in range(3):  # the first enqueues the check's exchange, the later ones move it on
+                    calls.append(clients[0].try_start_ptr(a.ctypes.data, a.nbytes, "int64", "sum"))
+                    if calls[-1] is not None:
+                        return
+
+            caller = threading.Thread(target=call, daemon=True)
+            caller.start()
+            caller.join(10.0)
+            blocked = caller.is_alive()
+            state = {"blocked": blocked, "in_flight": clients[0].in_flight,
+                     "rounds": clients[0].stats()["rounds"]}
+            arrived.set()
+            caller.join(60.0)  # (the old behaviour: it returns once rank 1 got there)
+            refused.extend(calls)
+            if not blocked:
+                clients[0].wait(start_when_room(clients[0], a))
+                expect(a, check)
+                non_blocking(0, check + 1, check + 8)
+            return state
+
+        def rank1() -> None:
+            assert arrived.wait(60.0)
+            non_blocking(1, check, check + 8)
+
+        res = on_threads(lambda r: rank0() if r == 0 else rank1(), world)
+        assert isinstance(res[0], dict), res
+        assert not res[0]["blocked"], "try_start blocked at the rejoin check until the late worker arrived"
+        assert refused == [None, None, None], refused  # no room: nothing started, the check under way
+        assert res[0]["in_flight"] == 0 and res[0]["rounds"] == check, res[0]
+        assert res[1] is None, res
+        stats = [c.stats() for c in clients]
+        for s in stats:
+            assert (s["rounds"], s["reducer_failovers"], s["reducers_active"], s["rejoin_probes"]) == \
+                (check + 8, 1, 1, 1), stats
+
+        # The next check (64), left open by try_start on rank 0 alone, then close() drops it.
+        assert on_threads(lambda r: blocking(r, check + 8, 2 * check), world) == [None] * world
+        a = data(0, 2 * check)
+        assert clients[0].try_start_ptr(a.ctypes.data, a.nbytes, "int64", "sum") is None
+        for c in clients:
+            c.close()
+            assert not c.connected
+        assert clients[0].stats()["rounds"] == 2 * check
+    finally:
+        victim.kill()
+
+
+def test_a_reducer_lost_while_a_rejoin_check_is_open(reducers):
+    """Three reducers, one killed (the session runs on two, so RoundId 32 is a rejoin check):
+    rank 0's try_start at the check leaves the check's exchange round open (None), then a second
+    reducer dies before the other worker got there. The loss is handled by the usual failover,
+    which drops the open exchange round (the check is over without a rejoin) or, if the exchange
+    did not touch the dead reducer, by the next round's; every round's result is exact."""
+    good = addresses(reducers(1))
+    first, second = Victim(), Victim()
+    try:
+        world, n, check = 2, 1000, 32
+        clients = connect([first.address, good[0], second.address], world, "fo-late-loss")
+        first.kill()
+
+        def run(r: int, lo: int, hi: int, non_blocking: bool) -> None:
+            for k in range(lo, hi):
+                a = np.full(n, r + 1 + k, np.int64)
+                if non_blocking:
+                    clients[r].wait(start_when_room(clients[r], a))
+                else:
+                    clients[r].allreduce(a, "int64", "sum")
+                assert np.array_equal(a, np.full(n, sum(q + 1 + k for q in range(world)), np.int64)), (k, a[:4])
+
+        assert on_threads(lambda r: run(r, 0, check, False), world) == [None] * world
+        assert all(c.stats()["reducers_active"] == 2 for c in clients)
+        a = np.full(n, 1 + check, np.int64)
+        assert clients[0].try_start_ptr(a.ctypes.data, a.nbytes, "int64", "sum") is None  # rank 1 is not there
+        second.kill()
+        assert on_threads(lambda r: run(r, check, check + 8, True), world) == [None] * world
+        for s in (c.stats() for c in clients):
+            assert (s["rounds"], s["reducer_failovers"], s["reducers_active"]) == (check + 8, 2, 1), s
+        for c in clients:
+            c.close()
+    finally:
+        first.kill()
+        second.kill()
+
+
 SYN_SENT = "02"  # the state column of /proc/net/tcp
 
 
@@ -372,8 +512,7 @@ def test_a_rejoin_check_never_waits_for_a_probe(reducers):
                 clients[r].allreduce(a, "float32", "sum")
                 assert (a == sum(q + 1 + k for q in range(world))).all(), (k, a[:4])
             a = np.full(n, float(r + 1 + check), np.float32)
-            rid = clients[r].try_start_ptr(a.ctypes.data, a.nbytes, "float32", "sum")
-            assert rid is not None  # nothing in flight: the check had no reason to refuse
+            rid = start_when_room(clients[r], a)  # refused until the other worker reached the check
             clients[r].wait(rid)
             assert (a == sum(q + 1 + check for q in range(world))).all(), (check, a[:4])
             return rid

@@ -51,6 +51,15 @@ constexpr RoundId kRejoinEvery = 32;
 
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
 
+// Sets a flag for the life of a scope (recovering_: a loss noticed meanwhile is left to the scope).
+struct Raised {
+  bool& f;
+  explicit Raised(bool& v) : f(v) { f = true; }
+  ~Raised() { f = false; }
+  Raised(const Raised&) = delete;
+  Raised& operator=(const Raised&) = delete;
+};
+
 }  // namespace
 
 bool parse_compression(const std::string& s, Compression* out) {
@@ -365,6 +374,8 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
   session_.clear();
   parents_.clear();
   internal_.clear();
+  check_ = nullptr;  // a rejoin check under way is over (the boundary is not checked again)
+  check_open_ = false;
   open_ = 0;
   running_ = 0;
   std::fill(lost_.begin(), lost_.end(), 0);
@@ -380,7 +391,8 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
 
 void Client::close() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (running_ > 0) fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
+  // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
+  if (running_ > 0 || check_open_) fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
 }
 
@@ -465,10 +477,11 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     stats_.reconnects++;
   }
   // (A worker that started this round before the failover did not check: only rounds that no
-  // worker had started then are checked, so every worker checks at the same ones.)
-  if (opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ && id_next_ > 0 &&
-      id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_ && !try_rejoin(may_wait))
-    return false;
+  // worker had started then are checked, so every worker checks at the same ones. A check that
+  // try_start() left under way holds every start until it is over.)
+  const bool check_due = opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ &&
+                         id_next_ > 0 && id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_;
+  if ((check_open_ || check_due) && !try_rejoin(may_wait)) return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -1020,11 +1033,67 @@ bool Client::drain(bool may_wait) {
 // the larger set if there are any, and start the probes the next check reads. Nothing here
 // waits for a connect: a probe still under way counts as not reached (so the first check
 // after a failover only starts probes, and a reducer that is back rejoins one check later).
-// False: try_start() would have had to wait for the drain (the caller retries later).
+// False: try_start() (`may_wait` false) would have had to wait, for the drain or for the other
+// workers to reach the check; the check then stays open (check_open_) and every later start
+// comes back here, so nothing else starts before it is over. try_start() never waits for the
+// MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
+// (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
 bool Client::try_rejoin(bool may_wait) {
-  if (!drain(may_wait)) return false;
-  rejoin_checked_ = id_next_;
-  if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
+  if (!check_open_) {
+    if (!drain(may_wait)) return false;
+    rejoin_checked_ = id_next_;
+    if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
+    open_check();
+  }
+  try {
+    bool agreed = false;
+    if (check_) {  // else a failover in an earlier call dropped it: that call recovered already
+      Raised flag(recovering_);  // a loss during the check is handled below (recover() frees the round)
+      if (may_wait) {
+        agreed = run_internal(nullptr, check_);
+      } else {
+        pump();
+        if (check_->state == Round::State::Running && !loss_pending_) return false;  // not every worker is there
+        agreed = !loss_pending_;
+      }
+    }
+    Round* x = check_;
+    check_ = nullptr;  // (still owned by internal_: the next check frees it)
+    check_open_ = false;
+    if (!agreed) {
+      if (x) recover();
+      start_probes();
+      return true;
+    }
+    const size_t R = addrs_.size();
+    std::vector<size_t> back;
+    for (size_t i = 0; i < R; ++i)
+      if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
+    if (!back.empty()) {
+      std::string names;
+      for (size_t i : back) {
+        names += (names.empty() ? "" : ", ") + addrs_[i].str();
+        active_.push_back(i);
+      }
+      std::sort(active_.begin(), active_.end());
+      stats_.reducer_rejoins += back.size();
+      log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
+               "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
+      recover();  // no round in flight: a new session on the larger set
+    }
+    start_probes();
+    return true;
+  } catch (const Error& e) {
+    // Out of step with the group (the check's round is left half done): drop the session, as
+    // pump() does for any error; the next start reconnects.
+    fail_all(e.kind(), e.what());
+    throw;
+  }
+}
+
+// Enqueues the check's MIN all-reduce (every round in flight is done): 1 for each reducer of
+// the session and each lost one whose probe connected.
+void Client::open_check() {
   const size_t R = addrs_.size();
   internal_.erase(std::remove_if(internal_.begin(), internal_.end(),  // earlier checks' rounds
                                  [](const auto& p) { return p->role == Round::Role::Exchange && !p->in_session; }),
@@ -1036,38 +1105,10 @@ bool Client::try_rejoin(bool may_wait) {
     if (probe.check() == net::ConnectProbe::State::Reached) x->store[i] = 1;
   probes_.clear();
   seal_exchange(x, Op::Min);
+  timer_.progress();  // the no-progress clock starts with the round, as for a user round
   enqueue(x);
-  bool agreed;
-  {
-    struct Flag {  // a loss during the check is handled after it (recover() frees the check round)
-      bool& f;
-      explicit Flag(bool& v) : f(v) { f = true; }
-      ~Flag() { f = false; }
-    } flag(recovering_);
-    agreed = run_internal(nullptr, x);
-  }
-  if (!agreed) {
-    recover();
-    start_probes();
-    return true;
-  }
-  std::vector<size_t> back;
-  for (size_t i = 0; i < R; ++i)
-    if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
-  if (!back.empty()) {
-    std::string names;
-    for (size_t i : back) {
-      names += (names.empty() ? "" : ", ") + addrs_[i].str();
-      active_.push_back(i);
-    }
-    std::sort(active_.begin(), active_.end());
-    stats_.reducer_rejoins += back.size();
-    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
-             "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
-    recover();  // no round in flight: a new session on the larger set
-  }
-  start_probes();
-  return true;
+  check_ = x;
+  check_open_ = true;
 }
 
 // Starts a connect to every reducer the session leaves out, for the next rejoin check.
@@ -1107,11 +1148,7 @@ bool Client::run_internal(std::unique_lock<std::mutex>*, Round* r) {
 // (see client/failover.h and docs/protocol.md, "Reducer failover"). Blocks until the workers
 // have agreed (two small all-reduces); the repairs then run like any round.
 void Client::recover() {
-  struct Flag {
-    bool& f;
-    explicit Flag(bool& x) : f(x) { f = true; }
-    ~Flag() { f = false; }
-  } flag(recovering_);
+  Raised flag(recovering_);
   // Rounds not finished here, by RoundId: their progress so far goes into `held`.
   collect_held();
   std::vector<Round*> pending;
@@ -1131,6 +1168,7 @@ void Client::recover() {
     parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
     session_.clear();
     internal_.clear();
+    check_ = nullptr;  // a rejoin check under way is abandoned: try_rejoin() sees it
     open_ = 0;
     std::vector<size_t> next;
     std::string lost_names;

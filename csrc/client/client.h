@@ -121,7 +121,10 @@ class Client {
   RoundId start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag = 0,
                 Compression comp = Compression::None);
   // As start(), but returns false (starting nothing) instead of waiting when
-  // max_rounds_in_flight rounds are unfinished.
+  // max_rounds_in_flight rounds are unfinished, or at a rejoin check (docs/protocol.md section 6)
+  // until every round in flight is done and the other workers have reached the check too (its
+  // exchange round moves on at each call, without waiting). A rejoin, when the workers agree on
+  // one, still connects a new session inside the call (blocking, up to connect_timeout).
   bool try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag, RoundId* out,
                  Compression comp = Compression::None);
   bool try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out,
@@ -170,7 +173,9 @@ class Client {
   // While reducers are lost: every kRejoinEvery rounds the workers drain, agree (a MIN
   // all-reduce) on the lost reducers every worker reached with the probe started at the
   // previous check (never waited for), take those back, and start the next probes.
+  // With `may_wait` false it never waits for the other workers: false until the check is over.
   bool try_rejoin(bool may_wait);
+  void open_check();                              // enqueues the check's MIN all-reduce (check_)
   void start_probes();                            // a probe per reducer not in active_
   void check_probes();                            // notes probes that finished (never waits)
   bool drain(bool may_wait);                      // every round in flight done (false: would block)
@@ -212,6 +217,11 @@ class Client {
   std::string loss_why_;
   bool recovering_ = false;
   RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
+  // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
+  // by internal_ (null once recover() dropped it: the check is then over, without a rejoin;
+  // fail_all() closes the check).
+  bool check_open_ = false;
+  Round* check_ = nullptr;
   RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
   // The connects to lost reducers started at the last rejoin check, by reducer; the next check
   // reads them. Closed when links_ is dropped (close, error, failover, rejoin).

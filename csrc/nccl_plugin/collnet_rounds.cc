@@ -61,7 +61,21 @@ CollNetRounds::Round* CollNetRounds::try_start(const void* send, void* recv, siz
       client_.close();  // the reducers fail the group for every head now, not after a timeout
       throw;
     }
-    if (!started) return nullptr;  // max_in_flight rounds unfinished on the network
+    if (!started) {  // max_in_flight rounds unfinished on the network, or a rejoin check under way
+      // With none of this communicator's rounds in flight it is a rejoin check waiting for the
+      // other heads (docs/protocol.md section 6): NCCL has no request to test() meanwhile, so
+      // the wall-clock stall timer runs here, from the first refusal.
+      if (running_ == 0) {
+        if (!refusing_) {
+          refusing_ = true;
+          stall_.progress();
+        } else if (stalled()) {
+          time_out("a rejoin check (the other heads must reach it too)");
+        }
+      }
+      return nullptr;
+    }
+    refusing_ = false;
     if (running_ == 0) stall_.progress();  // the wall-clock stall timer starts with the first round
   }
   r.prefailed = failed_;
@@ -116,23 +130,32 @@ bool CollNetRounds::test_round(Round& r, size_t* nbytes) {
     if (nbytes) *nbytes = r.nbytes;
     return true;
   }
-  const client::ClientStats s = client_.stats();
-  const uint64_t moved = s.bytes_sent + s.bytes_received;
-  if (moved != bytes_seen_) {
-    bytes_seen_ = moved;
-    stall_.progress();
-  } else if (stall_.expired()) {
-    const std::string why = "all-reduce made no progress for " + std::to_string(stall_.seconds()) +
-                            " s (RS_TIMEOUT; a head of the group may be missing or slow, or a reducer stalled): " +
-                            std::to_string(running_) + " round(s) in flight";
-    failed_ = true;
-    fail_kind_ = ErrorKind::Timeout;
-    fail_text_ = why;
-    client_.close();  // abandons every round in flight without waiting
+  if (stalled()) {
+    const std::string what = std::to_string(running_) + " round(s) in flight";
     release(r);
-    throw Error(ErrorKind::Timeout, why);
+    time_out(what);
   }
   return false;
+}
+
+// True once RS_TIMEOUT of wall time passed without a byte moving (the client's counters).
+bool CollNetRounds::stalled() {
+  const client::ClientStats s = client_.stats();
+  const uint64_t moved = s.bytes_sent + s.bytes_received;
+  if (moved == bytes_seen_) return stall_.expired();
+  bytes_seen_ = moved;
+  stall_.progress();
+  return false;
+}
+
+void CollNetRounds::time_out(const std::string& what) {
+  const std::string why = "all-reduce made no progress for " + std::to_string(stall_.seconds()) +
+                          " s (RS_TIMEOUT; a head of the group may be missing or slow, or a reducer stalled): " + what;
+  failed_ = true;
+  fail_kind_ = ErrorKind::Timeout;
+  fail_text_ = why;
+  client_.close();  // abandons every round in flight without waiting
+  throw Error(ErrorKind::Timeout, why);
 }
 
 }  // namespace rs::nccl

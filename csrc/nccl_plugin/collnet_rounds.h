@@ -39,8 +39,10 @@ class CollNetRounds {
   CollNetRounds& operator=(const CollNetRounds&) = delete;
 
   // Starts reducing `nbytes` of `send` into `recv` (may be the same buffer) across the group.
-  // nullptr when max_in_flight rounds are unfinished (NCCL calls again later). Once a round has
-  // failed, every later round fails too (the group is out of step), reported by test().
+  // nullptr when max_in_flight rounds are unfinished or a rejoin check waits for the other heads
+  // (NCCL calls again later; after RS_TIMEOUT of wall time without progress at a check, it throws
+  // a Timeout). Once a round has failed, every later round fails too (the group is out of step),
+  // reported by test().
   Round* try_start(const void* send, void* recv, size_t nbytes, DType dtype, Op op);
 
   // Non-blocking. true once the round is done (its request is released then); throws rs::Error
@@ -51,6 +53,8 @@ class CollNetRounds {
  private:
   bool test_round(Round& r, size_t* nbytes);
   [[noreturn]] void fail(Round& r, ErrorKind kind, const std::string& why);
+  bool stalled();                                        // RS_TIMEOUT of wall time without a byte moving
+  [[noreturn]] void time_out(const std::string& what);  // fails the communicator for good (Timeout)
   void release(Round& r);
 
   client::Client client_;
@@ -59,6 +63,7 @@ class CollNetRounds {
   size_t running_ = 0;            // requests handed to NCCL and not yet released
   net::ProgressTimer stall_;      // wall-clock: no byte moved while NCCL waited for a round
   uint64_t bytes_seen_ = 0;       // client bytes sent + received at the last progress
+  bool refusing_ = false;         // the client refused rounds with none in flight (a rejoin check)
   bool failed_ = false;           // sticky: the group is out of step
   ErrorKind fail_kind_ = ErrorKind::Internal;
   std::string fail_text_;
