@@ -70,23 +70,25 @@ int apply_congestion(int fd, const std::string& name) {
 }  // namespace
 
 std::string set_tcp_congestion(const std::string& requested) {
-  std::string name = requested == "default" ? "" : requested;
-  if (name == "auto") {
-    Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    name = probe.valid() && apply_congestion(probe.get(), kAutoCongestion) == 0 ? kAutoCongestion : "";
-  } else if (!name.empty()) {
+  const bool automatic = requested == "auto";  // kAutoCongestion if allowed, else the kernel's, quietly
+  std::string name = automatic ? kAutoCongestion : requested == "default" ? "" : requested;
+  if (!name.empty()) {
     if (name.size() >= 16 || name.find_first_not_of("abcdefghijklmnopqrstuvwxyz0123456789_-") != std::string::npos)
       throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': not an algorithm name");
     Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
-    if (!probe.valid()) throw Error(ErrorKind::Config, "cannot create a TCP socket: " + errno_text(errno));
-    int err = apply_congestion(probe.get(), name);
-    if (err == ENOENT)
+    const int err = probe.valid() ? apply_congestion(probe.get(), name) : errno;
+    if (automatic && err != 0)
+      name.clear();
+    else if (!probe.valid())
+      throw Error(ErrorKind::Config, "cannot create a TCP socket: " + errno_text(err));
+    else if (err == ENOENT)
       throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not available in this kernel "
                   "(see net.ipv4.tcp_available_congestion_control; a module such as tcp_" + name + " may need loading)");
-    if (err == EPERM)
+    else if (err == EPERM)
       throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not allowed for this process: add it to "
                   "net.ipv4.tcp_allowed_congestion_control or run with CAP_NET_ADMIN");
-    if (err != 0) throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': " + errno_text(err));
+    else if (err != 0)
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': " + errno_text(err));
   }
   std::lock_guard<std::mutex> lock(g_congestion_mu);
   g_congestion = name;

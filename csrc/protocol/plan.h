@@ -32,8 +32,8 @@ constexpr uint64_t kMinShardBytes = 64 << 10;
 ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
 
 // Chunk size for a shard: about shard / kChunksPerShard (so pipeline fill and drain cost a few
-// percent), at least kMinPipelineChunk (kMinSmallChunk for a shard of kSmallChunkShards up to
-// kSmallShardBytes), at most max_chunk; a multiple of 4 KiB (or all of max_chunk). The smaller
+// percent), at least kMinPipelineChunk (kMinSmallChunk for a shard of at least
+// kSmallChunkShardMin and under kSmallChunkShardEnd bytes), at most max_chunk; a multiple of 4 KiB (or all of max_chunk). The smaller
 // floor: on a link-bound network a 256 KiB shard in 64 KiB chunks spends half its time filling
 // and draining the pipeline (rs 0.68x the ring at 512 KiB, 1 Gbit/s), in 16 KiB chunks an
 // eighth (1.4x). Shards of 1 MiB and more keep 64 KiB chunks, which cost less CPU per byte; so
@@ -42,8 +42,8 @@ ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t
 constexpr uint64_t kChunksPerShard = 64;
 constexpr uint64_t kMinPipelineChunk = 64 << 10;
 constexpr uint64_t kMinSmallChunk = 16 << 10;
-constexpr uint64_t kSmallShardBytes = 1 << 20;
-constexpr uint64_t kSmallChunkShards = 128 << 10;
+constexpr uint64_t kSmallChunkShardMin = 128 << 10;
+constexpr uint64_t kSmallChunkShardEnd = 1 << 20;
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 
 }  // namespace rs::proto

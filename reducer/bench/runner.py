@@ -654,7 +654,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
             for cc in ccs:
                 extra_env: Dict[str, str] = {}
                 if cc is not None:
-                    # the kernel's default, whatever the caller's environment says
+                    # rs's and the ring's sockets get this pass's setting ('default': the kernel's),
+                    # whatever the caller's environment says
                     extra_env[rs_config.SETTINGS["tcp_congestion"].env] = cc
                     hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
                 for algo, work, n_results in work_passes():
