@@ -555,3 +555,63 @@ def test_a_rejoin_check_never_waits_for_a_probe(reducers):
         for s in (filler, hole):
             if s is not None:
                 s.close()
+
+
+def test_an_impostor_at_a_lost_reducers_address_is_not_taken_back(reducers):
+    """Hostile peer: after a reducer dies, something else listens at its address, accepts and
+    answers with garbage. The rejoin probe reaches it, but the rejoin's handshake must refuse it:
+    the workers go on on the survivor, every result exact, nothing hangs."""
+    import socket
+    import threading
+
+    good = addresses(reducers(1))
+    victim = Victim()
+    stop = threading.Event()
+    accepted: List[int] = []
+    try:
+        world = 2
+        clients = connect([victim.address] + good, world, "fo-impostor")
+        victim.kill()
+        imp = socket.socket()
+        imp.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        imp.bind(("127.0.0.1", victim.port))
+        imp.listen(16)
+        imp.settimeout(0.2)
+
+        def serve() -> None:
+            while not stop.is_set():
+                try:
+                    c, _ = imp.accept()
+                except OSError:
+                    continue
+                accepted.append(1)
+                with c:
+                    try:
+                        c.sendall(b"\xffNOT A REDUCER\x00" * 64)
+                    except OSError:
+                        pass
+
+        server = threading.Thread(target=serve, daemon=True)
+        server.start()
+
+        def rounds(r: int, count: int) -> List[int]:
+            out = []
+            for k in range(count):
+                a = np.full(50_000, r + 1 + k, np.int64)
+                clients[r].allreduce(a, "int64", "sum")
+                out.append(int(a[-1]))
+            return out
+
+        res = on_threads(lambda r: rounds(r, 100), world, timeout=180.0)
+        assert all(isinstance(x, list) for x in res), res
+        for x in res:
+            assert x == [sum(r + 1 + k for r in range(world)) for k in range(100)]
+        assert accepted, "the rejoin probes never reached the impostor's address"
+        for s in (c.stats() for c in clients):
+            assert s["reducers_active"] == 1, s
+            assert s["rejoin_probes"] >= 1, s
+        for c in clients:
+            c.close()
+    finally:
+        stop.set()
+        victim.kill()

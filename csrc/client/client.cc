@@ -243,7 +243,8 @@ Client::~Client() {
 void Client::connect_all(std::vector<size_t>* lost) {
   const auto now = Clock::now();
   // A failover session waits for the other workers like the first one (they notice the loss
-  // when they next call in); a reducer that refuses the connection there is lost too.
+  // when they next call in); a reducer that refuses the connection there is lost too, and so is
+  // a peer at its address that does not speak the protocol (something else took the port).
   const auto deadline = net::deadline_after(opts_.connect_timeout);
   const auto connect_deadline = lost ? std::min(deadline, now + std::chrono::seconds(3)) : deadline;
   const int S = opts_.streams;
@@ -253,6 +254,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
   for (size_t i = 0; i < links.size(); ++i) todo.push_back(i);
   auto refused = [&](const Error& e, size_t reducer) {
     const bool reducer_gone = e.kind() == ErrorKind::Connect || e.kind() == ErrorKind::PeerLost ||
+                              e.kind() == ErrorKind::Protocol ||
                               (e.kind() == ErrorKind::Timeout && Clock::now() < deadline);
     if (!lost || !reducer_gone) return false;
     if (std::find(lost->begin(), lost->end(), reducer) == lost->end()) lost->push_back(reducer);
