@@ -24,7 +24,7 @@ import numpy as np
 import pytest
 
 import reducer
-from attack_tools import (DATA, ERR_PEER_LOST, ERROR, FRAME, I32, RESULT, Flood, FakeReducer, GoodGroup,
+from attack_tools import (DATA, ERR_PEER_LOST, ERR_PROTOCOL, ERROR, FRAME, I32, RESULT, Flood, FakeReducer, GoodGroup,
                           HalfHelloFlood, PeakSampler, RawWorker, ReducerProcess, Status, bye, close_all,
                           close_wait_count, closed_by_peer, closed_within, connect, cpu_seconds, encode_hello,
                           frame, job_credential, job_key, open_nonblocking, peers, recv_exact, recv_exact_into,
@@ -567,6 +567,34 @@ def test_bye_with_text_is_a_clean_leave():
         t, fl, _, _, msg = a.frame(timeout=10)
         assert t == ERROR and fl == ERR_PEER_LOST, (t, fl, msg)
         assert b"rank 1" in msg and b"left" in msg and b"unknown frame type" not in msg, msg
+
+
+@pytest.mark.sanitize
+def test_error_frame_survives_input_still_in_flight():
+    """A reducer that fails a connection sends its ERROR frame, then closes. Input it had not read
+    (chunks the worker kept streaming) must not make the kernel reset the connection: a reset
+    throws away the error frame before the worker reads it, and the worker then takes a
+    mismatch or protocol error for a lost reducer (and fails over alone). The reducer shuts the
+    connection for writing and drains its input until the worker closes (a lingering close),
+    and closes it anyway after a bounded time."""
+    with serve(threads=1) as srv:
+        w = RawWorker(srv.port, 0, 1, group=b"linger", chunk=4096)
+        assert w.reply().status == Status.OK
+        junk = b"\x5a" * (256 << 10)
+        # an unknown frame type (a protocol error), then input the reducer never reads as frames
+        w.sock.sendall(frame(99) + junk)
+        time.sleep(0.3)  # the reducer has answered and closed its side by now
+        w.sock.sendall(junk)  # a reset connection would refuse this (ECONNRESET / EPIPE)
+        t, fl, _, _, msg = w.frame(timeout=10)
+        assert t == ERROR and fl == ERR_PROTOCOL, (t, fl, msg)
+        assert b"frame type" in msg, msg
+        w.sock.settimeout(10)
+        assert w.sock.recv(1) == b""  # then end of stream, not a reset
+        # a peer that keeps the connection open is closed after the linger time (2 s)
+        t0 = time.monotonic()
+        assert closed_by_peer(w.sock, timeout=10)
+        assert time.monotonic() - t0 < 5
+        w.close()
 
 
 def test_bye_with_text_gives_peer_lost_to_a_real_worker():

@@ -75,6 +75,13 @@ struct Conn {
   net::FrameWriter out;  // tokens: the Slot* of a result, kClearToken, 0 for other control messages
   bool close_after_flush = false;
   bool dead = false;
+  // Lingering close: after its last frame (an error, a refusal) went out, the connection is shut
+  // for writing and its input is read and dropped until the peer closes or `linger_until`, so
+  // that input still in flight cannot make the kernel reset the connection and destroy that
+  // frame before the peer reads it. It is no longer a group member then.
+  bool linger = false;     // set by the graceful close: reap() starts the linger instead of closing
+  bool lingering = false;  // shut for writing, draining input
+  net::Clock::time_point linger_until;
   bool counted = false;  // in stats.connections
   bool error_counted = false;  // in stats.errors
   std::string why;

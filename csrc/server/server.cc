@@ -53,6 +53,10 @@ namespace {
 constexpr size_t kReadBudget = 8u << 20;  // bytes per connection per wakeup
 constexpr uint64_t kClearToken = 1;        // a CLEAR frame in a member's queue (results use their Slot*, aligned)
 constexpr size_t kEndedGroupsKept = 16;   // ended groups still shown by group_stats()
+// How long a connection closed after its last frame (an error, a refusal) keeps draining its
+// input before it is closed anyway: time for the peer to read that frame and close (Conn::linger).
+constexpr auto kLinger = std::chrono::milliseconds(2000);
+constexpr size_t kLingerBudget = 1u << 20;  // input bytes dropped per wakeup while lingering
 
 std::string ip_of(const std::string& peer) {
   if (!peer.empty() && peer[0] == '[') return peer.substr(1, peer.find(']') - 1);
@@ -166,9 +170,12 @@ struct Loop {
     c->state = st;
   }
 
-  void kill(Conn* c, const std::string& why, bool is_error) {
+  // Ends a connection (reap() closes it). `linger`: its last frame went out; shut it for
+  // writing and drain its input for a while first (Conn::linger).
+  void kill(Conn* c, const std::string& why, bool is_error, bool linger = false) {
     if (c->dead) return;
     c->dead = true;
+    c->linger = linger;
     c->why = why;
     if (is_error && !c->error_counted) {
       srv->errors++;
@@ -228,7 +235,7 @@ struct Loop {
       return flush(c);
     }
     if (c->out.empty() && c->close_after_flush) {
-      kill(c, c->why.empty() ? "closed after error" : c->why, false);
+      kill(c, c->why.empty() ? "closed after error" : c->why, false, true);
       return;
     }
     update_mask(c);
@@ -715,11 +722,58 @@ struct Loop {
         set_state(c, ConnState::Closing);
       }
       for (Conn* c : batch) {
-        if (c->registered) epoll_ctl(ep.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
-        srv->open_conns--;
-        conns.erase(c->fd.get());
+        if (c->linger && start_linger(c)) continue;
+        close_conn(c);
       }
     }
+  }
+
+  void close_conn(Conn* c) {
+    if (c->registered) epoll_ctl(ep.get(), EPOLL_CTL_DEL, c->fd.get(), nullptr);
+    srv->open_conns--;
+    conns.erase(c->fd.get());
+  }
+
+  // Shuts `c` for writing (its queued frames are out: the peer reads them, then end of stream)
+  // and watches its input only; false if that fails (then it is closed at once).
+  bool start_linger(Conn* c) {
+    if (::shutdown(c->fd.get(), SHUT_WR) != 0) return false;
+    epoll_event e{};
+    e.events = EPOLLIN | EPOLLRDHUP;
+    e.data.fd = c->fd.get();
+    if (epoll_ctl(ep.get(), c->registered ? EPOLL_CTL_MOD : EPOLL_CTL_ADD, c->fd.get(), &e) != 0) return false;
+    c->registered = true;
+    c->lingering = true;
+    c->linger_until = Clock::now() + kLinger;
+    return true;
+  }
+
+  // A lingering connection is readable: drop its input; close it at end of stream or an error
+  // (or past its time: a peer that keeps sending is not drained for ever).
+  void drain_lingering(Conn* c) {
+    static thread_local uint8_t sink[64 << 10];
+    size_t got = 0;
+    while (got < kLingerBudget) {
+      ssize_t n = ::recv(c->fd.get(), sink, sizeof sink, MSG_DONTWAIT);
+      if (n > 0) {
+        got += size_t(n);
+      } else if (n < 0 && errno == EINTR) {
+        continue;
+      } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
+        return;
+      } else {
+        return close_conn(c);  // end of stream or an error
+      }
+    }
+    if (Clock::now() >= c->linger_until) close_conn(c);  // else: more at the next wakeup
+  }
+
+  void expire_lingering() {
+    const auto now = Clock::now();
+    std::vector<Conn*> due;
+    for (auto& kv : conns)
+      if (kv.second->lingering && now >= kv.second->linger_until) due.push_back(kv.second.get());
+    for (Conn* c : due) close_conn(c);
   }
 
   void sweep_handshakes() {
@@ -807,6 +861,10 @@ struct Loop {
         auto it = conns.find(fd);
         if (it == conns.end()) continue;
         Conn* c = it->second.get();
+        if (c->lingering) {
+          drain_lingering(c);
+          continue;
+        }
         if (c->dead) continue;
         try {
           if (ev_mask & EPOLLOUT) flush(c);
@@ -835,6 +893,7 @@ struct Loop {
         sweep_handshakes();
         expire_groups();
         reap();
+        expire_lingering();
         refresh_snapshot();
         last_sweep = now;
       }
