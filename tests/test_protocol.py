@@ -253,3 +253,26 @@ def test_raw_auth_with_job_credential():
         # The same key presented for another job is refused by the reducer itself.
         other = RawWorker(srv.port, job=b"job-B", key=key)
         assert other.reply().status == Status.AUTH_FAILED
+
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.mark.parametrize("shard, chunk", [
+    (16 * KiB, 64 * KiB),     # under 128 KiB: latency-bound, one chunk (64 KiB floor)
+    (100 * KiB, 64 * KiB),
+    (128 * KiB, 16 * KiB),    # from 128 KiB: shard/64, at least 16 KiB
+    (256 * KiB, 16 * KiB),
+    (1 * MiB, 16 * KiB),      # 64 per shard: fill and drain 3% (the old 64 KiB floor: 12%)
+    (2 * MiB, 32 * KiB),
+    (3 * MiB + 64 * KiB, 52 * KiB),  # shard/64 rounded up to 4 KiB
+    (4 * MiB, 64 * KiB),
+    (64 * MiB, 1 * MiB),      # capped by max_chunk
+])
+def test_chunk_rule(shard, chunk):
+    assert core.chunk_for(shard, 1 * MiB) == chunk
+
+
+def test_chunk_rule_respects_a_small_max_chunk():
+    assert core.chunk_for(1 * MiB, 8 * KiB) == 8 * KiB
+    assert core.chunk_for(4 * KiB, 8 * KiB) == 8 * KiB

@@ -12,6 +12,7 @@
 #include "net/frame_auth.h"
 #include "protocol/auth.h"
 #include "protocol/hmac.h"
+#include "protocol/plan.h"
 #include "protocol/wire.h"
 
 namespace rs::py_bind {
@@ -152,6 +153,8 @@ void bind_common(py::module_& m) {
   }, py::arg("key"), py::arg("direction"), py::arg("frame"), py::arg("header"), py::arg("payload"), py::arg("repeat") = 1,
      "Header tag and trailer of frame number `frame + repeat - 1` (net/frame_auth.h), computed `repeat` times "
      "(for benchmarks; the GIL is released).");
+  m.def("chunk_for", &rs::proto::chunk_for, py::arg("shard_bytes"), py::arg("max_chunk"),
+        "The pipeline chunk of a shard (protocol/plan.h): the size every worker derives for a round.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
   py::dict defaults;  // common/defaults.h: reducer/config.py states the same (a test checks)

@@ -45,7 +45,7 @@ ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t
 
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
   uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
-  const bool small = shard_bytes >= kSmallChunkShardMin && shard_bytes < kSmallChunkShardEnd;
+  const bool small = shard_bytes >= kSmallChunkShardMin;
   c = std::max(c, small ? kMinSmallChunk : kMinPipelineChunk);
   return std::min(c, max_chunk);
 }

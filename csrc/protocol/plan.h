@@ -31,19 +31,21 @@ ShardPlan even_split(uint64_t units, size_t parts);
 constexpr uint64_t kMinShardBytes = 64 << 10;
 ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
 
-// Chunk size for a shard: about shard / kChunksPerShard (so pipeline fill and drain cost a few
-// percent), at least kMinPipelineChunk (kMinSmallChunk for a shard of at least
-// kSmallChunkShardMin and under kSmallChunkShardEnd bytes), at most max_chunk; a multiple of 4 KiB (or all of max_chunk). The smaller
-// floor: on a link-bound network a 256 KiB shard in 64 KiB chunks spends half its time filling
-// and draining the pipeline (rs 0.68x the ring at 512 KiB, 1 Gbit/s), in 16 KiB chunks an
-// eighth (1.4x). Shards of 1 MiB and more keep 64 KiB chunks, which cost less CPU per byte; so
-// do shards under 128 KiB, the NCCL plugin's (its stream of calls keeps the pipeline full
-// across calls, and 16 KiB chunks there cost it 2-9 points of the bound: docs/performance.md).
+// Chunk size for a shard. Pipeline model (docs/performance.md, "Theory"): a reducer returns
+// chunk k once it has chunk k from every worker, so one chunk of fill and one of drain are
+// added to a shard's time: overhead 2 x chunk / shard. The rule keeps that a few percent:
+// about shard / kChunksPerShard (3%), a multiple of 4 KiB, at most max_chunk, and at least
+//  - kMinPipelineChunk (64 KiB) for shards under kSmallChunkShardMin (128 KiB): such rounds
+//    are latency-bound, and the NCCL plugin's stream of 256 KiB calls (64 KiB shards) keeps its
+//    pipeline full across calls, where smaller chunks only cost CPU (2-9 points of its bound);
+//  - kMinSmallChunk (16 KiB) for larger shards: at 1 Gbit/s a 1 MiB shard in 64 KiB chunks
+//    spends 12% filling and draining (4 MiB rounds at 96% of the bound instead of 100%), a
+//    256 KiB shard half its time (rs 0.68x the ring at 512 KiB).
+// Every worker of a group derives the same size from the round.
 constexpr uint64_t kChunksPerShard = 64;
 constexpr uint64_t kMinPipelineChunk = 64 << 10;
 constexpr uint64_t kMinSmallChunk = 16 << 10;
 constexpr uint64_t kSmallChunkShardMin = 128 << 10;
-constexpr uint64_t kSmallChunkShardEnd = 1 << 20;
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 
 }  // namespace rs::proto
