@@ -415,6 +415,7 @@ void listen(void* handle, void** listen_comm) {
   else reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = 0;
   lc->fd = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
   if (!lc->fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
+  net::preset_congestion(lc->fd.get());  // accepted connections inherit it (net/socket.h)
   if (::bind(lc->fd.get(), reinterpret_cast<sockaddr*>(&ss), ni.addr_len) != 0 || ::listen(lc->fd.get(), 256) != 0)
     throw Error(ErrorKind::Config, "cannot listen on " + ni.name + " (" + ni.ip + "): " + errno_text(errno));
   socklen_t len = sizeof ss;
@@ -453,6 +454,7 @@ void connect(void* handle, void** send_comm) {
       for (int s = 0; s < owned->to.nsocks; ++s) {
         net::Fd fd(::socket(owned->to.family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
         if (!fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
+        net::preset_congestion(fd.get());
         if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), alen) != 0 && errno != EINPROGRESS)
           throw Error(ErrorKind::Connect, "cannot connect to peer " + owned->to.str() + ": " + errno_text(errno));
         std::array<uint8_t, kHelloBytes> hello{};

@@ -107,6 +107,11 @@ std::string socket_congestion(int fd) {
   return std::string(buf, strnlen(buf, std::min<size_t>(len, sizeof buf)));
 }
 
+void preset_congestion(int fd) {
+  std::string cc = tcp_congestion();
+  if (!cc.empty()) apply_congestion(fd, cc);
+}
+
 void tune_socket(int fd, int buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
@@ -116,9 +121,9 @@ void tune_socket(int fd, int buffer_bytes) {
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);
   }
   // Checked by set_tcp_congestion; a failure here (e.g. a module unloaded since) keeps the
-  // kernel's default for this connection, which still works.
-  std::string cc = tcp_congestion();
-  if (!cc.empty()) apply_congestion(fd, cc);
+  // kernel's default for this connection, which still works. Sockets this file opens were
+  // preset before connect()/listen() already (preset_congestion): this covers the others.
+  preset_congestion(fd);
 }
 
 void set_nonblocking(int fd, bool on) {
@@ -150,6 +155,7 @@ int resolve(const std::string& host, uint16_t port, bool passive, AddrInfo* out)
 int start_connect(const addrinfo* a, Fd* out) {
   Fd fd(::socket(a->ai_family, a->ai_socktype | SOCK_CLOEXEC | SOCK_NONBLOCK, a->ai_protocol));
   if (!fd.valid()) return errno;
+  preset_congestion(fd.get());
   const int err = ::connect(fd.get(), a->ai_addr, a->ai_addrlen) == 0 ? 0 : errno;
   if (err == 0 || err == EINPROGRESS) *out = std::move(fd);
   return err;
@@ -180,6 +186,7 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
     }
     int one = 1;
     setsockopt(fd.get(), SOL_SOCKET, SO_REUSEADDR, &one, sizeof one);
+    preset_congestion(fd.get());  // accepted connections inherit it
     if (::bind(fd.get(), a->ai_addr, a->ai_addrlen) != 0 || ::listen(fd.get(), 1024) != 0) {
       last = errno_text(errno);
       continue;

@@ -64,6 +64,15 @@ constexpr const char* kAutoCongestion = "cubic";
 std::string set_tcp_congestion(const std::string& name);
 std::string tcp_congestion();
 
+// Gives a socket the process-wide congestion control BEFORE connect() or listen() (accepted
+// connections inherit a listener's). Switching a connected socket later is not the same: a
+// connection that started under BBR (a common kernel default) keeps BBR's internal pacing after
+// TCP_CONGESTION switches it to cubic (the kernel leaves sk_pacing_status set), and that pacing
+// throttles bursts: measured at 1 Gbit/s, W=4 R=4, 64 KiB rs rounds took 1.1-1.4 ms for their
+// first hundreds of rounds instead of 0.5 ms (docs/performance.md). listen_on and the connects of
+// this file call it; tune_socket() still applies the setting to any other socket.
+void preset_congestion(int fd);
+
 // The congestion control a socket uses now ("" if it cannot be read).
 std::string socket_congestion(int fd);
 void set_nonblocking(int fd, bool on);
