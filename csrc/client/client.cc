@@ -481,9 +481,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   // (A worker that started this round before the failover did not check: only rounds that no
   // worker had started then are checked, so every worker checks at the same ones. A check that
   // try_start() left under way holds every start until it is over.)
-  const bool check_due = opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ &&
-                         id_next_ > 0 && id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_;
-  if ((check_open_ || check_due) && !try_rejoin(may_wait)) return false;
+  if ((check_open_ || check_due()) && !try_rejoin(may_wait)) return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -1040,9 +1038,15 @@ bool Client::drain(bool may_wait) {
 // comes back here, so nothing else starts before it is over. try_start() never waits for the
 // MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
 // (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
+bool Client::check_due() const {
+  return opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ && id_next_ > 0 &&
+         id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_;
+}
+
 bool Client::try_rejoin(bool may_wait) {
   if (!check_open_) {
     if (!drain(may_wait)) return false;
+    if (!links_.empty() && !check_due()) return true;  // a failover while draining moved the boundary
     rejoin_checked_ = id_next_;
     if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
     open_check();
@@ -1064,6 +1068,12 @@ bool Client::try_rejoin(bool may_wait) {
     check_open_ = false;
     if (!agreed) {
       if (x) recover();
+      // A failover abandoned the check. Whether a worker had opened it before the loss differs
+      // between workers (another may have noticed the loss while draining, then opened the
+      // check in the new session), so every worker decides again from agreed values only
+      // (rejoin_from_, id_next_): the check is redone in the new session if still due.
+      rejoin_checked_ = 0;
+      if (!links_.empty() && check_due()) return try_rejoin(may_wait);
       start_probes();
       return true;
     }

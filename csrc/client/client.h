@@ -175,6 +175,7 @@ class Client {
   // previous check (never waited for), take those back, and start the next probes.
   // With `may_wait` false it never waits for the other workers: false until the check is over.
   bool try_rejoin(bool may_wait);
+  bool check_due() const;                         // a rejoin check is due at the next RoundId
   void open_check();                              // enqueues the check's MIN all-reduce (check_)
   void start_probes();                            // a probe per reducer not in active_
   void check_probes();                            // notes probes that finished (never waits)
