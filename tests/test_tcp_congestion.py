@@ -131,3 +131,26 @@ def test_ring_connections_use_it_on_both_ends(core):
     finally:
         for r in rings:
             r.close()
+
+
+@pytest.mark.skipif(OTHER is None, reason="only one congestion control in this kernel")
+@pytest.mark.skipif(shutil.which("ss") is None, reason="needs ss (iproute2)")
+@pytest.mark.timeout(60)
+def test_listeners_have_it_before_any_connection(core):
+    """Connections must run under the setting from their first packet: a connection accepted under
+    the kernel's default and switched afterwards keeps state of the old algorithm (BBR's pacing
+    stays on after a switch to cubic: 64 KiB rounds 2-3x slower, docs/performance.md). Accepted
+    sockets inherit their listener's algorithm, so the reducer's and the ring's listening sockets
+    must carry the setting already (as `ss` shows them, before anything connects)."""
+    reducer.set_tcp_congestion(OTHER)
+    srv = reducer.ReducerServer(host="127.0.0.1", port=0).start()
+    ring = core.Ring(0, 2, "127.0.0.1", 0, 20.0)
+    try:
+        for port in (srv.port, ring.port):
+            out = subprocess.run(["ss", "-tlni", f"sport = :{port}"], capture_output=True, text=True,
+                                 timeout=10).stdout
+            info = [ln.split() for ln in out.splitlines() if ln[:1].isspace()]  # the TCP_INFO line
+            assert len(info) == 1 and [w for w in info[0] if ":" not in w][-1:] == [OTHER], out
+    finally:
+        ring.close()
+        srv.stop()
