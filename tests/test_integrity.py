@@ -19,14 +19,15 @@ from attack_tools import (DATA, ERROR, FRAME, HELLO_INTEGRITY, RESULT, TAG_BYTES
                           TO_WORKER as DIR_TO_WORKER, RawWorker, Status, encode_hello, frame, frame_key, gmac,
                           job_key, recv_exact, seal)
 from mitm_proxy import TO_REDUCER, TO_WORKER, Proxy, drop, flip, replay, swap, untouched
+from reducer._native import core as _core
 from reducer.errors import ConfigError, ProtocolError, ReductionError
 from tasks import check, make_data
 
 SECRET = "integrity-secret"
 JOB = "job-i"
 INTEGRITY_ERROR = "frame integrity check failed"
-N = 1 << 18            # float32 elements: 1 MiB, 16 chunks of 64 KiB on one reducer and stream
-CHUNK = 64 << 10
+N = 1 << 18            # float32 elements: 1 MiB on one reducer and stream, in chunks of
+CHUNK = _core.chunk_for(4 * N, 1 << 20)  # the client's rule (protocol/plan.h): 16 KiB
 
 
 def run_group(addresses: Sequence[Sequence[str]], group: str, fn: Callable[[reducer.Communicator, int], Any],
