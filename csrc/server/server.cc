@@ -118,6 +118,7 @@ struct Loop {
   std::unordered_map<int, std::unique_ptr<Conn>> conns;
   std::unique_ptr<GroupTable> table;
   std::vector<Conn*> dying;
+  std::vector<Conn*> lingered;  // lingering connections done: closed after the batch of events
   std::vector<Slot*> delivered_scratch;  // flush(): results written, reused (no allocation per chunk)
   std::mutex inbox_mu;
   std::vector<std::unique_ptr<Conn>> inbox;
@@ -762,10 +763,17 @@ struct Loop {
       } else if (n < 0 && (errno == EAGAIN || errno == EWOULDBLOCK)) {
         return;
       } else {
-        return close_conn(c);  // end of stream or an error
+        return linger_over(c);  // end of stream or an error
       }
     }
-    if (Clock::now() >= c->linger_until) close_conn(c);  // else: more at the next wakeup
+    if (Clock::now() >= c->linger_until) linger_over(c);  // else: more at the next wakeup
+  }
+
+  // Closed after the current batch of events, like reap(): its fd number must not be reused
+  // (by an accept) while events of the batch may still name it.
+  void linger_over(Conn* c) {
+    c->lingering = false;
+    lingered.push_back(c);
   }
 
   void expire_lingering() {
@@ -861,10 +869,7 @@ struct Loop {
         auto it = conns.find(fd);
         if (it == conns.end()) continue;
         Conn* c = it->second.get();
-        if (c->lingering) {
-          drain_lingering(c);
-          continue;
-        }
+        if (c->lingering) drain_lingering(c);
         if (c->dead) continue;
         try {
           if (ev_mask & EPOLLOUT) flush(c);
@@ -886,6 +891,8 @@ struct Loop {
         }
       }
       reap();
+      for (Conn* c : lingered) close_conn(c);
+      lingered.clear();
       if (index == 0) resume_listener_if_due();
       if (snap_requested.load() != snap_done.load()) refresh_snapshot();
       auto now = Clock::now();
