@@ -597,6 +597,38 @@ def test_error_frame_survives_input_still_in_flight():
         w.close()
 
 
+@pytest.mark.sanitize
+def test_a_peer_that_floods_a_lingering_connection_is_closed_and_starves_nobody():
+    """The lingering close drains what a peer still sends: a peer that keeps flooding after its
+    ERROR frame is read from at most 1 MiB per wakeup and closed after the linger time (2 s), while
+    a good group on the same event loop keeps working."""
+    with serve(threads=1) as srv:
+        w = RawWorker(srv.port, 0, 1, group=b"linger-flood", chunk=4096)
+        assert w.reply().status == Status.OK
+        w.sock.sendall(frame(99))  # a protocol error: the reducer answers, then lingers
+        junk = b"\xa5" * (1 << 20)
+        stop = threading.Event()
+        sent = [0]
+
+        def flood() -> None:
+            w.sock.settimeout(10)
+            try:
+                while not stop.is_set():
+                    sent[0] += w.sock.send(junk)
+            except OSError:
+                pass  # closed by the reducer: what the test waits for
+
+        t = threading.Thread(target=flood, daemon=True)
+        t0 = time.monotonic()
+        t.start()
+        run_good_group(srv.address, "linger-flood-good", rounds=5)
+        t.join(10)
+        stop.set()
+        assert not t.is_alive(), "the reducer never closed the flooding connection"
+        assert sent[0] > (1 << 20) and time.monotonic() - t0 < 8, (sent[0], time.monotonic() - t0)
+        w.close()
+
+
 def test_bye_with_text_gives_peer_lost_to_a_real_worker():
     with serve(threads=2) as srv:
         raw = RawWorker(srv.port, 1, 2, job=b"job-bye", group=b"g", chunk=1 << 20, send_hello=False)
