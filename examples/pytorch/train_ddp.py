@@ -15,6 +15,7 @@ LOCAL_RANK) and finds the reducers by discovery (CLUSTER_SPEC, TF_CONFIG or RS_R
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -160,6 +161,12 @@ def main(argv=None) -> int:
         torch.save({k: v.detach().cpu() for k, v in model.state_dict().items()}, path)
     if args.use_hook:
         state.close()
+    # Free DDP before its process group. DDP's C++ reducer holds the group; if it drops the last
+    # reference, gloo's destructor joins its worker threads with the GIL held while a worker may
+    # need the GIL to free a work object launched in backward (a deadlock seen with torch 2.13).
+    # Freed by destroy_process_group() instead, the group is destroyed with the GIL released.
+    del ddp, opt
+    gc.collect()
     dist.destroy_process_group()
     return 0
 
