@@ -31,6 +31,9 @@ sources = sorted(s for s in glob("csrc/**/*.cc", recursive=True)
 ext = Pybind11Extension(
     "reducer._core",
     sources,
+    # Headers too: build_ext rebuilds only when a listed file is newer than the module, so without
+    # them an edit to a header (a constant in protocol/plan.h, say) would leave a stale module.
+    depends=sorted(glob("csrc/**/*.h", recursive=True) + glob("csrc/**/*.inc", recursive=True)),
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXX_FLAGS,

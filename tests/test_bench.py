@@ -126,6 +126,19 @@ def test_parse_sizes():
         parse_sizes("64K:4K")
 
 
+def test_warmup_iterations_by_bytes():
+    from reducer.bench.rank import MAX_WARMUP_ITERS, warmup_iterations
+
+    M = 1 << 20
+    assert warmup_iterations(64 << 10, 3, 32 * M) == 512
+    assert warmup_iterations(1 * M, 3, 32 * M) == 32
+    assert warmup_iterations(3 * M, 3, 32 * M) == 11         # rounded up
+    assert warmup_iterations(16 * M, 3, 32 * M) == 3         # --warmup when it is more
+    assert warmup_iterations(4, 3, 32 * M) == MAX_WARMUP_ITERS
+    assert warmup_iterations(64 << 10, 3, 0) == 3            # 0: --warmup alone
+    assert warmup_iterations(64 << 10, 0, 0) == 0
+
+
 def test_report_busbw_and_summary():
     from reducer.bench import report
 
@@ -212,7 +225,9 @@ def test_parse_congestion():
 
 # ------------------------------------------------------------------ end to end
 def _bench(args, timeout=120, **kw):
-    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + args
+    # --warmup alone (not hundreds of warm-up rounds per small size): these runs check what is printed
+    extra = [] if "--warmup-bytes" in args else ["--warmup-bytes", "0"]
+    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + extra + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
 
 
@@ -341,7 +356,8 @@ def test_bench_emulated_congestion_ab(tmp_path, prefix):
 def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
     """Kill a measured worker mid-run: the bench reports the failure and removes every namespace."""
     cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress", "--workers", "2", "--reducers", "1",
-           "--sizes", "8M", "--iters", "50", "--warmup", "0", "--algos", "ring", "--emulate-gbps", "0.2",
+           "--sizes", "8M", "--iters", "50", "--warmup", "0", "--warmup-bytes", "0", "--algos", "ring",
+           "--emulate-gbps", "0.2",
            "--timeout", "5", "--netns-prefix", prefix]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     victim = None

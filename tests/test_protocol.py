@@ -273,6 +273,45 @@ def test_chunk_rule(shard, chunk):
     assert core.chunk_for(shard, 1 * MiB) == chunk
 
 
+@pytest.mark.parametrize("nbytes, reducers, workers, used", [
+    (4, 4, 4, 1),               # a barrier-sized round: one reducer
+    (16 * KiB, 8, 8, 1),        # shards stay >= 32 KiB
+    (64 * KiB, 4, 4, 2),        # W x shard <= 128 KiB: 2 x 32 KiB shards (was 1 x 64 KiB: 256 KiB incast)
+    (64 * KiB, 8, 8, 2),        # capped by the 32 KiB shard floor (one reducer: 512 KiB incast)
+    (128 * KiB, 4, 4, 4),
+    (128 * KiB, 8, 8, 4),
+    (64 * KiB, 2, 2, 1),        # W = 2: one 64 KiB shard is 128 KiB of incast
+    (128 * KiB, 8, 2, 2),
+    (256 * KiB, 8, 8, 8),
+    (256 * KiB, 4, 4, 4),       # R x 64 KiB and more: every reducer
+    (64 * MiB, 4, 16, 4),
+    (256 * KiB, 16, 16, 8),
+    (512 * KiB, 16, 16, 16),
+    (100 * KiB, 1, 8, 1),
+])
+def test_reducer_count_rule(nbytes, reducers, workers, used):
+    assert core.reducers_for(nbytes, reducers, workers) == used
+
+
+def test_reducer_count_rule_bounds_incast_or_keeps_shards_large():
+    """Below R x 64 KiB every count keeps a reducer's share of a round (W x shard) at 128 KiB or
+    its shards at 32 KiB at least, never uses more reducers than that needs, and never more than R."""
+    for workers in (1, 2, 3, 4, 6, 8, 16, 32):
+        for reducers in (1, 2, 3, 4, 8, 16):
+            for nbytes in [1, 4, 4 * KiB, 32 * KiB, 33 * KiB] + [k * 16 * KiB for k in range(3, 65)]:
+                used = core.reducers_for(nbytes, reducers, workers)
+                assert 1 <= used <= reducers
+                if nbytes >= reducers * 64 * KiB:
+                    assert used == reducers
+                    continue
+                shard = -(-nbytes // used)
+                assert workers * shard <= 128 * KiB or shard >= 32 * KiB or used == reducers, \
+                    (nbytes, reducers, workers, used)
+                if 1 < used < min(reducers, nbytes // (32 * KiB)):  # not capped: one fewer would not do
+                    assert used - 1 < -(-nbytes // (64 * KiB)) or workers * nbytes > 128 * KiB * (used - 1), \
+                        (nbytes, reducers, workers, used)
+
+
 def test_chunk_rule_respects_a_small_max_chunk():
     assert core.chunk_for(1 * MiB, 8 * KiB) == 8 * KiB
     assert core.chunk_for(4 * KiB, 8 * KiB) == 8 * KiB

@@ -155,6 +155,8 @@ void bind_common(py::module_& m) {
      "(for benchmarks; the GIL is released).");
   m.def("chunk_for", &rs::proto::chunk_for, py::arg("shard_bytes"), py::arg("max_chunk"),
         "The pipeline chunk of a shard (protocol/plan.h): the size every worker derives for a round.");
+  m.def("reducers_for", &rs::proto::reducers_for, py::arg("nbytes"), py::arg("reducers"), py::arg("workers"),
+        "How many reducers a round of `nbytes` uses (protocol/plan.h): the count every worker derives.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
   py::dict defaults;  // common/defaults.h: reducer/config.py states the same (a test checks)

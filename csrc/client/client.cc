@@ -515,7 +515,7 @@ void Client::plan(Round& r) {
   const size_t wes = dtype_size(r.dtype);
   const uint64_t es = wes * r.scale();  // bytes per element in the buffer
   const uint64_t S = uint64_t(opts_.streams);
-  proto::ShardPlan sp = proto::plan_round(r.nbytes / wes, wes, active_.size(), r.wire);
+  proto::ShardPlan sp = proto::plan_round(r.nbytes / wes, wes, active_.size(), opts_.world_size, r.wire);
   r.parts.assign(links_.size(), Round::Part{});
   r.parts_left = 0;
   r.clears_left = 0;

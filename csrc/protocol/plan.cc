@@ -25,11 +25,17 @@ ShardPlan even_split(uint64_t units, size_t parts) {
   return p;
 }
 
-ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round) {
-  const uint64_t nbytes = elems * elem_size;
-  size_t used = reducers;
-  if (nbytes < uint64_t(reducers) * kMinShardBytes)
-    used = size_t(std::max<uint64_t>(1, (nbytes + kMinShardBytes - 1) / kMinShardBytes));
+size_t reducers_for(uint64_t nbytes, size_t reducers, size_t workers) {
+  if (reducers <= 1 || nbytes >= uint64_t(reducers) * kMinShardBytes) return std::max<size_t>(reducers, 1);
+  const auto ceil_div = [](uint64_t a, uint64_t b) { return (a + b - 1) / b; };
+  const uint64_t want = std::max(ceil_div(nbytes, kMinShardBytes),
+                                 ceil_div(uint64_t(std::max<size_t>(workers, 1)) * nbytes, kMaxSmallIncastBytes));
+  const uint64_t cap = std::max<uint64_t>(1, nbytes / kMinSplitShardBytes);
+  return size_t(std::max<uint64_t>(1, std::min<uint64_t>({want, cap, uint64_t(reducers)})));
+}
+
+ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, size_t workers, uint64_t round) {
+  const size_t used = reducers_for(elems * elem_size, reducers, workers);
   ShardPlan dense = even_split(elems, used);
   if (used == reducers) return dense;
   ShardPlan p;

@@ -24,12 +24,22 @@ struct ShardPlan {
 ShardPlan even_split(uint64_t units, size_t parts);
 
 // The worker client's shards for round number `round` of a session: `elems` elements of
-// `elem_size` bytes over `reducers`. Buffers smaller than reducers x kMinShardBytes use fewer
-// reducers (at least this much each), rotated by round number so that small rounds spread
-// over all reducers; unused reducers get count 0. Every worker derives the same plan from
-// (size, round), so no coordination is needed.
+// `elem_size` bytes over `reducers`, from `workers` workers. Buffers of reducers x kMinShardBytes
+// and more use every reducer. Smaller ones use fewer, rotated by round number so that small
+// rounds spread over all reducers (unused reducers get count 0); a reducer receives W x shard
+// bytes per round (incast), so the count is the larger of
+//  - nbytes / kMinShardBytes (64 KiB shards need no more reducers), and
+//  - W x nbytes / kMaxSmallIncastBytes (a reducer's link carries at most 128 KiB of a small
+//    round each way: one reducer for a 64 KiB round of 8 workers carried 512 KiB, 8.4 ms at
+//    0.5 Gbit/s, where the worker's own link needs 1 ms),
+// but shards stay at least kMinSplitShardBytes (32 KiB): every extra reducer costs each worker
+// a message each way and wakes one more process (docs/performance.md, "Small rounds").
+// Every worker derives the same plan from (size, W, round), so no coordination is needed.
 constexpr uint64_t kMinShardBytes = 64 << 10;
-ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, uint64_t round);
+constexpr uint64_t kMaxSmallIncastBytes = 128 << 10;
+constexpr uint64_t kMinSplitShardBytes = 32 << 10;
+size_t reducers_for(uint64_t nbytes, size_t reducers, size_t workers);
+ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, size_t workers, uint64_t round);
 
 // Chunk size for a shard. Pipeline model (docs/performance.md, "Theory"): a reducer returns
 // chunk k once it has chunk k from every worker, so one chunk of fill and one of drain are

@@ -373,6 +373,17 @@ class _CpuSampler:
         return 100.0 * self.busy / self.total if self.total and sum(samples_us) >= 2e5 else None
 
 
+MAX_WARMUP_ITERS = 1000
+
+
+def warmup_iterations(size: int, warmup: int, warmup_bytes: int) -> int:
+    """Untimed iterations before a size's timed ones: `warmup`, and enough that the warm-up moves
+    `warmup_bytes` (new TCP connections open their windows, caches and page tables settle),
+    at most MAX_WARMUP_ITERS. Every rank derives the same count."""
+    by_bytes = -(-warmup_bytes // size) if warmup_bytes > 0 and size > 0 else 0
+    return max(warmup, min(by_bytes, MAX_WARMUP_ITERS))
+
+
 def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
     import numpy as np
 
@@ -390,16 +401,17 @@ def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
         samples: List[float] = []
         wrong = 0
         cpu = _CpuSampler(rank)
-        for it in range(job["warmup"] + job["iters"]):
+        warm = warmup_iterations(size, job["warmup"], job.get("warmup_bytes", 0))
+        for it in range(warm + job["iters"]):
             np.copyto(buf, inp)
             algo.barrier()
             cpu.start()
             t0 = time.perf_counter()
             fn()
             t1 = time.perf_counter()
-            cpu.stop(it >= job["warmup"])
+            cpu.stop(it >= warm)
             algo.barrier()  # nobody checks (uses CPU) while another rank is still timing
-            if it >= job["warmup"]:
+            if it >= warm:
                 samples.append((t1 - t0) * 1e6)
                 wrong = max(wrong, count_wrong(buf, expected, tol))
         emit(event="result", key=size, samples_us=samples, wrong=wrong, cpu_percent=cpu.percent(samples))
