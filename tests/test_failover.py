@@ -615,3 +615,69 @@ def test_an_impostor_at_a_lost_reducers_address_is_not_taken_back(reducers):
     finally:
         stop.set()
         victim.kill()
+
+
+def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reducers):
+    """Early release (docs/protocol.md section 6, "Releases"): a small round goes back to its
+    caller as soon as its results are in, before the reducers' CLEAR, and the caller may reuse the
+    buffer at once. Here the last result of reducer A's shard never reaches worker 1 (a proxy drops
+    it), so A never clears the round; worker 0 gets the round back and overwrites its buffer, then
+    A is killed: worker 1's missing chunk is copied from worker 0 on the survivor, and must be the
+    sum, not what worker 0's caller wrote afterwards; worker 0's buffer keeps what its caller wrote."""
+    from mitm_proxy import TO_WORKER, Proxy
+
+    survivor = addresses(reducers(1))
+    victim = Victim()
+
+    def drop_last_result(d: str, _c: int, _i: int, f: bytes) -> List[bytes]:
+        last_of_round_0 = f[0] == 2 and f[3] & 1 and int.from_bytes(f[8:16], "little") == 0  # RESULT, flags, round
+        return [] if d == TO_WORKER and last_of_round_0 else [f]
+
+    proxy = Proxy(victim.port, tags=False, tamper=drop_last_result)
+    try:
+        world = 2
+        addrs = [[victim.address] + survivor, [proxy.address] + survivor]  # worker 1 reaches A via the proxy
+        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-release", "local", 20.0, 60.0, "", 1,
+                                                    1 << 20), world)
+        for c in clients:
+            assert not isinstance(c, BaseException), c
+        n = 64 << 10  # 256 KiB of float32: a shard on each reducer, small enough to be released early
+        x = [np.arange(n, dtype=np.float32) % 1000 + 1000 * r for r in range(world)]  # sums are exact
+        want = x[0] + x[1]
+        garbage = np.float32(-7.0)
+        handed_back = threading.Event()
+        killed = threading.Event()
+        after = [np.full(1000, float(r + 1), np.float32) for r in range(world)]
+
+        def worker(r: int) -> Any:
+            clients[r].wait(clients[r].start(x[r], "float32", "sum"))  # worker 1: only through the failover
+            got = x[r].copy()
+            if r == 0:
+                assert not killed.is_set(), "worker 0 got the round back only after the failover"
+                x[0][:] = garbage  # the caller reuses its memory at once
+                handed_back.set()
+                assert killed.wait(30.0)
+            clients[r].wait(clients[r].start(after[r], "float32", "sum"))
+            return got
+
+        def killer() -> None:
+            handed_back.wait(20.0)  # (the code before early release: only the kill lets worker 0 go)
+            victim.kill()
+            killed.set()
+
+        threading.Thread(target=killer, daemon=True).start()
+        res = on_threads(worker, world, timeout=90.0)
+        for r in range(world):
+            assert not isinstance(res[r], BaseException), res
+            bad = np.flatnonzero(res[r] != want)
+            assert bad.size == 0, f"rank {r}: {bad.size} elements differ, first at {bad[:1]}: {res[r][bad[:3]]}"
+        assert (x[0] == garbage).all(), "the client wrote into a buffer it had handed back"
+        assert all(float(a[0]) == 3.0 for a in after)
+        stats = [c.stats() for c in clients]
+        assert stats[0]["early_releases"] >= 1 and stats[0]["reducer_failovers"] == 1, stats
+        assert stats[1]["reducer_failovers"] == 1 and stats[1]["repaired_bytes"] > 0, stats
+        for c in clients:
+            c.close()
+    finally:
+        proxy.close()
+        victim.kill()

@@ -171,6 +171,7 @@ void bind_client(py::module_& m) {
         d["repaired_bytes"] = st.repaired_bytes;
         d["reducer_rejoins"] = st.reducer_rejoins;
         d["rejoin_probes"] = st.rejoin_probes;
+        d["early_releases"] = st.early_releases;
         return d;
       });
 }

@@ -34,6 +34,14 @@ constexpr size_t kMaxStagingSlots = 4;
 uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
 constexpr uint64_t kDoneToken = ~uint64_t(0);
 
+// With failover, a round of at most this many buffer bytes is handed back as soon as its
+// results are in, before the reducers' CLEAR (one more worker -> reducer -> worker trip, which
+// cost 64 KiB rounds 30-40%): its results are copied aside first, and until the CLEARs the copy
+// stands in for the caller's buffer (a failover repairs from it), so the caller may reuse its
+// memory at once. Larger rounds wait for the CLEAR: the trip is a small share of their time, and
+// the copy would cost memory (docs/protocol.md section 6, "Releases").
+constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
+
 // The fingerprint of the failover exchange rounds (all workers send the same).
 constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
 
@@ -107,7 +115,11 @@ struct Client::Round {
   size_t clears_left = 0;      // parts still waiting for CLEAR (failover)
   bool in_session = false;     // in session_, planned on the current links
   enum class State { Running, Done, Failed } state = State::Running;
-  bool collected = false;      // done and reported, freed when it leaves session_
+  bool collected = false;      // done (or released) and reported, freed when it leaves session_
+  // Released (failover, small rounds): every result is in, the CLEARs are not. The caller has it
+  // back (test() true); `buf` points at `copy`, a copy of the results, until the round is done.
+  bool released = false;
+  std::vector<uint8_t> copy;
   ErrorKind kind = ErrorKind::Internal;
   std::string error;
   // Failover (client/failover.h).
@@ -365,6 +377,9 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
     if (r->role != Round::Role::User) return;
     if (r->collected) {
       rounds_.erase(r->id);
+    } else if (r->released) {
+      r->state = Round::State::Done;  // its results were complete, in the caller's buffer
+      recycle_copy(*r);
     } else if (r->state == Round::State::Running) {
       r->state = Round::State::Failed;
       r->kind = kind;
@@ -380,6 +395,7 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
   check_open_ = false;
   open_ = 0;
   running_ = 0;
+  released_open_ = 0;
   std::fill(lost_.begin(), lost_.end(), 0);
   loss_pending_ = false;
   loss_why_.clear();
@@ -394,7 +410,9 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
 void Client::close() {
   std::lock_guard<std::mutex> lock(mu_);
   // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
-  if (running_ > 0 || check_open_) fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
+  // Released rounds still waiting for their CLEARs leave with the session (their callers have them).
+  if (running_ > 0 || released_open_ > 0 || check_open_)
+    fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
 }
 
@@ -549,17 +567,29 @@ void Client::enqueue(Round* r) {
   settle(*r);  // an empty one (nothing on any link) is done at once
 }
 
-// A round is done once every result is in and, with failover, every reducer cleared it.
+// A round is done once every result is in and, with failover, every reducer cleared it. A small
+// user round is released to its caller as soon as its results are in (release_early).
 void Client::settle(Round& r) {
-  if (r.state != Round::State::Running || r.parts_left > 0 || r.clears_left > 0 || r.children > 0) return;
+  if (r.state != Round::State::Running || r.parts_left > 0 || r.children > 0) return;
+  if (r.clears_left > 0) {
+    release_early(r);
+    return;
+  }
   r.state = Round::State::Done;
+  recycle_copy(r);
   if (r.in_session) open_--;
   switch (r.role) {
     case Round::Role::User:
-      running_--;
-      stats_.rounds++;
-      // A repaired round leaves parents_ now: once collected it is freed (collect()).
+      if (r.released) released_open_--;  // (counted in stats and left running_ when it was released)
+      else {
+        running_--;
+        stats_.rounds++;
+      }
+      // A repaired round leaves parents_ now: once collected it is freed (collect()). One the
+      // caller collected when it was released is in neither parents_ nor session_ any more:
+      // nothing else frees it.
       parents_.erase(std::remove(parents_.begin(), parents_.end(), &r), parents_.end());
+      if (r.collected && !r.in_session) rounds_.erase(r.id);  // (r is gone)
       break;
     case Round::Role::Repair: {
       Round& parent = *r.parent;
@@ -572,6 +602,44 @@ void Client::settle(Round& r) {
     case Round::Role::Exchange:
       break;
   }
+}
+
+// Every result of user round `r` is in, a CLEAR is still owed: hands it back now if it is small
+// (kEarlyReleaseBytes). Its results are copied aside and `buf` points at the copy from here on,
+// so a failover before the CLEARs repairs from the copy, never from memory the caller has back.
+void Client::release_early(Round& r) {
+  if (r.released || r.role != Round::Role::User || r.buf.size() > kEarlyReleaseBytes ||
+      released_open_ >= size_t(opts_.max_rounds_in_flight))
+    return;
+  if (!spare_copies_.empty()) {
+    r.copy = std::move(spare_copies_.back());
+    spare_copies_.pop_back();
+  }
+  if (r.copy.size() < r.buf.size()) r.copy.resize(r.buf.size());
+  uint64_t at = 0;
+  while (at < r.buf.size()) {
+    iovec piece[16];
+    int n = 0;
+    const uint64_t got = r.buf.gather(at, r.buf.size() - at, piece, &n, 16);
+    for (int i = 0; i < n; ++i) {
+      std::memcpy(r.copy.data() + at, piece[i].iov_base, piece[i].iov_len);
+      at += piece[i].iov_len;
+    }
+  }
+  r.buf.assign(r.copy.data(), at);
+  r.released = true;
+  running_--;  // the caller has it back: it no longer counts against max_rounds_in_flight
+  released_open_++;
+  stats_.rounds++;
+  stats_.early_releases++;
+}
+
+// A done or failed round's copy goes back to the pool (kept up to max_rounds_in_flight).
+void Client::recycle_copy(Round& r) {
+  if (r.copy.empty()) return;
+  r.buf.clear();
+  if (spare_copies_.size() < size_t(opts_.max_rounds_in_flight)) spare_copies_.push_back(std::move(r.copy));
+  r.copy = {};
 }
 
 void Client::finish_part(size_t li, Round& r) {
@@ -1320,7 +1388,7 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
       if (running_ < size_t(opts_.max_rounds_in_flight)) return;
     } else {
       auto it = rounds_.find(id);
-      if (it == rounds_.end() || it->second->state != Round::State::Running) return;
+      if (it == rounds_.end() || it->second->state != Round::State::Running || it->second->released) return;
     }
     // Sleep until a socket is ready (at once if one is), another thread changed the state
     // (wake_), or the no-progress timer needs a look. I/O happens only with the lock held
@@ -1357,15 +1425,16 @@ bool Client::collect(RoundId id) {
   Round& r = *it->second;
   if (r.collected)
     throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
-  if (r.state == Round::State::Running) return false;
+  if (r.state == Round::State::Running && !r.released) return false;
   if (r.state == Round::State::Failed) {  // failed rounds are no longer in session_
     Error e(r.kind, r.error);
     rounds_.erase(it);
     throw e;
   }
-  // A finished round may still sit in session_ behind an unfinished older one: it is
-  // freed when it leaves session_.
-  if (by_wire(r.wire) == &r) r.collected = true;
+  // A finished round may still sit in session_ behind an unfinished older one, and a released
+  // one waits for its CLEARs in session_ (or for its repair in parents_): each is freed when it
+  // leaves them (retire, settle, fail_all).
+  if (r.state == Round::State::Running || by_wire(r.wire) == &r) r.collected = true;
   else rounds_.erase(it);
   return true;
 }

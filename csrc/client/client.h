@@ -22,7 +22,8 @@
 //
 // Reducer failover (ClientOptions::failover, on by default): a round is handed back (test()
 // true, wait() returns) only once every reducer of the round said CLEAR, i.e. every worker
-// holds its results. When a reducer is lost (its connection closes or resets, it shuts down,
+// holds its results; a small round (at most 512 KiB) is handed back as soon as its own results
+// are in, and a copy of them stands in for the caller's buffer until the CLEARs. When a reducer is lost (its connection closes or resets, it shuts down,
 // or it alone stalls for `timeout`), the worker says goodbye to the others with the lost set
 // (so every worker of the group learns it), connects a new session to the survivors, and the
 // workers agree in two small all-reduces which bytes of their unfinished rounds each of them
@@ -82,13 +83,14 @@ struct ClientOptions {
 struct ClientStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t rounds = 0;
+  uint64_t rounds = 0;             // user rounds handed back (done, or released: see early_releases)
   uint64_t reconnects = 0;
   uint64_t reducer_failovers = 0;  // sessions moved to surviving reducers
   uint64_t reducers_active = 0;    // reducers the current session uses
   uint64_t repaired_bytes = 0;     // bytes of unfinished rounds copied or reduced again after failovers
   uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
   uint64_t rejoin_probes = 0;      // non-blocking connects to lost reducers started by rejoin checks
+  uint64_t early_releases = 0;     // small rounds handed back before their CLEARs (a copy stands in)
 };
 
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when
@@ -138,7 +140,7 @@ class Client {
   // Fails with a Timeout naming the reducers after `timeout` seconds without progress (time
   // in which no thread was inside start/test/wait does not count: rounds only move then).
   void wait(RoundId id);
-  // Rounds started and not yet finished on the network.
+  // Rounds started and not yet handed back (a released round waiting for its CLEARs is not counted).
   size_t in_flight() const;
 
   // Says goodbye to every reducer; rounds in flight fail. Idempotent; a later start() reconnects.
@@ -161,6 +163,8 @@ class Client {
   void plan(Round& r);                            // splits a round over the current links
   void enqueue(Round* r);                         // plan() and append to session_
   void settle(Round& r);                          // Done once its results are in and cleared
+  void release_early(Round& r);                   // a small round's results are in: back to the caller
+  void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
   void finish_part(size_t li, Round& r);          // a link's share of a round is complete
   void advance_done(size_t li);                   // DONE: rounds complete on this link
   void apply_clear(size_t li, uint64_t upto);
@@ -210,7 +214,9 @@ class Client {
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
   size_t open_ = 0;             // rounds in session_ not finished (user, repair, exchange)
-  size_t running_ = 0;          // user rounds not finished (in session_ or being repaired)
+  size_t running_ = 0;          // user rounds not finished (in session_ or being repaired), not released
+  size_t released_open_ = 0;    // user rounds released (release_early), not yet done: at most max_rounds_in_flight
+  std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
   std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
   std::vector<Round*> parents_; // user rounds waiting for their repair rounds
   std::vector<uint8_t> lost_;   // by reducer: lost and not yet handled

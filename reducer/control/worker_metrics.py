@@ -35,6 +35,7 @@ CLIENT_COUNTERS = {
     "reducer_failovers": ("reducer_failovers", "Sessions moved to the surviving reducers after a reducer was lost."),
     "reducer_rejoins": ("reducer_rejoins", "Lost reducers taken back after they came back at their address."),
     "rejoin_probes": ("rejoin_probes", "Non-blocking connects to lost reducers started by rejoin checks."),
+    "early_releases": ("early_releases", "Small rounds handed back before the reducers' CLEAR (a copy of the results stands in)."),
     "repaired_bytes": ("repaired_bytes", "Bytes of unfinished rounds copied or reduced again after failovers."),
 }
 
