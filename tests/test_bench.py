@@ -139,6 +139,17 @@ def test_warmup_iterations_by_bytes():
     assert warmup_iterations(64 << 10, 0, 0) == 0
 
 
+def test_timed_iterations_by_bytes():
+    from reducer.bench.rank import MAX_TIMED_ITERS, timed_iterations
+
+    M = 1 << 20
+    assert timed_iterations(64 << 10, 10, 4 * M) == 64
+    assert timed_iterations(256 << 10, 10, 4 * M) == 16
+    assert timed_iterations(1 * M, 10, 4 * M) == 10          # --iters when it is more
+    assert timed_iterations(4 << 10, 10, 4 * M) == MAX_TIMED_ITERS
+    assert timed_iterations(64 << 10, 10, 0) == 10           # 0: --iters alone
+
+
 def test_report_busbw_and_summary():
     from reducer.bench import report
 
@@ -226,7 +237,8 @@ def test_parse_congestion():
 # ------------------------------------------------------------------ end to end
 def _bench(args, timeout=120, **kw):
     # --warmup alone (not hundreds of warm-up rounds per small size): these runs check what is printed
-    extra = [] if "--warmup-bytes" in args else ["--warmup-bytes", "0"]
+    extra = ([] if "--warmup-bytes" in args else ["--warmup-bytes", "0"]) + \
+        ([] if "--iters-bytes" in args else ["--iters-bytes", "0"])
     cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + extra + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
 

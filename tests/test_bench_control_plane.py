@@ -133,7 +133,7 @@ def test_loopback_ab_run_polls_every_reducer(tmp_path):
     pytest.importorskip("prometheus_client")
     jp = tmp_path / "cp.json"
     cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress", "--workers", "2", "--reducers", "2",
-           "--sizes", "64K,1M", "--iters", "3", "--warmup", "1", "--warmup-bytes", "0", "--algos", "rs", "--control-plane", "ab",
+           "--sizes", "64K,1M", "--iters", "3", "--iters-bytes", "0", "--warmup", "1", "--warmup-bytes", "0", "--algos", "rs", "--control-plane", "ab",
            "--poll-interval-ms", "20", "--json", str(jp)]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr

@@ -617,6 +617,7 @@ def test_an_impostor_at_a_lost_reducers_address_is_not_taken_back(reducers):
         victim.kill()
 
 
+@pytest.mark.sanitize
 def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reducers):
     """Early release (docs/protocol.md section 6, "Releases"): a small round goes back to its
     caller as soon as its results are in, before the reducers' CLEAR, and the caller may reuse the

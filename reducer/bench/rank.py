@@ -374,14 +374,29 @@ class _CpuSampler:
 
 
 MAX_WARMUP_ITERS = 1000
+MAX_TIMED_ITERS = 200
+
+
+def iterations_for(size: int, count: int, min_bytes: int, cap: int) -> int:
+    """`count` iterations, or enough that they move `min_bytes` (at most `cap`) if that is more.
+    Every rank derives the same count."""
+    by_bytes = -(-min_bytes // size) if min_bytes > 0 and size > 0 else 0
+    return max(count, min(by_bytes, cap))
 
 
 def warmup_iterations(size: int, warmup: int, warmup_bytes: int) -> int:
     """Untimed iterations before a size's timed ones: `warmup`, and enough that the warm-up moves
     `warmup_bytes` (new TCP connections open their windows, caches and page tables settle),
-    at most MAX_WARMUP_ITERS. Every rank derives the same count."""
-    by_bytes = -(-warmup_bytes // size) if warmup_bytes > 0 and size > 0 else 0
-    return max(warmup, min(by_bytes, MAX_WARMUP_ITERS))
+    at most MAX_WARMUP_ITERS."""
+    return iterations_for(size, warmup, warmup_bytes, MAX_WARMUP_ITERS)
+
+
+def timed_iterations(size: int, iters: int, iters_bytes: int) -> int:
+    """Timed iterations of a size: `iters`, and enough that they move `iters_bytes`, at most
+    MAX_TIMED_ITERS. A small round's time varies by 30-50% from one iteration to the next on a
+    busy host (scheduling, the emulated link's token bucket), so the median of 10 differs by
+    10-25% between runs; more samples of small sizes make repeated runs agree."""
+    return iterations_for(size, iters, iters_bytes, MAX_TIMED_ITERS)
 
 
 def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
@@ -402,7 +417,7 @@ def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
         wrong = 0
         cpu = _CpuSampler(rank)
         warm = warmup_iterations(size, job["warmup"], job.get("warmup_bytes", 0))
-        for it in range(warm + job["iters"]):
+        for it in range(warm + timed_iterations(size, job["iters"], job.get("iters_bytes", 0))):
             np.copyto(buf, inp)
             algo.barrier()
             cpu.start()

@@ -50,6 +50,7 @@ class BenchConfig:
     dtype: str = "float32"
     op: str = "sum"
     iters: int = 10
+    iters_bytes: int = 4 << 20               # and at least this many bytes of timed rounds per size
     warmup: int = 3
     warmup_bytes: int = 32 << 20             # and at least this many bytes of untimed rounds per size
     algos: Optional[List[str]] = None        # None: every available one
@@ -426,7 +427,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
         wprocs = []
         for i in range(W):
             job = {"role": "worker", "algo": algo, "rank": i, "world": W, "dtype": cfg.dtype,
-                   "op": cfg.op, "iters": cfg.iters, "warmup": cfg.warmup, "warmup_bytes": cfg.warmup_bytes,
+                   "op": cfg.op, "iters": cfg.iters, "iters_bytes": cfg.iters_bytes, "warmup": cfg.warmup,
+                   "warmup_bytes": cfg.warmup_bytes,
                    "timeout": cfg.timeout,
                    "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
                    "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
@@ -557,8 +559,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
     cfg = _check_compression(dataclasses.replace(cfg, op=check_op(cfg.op)))
-    if cfg.iters < 1 or cfg.warmup < 0 or cfg.warmup_bytes < 0:
-        raise ConfigError("--iters must be >= 1, --warmup and --warmup-bytes >= 0")
+    if cfg.iters < 1 or cfg.iters_bytes < 0 or cfg.warmup < 0 or cfg.warmup_bytes < 0:
+        raise ConfigError("--iters must be >= 1, --iters-bytes, --warmup and --warmup-bytes >= 0")
     _check_congestion(cfg.congestion)
     ccs: List[Optional[str]] = list(cfg.congestion or [None])  # None: leave congestion control alone
     if cfg.model and len(ccs) > 1:
@@ -602,7 +604,8 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
-        f"iters={cfg.iters} warmup={cfg.warmup}" + ("" if cfg.model else f" warmup_bytes={cfg.warmup_bytes}")
+        f"iters={cfg.iters} warmup={cfg.warmup}"
+        + ("" if cfg.model else f" iters_bytes={cfg.iters_bytes} warmup_bytes={cfg.warmup_bytes}")
         + f" algos={','.join(algos)}"
         + (f" compression={cfg.compression} (rs: float32 sent as 16-bit)" if cfg.compression else ""))
     out(f"# network: {where}")

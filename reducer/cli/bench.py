@@ -18,6 +18,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--dtype", default="float32", choices=SUPPORTED)
     p.add_argument("--op", default="sum", choices=OPS)
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
+    p.add_argument("--iters-bytes", default="4M",
+                   help="and at least this many bytes of timed all-reduces per size, at most 200 iterations: "
+                        "small rounds vary by 30-50%% from one iteration to the next, so they need more samples for "
+                        "repeated runs to agree (default 4M: 64 at 64 KiB, 16 at 256 KiB; 0: --iters alone)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--warmup-bytes", default="32M",
                    help="and at least this many bytes of untimed all-reduces per size, at most 1000 iterations: "
@@ -96,7 +100,8 @@ def config_from_args(args: argparse.Namespace):
         raise ConfigError(f"bad --bucket-cap-mb {args.bucket_cap_mb!r}: MiB, or a comma list") from None
     return BenchConfig(
         workers=args.workers, reducers=args.reducers, sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op,
-        iters=args.iters, warmup=args.warmup, warmup_bytes=parse_size(args.warmup_bytes),
+        iters=args.iters, iters_bytes=parse_size(args.iters_bytes), warmup=args.warmup,
+        warmup_bytes=parse_size(args.warmup_bytes),
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
         chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
