@@ -267,7 +267,11 @@ KiB, MiB = 1 << 10, 1 << 20
     (2 * MiB, 32 * KiB),
     (3 * MiB + 64 * KiB, 52 * KiB),  # shard/64 rounded up to 4 KiB
     (4 * MiB, 64 * KiB),
-    (64 * MiB, 1 * MiB),      # capped by max_chunk
+    (6 * MiB, 64 * KiB),      # from 4 MiB: shard/128 (fill and drain 1.5%), at least 64 KiB
+    (8 * MiB, 64 * KiB),
+    (16 * MiB, 128 * KiB),
+    (64 * MiB, 512 * KiB),
+    (256 * MiB, 1 * MiB),     # capped by max_chunk
 ])
 def test_chunk_rule(shard, chunk):
     assert core.chunk_for(shard, 1 * MiB) == chunk

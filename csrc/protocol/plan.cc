@@ -50,7 +50,9 @@ ShardPlan plan_round(uint64_t elems, size_t elem_size, size_t reducers, size_t w
 }
 
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
-  uint64_t c = (shard_bytes / kChunksPerShard + 4095) / 4096 * 4096;
+  auto per = [&](uint64_t chunks) { return (shard_bytes / chunks + 4095) / 4096 * 4096; };
+  uint64_t c = per(kChunksPerShard);
+  if (c > kFineChunkMin) c = std::max(kFineChunkMin, per(kChunksPerLargeShard));
   const bool small = shard_bytes >= kSmallChunkShardMin;
   c = std::max(c, small ? kMinSmallChunk : kMinPipelineChunk);
   return std::min(c, max_chunk);
