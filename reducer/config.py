@@ -87,7 +87,7 @@ _TABLE = [
             "Seconds to wait for the reducers to accept and for every worker of the group to connect."),
     Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
     Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size,
-            "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 16 KiB (64 KiB for shards under 128 KiB)."),
+            "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 16 KiB (64 KiB for shards under 128 KiB; shard/128, at least 64 KiB, for shards over 4 MiB)."),
     Setting("window", "RS_WINDOW", 4, int,
             "Chunks a worker keeps in flight per reducer connection (sent, result not yet back)."),
     Setting("max_rounds_in_flight", "RS_MAX_ROUNDS_IN_FLIGHT", 8, int,

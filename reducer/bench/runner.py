@@ -613,7 +613,7 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
         f"{load1:.2f}" + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
-        f"least 16 KiB, 64 KiB for shards under 128 KiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
+        f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
     out(f"# TCP congestion control: {_describe_congestion(cfg, ccs)}")
     cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
