@@ -39,7 +39,7 @@ constexpr uint64_t kDoneToken = ~uint64_t(0);
 // cost 64 KiB rounds 30-40%): its results are copied aside first, and until the CLEARs the copy
 // stands in for the caller's buffer (a failover repairs from it), so the caller may reuse its
 // memory at once. Larger rounds wait for the CLEAR: the trip is a small share of their time, and
-// the copy would cost memory (docs/protocol.md section 6, "Releases").
+// the copy would cost memory (docs/protocol.md section 6, "Early release of small rounds").
 constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
 
 // The fingerprint of the failover exchange rounds (all workers send the same).

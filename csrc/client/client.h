@@ -23,8 +23,9 @@
 // Reducer failover (ClientOptions::failover, on by default): a round is handed back (test()
 // true, wait() returns) only once every reducer of the round said CLEAR, i.e. every worker
 // holds its results; a small round (at most 512 KiB) is handed back as soon as its own results
-// are in, and a copy of them stands in for the caller's buffer until the CLEARs. When a reducer is lost (its connection closes or resets, it shuts down,
-// or it alone stalls for `timeout`), the worker says goodbye to the others with the lost set
+// are in, and a copy of them stands in for the caller's buffer until the CLEARs. When a reducer
+// is lost (its connection closes or resets, it shuts down, or it alone stalls for `timeout`),
+// the worker says goodbye to the others with the lost set
 // (so every worker of the group learns it), connects a new session to the survivors, and the
 // workers agree in two small all-reduces which bytes of their unfinished rounds each of them
 // already holds; those bytes are copied from the lowest holder, the rest is reduced again, on
