@@ -682,3 +682,42 @@ def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reduc
     finally:
         proxy.close()
         victim.kill()
+
+
+def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(reducers):
+    """Adversarial: CLEARs never reach worker 0 (a proxy drops them). Released rounds wait for their
+    CLEARs with a copy each; at most max_rounds_in_flight of them: the next round is not released
+    and fails after `timeout` (no reducer to fail over to), instead of copies piling up."""
+    from mitm_proxy import TO_WORKER, Proxy
+
+    server = reducers(1)[0]
+    clear = 6  # frame type CLEAR
+    proxy = Proxy(server.port, tags=False, tamper=lambda d, c, i, f: [] if d == TO_WORKER and f[0] == clear else [f])
+    try:
+        world, limit = 2, 2
+        addrs = [[proxy.address], [server.address]]
+        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-noclear", "local", 3.0, 30.0, "", 1,
+                                                    1 << 20, max_rounds_in_flight=limit), world)
+        for c in clients:
+            assert not isinstance(c, BaseException), c
+        outcomes: List[List[Any]] = [[], []]
+
+        def worker(r: int) -> None:
+            for k in range(limit + 1):
+                a = np.full(1024, float(10 * k + r), np.float32)
+                try:
+                    clients[r].allreduce(a, "float32", "sum")
+                    outcomes[r].append(float(a[0]))
+                except Exception as exc:  # noqa: BLE001 - the expected timeout, checked below
+                    outcomes[r].append(exc)
+                if r == 0 and k == limit - 1:
+                    outcomes[r].append(clients[0].stats()["early_releases"])
+
+        on_threads(worker, world, timeout=60.0)
+        assert outcomes[1] == [1.0, 21.0, 41.0], outcomes  # worker 1 gets its CLEARs
+        assert outcomes[0][:3] == [1.0, 21.0, limit], outcomes  # released without their CLEARs
+        assert isinstance(outcomes[0][3], reducer.ReductionTimeout), outcomes
+        for c in clients:
+            c.close()
+    finally:
+        proxy.close()
