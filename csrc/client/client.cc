@@ -171,51 +171,48 @@ ErrorKind kind_of(proto::ErrorCode code) {
   }
 }
 
+// Calls f(piece) for each contiguous piece of bytes [off, off + len) of `buf`, in order.
+template <class F>
+void for_each_piece(const net::Segments& buf, uint64_t off, uint64_t len, F&& f) {
+  constexpr int kPieces = 16;
+  while (len > 0) {
+    iovec piece[kPieces];
+    int n = 0;
+    const uint64_t got = buf.gather(off, len, piece, &n, kPieces);
+    for (int i = 0; i < n; ++i) f(piece[i]);
+    off += got;
+    len -= got;
+  }
+}
+
 // Converts between the 16-bit wire chunk `wire` and bytes [2 off, 2 (off + len)) of a compressed
 // round's float32 buffer (off, len: wire bytes): narrow (buffer -> wire) or widen (wire -> buffer).
 // Segments hold whole floats (start_locked checks it), so every piece gather() returns does too.
 void convert(const net::Segments& buf, DType wire, uint64_t off, uint64_t len, uint8_t* chunk, bool narrow) {
-  constexpr int kPieces = 16;
-  uint64_t at = off * 2, left = len * 2;
-  while (left > 0) {
-    iovec piece[kPieces];
-    int n = 0;
-    const uint64_t got = buf.gather(at, left, piece, &n, kPieces);
-    for (int i = 0; i < n; ++i) {
-      const size_t elems = piece[i].iov_len / sizeof(float);
-      float* f = static_cast<float*>(piece[i].iov_base);
-      if (narrow) kernels::narrow(wire, chunk, f, elems);
-      else kernels::widen(wire, f, chunk, elems);
-      chunk += elems * 2;
-    }
-    at += got;
-    left -= got;
-  }
+  for_each_piece(buf, off * 2, len * 2, [&](const iovec& piece) {
+    const size_t elems = piece.iov_len / sizeof(float);
+    float* f = static_cast<float*>(piece.iov_base);
+    if (narrow) kernels::narrow(wire, chunk, f, elems);
+    else kernels::widen(wire, f, chunk, elems);
+    chunk += elems * 2;
+  });
 }
 
 // Writes the identity of a sum over wire bytes [2 off or off, ...) of a round's buffer: -0.0 for
 // floats (x + -0.0 == x bit for bit, also for x = +0.0), 0 for integers. `buf_dtype` is the
 // buffer's type (float32 for compressed rounds).
 void fill_identity(const net::Segments& buf, DType buf_dtype, uint64_t off, uint64_t len) {
-  constexpr int kPieces = 16;
   const size_t es = dtype_size(buf_dtype);
-  while (len > 0) {
-    iovec piece[kPieces];
-    int n = 0;
-    const uint64_t got = buf.gather(off, len, piece, &n, kPieces);
-    uint64_t at = off;  // elements start at multiples of es in the round's buffer
-    for (int i = 0; i < n; ++i) {
-      uint8_t* p = static_cast<uint8_t*>(piece[i].iov_base);
-      std::memset(p, 0, piece[i].iov_len);
-      if (buf_dtype != DType::I32 && buf_dtype != DType::I64) {
-        // Little-endian: the sign bit is the top bit of each element's last byte.
-        for (size_t b = size_t(es - 1 - at % es); b < piece[i].iov_len; b += es) p[b] = 0x80;
-      }
-      at += piece[i].iov_len;
+  uint64_t at = off;  // elements start at multiples of es in the round's buffer
+  for_each_piece(buf, off, len, [&](const iovec& piece) {
+    uint8_t* p = static_cast<uint8_t*>(piece.iov_base);
+    std::memset(p, 0, piece.iov_len);
+    if (buf_dtype != DType::I32 && buf_dtype != DType::I64) {
+      // Little-endian: the sign bit is the top bit of each element's last byte.
+      for (size_t b = size_t(es - 1 - at % es); b < piece.iov_len; b += es) p[b] = 0x80;
     }
-    off += got;
-    len -= got;
-  }
+    at += piece.iov_len;
+  });
 }
 
 }  // namespace
@@ -617,15 +614,10 @@ void Client::release_early(Round& r) {
   }
   if (r.copy.size() < r.buf.size()) r.copy.resize(r.buf.size());
   uint64_t at = 0;
-  while (at < r.buf.size()) {
-    iovec piece[16];
-    int n = 0;
-    const uint64_t got = r.buf.gather(at, r.buf.size() - at, piece, &n, 16);
-    for (int i = 0; i < n; ++i) {
-      std::memcpy(r.copy.data() + at, piece[i].iov_base, piece[i].iov_len);
-      at += piece[i].iov_len;
-    }
-  }
+  for_each_piece(r.buf, 0, r.buf.size(), [&](const iovec& piece) {
+    std::memcpy(r.copy.data() + at, piece.iov_base, piece.iov_len);
+    at += piece.iov_len;
+  });
   r.buf.assign(r.copy.data(), at);
   r.released = true;
   running_--;  // the caller has it back: it no longer counts against max_rounds_in_flight
@@ -1345,15 +1337,8 @@ void Client::recover() {
           c->map.push_back({c->nbytes, pc.begin, len});
           c->nbytes += len;
           if (copy && pc.holder != int64_t(me)) fill_identity(r->buf, buf_dtype, pc.begin * r->scale(), len * r->scale());
-          uint64_t at = pc.begin * r->scale(), left = len * r->scale();
-          while (left > 0) {
-            iovec piece[16];
-            int n = 0;
-            const uint64_t got = r->buf.gather(at, left, piece, &n, 16);
-            segs.insert(segs.end(), piece, piece + n);
-            at += got;
-            left -= got;
-          }
+          for_each_piece(r->buf, pc.begin * r->scale(), len * r->scale(),
+                         [&](const iovec& piece) { segs.push_back(piece); });
         }
         if (!c) continue;
         c->buf.assign(segs.data(), segs.size());
