@@ -619,7 +619,7 @@ def test_an_impostor_at_a_lost_reducers_address_is_not_taken_back(reducers):
 
 @pytest.mark.sanitize
 def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reducers):
-    """Early release (docs/protocol.md section 6, "Releases"): a small round goes back to its
+    """Early release (docs/protocol.md section 6, "Early release of small rounds"): a small round goes back to its
     caller as soon as its results are in, before the reducers' CLEAR, and the caller may reuse the
     buffer at once. Here the last result of reducer A's shard never reaches worker 1 (a proxy drops
     it), so A never clears the round; worker 0 gets the round back and overwrites its buffer, then

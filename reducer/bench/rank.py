@@ -393,9 +393,10 @@ def warmup_iterations(size: int, warmup: int, warmup_bytes: int) -> int:
 
 def timed_iterations(size: int, iters: int, iters_bytes: int) -> int:
     """Timed iterations of a size: `iters`, and enough that they move `iters_bytes`, at most
-    MAX_TIMED_ITERS. A small round's time varies by 30-50% from one iteration to the next on a
-    busy host (scheduling, the emulated link's token bucket), so the median of 10 differs by
-    10-25% between runs; more samples of small sizes make repeated runs agree."""
+    MAX_TIMED_ITERS. A small round's time varies by 30-60% from one iteration to the next on a
+    busy host (scheduling, the emulated link's token bucket), so a median of 10 samples is itself
+    noisy; more samples steady a run's median (they do not remove the differences between runs
+    that come from the host's state: docs/performance.md, "Session of 2026-11-25")."""
     return iterations_for(size, iters, iters_bytes, MAX_TIMED_ITERS)
 
 

@@ -20,8 +20,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--iters", type=int, default=10, help="timed iterations per size (default 10)")
     p.add_argument("--iters-bytes", default="4M",
                    help="and at least this many bytes of timed all-reduces per size, at most 200 iterations: "
-                        "small rounds vary by 30-50%% from one iteration to the next, so they need more samples for "
-                        "repeated runs to agree (default 4M: 64 at 64 KiB, 16 at 256 KiB; 0: --iters alone)")
+                        "small rounds vary by 30-60%% from one iteration to the next, so their median needs more "
+                        "samples (default 4M: 64 at 64 KiB, 16 at 256 KiB; 0: --iters alone)")
     p.add_argument("--warmup", type=int, default=3, help="untimed iterations first (default 3)")
     p.add_argument("--warmup-bytes", default="32M",
                    help="and at least this many bytes of untimed all-reduces per size, at most 1000 iterations: "
