@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 import control_tasks
+from attack_tools import wait_until
 from conftest import addresses, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -426,6 +427,10 @@ def test_metrics_endpoint_counts_traffic(pool, planes) -> None:
         assert before["reduction_server_state"][(("state", "serving"),)] == 1
         res = run_ranks(pool, control_tasks.reduce_and_hold, 2, addrs=[server.address], group="m", rounds=3, n=4096)
         assert all(r["errors"] == [] for r in res)
+        # The workers have closed; the reducer ends the group (and frees its memory) when it has
+        # read their goodbyes: compare the endpoint with the stats once it has.
+        assert wait_until(lambda: server.stats()["memory_bytes"] == 0 and server.stats()["connected_workers"] == 0,
+                          10.0), server.stats()
         after = _scrape(endpoint.url)
         stats = server.stats()
         assert after["reduction_server_rounds_total"][()] == stats["rounds_completed"] == 3

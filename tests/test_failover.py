@@ -701,6 +701,113 @@ def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reduc
         victim.kill()
 
 
+def test_the_done_of_a_released_round_leaves_with_the_next_round(reducers):
+    """A DONE that only a released round waits for is written with MSG_MORE: the kernel keeps it
+    for the link's next write. Worker 0 pauses 100 ms between two small rounds; a proxy records
+    when each of its frames reaches the reducer: round 0's DONE comes with round 1's data, not
+    right after round 0's results (then the reducer would wake for it alone)."""
+    from mitm_proxy import TO_REDUCER, Proxy
+
+    server = reducers(1)[0]
+    seen: List[Tuple[float, int, int]] = []  # (arrival, frame type, round) from worker 0
+
+    def record(d: str, _c: int, _i: int, f: bytes) -> List[bytes]:
+        if d == TO_REDUCER:
+            seen.append((time.monotonic(), f[0], int.from_bytes(f[8:16], "little")))
+        return [f]
+
+    proxy = Proxy(server.port, tags=False, tamper=record)
+    try:
+        world = 2
+        addrs = [[proxy.address], [server.address]]
+        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-cork", "local", 10.0, 30.0, "", 1, 1 << 20),
+                             world)
+        for c in clients:
+            assert not isinstance(c, BaseException), c
+        started: List[float] = []
+
+        def worker(r: int) -> List[float]:
+            out = []
+            for k in range(2):
+                if r == 0 and k == 1:
+                    time.sleep(0.1)
+                    started.append(time.monotonic())
+                a = np.full(1024, float(10 * k + r), np.float32)
+                clients[r].allreduce(a, "float32", "sum")
+                out.append(float(a[0]))
+            return out
+
+        res = on_threads(worker, world, timeout=30.0)
+        assert res == [[1.0, 21.0], [1.0, 21.0]], res
+        assert clients[0].stats()["early_releases"] == 2
+        data, done = 1, 5  # frame types
+        done0 = [t for t, kind, rnd in seen if kind == done and rnd == 1]  # DONE(1): round 0 is held
+        data1 = [t for t, kind, rnd in seen if kind == data and rnd == 1]
+        assert done0 and data1, seen
+        assert done0[0] >= started[0], (done0[0] - started[0], seen)  # not before round 1 started ...
+        assert done0[0] - data1[0] < 0.05, seen                       # ... but with its data
+        for c in clients:
+            c.close()
+    finally:
+        proxy.close()
+
+
+def test_a_worker_idle_after_a_released_round_holds_up_the_others_for_a_bounded_time(reducers):
+    """The kernel keeps a held DONE for about 200 ms at most. Worker 1 has a pool of one copy and
+    a proxy that delivers the first CLEAR only after the next frame, so its second round's
+    results find the pool full: that round waits for its CLEAR, hence for worker 0's DONE.
+    Worker 0 released both rounds and then waits for worker 1 by other means (an event), making
+    no call that would carry the DONE. Worker 1 must still finish, long before its timeout
+    (10 s: the kill of a held DONE would be a timeout), with the exact sums."""
+    from mitm_proxy import TO_WORKER, Proxy
+
+    server = reducers(1)[0]
+    clear = 6  # frame type CLEAR
+    held: Dict[str, Any] = {"frame": None, "once": False}
+
+    def late_first_clear(d: str, _c: int, _i: int, f: bytes) -> List[bytes]:
+        if d != TO_WORKER:
+            return [f]
+        if f[0] == clear and not held["once"]:  # the first CLEAR waits for the next frame
+            held["frame"], held["once"] = f, True
+            return []
+        if held["frame"] is not None:
+            out, held["frame"] = [f, held["frame"]], None
+            return out
+        return [f]
+
+    proxy = Proxy(server.port, tags=False, tamper=late_first_clear)
+    world = 2
+    limits = [8, 1]
+    addrs = [[server.address], [proxy.address]]
+    clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-idle", "local", 10.0, 30.0, "", 1,
+                                               1 << 20, max_rounds_in_flight=limits[r]), world)
+    for c in clients:
+        assert not isinstance(c, BaseException), c
+    finished = threading.Event()
+
+    def worker(r: int) -> Any:
+        out: List[Any] = []
+        for k in range(2):
+            a = np.full(1024, float(10 * k + r), np.float32)
+            clients[r].allreduce(a, "float32", "sum")
+            out.append(float(a[0]))
+        if r == 0:
+            out.append(finished.wait(15.0))  # no call into the client meanwhile
+        else:
+            finished.set()
+        return out
+
+    try:
+        res = on_threads(worker, world, timeout=60.0)
+        assert res == [[1.0, 21.0, True], [1.0, 21.0]], res
+        assert clients[1].stats()["early_releases"] == 1  # its second round did wait for the CLEAR
+        for c in clients:
+            c.close()
+    finally:
+        proxy.close()
+
+
 def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(reducers):
     """Adversarial: CLEARs never reach worker 0 (a proxy drops them). Released rounds wait for their
     CLEARs with a copy each; at most max_rounds_in_flight of them: the next round is not released

@@ -149,7 +149,10 @@ struct Client::Link {
   // Releases (failover): DONE sent, CLEAR received.
   uint64_t done_next = 0;   // rounds below this one are complete on this link
   uint64_t done_sent = 0;
+  bool done_owed = false;   // a round with a part on this link completed since the last DONE
   bool done_queued = false; // a DONE is in `out`, not yet written (one at a time: they are cumulative)
+  bool cork = false;        // `out` holds only a DONE that may wait in the kernel (fill())
+  bool corked = false;      // a DONE written with MSG_MORE may still wait there
   uint64_t cleared = 0;     // rounds below this one are cleared on this link
   // Compressed rounds' staging, allocated at the session's first compressed round on this link:
   std::vector<uint8_t> tx;  // staging_slots() chunks: narrowed payloads queued, not yet written
@@ -604,10 +607,10 @@ void Client::settle(Round& r) {
 // Every result of user round `r` is in, a CLEAR is still owed: hands it back now if it is small
 // (kEarlyReleaseBytes). Its results are copied aside and `buf` points at the copy from here on,
 // so a failover before the CLEARs repairs from the copy, never from memory the caller has back.
+bool Client::small_user_round(const Round& r) { return r.role == Round::Role::User && r.buf.size() <= kEarlyReleaseBytes; }
+
 void Client::release_early(Round& r) {
-  if (r.released || r.role != Round::Role::User || r.buf.size() > kEarlyReleaseBytes ||
-      released_open_ >= size_t(opts_.max_rounds_in_flight))
-    return;
+  if (r.released || !small_user_round(r) || released_open_ >= size_t(opts_.max_rounds_in_flight)) return;
   if (!spare_copies_.empty()) {
     r.copy = std::move(spare_copies_.back());
     spare_copies_.pop_back();
@@ -641,6 +644,9 @@ void Client::finish_part(size_t li, Round& r) {
 }
 
 // DONE(n): this worker holds the results of every round below n on this link (fill() sends it).
+// Only a round with a part on the link makes one owed: the reducer knows nothing of the others
+// (a small round uses some of the reducers), and a DONE for them would cost both ends a frame
+// and a wake-up, and the reducer a CLEAR to every worker, for nothing.
 void Client::advance_done(size_t li) {
   if (!opts_.failover) return;
   Link& l = *links_[li];
@@ -648,6 +654,7 @@ void Client::advance_done(size_t li) {
   while (Round* r = by_wire(l.done_next)) {
     const Round::Part& p = r->parts[li];
     if (p.received < p.expected) break;
+    if (p.expected) l.done_owed = true;
     l.done_next++;
   }
 }
@@ -713,16 +720,6 @@ void Client::fill(size_t li) {
   // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
   const uint64_t window = active_.size() < size_t(opts_.world_size) && opts_.window > 1
                               ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
-  if (!l.done_queued && l.done_sent < l.done_next && !l.out.full()) {
-    proto::FrameHeader h;
-    h.type = proto::FrameType::Done;
-    h.round = l.done_next;
-    uint8_t hdr[proto::kFrameHeaderBytes];
-    proto::encode(h, hdr);
-    l.out.push(hdr, sizeof hdr, net::Payload::none(), kDoneToken);
-    l.done_queued = true;
-    l.done_sent = l.done_next;
-  }
   // Rounds before the oldest unfinished one are complete, so this link sent all of them.
   if (session_.empty()) l.send_wire = wire_next_;
   else l.send_wire = std::max(l.send_wire, session_.front()->wire);
@@ -764,14 +761,55 @@ void Client::fill(size_t li) {
     }
     p.next_send += S;
     l.in_flight++;
+    l.cork = false;
   }
+  // The DONE goes out with what this link writes anyway. Alone, when only rounds released early
+  // wait for it (their copies do, no caller), it is written with MSG_MORE: the kernel keeps it
+  // for the link's next write (the next round on this reducer, usually within a round or two),
+  // about 200 ms at most. That spares the reducer a wake-up per DONE, and its CLEARs then leave
+  // with that round's results. A round this worker cannot hand back before the CLEAR
+  // (done_urgent), a drain or a pool of copies (nearly) full (copies_short) send it at once.
+  if (!l.done_queued && l.done_owed && l.done_sent < l.done_next && !l.out.full()) {
+    l.cork = l.out.empty() && !copies_short() && !done_urgent(li);
+    proto::FrameHeader h;
+    h.type = proto::FrameType::Done;
+    h.round = l.done_next;
+    uint8_t hdr[proto::kFrameHeaderBytes];
+    proto::encode(h, hdr);
+    l.out.push(hdr, sizeof hdr, net::Payload::none(), kDoneToken);
+    l.done_queued = true;
+    l.done_owed = false;
+    l.done_sent = l.done_next;
+  }
+}
+
+bool Client::copies_short() const {
+  return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight);
+}
+
+// True if a round the DONE owed on link li covers will wait for its CLEAR in its caller's hands
+// (not released early): an internal round or a large one. (A small one the pool of copies has no
+// room for waits too, but then the pool is full and watch() sends every DONE anyway.)
+bool Client::done_urgent(size_t li) const {
+  const Link& l = *links_[li];
+  for (uint64_t w = l.done_sent; w < l.done_next; ++w) {
+    const Round* r = by_wire(w);
+    if (r && r->parts[li].expected > 0 && r->state == Round::State::Running && !r->released && !small_user_round(*r))
+      return true;
+  }
+  return false;
 }
 
 void Client::watch(std::vector<pollfd>* pfds) {
   pfds->resize(links_.size());
+  const bool short_of_copies = copies_short();
   for (size_t li = 0; li < links_.size(); ++li) {
+    Link& l = *links_[li];
+    if (l.corked && short_of_copies && !l.closed) {  // the DONEs waiting in the kernel go now
+      net::push_pending(l.fd.get());
+      l.corked = false;
+    }
     fill(li);
-    const Link& l = *links_[li];
     (*pfds)[li] = {l.closed ? -1 : l.fd.get(), short(POLLIN | (l.out.empty() ? 0 : POLLOUT)), 0};
   }
 }
@@ -868,15 +906,20 @@ bool Client::pump(const pollfd* ready) {
       };
       net::IoBudget budget(kLinkBudget);
       uint64_t sent = 0, got = 0;
+      auto write_out = [&] {  // (a write without MSG_MORE takes along whatever waited in the kernel)
+        net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written, l.cork);
+        if (wr.bytes) l.corked = l.cork;
+        return wr;
+      };
       const short rev = ready[li].revents;
       try {
         if (rev & POLLOUT) {
-          net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written);
+          net::IoResult wr = write_out();
           sent += wr.bytes;
           // Written frames free staging slots: queue (narrow) and write the next ones now.
           if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
             fill(li);
-            sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+            sent += write_out().bytes;
           }
         }
         if (rev & (POLLIN | POLLHUP | POLLERR)) {
@@ -885,7 +928,7 @@ bool Client::pump(const pollfd* ready) {
           // Results free window slots: queue and write more before the next link's turn.
           if (rd.frames > 0 && !budget.spent() && !l.closed) {
             fill(li);
-            sent += l.out.flush(l.fd.get(), l.peer, &budget, written).bytes;
+            sent += write_out().bytes;
           }
         }
       } catch (const Error& e) {
@@ -1073,6 +1116,11 @@ Client::Round* Client::new_internal(int kind) {
 // `may_wait` is false, or if the session failed meanwhile.
 bool Client::drain(bool may_wait) {
   std::vector<pollfd> pfds;
+  struct Force {  // every round must end: no DONE is held back meanwhile
+    bool& f;
+    explicit Force(bool& flag) : f(flag) { f = true; }
+    ~Force() { f = false; }
+  } force(force_dones_);
   while (open_ > 0 && !links_.empty()) {
     if (!may_wait) {
       pump();

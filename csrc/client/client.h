@@ -196,6 +196,9 @@ class Client {
   bool pump(const pollfd* ready = nullptr);
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li
+  static bool small_user_round(const Round& r);   // released early when its results are in (pool permitting)
+  bool done_urgent(size_t li) const;              // a DONE owed on li is waited for: it may not wait in the kernel
+  bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
   size_t staging_slots() const;                   // narrowed chunks a link may have queued, unwritten
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
@@ -237,6 +240,7 @@ class Client {
   std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
+  bool force_dones_ = false;    // drain(): every round must end, so no DONE waits in the kernel (fill())
   struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
     explicit Driving(Client* c);
     ~Driving();

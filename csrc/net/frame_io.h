@@ -147,13 +147,14 @@ class FrameWriter {
 
   // Writes queued frames until the queue is empty, the socket would block or `budget`
   // (may be null) is spent; calls done(token) for each frame completely written, in order.
+  // `more`: the frames may wait in the kernel for the next write (send_some's MSG_MORE).
   template <class Done>
-  IoResult flush(int fd, const std::string& peer, IoBudget* budget, Done&& done) {
+  IoResult flush(int fd, const std::string& peer, IoBudget* budget, Done&& done, bool more = false) {
     IoResult res;
     while (count_ > 0 && !(budget && budget->spent())) {
       iovec iov[kMaxIov];
       int n = build_iov(iov, budget ? budget->left() : ~size_t(0));
-      ssize_t w = n > 0 ? send_some(fd, iov, n, peer) : 0;
+      ssize_t w = n > 0 ? send_some(fd, iov, n, peer, more) : 0;
       if (w < 0) {
         res.blocked = true;
         break;

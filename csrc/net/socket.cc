@@ -311,17 +311,22 @@ void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const 
   }
 }
 
-ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer) {
+ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer, bool more) {
   msghdr msg{};
   msg.msg_iov = const_cast<iovec*>(iov);
   msg.msg_iovlen = size_t(iovcnt);
   for (;;) {
-    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
+    ssize_t n = ::sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT | (more ? MSG_MORE : 0));
     if (n >= 0) return n;
     if (errno == EINTR) continue;
     if (errno == EAGAIN || errno == EWOULDBLOCK) return -1;
     throw Error(ErrorKind::PeerLost, "connection to " + peer + " lost: " + errno_text(errno));
   }
+}
+
+void push_pending(int fd) {
+  int one = 1;
+  setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
 }
 
 ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer) {

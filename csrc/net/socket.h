@@ -108,7 +108,11 @@ void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const 
 
 // Non-blocking I/O helpers: bytes moved (>= 0), or -1 for "would block".
 // Throw Error(PeerLost) on EOF/reset with the peer's name.
-ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer);
+// `more`: MSG_MORE, the bytes may wait in the kernel for the next write on this socket (which
+// takes them along), for about 200 ms at most (the kernel's cork limit), or until push_pending().
+ssize_t send_some(int fd, const iovec* iov, int iovcnt, const std::string& peer, bool more = false);
+// Sends at once what a `more` write left waiting in the kernel (re-setting TCP_NODELAY pushes it).
+void push_pending(int fd);
 ssize_t recv_some(int fd, void* data, size_t len, const std::string& peer);
 ssize_t recv_some(int fd, const iovec* iov, int iovcnt, const std::string& peer);  // readv
 

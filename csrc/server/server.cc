@@ -120,6 +120,7 @@ struct Loop {
   std::vector<Conn*> dying;
   std::vector<Conn*> lingered;  // lingering connections done: closed after the batch of events
   std::vector<Slot*> delivered_scratch;  // flush(): results written, reused (no allocation per chunk)
+  std::vector<Conn*> clears_due;  // members owed a CLEAR: flushed once this batch of events is handled
   std::mutex inbox_mu;
   std::vector<std::unique_ptr<Conn>> inbox;
   // accept back-off after EMFILE/ENFILE (loop 0 only)
@@ -214,6 +215,8 @@ struct Loop {
   // the write (never from inside the writer: handling one may queue more on this connection).
   void flush(Conn* c) {
     if (c->dead) return;
+    // A CLEAR owed goes in the same write as whatever else is queued (a result, most often).
+    if (!c->clear_queued && c->group && c->clear_sent < c->group->cleared() && !c->close_after_flush) queue_clear(c);
     std::vector<Slot*>& delivered = delivered_scratch;
     const size_t mark = delivered.size();  // flush() may nest through result_delivered()
     try {
@@ -461,11 +464,25 @@ struct Loop {
     Group& g = *c->group;
     if (c->cur.round > c->done_round) c->done_round = c->cur.round;
     if (!g.update_cleared()) return;
-    std::shared_ptr<Group> keep = c->group;
+    // Not written at once: the DONE that completes a release usually arrives with the data that
+    // completes the next round's first chunk, so the CLEAR leaves with that chunk's result in
+    // one write (one wake-up of the worker instead of two). Whatever this batch of events does
+    // not send, flush_clears() sends at its end.
     g.for_each_member([&](Conn* m) {
-      if (!m->dead && !m->clear_queued && !m->close_after_flush) queue_clear(m);
+      if (m->dead || m->close_after_flush || m->clear_due) return;
+      m->clear_due = true;
+      clears_due.push_back(m);
     });
-    keep->for_each_member([&](Conn* m) { flush(m); });
+  }
+
+  // After each batch of events, before reap(): every member still owed a CLEAR gets it.
+  void flush_clears() {
+    for (size_t i = 0; i < clears_due.size(); ++i) {  // (flush() may add more: read by index)
+      Conn* c = clears_due[i];
+      c->clear_due = false;
+      flush(c);
+    }
+    clears_due.clear();
   }
 
   void leave(Conn* c) {
@@ -890,6 +907,7 @@ struct Loop {
           kill(c, std::string("internal error: ") + e.what(), true);
         }
       }
+      flush_clears();
       reap();
       for (Conn* c : lingered) close_conn(c);
       lingered.clear();
