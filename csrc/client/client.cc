@@ -770,7 +770,7 @@ void Client::fill(size_t li) {
   // with that round's results. A round this worker cannot hand back before the CLEAR
   // (done_urgent), a drain or a pool of copies (nearly) full (copies_short) send it at once.
   if (!l.done_queued && l.done_owed && l.done_sent < l.done_next && !l.out.full()) {
-    l.cork = l.out.empty() && !copies_short() && !done_urgent(li);
+    l.cork = l.out.empty() && l.in_flight == 0 && !copies_short() && !done_urgent(li);
     proto::FrameHeader h;
     h.type = proto::FrameType::Done;
     h.round = l.done_next;

@@ -120,7 +120,8 @@ struct Loop {
   std::vector<Conn*> dying;
   std::vector<Conn*> lingered;  // lingering connections done: closed after the batch of events
   std::vector<Slot*> delivered_scratch;  // flush(): results written, reused (no allocation per chunk)
-  std::vector<Conn*> clears_due;  // members owed a CLEAR: flushed once this batch of events is handled
+  std::vector<Conn*> clears_due;  // members owed a CLEAR (flush_clears)
+  bool flushing_clears = false;
   std::mutex inbox_mu;
   std::vector<std::unique_ptr<Conn>> inbox;
   // accept back-off after EMFILE/ENFILE (loop 0 only)
@@ -466,8 +467,8 @@ struct Loop {
     if (!g.update_cleared()) return;
     // Not written at once: the DONE that completes a release usually arrives with the data that
     // completes the next round's first chunk, so the CLEAR leaves with that chunk's result in
-    // one write (one wake-up of the worker instead of two). Whatever this batch of events does
-    // not send, flush_clears() sends at its end.
+    // one write (one wake-up of the worker instead of two). flush_clears() sends the CLEARs due
+    // after the next data frame of this read, or when the connection's event is handled.
     g.for_each_member([&](Conn* m) {
       if (m->dead || m->close_after_flush || m->clear_due) return;
       m->clear_due = true;
@@ -475,8 +476,14 @@ struct Loop {
     });
   }
 
-  // After each batch of events, before reap(): every member still owed a CLEAR gets it.
+  // After a data frame and after each event (before reap()): every member owed a CLEAR gets it.
   void flush_clears() {
+    if (flushing_clears) return;  // called again from inside flush(): the loop below goes on
+    struct Busy {
+      bool& b;
+      explicit Busy(bool& flag) : b(flag) { b = true; }
+      ~Busy() { b = false; }
+    } busy(flushing_clears);
     for (size_t i = 0; i < clears_due.size(); ++i) {  // (flush() may add more: read by index)
       Conn* c = clears_due[i];
       c->clear_due = false;
@@ -619,10 +626,11 @@ struct Loop {
       return false;
     }
     if (c->cur.type == proto::FrameType::Done) {
-      on_done(c);
+      on_done(c);  // (its CLEARs wait for the next frame: see on_done)
       return !c->dead && !c->close_after_flush && c->state == ConnState::Active;
     }
     on_payload(c);
+    if (!clears_due.empty()) flush_clears();
     return !c->dead && !c->close_after_flush && !c->paused && c->state == ConnState::Active;
   }
 
@@ -906,6 +914,7 @@ struct Loop {
             fail_group(c->group, proto::ErrorCode::Internal, std::string("reducer error: ") + e.what());
           kill(c, std::string("internal error: ") + e.what(), true);
         }
+        flush_clears();
       }
       flush_clears();
       reap();
