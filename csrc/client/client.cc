@@ -14,6 +14,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/raised.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 
@@ -58,15 +59,6 @@ constexpr int kPeerLeftGraceMs = 200;
 constexpr RoundId kRejoinEvery = 32;
 
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
-
-// Sets a flag for the life of a scope (recovering_: a loss noticed meanwhile is left to the scope).
-struct Raised {
-  bool& f;
-  explicit Raised(bool& v) : f(v) { f = true; }
-  ~Raised() { f = false; }
-  Raised(const Raised&) = delete;
-  Raised& operator=(const Raised&) = delete;
-};
 
 }  // namespace
 
@@ -789,7 +781,7 @@ bool Client::copies_short() const {
 
 // True if a round the DONE owed on link li covers will wait for its CLEAR in its caller's hands
 // (not released early): an internal round or a large one. (A small one the pool of copies has no
-// room for waits too, but then the pool is full and watch() sends every DONE anyway.)
+// room for waits too; then copies_short() holds, which sends every DONE at once anyway.)
 bool Client::done_urgent(size_t li) const {
   const Link& l = *links_[li];
   for (uint64_t w = l.done_sent; w < l.done_next; ++w) {
@@ -1116,11 +1108,7 @@ Client::Round* Client::new_internal(int kind) {
 // `may_wait` is false, or if the session failed meanwhile.
 bool Client::drain(bool may_wait) {
   std::vector<pollfd> pfds;
-  struct Force {  // every round must end: no DONE is held back meanwhile
-    bool& f;
-    explicit Force(bool& flag) : f(flag) { f = true; }
-    ~Force() { f = false; }
-  } force(force_dones_);
+  Raised force(force_dones_);  // every round must end: no DONE may wait in the kernel meanwhile
   while (open_ > 0 && !links_.empty()) {
     if (!may_wait) {
       pump();

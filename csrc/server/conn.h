@@ -71,7 +71,7 @@ struct Conn {
   uint64_t done_round = 0;
   uint64_t clear_sent = 0;
   bool clear_queued = false;  // a CLEAR is in `out`, not yet written (one at a time: they are cumulative)
-  bool clear_due = false;     // in its loop's `clears_due`: flushed (with a CLEAR) when the batch of events ends
+  bool clear_due = false;     // in its loop's `clears_due`: flushed, with its CLEAR, by flush_clears()
   // lifecycle
   net::FrameWriter out;  // tokens: the Slot* of a result, kClearToken, 0 for other control messages
   bool close_after_flush = false;

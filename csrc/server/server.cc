@@ -29,6 +29,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/raised.h"
 #include "net/socket.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
@@ -479,11 +480,7 @@ struct Loop {
   // After a data frame and after each event (before reap()): every member owed a CLEAR gets it.
   void flush_clears() {
     if (flushing_clears) return;  // called again from inside flush(): the loop below goes on
-    struct Busy {
-      bool& b;
-      explicit Busy(bool& flag) : b(flag) { b = true; }
-      ~Busy() { b = false; }
-    } busy(flushing_clears);
+    Raised busy(flushing_clears);
     for (size_t i = 0; i < clears_due.size(); ++i) {  // (flush() may add more: read by index)
       Conn* c = clears_due[i];
       c->clear_due = false;
