@@ -16,14 +16,15 @@ def kernel_sources() -> list:
     return sorted(f"csrc/kernels/{f}" for f in os.listdir(os.path.join(ROOT, "csrc/kernels")) if f.endswith(".cc"))
 
 
-def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = ()) -> str:
-    """Compiles `sources` (paths from the repository root) into tmp_path/name, runs it, checks it
-    passed and returns its output."""
+def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = (),
+                  flags: Sequence[str] = ()) -> str:
+    """Compiles `sources` (paths from the repository root) into tmp_path/name, with extra compiler
+    `flags` (e.g. sanitizers), runs it, checks it passed and returns its output."""
     cxx = shutil.which(os.environ.get("CXX", "g++").split()[-1]) or shutil.which("g++")
     if cxx is None:
         pytest.fail("no C++ compiler: the suite needs g++ (the extension needs it too)")
     exe = tmp_path / name
-    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", "-Icsrc", "-Itests/cpp", "-o", str(exe), *sources,
+    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", *flags, "-Icsrc", "-Itests/cpp", "-o", str(exe), *sources,
                             "-pthread", *(f"-l{lib}" for lib in libs)], cwd=ROOT, capture_output=True, text=True,
                            timeout=300)
     assert build.returncode == 0, build.stderr
