@@ -10,6 +10,7 @@ import numpy as np
 from . import config
 from ._native import core
 from .addresses import resolve_job_id
+from .arrays import host_view
 from .dtypes import check_op, wire_name
 from .errors import ConfigError
 
@@ -113,8 +114,6 @@ class Communicator:
         chunk in the transport; each input rounded once, summed in float32, rounded once);
         'none' sends it as it is; None takes the communicator's setting (RS_COMPRESSION).
         """
-        from .arrays import host_view
-
         view = host_view(array)
         self.allreduce_raw(view.ptr, view.nbytes, view.dtype, op, compression=compression)
         return array
