@@ -393,3 +393,15 @@ def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
     assert p.returncode == 1, out + err
     assert "ring rank 1" in out + err and "exited" in out + err
     assert emulate.leftovers(prefix) == []
+
+
+def test_call_overhead_benchmark_runs():
+    # benchmarks/bench_call_overhead.py: the three ways of calling (core, raw, allreduce) each
+    # produce a row with a time per call and the part added to the core's calls.
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_call_overhead.py"), "--nbytes", "4K",
+                          "--calls", "20", "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line and not line.startswith(("#", "way"))}
+    assert set(rows) == {"core", "raw", "allreduce"}
+    assert rows["core"][-1] == "1.000x" and all(float(r[1]) > 0 for r in rows.values())
