@@ -13,6 +13,7 @@ from .addresses import resolve_job_id
 from .arrays import host_view
 from .dtypes import check_op, wire_name
 from .errors import ConfigError
+from .fusion import compression_dtype
 
 log = logging.getLogger(__name__)
 
@@ -92,8 +93,6 @@ class Communicator:
             raise ConfigError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         self.cycle_time_ms = float(config.get("cycle_time_ms", cycle_time_ms))
         self.compression: Optional[str] = config.get("compression", compression)
-        from .fusion import compression_dtype
-
         wire = compression_dtype(self.compression)  # validated now, not on the first all-reduce
         self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
@@ -149,8 +148,6 @@ class Communicator:
         (the core refuses it for anything but float32, with a ConfigError)."""
         if compression is None:
             return self._float32_wire if dtype == "float32" else ""
-        from .fusion import compression_dtype
-
         wire = compression_dtype(compression)
         return "" if wire is None else wire_name(wire)
 

@@ -55,6 +55,7 @@ import numpy as np
 
 from ..dtypes import BFLOAT16, check_op, wire_name
 from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
+from ..frameworks import stage
 from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
 from .planner import Cut, Planner
 
@@ -315,8 +316,6 @@ class FusionEngine:
 
     # ================================================================ caller side
     def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
-        from ..frameworks import stage
-
         op = check_op(op)
         if name is not None and not isinstance(name, str):
             name = str(name)
