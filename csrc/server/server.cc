@@ -477,7 +477,8 @@ struct Loop {
     });
   }
 
-  // After a data frame and after each event (before reap()): every member owed a CLEAR gets it.
+  // After a data frame, after each event and first thing in reap() (so no connection in
+  // `clears_due` is freed while listed): every member owed a CLEAR gets it.
   void flush_clears() {
     if (flushing_clears) return;  // called again from inside flush(): the loop below goes on
     Raised busy(flushing_clears);
@@ -736,6 +737,7 @@ struct Loop {
   }
 
   void reap() {
+    flush_clears();  // (dead members are skipped by flush())
     while (!dying.empty()) {
       std::vector<Conn*> batch;
       batch.swap(dying);
@@ -913,7 +915,6 @@ struct Loop {
         }
         flush_clears();
       }
-      flush_clears();
       reap();
       for (Conn* c : lingered) close_conn(c);
       lingered.clear();
