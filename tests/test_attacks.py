@@ -777,3 +777,35 @@ def test_done_frames_lying_or_malformed_hurt_only_their_sender():
         assert got[0] == 6 and got[2] >= 2**63  # CLEAR for its own (lying) claim, nothing else
         run_good_group(srv.address, "done-good")  # others are unaffected
         close_all([bad.sock, liar.sock])
+
+
+@pytest.mark.sanitize
+def test_a_member_that_resets_right_after_its_done_harms_nobody():
+    """A DONE that makes a CLEAR due to every member while another member resets its connection
+    in the same breath: the reducer owes CLEARs to a connection it is about to free (it keeps a
+    list of them between the frame and the end of the event batch). The member still there gets
+    its CLEAR, or, when the reset was read first (the group then ended quietly between rounds,
+    docs/protocol.md section 4), ERROR PeerLost for its next round; the reducer goes on serving
+    other groups."""
+    import struct
+
+    with serve(threads=1) as srv:
+        for i in range(30):
+            group = f"done-reset-{i}".encode()
+            a = RawWorker(srv.port, 0, 2, group=group, chunk=4096)
+            b = RawWorker(srv.port, 1, 2, group=group, chunk=4096)
+            assert a.reply().status == Status.OK and b.reply().status == Status.OK
+            b.sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # close = reset
+            first, second = (a, b) if i % 2 else (b, a)
+            first.sock.sendall(frame(5, 0, round_=7))
+            second.sock.sendall(frame(5, 0, round_=7))
+            b.close()
+            try:
+                t = a.frame(timeout=2)[0]
+            except (socket.timeout, TimeoutError):  # B's reset came first: nothing is owed to a DONE
+                a.send_data(np.zeros(4, dtype=np.float32).tobytes(), round_=8)
+                t, _fl, _rnd, _off, payload = a.frame(timeout=10)
+                assert t == ERROR and b"rank 1" in payload and b"between rounds" in payload, (t, payload)
+            assert t in (6, ERROR), t  # CLEAR, or the group's end
+            a.close()
+        run_good_group(srv.address, "done-reset-good")
