@@ -321,6 +321,7 @@ def test_chunk_rule_respects_a_small_max_chunk():
     assert core.chunk_for(4 * KiB, 8 * KiB) == 8 * KiB
 
 
+@pytest.mark.timeout(300)  # a sanitized build of the transport and kernels: ~30 s alone, minutes on a loaded machine
 def test_frame_reader_unit_tests_in_cpp(tmp_path):
     # tests/cpp/test_frame_io.cc, under ASan + UBSan: random streams of frames into every kind of
     # sink (memory, scatter, aligned scatter, text, discard) with small and large socket buffers,
