@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List
+from typing import Callable, Dict, List, Optional
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -38,7 +38,7 @@ def per_call_us(fn: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: Optional[List[str]] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nbytes", type=parse_size, default=64 * 1024, help="buffer size (default 64K)")
     ap.add_argument("--calls", type=int, default=3000, help="calls per timing (default 3000)")

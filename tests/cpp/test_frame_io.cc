@@ -12,7 +12,6 @@
 
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <string>
 #include <vector>
 
@@ -32,7 +31,10 @@ struct Pair {
       setsockopt(f, SOL_SOCKET, SO_RCVBUF, &buf, sizeof buf);
     }
   }
-  ~Pair() { close_writer(), close_reader(); }
+  ~Pair() {
+    close_writer();
+    close_reader();
+  }
   void close_writer() {
     if (fd[0] >= 0) ::close(fd[0]);
     fd[0] = -1;
