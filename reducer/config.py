@@ -84,7 +84,7 @@ _TABLE = [
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
     Setting("timeout", "RS_TIMEOUT", 30.0, float, "Seconds without progress before an operation fails (also bounds connect retries)."),
     Setting("connect_timeout", "RS_CONNECT_TIMEOUT", 300.0, float,
-            "Seconds to wait for the reducers to accept and for every worker of the group to connect."),
+            "Seconds to wait for the reducers to accept and for every worker of the group to connect (a reducer still unreachable after 3 s is named once in a WARNING)."),
     Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
     Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size,
             "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 16 KiB (64 KiB for shards under 128 KiB; shard/128, at least 64 KiB, for shards over 4 MiB)."),
