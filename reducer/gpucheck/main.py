@@ -48,8 +48,9 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--ddp-steps", type=int, default=None, help="DDP steps (default 20, --quick 5)")
     p.add_argument("--out", default=None, help="write the JSON summary here (default: $OUT/gpu-check.json "
                                                  "when $OUT is a directory)")
-    p.add_argument("--work-dir", default=None, help="logs and results (default: $OUT/gpu-check-logs when $OUT "
-                                                      "is a directory, else a new temporary directory)")
+    p.add_argument("--work-dir", default=None, help="logs and results (default: a new temporary directory; "
+                                                      "when $OUT is a directory they are also packed into "
+                                                      "$OUT/gpu-check-logs.tar.gz)")
     p.add_argument("--budget", type=float, default=540.0,
                    help="seconds for all phases together; a phase that would start later is skipped (default %(default)s)")
     p.add_argument("--no-force", action="store_true", help="do not run the forced-collnet phase")
@@ -156,6 +157,24 @@ def write_summary(summary: Dict[str, Any], path: Optional[str]) -> Optional[str]
     return path
 
 
+def pack_logs(work_dir: str) -> Optional[str]:
+    """$OUT/gpu-check-logs.tar.gz with the phases' logs and results (one file: $OUT takes few)."""
+    out = _out_dir()
+    if not out:
+        return None
+    import tarfile
+
+    path = os.path.join(out, "gpu-check-logs.tar.gz")
+    try:
+        with tarfile.open(path, "w:gz") as tar:
+            tar.add(work_dir, arcname="gpu-check-logs",
+                    filter=lambda ti: None if ti.name.endswith(".so") else ti)
+    except OSError as exc:
+        log.warning("cannot pack the logs into %s: %s", path, exc)
+        return None
+    return path
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
@@ -165,8 +184,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"gpu-check: cannot run here: {found.reason}.\n{NEEDS}; run it on a machine with one CUDA GPU "
               f"(see docs/nccl-plugin.md, 'GPU check').", file=sys.stderr)
         return EXIT_NO_GPU
-    work_dir = args.work_dir or (os.path.join(_out_dir(), "gpu-check-logs") if _out_dir()
-                                 else tempfile.mkdtemp(prefix="rs-gpucheck-"))
+    work_dir = args.work_dir or tempfile.mkdtemp(prefix="rs-gpucheck-")
     os.makedirs(work_dir, exist_ok=True)
     environment = dict(found.info, python=sys.version.split()[0], work_dir=work_dir,
                        cpus=os.cpu_count(), quick=bool(args.quick))
@@ -180,6 +198,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     path = write_summary(summary, args.out)
     if path:
         print(f"gpu-check: JSON summary written to {path}", file=sys.stderr)
+    packed = pack_logs(work_dir)
+    if packed:
+        print(f"gpu-check: logs packed into {packed}", file=sys.stderr)
     print(V.verdict_line(summary))
     return EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL
 
