@@ -285,3 +285,33 @@ def test_pattern_sums_are_exact_in_half_types() -> None:
         a = torch.from_numpy(pattern(n, 0).astype(np.float32)).to(dt)
         b = torch.from_numpy(pattern(n, 1).astype(np.float32)).to(dt)
         assert np.array_equal((a + b).float().numpy().astype(np.float64), want)
+
+
+def test_build_checks_from_phases() -> None:
+    """The checks the entry point builds from its four phases: all pass on good phases (two DDP
+    runs each with ranks 0 and 1), and a crash in one DDP run fails that run's teardown only."""
+    from reducer.gpucheck.main import build_checks
+    from reducer.gpucheck.phases import PhaseResult
+
+    sizes = [268435456, 67108864]
+    dts = ["float32", "bfloat16", "float16"]
+    done = [{"rank": 0, "teardown": "ok"}, {"rank": 1, "teardown": "ok"}]
+    ddp = [dict(r, ddp={"losses": [1.0 + r["rank"], 0.5]}) for r in done]
+    stats = [{"bytes_received": 2 * (268435456 + 67108864), "bytes_sent": 1, "rounds_completed": 1}, {}]
+    stats[1] = dict(stats[0], bytes_received=7)
+
+    def phases(plain_status: int = 0):
+        return {
+            "collnet-sums": PhaseResult("s", "", 0, "", [_sums(0, sizes), _sums(1, sizes)],
+                                        [_log(COLLNET_228), _log(COLLNET_228)], stats),
+            "no-reducers": PhaseResult("n", "", 0, "", done, [_log(COLLNET_228)] * 2, [{}]),
+            "collnet-ddp": PhaseResult("d", "", 0, "", ddp, [_log(COLLNET_228)] * 2, stats),
+            "plain-ddp": PhaseResult("p", "", plain_status, "", ddp if not plain_status else
+                                     [ddp[0], dict(ddp[1], teardown="pending")], [_log(NO_PLUGIN)] * 2, [{}]),
+        }
+
+    checks = build_checks(phases(), sizes, dts)
+    assert [c.name for c in checks if not c.ok] == []
+    assert V.summarize(checks, {}, {})["verdict"] == "PASS"
+    bad = {c.name: c.ok for c in build_checks(phases(plain_status=139), sizes, dts)}
+    assert [n for n, ok in bad.items() if not ok] == ["teardown_ddp_without_plugin"]

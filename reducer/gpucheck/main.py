@@ -103,21 +103,14 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: Dict[str, A
     environment["plugin_env"] = plugin_env
     plan = Plan(args, work_dir, plugin_env)
     sums_args = ["--sizes", ",".join(map(str, sizes)), "--dtypes", ",".join(dtypes)]
-    sums = plan.run("collnet-sums", "sums", plan.plugin_env, 2, 300, sums_args)
-    bare = plan.run("no-reducers", "teardown", plan.plugin_env, 1, 120, ["--no-reducers"])
+    plan.run("collnet-sums", "sums", plan.plugin_env, 2, 300, sums_args)
+    plan.run("no-reducers", "teardown", plan.plugin_env, 1, 120, ["--no-reducers"])
     ddp_args = ["--steps", str(steps)]
     ddp = plan.run("collnet-ddp", "ddp", plan.plugin_env, 2, 180, ddp_args)
-    plain = plan.run("plain-ddp", "ddp", plan.plain_env, 1, 180, ddp_args)
+    plan.run("plain-ddp", "ddp", plan.plain_env, 1, 180, ddp_args)
 
-    collnet = V.check_collnet(sums.logs)
-    checks = [collnet, V.check_reducer_bytes(sums.reducer_stats, sums.logs[0].collnet_bytes() if sums.logs else 0),
-              V.check_sums(sums.results, sizes, dtypes),
-              V.check_teardown("teardown_with_reducers", sums.status, sums.results, why=sums.error),
-              V.check_teardown("teardown_without_reducers", bare.status, bare.results, why=bare.error),
-              V.check_ddp(ddp.results, plain.results),
-              V.check_teardown("ddp_runs_exit", _worst(ddp.status, plain.status), ddp.results + plain.results,
-                               world=4, why=ddp.error or plain.error),
-              V.check_plain_network(plain.logs[0] if plain.logs else V.NcclLog())]
+    checks = build_checks(plan.phases, sizes, dtypes)
+    collnet = checks[0]
     ddp_collnet = [t for t in (ddp.logs[0].allreduce_choices() if ddp.logs else []) if t.collnet]
     if not ddp_collnet:
         warnings.append("no DDP all-reduce went through CollNet (the tuner's choice for those sizes)")
@@ -134,10 +127,19 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: Dict[str, A
     return V.summarize(checks, environment, phases, warnings)
 
 
-def _worst(*statuses: Optional[int]) -> Optional[int]:
-    if any(s is None for s in statuses):
-        return None
-    return next((s for s in statuses if s), 0)
+def build_checks(phases: Dict[str, PhaseResult], sizes: List[int], dtypes: List[str]) -> List[V.Check]:
+    """The checks from the four main phases (collnet first)."""
+    sums, bare = phases["collnet-sums"], phases["no-reducers"]
+    ddp, plain = phases["collnet-ddp"], phases["plain-ddp"]
+    return [V.check_collnet(sums.logs),
+            V.check_reducer_bytes(sums.reducer_stats, sums.logs[0].collnet_bytes() if sums.logs else 0),
+            V.check_sums(sums.results, sizes, dtypes),
+            V.check_teardown("teardown_with_reducers", sums.status, sums.results, why=sums.error),
+            V.check_teardown("teardown_without_reducers", bare.status, bare.results, why=bare.error),
+            V.check_ddp(ddp.results, plain.results),
+            V.check_teardown("teardown_ddp_with_plugin", ddp.status, ddp.results, why=ddp.error),
+            V.check_teardown("teardown_ddp_without_plugin", plain.status, plain.results, why=plain.error),
+            V.check_plain_network(plain.logs[0] if plain.logs else V.NcclLog())]
 
 
 def _nccl_at_least(version: str, wanted: tuple) -> bool:

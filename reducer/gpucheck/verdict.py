@@ -83,10 +83,13 @@ def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtype
     """Every rank checked every (dtype, size) and found no element off the CPU reference."""
     problems = []
     rows_total = 0
+    seconds: Dict[str, float] = {}
     for res in results:
         rank = res.get("rank", "?")
         rows = {(r["dtype"], r["bytes"]): r for r in res.get("sums", [])}
         rows_total += len(rows)
+        if rank == 0:
+            seconds = {f"{dt}:{size}": row.get("seconds") for (dt, size), row in rows.items()}
         for dt in dtypes:
             for size in sizes:
                 itemsize = 4 if dt == "float32" else 2
@@ -98,7 +101,7 @@ def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtype
                                     f"(first {row.get('first_bad')})")
     if not results:
         problems.append("no worker results")
-    data = {"rows": rows_total, "sizes": list(sizes), "dtypes": list(dtypes)}
+    data = {"rows": rows_total, "sizes": list(sizes), "dtypes": list(dtypes), "rank0_seconds": seconds}
     if problems:
         return Check("sums", False, "; ".join(problems[:6]) + (" ..." if len(problems) > 6 else ""), data)
     return Check("sums", True, f"{len(dtypes)} dtypes x {len(sizes)} sizes exact on {len(results)} ranks", data)
