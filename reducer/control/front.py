@@ -21,7 +21,7 @@ import threading
 import time
 from typing import Any, Dict, List, Optional, Tuple
 
-from .limits import ConnectionTable, LogThrottle, grpc_peer_host, peer_key
+from .limits import BLOCK_S, MAX_TRACKED_PEERS, ConnectionTable, LogThrottle, grpc_peer_host, peer_key
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +90,7 @@ class SelectorFront:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"rs-{self.kind}", daemon=True)
         self._refusals = LogThrottle(log)
+        self._blocked: Dict[str, float] = {}   # peer key -> until (monotonic)
 
     @property
     def port(self) -> int:
@@ -105,6 +106,24 @@ class SelectorFront:
         if self._thread.is_alive():
             self._thread.join(5.0)
         self._close_everything()
+
+    def block(self, peer: str, seconds: float = BLOCK_S) -> None:
+        """Close `peer`'s connections and refuse its new ones for `seconds` (any thread)."""
+        if len(self._blocked) >= MAX_TRACKED_PEERS:
+            self._blocked.clear()
+        self._blocked[peer] = time.monotonic() + seconds
+        self._refusals.warning("%s port: %s is far over its request rate: its connections are closed and new "
+                               "ones refused for %gs", self.kind, peer, seconds)
+        self.wake()
+
+    def blocked(self, peer: str, now: float) -> bool:
+        until = self._blocked.get(peer)
+        if until is None:
+            return False
+        if until <= now:
+            self._blocked.pop(peer, None)
+            return False
+        return True
 
     def wake(self) -> None:
         try:
@@ -155,6 +174,10 @@ class SelectorFront:
 
     def _admit(self, sock: socket.socket, address: Any) -> None:
         peer = peer_key(str(address[0]))
+        if self._blocked and self.blocked(peer, time.monotonic()):
+            self.refused += 1
+            sock.close()
+            return
         verdict = self.table.admit(peer)
         if not verdict.ok:
             self.refused += 1
@@ -162,7 +185,10 @@ class SelectorFront:
             sock.close()
             return
         if verdict.evict is not None and verdict.evict in self.conns:
-            self.close_conn(self.conns[verdict.evict], f"evicted for a connection from {peer}")
+            victim = self.conns[verdict.evict]
+            self._refusals.warning("%s port: full (%d connections): closed the least active one of %s for one "
+                                   "from %s", self.kind, self.table.max_total, victim.peer, address[0])
+            self.close_conn(victim, f"evicted for a connection from {peer}")
         sock.setblocking(False)
         conn = Conn(verdict.conn_id, sock, peer, address)
         self.conns[conn.id] = conn
@@ -176,7 +202,8 @@ class SelectorFront:
             self.sel.register(self.listener, selectors.EVENT_READ, "accept")
             self._accepting = True
         for conn in list(self.conns.values()):
-            why = self._expired(conn, now)
+            why = "blocked: far over its request rate" if self._blocked and self.blocked(conn.peer, now) \
+                else self._expired(conn, now)
             if why:
                 self.timed_out += 1
                 self.close_conn(conn, why)
@@ -358,7 +385,3 @@ class ControlFront(SelectorFront):
         _set_interest(self.sel, pipe.conn.sock, client, (pipe, "c"))
         _set_interest(self.sel, pipe.up, up, (pipe, "u"))
 
-
-def loopback_hosts() -> List[str]:
-    """Where the internal gRPC server may listen, best first."""
-    return ["127.0.0.1", "::1"]

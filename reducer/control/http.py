@@ -112,6 +112,8 @@ class MetricsServer(SelectorFront):
         if method not in ("GET", "HEAD"):
             self._answer_now(conn, 405, b"only GET and HEAD\n", extra="Allow: GET, HEAD\r\n")
         elif self.limiter is not None and not self.limiter.allow(conn.peer):
+            if self.limiter.should_block(conn.peer):
+                self.block(conn.peer)
             self._slow.warning("metrics port: too many requests from %s (at most %g per second)", conn.peer,
                                self.limiter.rate)
             self._answer_now(conn, 429, b"too many requests from this address\n", extra="Retry-After: 1\r\n")

@@ -18,7 +18,7 @@ import threading
 import time
 from collections import OrderedDict
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 Clock = Callable[[], float]
 
@@ -34,6 +34,7 @@ DEFAULT_MAX_CONNECTIONS = 32        # per port
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 4
 DEFAULT_RATE = 50.0                 # requests per second per peer key, each port
 MAX_TRACKED_PEERS = 4096            # rate-limiter buckets kept; the least recently used go first
+BLOCK_S = 10.0                      # a peer far over its request rate is cut off for this long
 
 
 def peer_key(host: str) -> str:
@@ -67,18 +68,24 @@ def grpc_peer_host(peer: str) -> Tuple[str, Optional[int]]:
 class PeerRateLimiter:
     """A token bucket per peer key: `rate` requests per second, up to `burst` at once.
 
-    rate 0 (or less) means no limit. At most `max_peers` buckets are kept; the least recently
-    used is dropped first (it comes back full, which only helps a peer that was quiet).
+    rate 0 (or less) means no limit. A peer refused `block_after` times within one second
+    (default twice the burst, at least 20) should be cut off for a while (should_block(); the
+    fronts then close its connections and refuse new ones for BLOCK_S seconds: a refused request
+    still costs the reducer a gRPC call or an HTTP parse, a refused connection almost nothing).
+    At most `max_peers` buckets are kept; the least recently used is dropped first (it comes back
+    full, which only helps a peer that was quiet).
     """
 
     def __init__(self, rate: float, burst: Optional[float] = None, max_peers: int = MAX_TRACKED_PEERS,
-                 clock: Clock = time.monotonic) -> None:
+                 clock: Clock = time.monotonic, block_after: Optional[int] = None) -> None:
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(1.0, self.rate))
+        self.block_after = int(block_after if block_after is not None else max(20, 2 * self.burst))
         self.max_peers = int(max_peers)
         self.clock = clock
         self.refused = 0
-        self._buckets: "OrderedDict[str, Tuple[float, float]]" = OrderedDict()   # key -> (tokens, when)
+        # key -> [tokens, when, start of the refusal window, refusals in it]
+        self._buckets: "OrderedDict[str, List[float]]" = OrderedDict()
         self._lock = threading.Lock()
 
     def allow(self, key: str) -> bool:
@@ -87,17 +94,30 @@ class PeerRateLimiter:
             return True
         now = self.clock()
         with self._lock:
-            tokens, when = self._buckets.pop(key, (self.burst, now))
-            tokens = min(self.burst, tokens + max(0.0, now - when) * self.rate)
-            ok = tokens >= 1.0
+            entry = self._buckets.pop(key, None) or [self.burst, now, now, 0.0]
+            entry[0] = min(self.burst, entry[0] + max(0.0, now - entry[1]) * self.rate)
+            entry[1] = now
+            ok = entry[0] >= 1.0
             if ok:
-                tokens -= 1.0
+                entry[0] -= 1.0
             else:
                 self.refused += 1
-            self._buckets[key] = (tokens, now)
+                if now - entry[2] > 1.0:
+                    entry[2], entry[3] = now, 0.0
+                entry[3] += 1
+            self._buckets[key] = entry
             while len(self._buckets) > self.max_peers:
                 self._buckets.popitem(last=False)
             return ok
+
+    def should_block(self, key: str) -> bool:
+        """True once `key` was refused block_after times within a second (its count starts again)."""
+        with self._lock:
+            entry = self._buckets.get(key)
+            if entry is None or entry[3] < self.block_after:
+                return False
+            entry[3] = 0.0
+            return True
 
 
 @dataclass

@@ -110,6 +110,8 @@ class RequestGate:
         """The caller's peer key; aborts the RPC with RESOURCE_EXHAUSTED when its bucket is empty."""
         key = self.peer(context)
         if not self.limiter.allow(key):
+            if self.front is not None and self.limiter.should_block(key):
+                self.front.block(key)
             self._log.warning("control port: too many requests from %s (at most %g per second)", key,
                               self.limiter.rate)
             await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
