@@ -55,9 +55,12 @@ _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
 def grpc_options(limits: SideLimits) -> List[Tuple[str, Any]]:
-    """The internal gRPC server's options."""
+    """The internal gRPC server's options. It listens on the loopback interface only, behind the
+    front; its own connection cap (twice the front's, so that connections the front has just
+    closed never crowd out new ones) bounds what a local process connecting to it directly takes."""
     return [
         ("grpc.so_reuseport", 0),
+        ("grpc.max_allowed_incoming_connections", 2 * limits.control_connections + 4),
         ("grpc.max_concurrent_streams", STREAMS_PER_CONNECTION),
         ("grpc.max_receive_message_length", MAX_MESSAGE_BYTES),
         ("grpc.max_connection_idle_ms", IDLE_MS),
