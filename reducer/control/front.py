@@ -19,7 +19,7 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, Optional, Tuple
 
 from .limits import BLOCK_S, MAX_TRACKED_PEERS, ConnectionTable, LogThrottle, grpc_peer_host, peer_key
 
@@ -90,6 +90,7 @@ class SelectorFront:
         self._stopping = False
         self._thread = threading.Thread(target=self._run, name=f"rs-{self.kind}", daemon=True)
         self._refusals = LogThrottle(log)
+        self._blocks = LogThrottle(log)
         self._blocked: Dict[str, float] = {}   # peer key -> until (monotonic)
 
     @property
@@ -112,8 +113,8 @@ class SelectorFront:
         if len(self._blocked) >= MAX_TRACKED_PEERS:
             self._blocked.clear()
         self._blocked[peer] = time.monotonic() + seconds
-        self._refusals.warning("%s port: %s is far over its request rate: its connections are closed and new "
-                               "ones refused for %gs", self.kind, peer, seconds)
+        self._blocks.warning("%s port: %s is far over its request rate: its connections are closed and new "
+                             "ones refused for %gs", self.kind, peer, seconds)
         self.wake()
 
     def blocked(self, peer: str, now: float) -> bool:
