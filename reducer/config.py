@@ -139,6 +139,18 @@ _TABLE = [
             "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
     Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
             "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
+    Setting("allow_unauthenticated_drain", "RS_ALLOW_UNAUTHENTICATED_DRAIN", False, _bool,
+            "Reducer without a shared secret: let anyone who reaches the control port Drain it (default: refused)."),
+    Setting("control_max_connections", "RS_CONTROL_MAX_CONNECTIONS", 32, int,
+            "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
+            "descriptors the data plane leaves free)."),
+    Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, int,
+            "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the metrics port."),
+    Setting("control_rate", "RS_CONTROL_RATE", 50.0, float,
+            "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
+            "and to the metrics port, each with a burst as large; 0 = no limit."),
+    Setting("metrics_groups", "RS_METRICS_GROUPS", 100, int,
+            "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]
