@@ -1,11 +1,13 @@
 /* The NCCL external network plugin ABI (point-to-point "net" and collective "CollNet"),
- * versions 8, 11 and 12, written for this project from NCCL's published plugin API.
+ * versions 7, 8, 11 and 12, written for this project from NCCL's published plugin API.
  * Only what the reduction-server plugin needs; every layout is pinned by static asserts
  * (x86-64 / aarch64 LP64), so a wrong member order fails the build instead of a job.
  *
- * Version map (CollNet symbols NCCL searches, newest first):
- *   NCCL 2.20-2.23: v5-v8    2.24-2.25: v5-v9    2.26-2.27: v6-v10
- *   NCCL 2.28-2.29: v6-v11   2.30-2.32: v6-v12
+ * Version map (net and CollNet symbols NCCL searches, newest first; read from NCCL's loader,
+ * src/net.cc up to 2.25, src/plugin/net.cc from 2.26):
+ *   NCCL 2.19: v5-v7    2.20-2.23: v5-v8    2.24-2.25: v5-v9    2.26-2.27: v6-v10
+ *   NCCL 2.28-2.29: v6-v11   2.30 (newest tag 2.30.7): v6-v12
+ * docs/nccl-plugin.md has the whole table (file names tried, what the plugin does on each).
  */
 #ifndef RS_NCCL_ABI_H_
 #define RS_NCCL_ABI_H_
@@ -67,7 +69,23 @@ typedef struct {
   int needsProxyProgress;
 } ncclNetDeviceHandle_t; /* identical in v7..v12 */
 
+typedef ncclResult_t (*ncclGetVersion_t)(int* version); /* NCCL's public ncclGetVersion */
+
 /* ---- device properties ------------------------------------------------------------------ */
+typedef struct {
+  char* name;
+  char* pciPath;
+  uint64_t guid;
+  int ptrSupport;
+  int speed; /* Mbps */
+  int port;
+  float latency;
+  int maxComms;
+  int maxRecvs;
+  ncclNetDeviceType netDeviceType;
+  int netDeviceVersion;
+} ncclNetProperties_v7_t; /* v8 without regIsGlobal */
+
 typedef struct {
   char* name;
   char* pciPath;
@@ -155,6 +173,29 @@ typedef struct {
 } ncclNetSGE_t; /* v11 and v12 */
 
 /* ---- point-to-point net ------------------------------------------------------------------- */
+/* v7 and v8 differ in the properties and in regMr's size (int in v7). */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, int size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request);
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
+  ncclResult_t (*test)(void* request, int* done, int* sizes);
+  ncclResult_t (*closeSend)(void* sendComm);
+  ncclResult_t (*closeRecv)(void* recvComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+} ncclNet_v7_t;
+
 typedef struct {
   const char* name;
   ncclResult_t (*init)(ncclDebugLogger_t logFunction);
@@ -215,6 +256,27 @@ typedef struct {
 } ncclNet_v12_t;
 
 /* ---- CollNet --------------------------------------------------------------------------------- */
+/* v7: no all-gather / reduce-scatter members; regMr's size is an int. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
+  ncclResult_t (*regMr)(void* collComm, void* data, int size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,
+                              void** mhandle);
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType,
+                             ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
+  ncclResult_t (*test)(void* request, int* done, int* size);
+  ncclResult_t (*closeColl)(void* collComm);
+  ncclResult_t (*closeListen)(void* listenComm);
+} ncclCollNet_v7_t;
+
 typedef struct {
   const char* name;
   ncclResult_t (*init)(ncclDebugLogger_t logFunction);
@@ -286,6 +348,9 @@ static_assert(sizeof(void*) == 8, "the NCCL plugin ABI is written for LP64 targe
 static_assert(sizeof(ncclResult_t) == 4 && sizeof(ncclNetDeviceType) == 4, "enums are ints");
 static_assert(sizeof(ncclNetDeviceHandle_t) == 32, "device handle");
 static_assert(offsetof(ncclNetDeviceHandle_t, size) == 16, "device handle");
+static_assert(sizeof(ncclNetProperties_v7_t) == 56, "v7 properties");
+static_assert(offsetof(ncclNetProperties_v7_t, speed) == 28, "v7 properties");
+static_assert(offsetof(ncclNetProperties_v7_t, netDeviceVersion) == 52, "v7 properties");
 static_assert(sizeof(ncclNetProperties_v8_t) == 64, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, ptrSupport) == 24, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, speed) == 32, "v8 properties");
@@ -306,6 +371,8 @@ static_assert(offsetof(ncclNetProperties_v12_t, planeId) == 126, "v12 properties
 static_assert(sizeof(ncclNetAttr_t) == 44, "net attributes");
 static_assert(sizeof(ncclNetSGE_v8_t) == 24 && offsetof(ncclNetSGE_v8_t, size) == 16, "v8 SGE");
 static_assert(sizeof(ncclNetSGE_t) == 24 && offsetof(ncclNetSGE_t, size) == 16, "SGE");
+static_assert(sizeof(ncclNet_v7_t) == RS_PTR(19), "v7 net table");
+static_assert(offsetof(ncclNet_v7_t, regMr) == RS_PTR(7) && offsetof(ncclNet_v7_t, test) == RS_PTR(13), "v7 net table");
 static_assert(sizeof(ncclNet_v8_t) == RS_PTR(19), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, isend) == RS_PTR(10), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, test) == RS_PTR(13), "v8 net table");
@@ -314,6 +381,10 @@ static_assert(sizeof(ncclNet_v11_t) == RS_PTR(22) && sizeof(ncclNet_v12_t) == RS
 static_assert(offsetof(ncclNet_v12_t, test) == RS_PTR(13), "v12 net table");
 static_assert(offsetof(ncclNet_v12_t, makeVDevice) == RS_PTR(19), "v12 net table");
 static_assert(offsetof(ncclNet_v12_t, finalize) == RS_PTR(20), "v12 net table");
+static_assert(sizeof(ncclCollNet_v7_t) == RS_PTR(15), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, iallreduce) == RS_PTR(10), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, iflush) == RS_PTR(11), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, closeListen) == RS_PTR(14), "v7 collnet table");
 static_assert(sizeof(ncclCollNet_v8_t) == RS_PTR(17), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, iallreduce) == RS_PTR(10), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, test) == RS_PTR(14), "v8 collnet table");
