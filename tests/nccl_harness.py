@@ -250,6 +250,16 @@ def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) 
 # -- point-to-point ---------------------------------------------------------------------------
 
 
+def listen_address(handle: Any) -> Tuple[int, str, int]:
+    """(family, host, port) in a point-to-point listen handle (csrc/nccl_plugin/p2p_net.cc layout)."""
+    import socket
+
+    raw = bytes(handle.raw)
+    family, port = int.from_bytes(raw[6:8], "little"), int.from_bytes(raw[8:10], "little")
+    host = socket.inet_ntop(family, raw[24:28] if family == socket.AF_INET else raw[24:40])
+    return family, host, port
+
+
 def payload(seed: int, size: int) -> np.ndarray:
     return np.random.default_rng(seed).integers(0, 256, size, dtype=np.uint8)
 

@@ -454,18 +454,25 @@ def test_collnet_reducer_stopped_mid_stream_fails_over(pool, reducers, tmp_path)
 
 
 def test_cli_prints_path_and_installs(tmp_path, capsys):
+    """The printed settings load the library by name (test_nccl_plugin_versions.py runs them
+    against every NCCL release's loader)."""
     from reducer.cli.main import main
     from reducer.cli.nccl_plugin import plugin_path
 
     assert main(["nccl-plugin"]) == 0
     out = capsys.readouterr().out
-    assert f"export NCCL_NET_PLUGIN={plugin_path()}" in out and "export NCCL_COLLNET_ENABLE=1" in out
+    assert f'export LD_LIBRARY_PATH="{plugin_path().parent}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"' in out
+    assert "export NCCL_NET_PLUGIN=reduction-server" in out and "export NCCL_COLLNET_ENABLE=1" in out
+    assert "NCCL_ALGO" not in out
     assert main(["nccl-plugin", "--install", str(tmp_path / "lib"), "--conf"]) == 0
-    installed = tmp_path / "lib" / "libnccl-net.so"
+    installed = tmp_path / "lib" / "libnccl-net-reduction-server.so"
     assert installed.read_bytes() == plugin_path().read_bytes()
-    assert capsys.readouterr().out == f"NCCL_NET_PLUGIN={installed}\nNCCL_COLLNET_ENABLE=1\n"
+    assert os.readlink(tmp_path / "lib" / "libnccl-net.so") == "libnccl-net-reduction-server.so"
+    captured = capsys.readouterr()
+    assert captured.out == "NCCL_NET_PLUGIN=reduction-server\nNCCL_COLLNET_ENABLE=1\n"
+    assert "must be on the loader's path" in captured.err
     # NCCL loads the installed copy by its default name too.
-    plugin = H.Plugin(str(installed))
+    plugin = H.Plugin(str(tmp_path / "lib" / "libnccl-net.so"))
     assert plugin.net(12).name == b"reduction-server"
     plugin.close()
 
