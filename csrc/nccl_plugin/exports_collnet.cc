@@ -7,6 +7,7 @@
 // finalize for it. An init that succeeded with no device made NCCL 2.28.3 call finalize through
 // a NULL CollNet table at communicator destroy (docs/nccl-plugin.md, "Versions").
 #include <atomic>
+#include <chrono>
 #include <string>
 
 #include "nccl_plugin/collnet.h"
@@ -28,10 +29,8 @@ namespace {
 
 // All-gather / reduce-scatter offload needs a reducer-side gather; not offered.
 ncclResult_t coll_unsupported(const char* what) noexcept {
-  try {
-    log_warn(std::string(what) + " is not supported by the reduction-server CollNet (all-reduce only)");
-  } catch (...) {
-  }
+  static LogLimiter log(5, std::chrono::seconds(10));
+  log.warn(std::string(what) + " is not supported by the reduction-server CollNet (all-reduce only)");
   return ncclInternalError;
 }
 ncclResult_t coll_iallgather(void*, void*, int, ncclNetSGE_t*, size_t, size_t, size_t, void*, void** request) {
