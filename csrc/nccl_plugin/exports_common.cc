@@ -41,14 +41,16 @@ void fill_properties(Side side, int dev, ncclNetProperties_v12_t* p) {
 
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v12_t* p) { *p = a; }
 
-void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
+namespace {
+
+// The members every layout has (v7's), then each newer layout's own.
+template <class P>
+void copy_common(const ncclNetProperties_v12_t& a, P* p) {
   std::memset(p, 0, sizeof *p);
   p->name = a.name;
   p->pciPath = a.pciPath;
   p->guid = a.guid;
   p->ptrSupport = a.ptrSupport;
-  p->regIsGlobal = a.regIsGlobal;
-  p->forceFlush = a.forceFlush;
   p->speed = a.speed;
   p->port = a.port;
   p->latency = a.latency;
@@ -56,6 +58,14 @@ void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
   p->maxRecvs = a.maxRecvs;
   p->netDeviceType = a.netDeviceType;
   p->netDeviceVersion = a.netDeviceVersion;
+}
+
+}  // namespace
+
+void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
+  copy_common(a, p);
+  p->regIsGlobal = a.regIsGlobal;
+  p->forceFlush = a.forceFlush;
   p->vProps.ndevs = a.vProps.ndevs;
   for (int i = 0; i < a.vProps.ndevs && i < 4; ++i) p->vProps.devs[i] = a.vProps.devs[i];
   p->maxP2pBytes = a.maxP2pBytes;
@@ -64,37 +74,11 @@ void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
 }
 
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v8_t* p) {
-  std::memset(p, 0, sizeof *p);
-  p->name = a.name;
-  p->pciPath = a.pciPath;
-  p->guid = a.guid;
-  p->ptrSupport = a.ptrSupport;
+  copy_common(a, p);
   p->regIsGlobal = a.regIsGlobal;
-  p->speed = a.speed;
-  p->port = a.port;
-  p->latency = a.latency;
-  p->maxComms = a.maxComms;
-  p->maxRecvs = a.maxRecvs;
-  p->netDeviceType = a.netDeviceType;
-  p->netDeviceVersion = a.netDeviceVersion;
 }
 
-void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v7_t* p) {
-  ncclNetProperties_v8_t v8;
-  convert(a, &v8);
-  std::memset(p, 0, sizeof *p);
-  p->name = v8.name;
-  p->pciPath = v8.pciPath;
-  p->guid = v8.guid;
-  p->ptrSupport = v8.ptrSupport;
-  p->speed = v8.speed;
-  p->port = v8.port;
-  p->latency = v8.latency;
-  p->maxComms = v8.maxComms;
-  p->maxRecvs = v8.maxRecvs;
-  p->netDeviceType = v8.netDeviceType;
-  p->netDeviceVersion = v8.netDeviceVersion;
-}
+void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v7_t* p) { copy_common(a, p); }
 
 template <class Props>
 ncclResult_t get_properties(Side side, int dev, Props* props) noexcept {

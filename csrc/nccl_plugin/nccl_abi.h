@@ -72,33 +72,31 @@ typedef struct {
 typedef ncclResult_t (*ncclGetVersion_t)(int* version); /* NCCL's public ncclGetVersion */
 
 /* ---- device properties ------------------------------------------------------------------ */
-typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
+/* Every version starts with the NIC's identity and has the same link members after its own
+ * flags (v8 adds regIsGlobal, v11 forceFlush, then the virtual-device and size members). */
+#define RS_NCCL_PROPS_IDENTITY \
+  char* name;                  \
+  char* pciPath;               \
+  uint64_t guid;               \
   int ptrSupport;
-  int speed; /* Mbps */
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
+#define RS_NCCL_PROPS_LINK           \
+  int speed; /* Mbps */              \
+  int port;                          \
+  float latency;                     \
+  int maxComms;                      \
+  int maxRecvs;                      \
+  ncclNetDeviceType netDeviceType;   \
   int netDeviceVersion;
-} ncclNetProperties_v7_t; /* v8 without regIsGlobal */
 
 typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
-  int ptrSupport;
+  RS_NCCL_PROPS_IDENTITY
+  RS_NCCL_PROPS_LINK
+} ncclNetProperties_v7_t;
+
+typedef struct {
+  RS_NCCL_PROPS_IDENTITY
   int regIsGlobal;
-  int speed; /* Mbps */
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
-  int netDeviceVersion;
+  RS_NCCL_PROPS_LINK
 } ncclNetProperties_v8_t;
 
 typedef struct {
@@ -113,22 +111,13 @@ typedef struct {
 
 /* v11 and v12 properties share everything up to maxMultiRequestSize (v12 adds rail/plane ids). */
 #define RS_NCCL_PROPS_V11_V12(VPROPS) \
-  char* name;                        \
-  char* pciPath;                     \
-  uint64_t guid;                     \
-  int ptrSupport;                    \
-  int regIsGlobal;                   \
-  int forceFlush;                    \
-  int speed;                         \
-  int port;                          \
-  float latency;                     \
-  int maxComms;                      \
-  int maxRecvs;                      \
-  ncclNetDeviceType netDeviceType;   \
-  int netDeviceVersion;              \
-  VPROPS vProps;                     \
-  size_t maxP2pBytes;                \
-  size_t maxCollBytes;               \
+  RS_NCCL_PROPS_IDENTITY              \
+  int regIsGlobal;                    \
+  int forceFlush;                     \
+  RS_NCCL_PROPS_LINK                  \
+  VPROPS vProps;                      \
+  size_t maxP2pBytes;                 \
+  size_t maxCollBytes;                \
   int maxMultiRequestSize;
 
 typedef struct {
@@ -173,49 +162,44 @@ typedef struct {
 } ncclNetSGE_t; /* v11 and v12 */
 
 /* ---- point-to-point net ------------------------------------------------------------------- */
-/* v7 and v8 differ in the properties and in regMr's size (int in v7). */
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t* props);
+/* The first members of v7 and v8 tables, net and CollNet alike. */
+#define RS_NCCL_V7_V8_OPENING(PROPS)                                                                         \
+  const char* name;                                                                                          \
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);                                                       \
+  ncclResult_t (*devices)(int* ndev);                                                                        \
+  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);
-  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
-  ncclResult_t (*regMr)(void* comm, void* data, int size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle);
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request);
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* sizes);
-  ncclResult_t (*closeSend)(void* sendComm);
-  ncclResult_t (*closeRecv)(void* recvComm);
-  ncclResult_t (*closeListen)(void* listenComm);
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+
+/* iflush to irecvConsumed: the same in every net version. */
+#define RS_NCCL_NET_FROM_IFLUSH                                                                              \
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);     \
+  ncclResult_t (*test)(void* request, int* done, int* sizes);                                                \
+  ncclResult_t (*closeSend)(void* sendComm);                                                                 \
+  ncclResult_t (*closeRecv)(void* recvComm);                                                                 \
+  ncclResult_t (*closeListen)(void* listenComm);                                                             \
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                               \
   ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+
+/* v7 and v8 differ in the properties and in regMr's size (int in v7). */
+#define RS_NCCL_NET_V7_V8(PROPS, REG_SIZE)                                                                      \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);      \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);            \
+  ncclResult_t (*regMr)(void* comm, void* data, REG_SIZE size, int type, void** mhandle);                    \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,          \
+                              void** mhandle);                                                               \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                        \
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);       \
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,            \
+                        void** request);                                                                     \
+  RS_NCCL_NET_FROM_IFLUSH
+
+typedef struct {
+  RS_NCCL_NET_V7_V8(ncclNetProperties_v7_t, int)
 } ncclNet_v7_t;
 
 typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);
-  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
-  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle);
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request);
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* sizes);
-  ncclResult_t (*closeSend)(void* sendComm);
-  ncclResult_t (*closeRecv)(void* recvComm);
-  ncclResult_t (*closeListen)(void* listenComm);
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
-  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+  RS_NCCL_NET_V7_V8(ncclNetProperties_v8_t, size_t)
 } ncclNet_v8_t;
 
 /* v11 and v12 differ only in the properties and virtual-device structs. */
@@ -236,13 +220,7 @@ typedef struct {
                         void** request);                                                                     \
   ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,         \
                         void** phandles, void** request);                                                    \
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);     \
-  ncclResult_t (*test)(void* request, int* done, int* sizes);                                                \
-  ncclResult_t (*closeSend)(void* sendComm);                                                                 \
-  ncclResult_t (*closeRecv)(void* recvComm);                                                                 \
-  ncclResult_t (*closeListen)(void* listenComm);                                                             \
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                               \
-  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);                                       \
+  RS_NCCL_NET_FROM_IFLUSH                                                                                    \
   ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                        \
   ncclResult_t (*finalize)(void* ctx);                                                                       \
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_t* netAttr);
@@ -256,51 +234,38 @@ typedef struct {
 } ncclNet_v12_t;
 
 /* ---- CollNet --------------------------------------------------------------------------------- */
-/* v7: no all-gather / reduce-scatter members; regMr's size is an int. */
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v7_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
-  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
-  ncclResult_t (*regMr)(void* collComm, void* data, int size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
-  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
-  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType,
+/* v7 and v8 share all but the properties, regMr's size (int in v7) and v8's all-gather /
+ * reduce-scatter members, which v7 does not have. */
+#define RS_NCCL_COLLNET_V7_V8_HEAD(PROPS, REG_SIZE)                                                             \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);          \
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                 \
+  ncclResult_t (*regMr)(void* collComm, void* data, REG_SIZE size, int type, void** mhandle);                \
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,      \
+                              void** mhandle);                                                               \
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                    \
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType, \
                              ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);
-  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* size);
-  ncclResult_t (*closeColl)(void* collComm);
+#define RS_NCCL_COLLNET_V7_V8_TAIL                                                                           \
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);               \
+  ncclResult_t (*test)(void* request, int* done, int* size);                                                 \
+  ncclResult_t (*closeColl)(void* collComm);                                                                 \
   ncclResult_t (*closeListen)(void* listenComm);
+
+typedef struct {
+  RS_NCCL_COLLNET_V7_V8_HEAD(ncclNetProperties_v7_t, int)
+  RS_NCCL_COLLNET_V7_V8_TAIL
 } ncclCollNet_v7_t;
 
 typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
-  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
-  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
-  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
-  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType,
-                             ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);
+  RS_NCCL_COLLNET_V7_V8_HEAD(ncclNetProperties_v8_t, size_t)
   ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts, ncclNetSGE_v8_t* recvParts,
                              size_t bytesPerRank, size_t windowOffset, size_t windowBytes, void* sendMhandle,
                              void** request);
   ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v8_t* sendParts, void* recvData,
                                  size_t bytesPerRank, size_t windowOffset, size_t windowBytes,
                                  ncclDataType_t dataType, ncclRedOp_t redOp, void* recvMhandle, void** request);
-  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* size);
-  ncclResult_t (*closeColl)(void* collComm);
-  ncclResult_t (*closeListen)(void* listenComm);
+  RS_NCCL_COLLNET_V7_V8_TAIL
 } ncclCollNet_v8_t;
 
 #define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                                                 \
