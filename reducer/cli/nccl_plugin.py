@@ -75,11 +75,9 @@ def install(directory: Path) -> List[str]:
     tmp.replace(target)
     notes: List[str] = []
     default = directory / DEFAULT_NAME
-    if default.exists() or default.is_symlink():
-        if not _is_ours(default):
-            notes.append(f"{default} is another plugin: left as it is (NCCL_NET_PLUGIN={PLUGIN_NAME} "
-                         f"selects this one)")
-            return notes
+    if (default.exists() or default.is_symlink()) and not _is_ours(default):
+        notes.append(f"{default} is another plugin: left as it is (NCCL_NET_PLUGIN={PLUGIN_NAME} selects this one)")
+        return notes
     link_tmp = directory / (DEFAULT_NAME + ".tmp")
     if link_tmp.is_symlink() or link_tmp.exists():
         link_tmp.unlink()
