@@ -29,8 +29,8 @@ namespace {
 
 // All-gather / reduce-scatter offload needs a reducer-side gather; not offered.
 ncclResult_t coll_unsupported(const char* what) noexcept {
-  static LogLimiter log(5, std::chrono::seconds(10));
-  log.warn(std::string(what) + " is not supported by the reduction-server CollNet (all-reduce only)");
+  static LogLimiter limiter(5, std::chrono::seconds(10));
+  limiter.warn(std::string(what) + " is not supported by the reduction-server CollNet (all-reduce only)");
   return ncclInternalError;
 }
 ncclResult_t coll_iallgather(void*, void*, int, ncclNetSGE_t*, size_t, size_t, size_t, void*, void** request) {
