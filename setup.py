@@ -67,7 +67,9 @@ class BuildExtWithPlugin(build_ext):
         self.compiler.link_shared_object(
             objects,
             os.path.join(out_dir, PLUGIN_NAME),
-            libraries=["crypto"],  # frame integrity, as in the extension (no CUDA, no NCCL)
+            # frame integrity, as in the extension; dl: dladdr/dlsym find the loading NCCL's version
+            # (libc has them from glibc 2.34). No CUDA, no NCCL.
+            libraries=["crypto", "dl"],
             extra_postargs=["-pthread", "-Wl,--no-undefined",
                             "-Wl,--version-script=" + os.path.join(PLUGIN_DIR, "exports.map")],
             target_lang="c++",

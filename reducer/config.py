@@ -120,7 +120,8 @@ _TABLE = [
     Setting("group_slots", "RS_GROUP_SLOTS", None, int,
             "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
     Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, float,
-            "Reducer: seconds a new connection has to send its hello (default 10)."),
+            "Reducer and the NCCL plugin's point-to-point listener: seconds a new connection has to send its "
+            "hello (default 10)."),
     Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
             "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
     Setting("max_connections", "RS_MAX_CONNECTIONS", None, int,
