@@ -69,6 +69,15 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--metrics-port", type=_port_arg, default=None, metavar="PORT|off",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
                         "(default: $RS_METRICS_PORT, else off)")
+    p.add_argument("--max-memory-per-job", type=_size_arg, default=None, metavar="BYTES",
+                   help="reduction-buffer memory one job's groups may hold, e.g. 8G (default: "
+                        "$RS_MAX_MEMORY_PER_JOB, else half of the memory budget; docs/security.md)")
+    p.add_argument("--max-memory-per-peer", type=_size_arg, default=None, metavar="BYTES",
+                   help="reduction-buffer memory charged to one worker IP address (default: "
+                        "$RS_MAX_MEMORY_PER_PEER, else half of the memory budget)")
+    p.add_argument("--memory-idle-timeout", type=float, default=None, metavar="SECONDS",
+                   help="a group that receives nothing this long gives its memory back until its next chunk; "
+                        "0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)")
     p.add_argument("--ready-file", default=None,
                    help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
     p.set_defaults(func=run)
@@ -84,6 +93,15 @@ def _port_arg(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError("expected a port 0-65535 or 'off'")
     return int(value)
+
+
+def _size_arg(text: str) -> int:
+    from reducer import config
+
+    try:
+        return int(config.SETTINGS["max_memory_per_job"].parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 # -- where to listen ----------------------------------------------------------------------------
@@ -267,7 +285,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
-                                   integrity=args.integrity)
+                                   integrity=args.integrity, max_memory_per_job=args.max_memory_per_job,
+                                   max_memory_per_peer=args.max_memory_per_peer,
+                                   memory_idle_timeout=args.memory_idle_timeout)
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
