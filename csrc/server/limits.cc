@@ -62,14 +62,15 @@ uint64_t MemoryBudget::used_by_peer(const std::string& ip) const {
 }
 
 std::string MemoryBudget::take(const Claim& c) {
+  // A share of at least the whole budget is no limit of its own: the server budget is the one hit.
   const uint64_t job_held = held_in(jobs_, c.job);
-  if (!fits(job_held, c.bytes, per_job_))
+  if (per_job_ < limit_ && !fits(job_held, c.bytes, per_job_))
     return "job " + c.job + " would exceed its job share of this reducer's memory: its group streams hold " +
            size_text(job_held) + " and one job may hold " + size_text(per_job_) +
            " (max_memory_per_job, RS_MAX_MEMORY_PER_JOB)";
   for (const auto& p : c.peers) {
     const uint64_t peer_held = held_in(peers_, p.first);
-    if (!fits(peer_held, p.second, per_peer_))
+    if (per_peer_ < limit_ && !fits(peer_held, p.second, per_peer_))
       return "address " + p.first + " would exceed its address share of this reducer's memory: its workers' part of " +
              "the group streams is " + size_text(peer_held) + ", this one adds " + size_text(p.second) +
              ", and one address may hold " + size_text(per_peer_) + " (max_memory_per_peer, RS_MAX_MEMORY_PER_PEER)";
