@@ -79,6 +79,15 @@ std::vector<uint32_t> Group::missing_ranks(size_t at_most) const {
   return out;
 }
 
+std::string Group::incomplete_message(int timeout_s) const {
+  std::string missing;
+  for (uint32_t r : missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  if (world_ - joined_ > 8) missing += ", ...";
+  return "group " + key_.label() + ": only " + std::to_string(joined_) + " of " + std::to_string(world_) +
+         " ranks joined within " + std::to_string(timeout_s) + " s (group_timeout): " +
+         std::to_string(world_ - joined_) + " missing (ranks " + missing + ")";
+}
+
 void Group::mark_failed(const std::string& why) {
   failed_ = true;
   last_error_ = why;
@@ -114,13 +123,15 @@ MemoryBudget::Claim Group::claim() const {
   MemoryBudget::Claim c;
   c.job = key_.job;
   const uint64_t per_rank = uint64_t(slot_count_) * chunk_;
-  for (const auto& w : waiting_) {
-    // Each rank's receive buffers to its address; the accumulator (2 per rank's worth) to rank 0's.
-    const uint64_t part = per_rank * (w.rank == 0 ? 3 : 1);
-    auto it = std::find_if(c.peers.begin(), c.peers.end(), [&](const auto& p) { return p.first == w.ip; });
-    if (it == c.peers.end()) c.peers.emplace_back(w.ip, part);
-    else it->second += part;
-    c.bytes += part;
+  std::vector<std::pair<std::string, uint64_t>> parts;
+  parts.reserve(waiting_.size());
+  for (const auto& w : waiting_)  // each rank's receive buffers; the accumulator (2 x theirs) to rank 0
+    parts.emplace_back(w.ip, per_rank * (w.rank == 0 ? 3 : 1));
+  std::sort(parts.begin(), parts.end());
+  for (auto& p : parts) {  // one entry per address
+    c.bytes += p.second;
+    if (!c.peers.empty() && c.peers.back().first == p.first) c.peers.back().second += p.second;
+    else c.peers.push_back(std::move(p));
   }
   return c;
 }

@@ -99,6 +99,8 @@ class Group {
     }
   }
   std::vector<uint32_t> missing_ranks(size_t at_most) const;
+  // Why a group that did not complete within `timeout_s` (group_timeout) is refused.
+  std::string incomplete_message(int timeout_s) const;
   void mark_failed(const std::string& why);
   void mark_left(const std::string& why) { left_ = why; }
   // Why the group ended when a member left with a failover goodbye: the others get

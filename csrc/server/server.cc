@@ -534,13 +534,7 @@ struct Loop {
     table->release_idle(Clock::now(), ms(srv->opts.memory_idle_timeout));  // renewed in try_claim
     auto expired = table->take_expired(Clock::now(), ms(srv->opts.group_timeout));
     for (auto& g : expired) {
-      std::string missing;
-      for (uint32_t r : g->missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      if (g->world() - g->joined() > 8) missing += ", ...";
-      const std::string msg = "group " + g->key().label() + ": only " + std::to_string(g->joined()) + " of " +
-                              std::to_string(g->world()) + " ranks joined within " +
-                              std::to_string(int(srv->opts.group_timeout)) + " s (group_timeout): " +
-                              std::to_string(g->world() - g->joined()) + " missing (ranks " + missing + ")";
+      const std::string msg = g->incomplete_message(int(srv->opts.group_timeout));
       g->mark_failed(msg);
       record_ended(*g);
       log_warn(msg);
@@ -557,12 +551,10 @@ struct Loop {
   bool try_claim(Conn* c) {
     Group& g = *c->group;
     Slot& s = g.slot_for(c->seq_next);
-    if (s.seq == -1 && !g.memory_held()) {  // it gave its memory back while idle: take it again
-      const std::string why = table->renew(c->group);
-      if (!why.empty()) {
-        fail_group(c->group, proto::ErrorCode::Internal, why);
-        return false;
-      }
+    const std::string why = s.seq == -1 && !g.memory_held() ? table->renew(c->group) : "";  // idle: release_idle
+    if (!why.empty()) {
+      fail_group(c->group, proto::ErrorCode::Internal, why);
+      return false;
     }
     if (s.seq == -1) {
       s.seq = c->seq_next;

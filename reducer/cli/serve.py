@@ -69,15 +69,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--metrics-port", type=_port_arg, default=None, metavar="PORT|off",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
                         "(default: $RS_METRICS_PORT, else off)")
-    p.add_argument("--max-memory-per-job", type=_size_arg, default=None, metavar="BYTES",
-                   help="reduction-buffer memory one job's groups may hold, e.g. 8G (default: "
-                        "$RS_MAX_MEMORY_PER_JOB, else half of the memory budget; docs/security.md)")
-    p.add_argument("--max-memory-per-peer", type=_size_arg, default=None, metavar="BYTES",
-                   help="reduction-buffer memory charged to one worker IP address (default: "
-                        "$RS_MAX_MEMORY_PER_PEER, else half of the memory budget)")
-    p.add_argument("--memory-idle-timeout", type=float, default=None, metavar="SECONDS",
-                   help="a group that receives nothing this long gives its memory back until its next chunk; "
-                        "0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)")
+    for flag, kind, metavar, text in _MEMORY_FLAGS:
+        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     p.add_argument("--ready-file", default=None,
                    help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
     p.set_defaults(func=run)
@@ -102,6 +95,17 @@ def _size_arg(text: str) -> int:
         return int(config.SETTINGS["max_memory_per_job"].parse(text))
     except ValueError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# The memory shares (docs/security.md, "Memory shares"): flag, type, metavar, help.
+_MEMORY_FLAGS = (
+    ("--max-memory-per-job", _size_arg, "BYTES", "reduction-buffer memory one job's groups may hold, e.g. 8G "
+     "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)"),
+    ("--max-memory-per-peer", _size_arg, "BYTES", "reduction-buffer memory charged to one worker IP address "
+     "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)"),
+    ("--memory-idle-timeout", float, "SECONDS", "a group that receives nothing this long gives its memory back "
+     "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)"),
+)
 
 
 # -- where to listen ----------------------------------------------------------------------------
