@@ -86,6 +86,7 @@ def test_greedy_job_credential_leaves_room_for_another_job(sources):
         assert wait_until(lambda: srv.stats()["memory_bytes"] == 0, 10), srv.stats()
 
 
+@pytest.mark.sanitize
 def test_greedy_address_without_a_secret_leaves_room_for_another_job():
     """Without a secret, job ids cost nothing: one address sends 50 hellos, each under a new job
     id. It gets its address share and no more; a job from another address all-reduces exactly."""
@@ -132,6 +133,7 @@ def test_honest_large_job_gets_its_whole_share_beside_a_greedy_tenant():
 # ---- the refusal says which limit -----------------------------------------------------------------
 
 
+@pytest.mark.sanitize
 def test_over_limit_message_names_the_limit_hit():
     budget, per_job, per_peer = 10 * HOG_NEED, 4 * HOG_NEED, 6 * HOG_NEED
     with serve(threads=2, max_memory_bytes=budget, max_memory_per_job=per_job, max_memory_per_peer=per_peer) as srv:
@@ -171,6 +173,7 @@ def round_trip(w: RawWorker, payload: bytes, round_: int) -> Tuple[int, int, byt
     return t, flags, body
 
 
+@pytest.mark.sanitize
 def test_idle_groups_give_their_memory_back_and_renew_it_with_data():
     """A group that receives nothing for memory_idle_timeout gives its reservation back; its next
     chunk takes it again and reduces exactly. When another job took the room meanwhile, that
