@@ -117,6 +117,14 @@ _TABLE = [
             "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
     Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
             "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
+    Setting("max_memory_per_job", "RS_MAX_MEMORY_PER_JOB", None, _size,
+            "Reducer: reduction-buffer memory of one job id's groups together (default: half of max_memory_bytes)."),
+    Setting("max_memory_per_peer", "RS_MAX_MEMORY_PER_PEER", None, _size,
+            "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, "
+            "plus the accumulator of the groups where it is rank 0 (default: half of max_memory_bytes)."),
+    Setting("memory_idle_timeout", "RS_MEMORY_IDLE_TIMEOUT", None, float,
+            "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
+            "chunk (default 60; 0 = never)."),
     Setting("group_slots", "RS_GROUP_SLOTS", None, int,
             "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
     Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, float,

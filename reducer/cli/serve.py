@@ -74,6 +74,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--allow-unauthenticated-drain", action="store_true", default=None,
                    help="without a shared secret, let anyone who reaches the control port Drain this reducer "
                         "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)")
+    for flag, kind, metavar, text in _MEMORY_FLAGS:
+        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     p.add_argument("--ready-file", default=None,
                    help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
     p.set_defaults(func=run)
@@ -89,6 +91,26 @@ def _port_arg(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError("expected a port 0-65535 or 'off'")
     return int(value)
+
+
+def _size_arg(text: str) -> int:
+    from reducer import config
+
+    try:
+        return int(config.SETTINGS["max_memory_per_job"].parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# The memory shares (docs/security.md, "Memory shares"): flag, type, metavar, help.
+_MEMORY_FLAGS = (
+    ("--max-memory-per-job", _size_arg, "BYTES", "reduction-buffer memory one job's groups may hold, e.g. 8G "
+     "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)"),
+    ("--max-memory-per-peer", _size_arg, "BYTES", "reduction-buffer memory charged to one worker IP address "
+     "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)"),
+    ("--memory-idle-timeout", float, "SECONDS", "a group that receives nothing this long gives its memory back "
+     "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)"),
+)
 
 
 # -- where to listen ----------------------------------------------------------------------------
@@ -306,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
-                                   integrity=args.integrity)
+                                   integrity=args.integrity, max_memory_per_job=args.max_memory_per_job,
+                                   max_memory_per_peer=args.max_memory_per_peer,
+                                   memory_idle_timeout=args.memory_idle_timeout)
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
