@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import ast
 import os
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -66,3 +67,43 @@ def test_benchmark_scripts_run_as_modules_from_the_root(name, tmp_path):
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout
+
+
+# -- the set-up scripts say what they do ----------------------------------------------------------
+
+def _fake_bin(tmp_path: Path) -> Path:
+    """A PATH with only what the scripts need to reach their first install: root's `id`, a logging
+    `apt-get`, a `python3` that stops the script (no clang++, no ccache)."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    scripts = {
+        "id": "echo 0",
+        "apt-get": 'echo "apt-get $*" >> "$APT_LOG"',
+        "python3": 'echo "python3 $*"; exit 7',
+    }
+    for name, body in scripts.items():
+        (bindir / name).write_text(f"#!/bin/sh\n{body}\n")
+        (bindir / name).chmod(0o755)
+    for tool in ("dirname",):
+        (bindir / tool).symlink_to(shutil.which(tool))
+    return bindir
+
+
+@pytest.mark.parametrize("no_apt", [False, True])
+def test_test_script_says_when_it_installs_system_packages(tmp_path, no_apt):
+    bindir = _fake_bin(tmp_path)
+    log = tmp_path / "apt.log"
+    env = {"PATH": str(bindir), "APT_LOG": str(log), **({"NO_APT": "1"} if no_apt else {})}
+    out = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "test.sh")], env=env, capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 7, out.stdout + out.stderr  # stopped by the fake python3 at the venv
+    said = "installing clang ccache system-wide with apt-get" in out.stdout
+    installed = log.exists() and "install -y -qq clang ccache" in log.read_text()
+    assert (said, installed) == ((False, False) if no_apt else (True, True)), out.stdout
+    assert "[1/4] virtual environment .venv" in out.stdout  # a line per stage
+
+
+def test_set_up_scripts_show_pips_output():
+    for name in ("test.sh", "run-local.sh"):
+        text = (ROOT / "scripts" / name).read_text()
+        assert "pip install" in text and "--quiet" not in text and " -q " not in text.replace("-qq", ""), name
