@@ -82,6 +82,9 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port);
 
 // Connect to addr, retrying refused/unreachable connections with backoff until
 // `deadline`; throws Error(Connect) naming the address and the last cause.
+// After kConnectWarnAfter of failed attempts it logs one WARNING naming the address, the last
+// error and how long it keeps trying.
+constexpr std::chrono::seconds kConnectWarnAfter{3};
 Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline);
 
 // A TCP connect that never waits (a reachability probe): the constructor starts a
