@@ -31,23 +31,35 @@ def _version_in_source() -> str:
     raise AssertionError("reducer/__init__.py has no __version__ = '...' line")
 
 
+def _source_copy(tmp_path: Path) -> Path:
+    """The tree a build sees, copied (setuptools writes an egg-info next to setup.py: not into ours)."""
+    src = tmp_path / "src"
+    skip = shutil.ignore_patterns("*.so", "__pycache__", "build", "*.egg-info")
+    for name in ("reducer", "benchmarks", "csrc"):
+        shutil.copytree(ROOT / name, src / name, ignore=skip)
+    for name in ("setup.py", "pyproject.toml", "README.md"):
+        shutil.copy2(ROOT / name, src / name)
+    return src
+
+
 def test_build_installs_only_the_reducer_package(tmp_path):
     # build_py is the part of a wheel build that collects the Python packages (no compiling).
-    out = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)],
-                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    src, lib = _source_copy(tmp_path), tmp_path / "lib"
+    out = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)],
+                         cwd=src, capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
-    top = sorted(p.name for p in tmp_path.iterdir())
+    top = sorted(p.name for p in lib.iterdir())
     assert top == ["reducer"], f"top-level entries a wheel would install: {top}"
-    assert (tmp_path / "reducer" / "bench" / "runner.py").is_file()  # subpackages are still in
+    assert (lib / "reducer" / "bench" / "runner.py").is_file()  # subpackages are still in
 
 
-def test_the_version_is_stated_once():
+def test_the_version_is_stated_once(tmp_path):
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())
     assert "version" not in project["project"], "pyproject.toml states a version of its own"
     assert "version" in project["project"].get("dynamic", [])
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "reducer.__version__"}
-    out = subprocess.run([sys.executable, "setup.py", "--version"], cwd=ROOT, capture_output=True, text=True,
-                         timeout=120)
+    out = subprocess.run([sys.executable, "setup.py", "--version"], cwd=_source_copy(tmp_path), capture_output=True,
+                         text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == _version_in_source()
 
