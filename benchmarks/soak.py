@@ -1,6 +1,6 @@
 """Soak: thousands of all-reduce rounds while reducers and workers are killed and restarted.
 
-    python benchmarks/soak.py --rounds 10000 --workers 4 --reducers 3
+    python -m benchmarks.soak --rounds 10000 --workers 4 --reducers 3
 
 W worker processes run rounds of random sizes, dtypes, ops and compression (every worker the
 same sequence, from the seed) against R reducer processes on loopback. Meanwhile a driver

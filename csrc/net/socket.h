@@ -59,7 +59,7 @@ void tune_socket(int fd, int buffer_bytes);
 // Returns the setting now in force ("" = the kernel's).
 // Why cubic: with BBR (the default of many distributions) a worker's R parallel flows and a
 // reducer's W incoming ones get very uneven rates through a queueing link, and a round waits for
-// its slowest flow (docs/performance.md, "Issue 12 section 4": quiet-machine A/B).
+// its slowest flow (docs/performance.md, "TCP congestion control").
 constexpr const char* kAutoCongestion = "cubic";
 std::string set_tcp_congestion(const std::string& name);
 std::string tcp_congestion();
