@@ -2,7 +2,7 @@
 // results (pointing into group slots, no copy) and control messages; a FrameReader reads data
 // frames straight into the group's receive buffers.
 //
-// Ownership rule (the reducer's threading model, see server.cc): a Conn is owned by exactly one
+// Ownership rule (the reducer's threading model, see server.cc and loop.h): a Conn is owned by exactly one
 // event loop, through that loop's connection table. Loop 0 owns every connection while it runs
 // the handshake; handing a validated connection to the loop that owns its group MOVES it into
 // that loop's inbox, after which loop 0 holds no pointer to it and must not touch it again.
@@ -71,7 +71,7 @@ struct Conn {
   uint64_t done_round = 0;
   uint64_t clear_sent = 0;
   bool clear_queued = false;  // a CLEAR is in `out`, not yet written (one at a time: they are cumulative)
-  bool clear_due = false;     // in its loop's `clears_due`: flushed, with its CLEAR, by flush_clears()
+  bool clear_due = false;     // in its loop's Releases: flushed, with its CLEAR, by Releases::flush_due()
   // lifecycle
   net::FrameWriter out;  // tokens: the Slot* of a result, kClearToken, 0 for other control messages
   bool close_after_flush = false;
@@ -80,7 +80,7 @@ struct Conn {
   // for writing and its input is read and dropped until the peer closes or `linger_until`, so
   // that input still in flight cannot make the kernel reset the connection and destroy that
   // frame before the peer reads it. It is no longer a group member then.
-  bool linger = false;     // set by the graceful close: reap() starts the linger instead of closing
+  bool linger = false;     // set by the graceful close: Loop::reap() starts the linger instead of closing
   bool lingering = false;  // shut for writing, draining input
   net::Clock::time_point linger_until;
   bool counted = false;  // in stats.connections

@@ -1,6 +1,6 @@
 // Group membership rules of one event loop: who may join which group stream, when a group is
 // complete, what a member's departure means for the others, and when a group that never
-// completes expires. No sockets and no I/O: the caller (server.cc) turns the outcomes into
+// completes expires. No sockets and no I/O: the caller (membership.cc) turns the outcomes into
 // replies, error frames and log lines. Members are opaque handles (Conn*), never dereferenced.
 #pragma once
 

@@ -1,0 +1,32 @@
+// Loop 0's listening socket: accepts connections (a bounded batch per wakeup), enforces the
+// connection caps (max_connections, max_connections_per_peer), sends each new connection its
+// challenge, and backs off for 100 ms when the process runs out of descriptors or memory.
+#pragma once
+
+#include <string>
+
+#include "net/socket.h"
+
+namespace rs::server {
+
+struct Loop;
+
+class Acceptor {
+ public:
+  explicit Acceptor(Loop& loop) : loop_(loop) {}
+
+  void accept_all();
+  bool paused() const { return paused_; }
+  // Watches the listener again once the back-off is over (while the reducer accepts).
+  void resume_if_due();
+
+ private:
+  void pause(int err);
+  void refuse(const std::string& peer, const std::string& why);
+
+  Loop& loop_;
+  bool paused_ = false;  // back-off after EMFILE/ENFILE
+  net::Clock::time_point resume_at_;
+};
+
+}  // namespace rs::server
