@@ -12,6 +12,9 @@ checkpoint. Every result is checked on every worker: bit for bit against a numpy
 reducers' arithmetic (inputs rounded to the wire type, folded in rank order in float32 for 16-bit
 types, rounded once), with a tolerance only for avg. It reports rounds, wrong results, failovers,
 rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong result or hang.
+Each worker reports on a pipe of its own that only the driver reads: a multiprocessing.Queue
+shares one write lock among its writers, and a worker SIGKILLed while holding it would block the
+other workers' reports for good (the driver would see a hang that is not the workers').
 Results: docs/performance.md ("Soak").
 """
 from __future__ import annotations
@@ -19,8 +22,9 @@ from __future__ import annotations
 import argparse
 import collections
 import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
-import queue
+import pickle
 import random
 import sys
 import tempfile
@@ -100,13 +104,14 @@ def serve(port_file: str, port: int) -> None:
 
 def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first: int, last: int,
            max_elems: int, events: Any) -> None:
-    """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...)."""
+    """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...),
+    on `events`: the write end of this worker's own pipe (see the module's docstring)."""
     import reducer
 
     try:
         comm = reducer.Communicator(addrs, rank, world, group=group, timeout=20, connect_timeout=120)
     except Exception as exc:  # noqa: BLE001 - reported by cause
-        events.put(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
+        events.send(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
         return
     for i in range(first, last):
         dtype, op, n, comp = spec(seed, i, max_elems)
@@ -114,12 +119,12 @@ def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first
         try:
             comm.allreduce(a, op, compression=comp or "none")
         except Exception as exc:  # noqa: BLE001
-            events.put(("error", rank, i, f"{type(exc).__name__}: {str(exc)[:120]}"))
-            events.put(("stats", rank, -1, dict(comm.stats())))  # its failovers still count
+            events.send(("error", rank, i, f"{type(exc).__name__}: {str(exc)[:120]}"))
+            events.send(("stats", rank, -1, dict(comm.stats())))  # its failovers still count
             comm.close()
             return
-        events.put(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
-    events.put(("stats", rank, 0, dict(comm.stats())))
+        events.send(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
+    events.send(("stats", rank, 0, dict(comm.stats())))
     comm.close()
 
 
@@ -179,8 +184,10 @@ class Epoch:
     """One start of every worker, from round `first` (the last round they all finished): the
     rounds each has finished since, who has ended, and the rounds at which to kill next."""
 
-    def __init__(self, first: int, procs: List[Any], rng: random.Random, args: argparse.Namespace) -> None:
+    def __init__(self, first: int, procs: List[Any], conns: List[Any], rng: random.Random,
+                 args: argparse.Namespace) -> None:
         self.first, self.procs = first, procs
+        self.conns: Dict[Any, int] = {c: w for w, c in enumerate(conns)}  # read ends still open -> rank
         self.done_by_rank: Dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
         self.ended: set = set()
         self.last_progress = time.monotonic()
@@ -200,7 +207,6 @@ class Soak:
         for r in self.reducers:
             r.start()
         self.addrs = [f"127.0.0.1:{r.port}" for r in self.reducers]
-        self.events: Any = self.ctx.Queue()
         self.finished = 0                          # rounds every worker finished
         self.wrong_results: List[str] = []
         self.errors: collections.Counter = collections.Counter()
@@ -229,12 +235,14 @@ class Soak:
         self.epochs += 1
         first = self.finished
         group = f"soak-{args.seed}-{self.epochs}"
+        pipes = [self.ctx.Pipe(duplex=False) for _ in range(args.workers)]  # (read end, write end)
         procs = [self.ctx.Process(target=worker, args=(w, args.workers, self.addrs, group, args.seed, first,
-                                                       args.rounds, args.max_elems, self.events), daemon=True)
+                                                       args.rounds, args.max_elems, pipes[w][1]), daemon=True)
                  for w in range(args.workers)]
-        for pr in procs:
+        for pr, (_, w_end) in zip(procs, pipes):
             pr.start()
-        ep = Epoch(first, procs, self.rng, args)
+            w_end.close()  # the worker holds the only write end: its exit or death reads as EOF
+        ep = Epoch(first, procs, [r_end for r_end, _ in pipes], self.rng, args)
         while len(ep.ended) < args.workers:
             if not self.tick(ep):
                 break
@@ -242,12 +250,14 @@ class Soak:
             if pr.is_alive():
                 pr.kill()
             pr.join(10)
+        for conn in pipes:
+            conn[0].close()
         self.finished = max(self.finished, min(ep.done_by_rank.values()))
         print(f"soak: epoch {self.epochs}: rounds {first}..{self.finished}, failovers so far {self.failovers}, "
               f"errors {sum(self.errors.values())}, {time.monotonic() - self.t0:.0f} s", flush=True)
 
     def tick(self, ep: Epoch) -> bool:
-        """Restart the reducers due, take one worker message, kill what is due; False on a hang."""
+        """Restart the reducers due, take the workers' messages, kill what is due; False on a hang."""
         now = time.monotonic()
         for when, r in list(self.restarts):
             if now >= when:
@@ -256,12 +266,7 @@ class Soak:
         for r in self.reducers:
             if r.alive():
                 r.sample_rss()
-        try:
-            msg = self.events.get(timeout=0.2)  # (kind, rank, round, payload)
-        except queue.Empty:
-            msg = None
-        if msg is not None:
-            self.record(ep, now, *msg)
+        self.receive(ep, now)
         self.kill_if_due(ep, min(ep.done_by_rank.values()))
         for w, pr in enumerate(ep.procs):
             if not pr.is_alive() and w not in ep.ended and pr.exitcode is not None and pr.exitcode < 0:
@@ -271,6 +276,19 @@ class Soak:
             print(f"soak: no round finished for {self.args.hang_seconds:.0f} s: a hang", flush=True)
             return False
         return True
+
+    def receive(self, ep: Epoch, now: float, budget: int = 1000) -> None:
+        """Waits up to 0.2 s for worker messages, then takes up to `budget` of those ready. A pipe
+        at EOF (its worker ended, or was killed, perhaps mid-message) is dropped."""
+        for conn in mpc.wait(list(ep.conns), timeout=0.2):
+            while budget > 0 and conn.poll():
+                budget -= 1
+                try:
+                    msg = conn.recv()  # (kind, rank, round, payload)
+                except (EOFError, OSError, pickle.UnpicklingError):
+                    del ep.conns[conn]
+                    break
+                self.record(ep, now, *msg)
 
     def record(self, ep: Epoch, now: float, kind: str, rank: int, i: int, payload: Any) -> None:
         """One worker message: a round done (and checked), an error, or its final stats."""
