@@ -29,7 +29,7 @@ import random
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -126,6 +126,23 @@ def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first
         events.send(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
     events.send(("stats", rank, 0, dict(comm.stats())))
     comm.close()
+
+
+def drain(conns: Dict[Any, int], handle: Callable[..., None], timeout: float = 0.2, budget: int = 1000) -> int:
+    """Waits up to `timeout` for the workers' read ends in `conns`, then passes up to `budget` of
+    the messages ready to handle(kind, rank, round, payload). A pipe at EOF (its worker ended, or
+    was killed, perhaps mid-message) leaves `conns`. Returns the messages handled."""
+    handled = 0
+    for conn in mpc.wait(list(conns), timeout=timeout):
+        while handled < budget and conn.poll():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                del conns[conn]
+                break
+            handled += 1
+            handle(*msg)
+    return handled
 
 
 class Reducer:
@@ -266,7 +283,7 @@ class Soak:
         for r in self.reducers:
             if r.alive():
                 r.sample_rss()
-        self.receive(ep, now)
+        drain(ep.conns, lambda *msg: self.record(ep, now, *msg))
         self.kill_if_due(ep, min(ep.done_by_rank.values()))
         for w, pr in enumerate(ep.procs):
             if not pr.is_alive() and w not in ep.ended and pr.exitcode is not None and pr.exitcode < 0:
@@ -276,19 +293,6 @@ class Soak:
             print(f"soak: no round finished for {self.args.hang_seconds:.0f} s: a hang", flush=True)
             return False
         return True
-
-    def receive(self, ep: Epoch, now: float, budget: int = 1000) -> None:
-        """Waits up to 0.2 s for worker messages, then takes up to `budget` of those ready. A pipe
-        at EOF (its worker ended, or was killed, perhaps mid-message) is dropped."""
-        for conn in mpc.wait(list(ep.conns), timeout=0.2):
-            while budget > 0 and conn.poll():
-                budget -= 1
-                try:
-                    msg = conn.recv()  # (kind, rank, round, payload)
-                except (EOFError, OSError, pickle.UnpicklingError):
-                    del ep.conns[conn]
-                    break
-                self.record(ep, now, *msg)
 
     def record(self, ep: Epoch, now: float, kind: str, rank: int, i: int, payload: Any) -> None:
         """One worker message: a round done (and checked), an error, or its final stats."""
