@@ -15,6 +15,9 @@ rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong res
 Each worker reports on a pipe of its own that only the driver reads: a multiprocessing.Queue
 shares one write lock among its writers, and a worker SIGKILLed while holding it would block the
 other workers' reports for good (the driver would see a hang that is not the workers').
+A hang is no round finished for --hang-seconds, which must exceed the longest wait the workers
+bound themselves (--connect-timeout + --timeout: a worker whose peer dies just before a failover
+session waits for it there up to connect_timeout, then raises).
 Results: docs/performance.md ("Soak").
 """
 from __future__ import annotations
@@ -103,13 +106,14 @@ def serve(port_file: str, port: int) -> None:
 
 
 def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first: int, last: int,
-           max_elems: int, events: Any) -> None:
+           max_elems: int, timeouts: Tuple[float, float], events: Any) -> None:
     """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...),
     on `events`: the write end of this worker's own pipe (see the module's docstring)."""
     import reducer
 
     try:
-        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=20, connect_timeout=120)
+        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeouts[0],
+                                     connect_timeout=timeouts[1])
     except Exception as exc:  # noqa: BLE001 - reported by cause
         events.send(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
         return
@@ -192,9 +196,19 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--max-elems", type=int, default=1 << 20, help="largest round, in elements")
     p.add_argument("--reducer-kill-every", type=int, default=400, help="mean rounds between reducer kills")
     p.add_argument("--worker-kill-every", type=int, default=2500, help="mean rounds between worker kills")
+    p.add_argument("--timeout", type=float, default=20.0, help="the workers' timeout (no progress in a round)")
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="the workers' connect_timeout: the group rendezvous, also of a failover session")
     p.add_argument("--hang-seconds", type=float, default=180.0, help="no round finished for this long = a hang")
     p.add_argument("--seed", type=int, default=1)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # A worker whose peer dies just before a failover session waits there for it up to
+    # connect_timeout (docs/protocol.md), after up to `timeout` to notice the loss: bounded, not a hang.
+    if args.hang_seconds <= args.connect_timeout + args.timeout:
+        p.error(f"--hang-seconds {args.hang_seconds:g} must exceed the workers' longest bounded wait, "
+                f"--connect-timeout + --timeout = {args.connect_timeout + args.timeout:g} s "
+                f"(a smaller --connect-timeout, or a larger --hang-seconds)")
+    return args
 
 
 class Epoch:
@@ -254,7 +268,8 @@ class Soak:
         group = f"soak-{args.seed}-{self.epochs}"
         pipes = [self.ctx.Pipe(duplex=False) for _ in range(args.workers)]  # (read end, write end)
         procs = [self.ctx.Process(target=worker, args=(w, args.workers, self.addrs, group, args.seed, first,
-                                                       args.rounds, args.max_elems, pipes[w][1]), daemon=True)
+                                                       args.rounds, args.max_elems, (args.timeout, args.connect_timeout),
+                                                       pipes[w][1]), daemon=True)
                  for w in range(args.workers)]
         for pr, (_, w_end) in zip(procs, pipes):
             pr.start()
