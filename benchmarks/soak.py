@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
 import multiprocessing as mp
 import multiprocessing.connection as mpc
 import os
@@ -272,6 +273,10 @@ class Soak:
                                                        pipes[w][1]), daemon=True)
                  for w in range(args.workers)]
         for pr, (_, w_end) in zip(procs, pipes):
+            try:  # room for ~20k reports: a worker's rounds never wait while the driver restarts a reducer
+                fcntl.fcntl(w_end.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass  # above /proc/sys/fs/pipe-max-size: the default 64 KiB (~1300 reports)
             pr.start()
             w_end.close()  # the worker holds the only write end: its exit or death reads as EOF
         ep = Epoch(first, procs, [r_end for r_end, _ in pipes], self.rng, args)
