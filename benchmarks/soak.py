@@ -11,7 +11,7 @@ starts every worker again from the last round they all finished, as a training j
 checkpoint. Every result is checked on every worker: bit for bit against a numpy model of the
 reducers' arithmetic (inputs rounded to the wire type, folded in rank order in float32 for 16-bit
 types, rounded once), with a tolerance only for avg. It reports rounds, wrong results, failovers,
-rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong result or hang.
+rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong result, hang or worker crash.
 Each worker reports on a pipe of its own that only the driver reads: a multiprocessing.Queue
 shares one write lock among its writers, and a worker SIGKILLed while holding it would block the
 other workers' reports for good (the driver would see a hang that is not the workers').
@@ -243,6 +243,7 @@ class Soak:
         self.wrong_results: List[str] = []
         self.errors: collections.Counter = collections.Counter()
         self.failovers = self.rejoins = self.epochs = self.hangs = self.reducer_kills = self.worker_kills = 0
+        self.crashes = 0                           # workers that exited on an error of their own
         self.restarts: List[Tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
         self.t0 = time.monotonic()
 
@@ -252,7 +253,7 @@ class Soak:
               f"load average {os.getloadavg()[0]:.2f}", flush=True)
         while self.finished < args.rounds:
             self.run_epoch()
-            if self.hangs:
+            if self.hangs or self.crashes:
                 break
             for when, r in list(self.restarts):  # the next epoch starts with every reducer up
                 r.start()
@@ -306,8 +307,13 @@ class Soak:
         drain(ep.conns, lambda *msg: self.record(ep, now, *msg))
         self.kill_if_due(ep, min(ep.done_by_rank.values()))
         for w, pr in enumerate(ep.procs):
-            if not pr.is_alive() and w not in ep.ended and pr.exitcode is not None and pr.exitcode < 0:
-                ep.ended.add(w)  # killed: the others see the group fail
+            if w in ep.ended or pr.is_alive() or not pr.exitcode:
+                continue
+            ep.ended.add(w)  # killed (exitcode < 0): the others see the group fail
+            if pr.exitcode > 0:  # the soak's own code failed (its traceback is on stderr): stop
+                self.crashes += 1
+                print(f"soak: worker {w} exited with code {pr.exitcode} without a report", flush=True)
+                return False
         if time.monotonic() - ep.last_progress > self.args.hang_seconds:
             self.hangs += 1
             print(f"soak: no round finished for {self.args.hang_seconds:.0f} s: a hang", flush=True)
@@ -346,7 +352,7 @@ class Soak:
             ep.next_worker_kill = 1 << 62
 
     def report(self) -> int:
-        """Print the totals; 1 on any wrong result or hang."""
+        """Print the totals; 1 on any wrong result, hang or worker crash."""
         elapsed = time.monotonic() - self.t0
         print(f"\nsoak finished in {elapsed:.0f} s (load average {os.getloadavg()[0]:.2f})")
         print(f"  rounds checked on every worker: {self.finished} ({self.epochs} epochs)")
@@ -355,12 +361,12 @@ class Soak:
             print(f"    {w}")
         print(f"  reducer kills: {self.reducer_kills}, worker kills: {self.worker_kills}")
         print(f"  failovers (summed over workers): {self.failovers}, rejoins: {self.rejoins}")
-        print(f"  hangs: {self.hangs}")
+        print(f"  hangs: {self.hangs}, worker crashes: {self.crashes}")
         print("  errors by cause (every worker counts its own):")
         for cause, count in self.errors.most_common():
             print(f"    {count:5d}  {cause}")
         print("  reducers' peak RSS: " + ", ".join(f"{r.peak_rss / 2**20:.0f} MiB" for r in self.reducers))
-        return 1 if self.wrong_results or self.hangs else 0
+        return 1 if self.wrong_results or self.hangs or self.crashes else 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
