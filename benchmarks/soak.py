@@ -11,21 +11,29 @@ starts every worker again from the last round they all finished, as a training j
 checkpoint. Every result is checked on every worker: bit for bit against a numpy model of the
 reducers' arithmetic (inputs rounded to the wire type, folded in rank order in float32 for 16-bit
 types, rounded once), with a tolerance only for avg. It reports rounds, wrong results, failovers,
-rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong result or hang.
+rejoins, errors by cause and the reducers' peak RSS; it exits 1 on any wrong result, hang or worker crash.
+Each worker reports on a pipe of its own that only the driver reads: a multiprocessing.Queue
+shares one write lock among its writers, and a worker SIGKILLed while holding it would block the
+other workers' reports for good (the driver would see a hang that is not the workers').
+A hang is no round finished for --hang-seconds, which must exceed the longest wait the workers
+bound themselves (--connect-timeout + --timeout: a worker whose peer dies just before a failover
+session waits for it there up to connect_timeout, then raises).
 Results: docs/performance.md ("Soak").
 """
 from __future__ import annotations
 
 import argparse
 import collections
+import fcntl
 import multiprocessing as mp
+import multiprocessing.connection as mpc
 import os
-import queue
+import pickle
 import random
 import sys
 import tempfile
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
@@ -99,14 +107,16 @@ def serve(port_file: str, port: int) -> None:
 
 
 def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first: int, last: int,
-           max_elems: int, events: Any) -> None:
-    """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...)."""
+           max_elems: int, timeouts: Tuple[float, float], events: Any) -> None:
+    """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...),
+    on `events`: the write end of this worker's own pipe (see the module's docstring)."""
     import reducer
 
     try:
-        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=20, connect_timeout=120)
+        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeouts[0],
+                                     connect_timeout=timeouts[1])
     except Exception as exc:  # noqa: BLE001 - reported by cause
-        events.put(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
+        events.send(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
         return
     for i in range(first, last):
         dtype, op, n, comp = spec(seed, i, max_elems)
@@ -114,13 +124,30 @@ def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first
         try:
             comm.allreduce(a, op, compression=comp or "none")
         except Exception as exc:  # noqa: BLE001
-            events.put(("error", rank, i, f"{type(exc).__name__}: {str(exc)[:120]}"))
-            events.put(("stats", rank, -1, dict(comm.stats())))  # its failovers still count
+            events.send(("error", rank, i, f"{type(exc).__name__}: {str(exc)[:120]}"))
+            events.send(("stats", rank, -1, dict(comm.stats())))  # its failovers still count
             comm.close()
             return
-        events.put(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
-    events.put(("stats", rank, 0, dict(comm.stats())))
+        events.send(("done", rank, i, wrong(a, expected(seed, i, world, dtype, op, n, comp), op, dtype)))
+    events.send(("stats", rank, 0, dict(comm.stats())))
     comm.close()
+
+
+def drain(conns: Dict[Any, int], handle: Callable[..., None], timeout: float = 0.2, budget: int = 1000) -> int:
+    """Waits up to `timeout` for the workers' read ends in `conns`, then passes up to `budget` of
+    the messages ready to handle(kind, rank, round, payload). A pipe at EOF (its worker ended, or
+    was killed, perhaps mid-message) leaves `conns`. Returns the messages handled."""
+    handled = 0
+    for conn in mpc.wait(list(conns), timeout=timeout):
+        while handled < budget and conn.poll():
+            try:
+                msg = conn.recv()
+            except (EOFError, OSError, pickle.UnpicklingError):
+                del conns[conn]
+                break
+            handled += 1
+            handle(*msg)
+    return handled
 
 
 class Reducer:
@@ -170,17 +197,29 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p.add_argument("--max-elems", type=int, default=1 << 20, help="largest round, in elements")
     p.add_argument("--reducer-kill-every", type=int, default=400, help="mean rounds between reducer kills")
     p.add_argument("--worker-kill-every", type=int, default=2500, help="mean rounds between worker kills")
+    p.add_argument("--timeout", type=float, default=20.0, help="the workers' timeout (no progress in a round)")
+    p.add_argument("--connect-timeout", type=float, default=120.0,
+                   help="the workers' connect_timeout: the group rendezvous, also of a failover session")
     p.add_argument("--hang-seconds", type=float, default=180.0, help="no round finished for this long = a hang")
     p.add_argument("--seed", type=int, default=1)
-    return p.parse_args(argv)
+    args = p.parse_args(argv)
+    # A worker whose peer dies just before a failover session waits there for it up to
+    # connect_timeout (docs/protocol.md), after up to `timeout` to notice the loss: bounded, not a hang.
+    if args.hang_seconds <= args.connect_timeout + args.timeout:
+        p.error(f"--hang-seconds {args.hang_seconds:g} must exceed the workers' longest bounded wait, "
+                f"--connect-timeout + --timeout = {args.connect_timeout + args.timeout:g} s "
+                f"(a smaller --connect-timeout, or a larger --hang-seconds)")
+    return args
 
 
 class Epoch:
     """One start of every worker, from round `first` (the last round they all finished): the
     rounds each has finished since, who has ended, and the rounds at which to kill next."""
 
-    def __init__(self, first: int, procs: List[Any], rng: random.Random, args: argparse.Namespace) -> None:
+    def __init__(self, first: int, procs: List[Any], conns: List[Any], rng: random.Random,
+                 args: argparse.Namespace) -> None:
         self.first, self.procs = first, procs
+        self.conns: Dict[Any, int] = {c: w for w, c in enumerate(conns)}  # read ends still open -> rank
         self.done_by_rank: Dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
         self.ended: set = set()
         self.last_progress = time.monotonic()
@@ -200,11 +239,11 @@ class Soak:
         for r in self.reducers:
             r.start()
         self.addrs = [f"127.0.0.1:{r.port}" for r in self.reducers]
-        self.events: Any = self.ctx.Queue()
         self.finished = 0                          # rounds every worker finished
         self.wrong_results: List[str] = []
         self.errors: collections.Counter = collections.Counter()
         self.failovers = self.rejoins = self.epochs = self.hangs = self.reducer_kills = self.worker_kills = 0
+        self.crashes = 0                           # workers that exited on an error of their own
         self.restarts: List[Tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
         self.t0 = time.monotonic()
 
@@ -214,7 +253,7 @@ class Soak:
               f"load average {os.getloadavg()[0]:.2f}", flush=True)
         while self.finished < args.rounds:
             self.run_epoch()
-            if self.hangs:
+            if self.hangs or self.crashes:
                 break
             for when, r in list(self.restarts):  # the next epoch starts with every reducer up
                 r.start()
@@ -229,12 +268,19 @@ class Soak:
         self.epochs += 1
         first = self.finished
         group = f"soak-{args.seed}-{self.epochs}"
+        pipes = [self.ctx.Pipe(duplex=False) for _ in range(args.workers)]  # (read end, write end)
         procs = [self.ctx.Process(target=worker, args=(w, args.workers, self.addrs, group, args.seed, first,
-                                                       args.rounds, args.max_elems, self.events), daemon=True)
+                                                       args.rounds, args.max_elems, (args.timeout, args.connect_timeout),
+                                                       pipes[w][1]), daemon=True)
                  for w in range(args.workers)]
-        for pr in procs:
+        for pr, (_, w_end) in zip(procs, pipes):
+            try:  # room for ~20k reports: a worker's rounds never wait while the driver restarts a reducer
+                fcntl.fcntl(w_end.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
+            except OSError:
+                pass  # above /proc/sys/fs/pipe-max-size: the default 64 KiB (~1300 reports)
             pr.start()
-        ep = Epoch(first, procs, self.rng, args)
+            w_end.close()  # the worker holds the only write end: its exit or death reads as EOF
+        ep = Epoch(first, procs, [r_end for r_end, _ in pipes], self.rng, args)
         while len(ep.ended) < args.workers:
             if not self.tick(ep):
                 break
@@ -242,12 +288,14 @@ class Soak:
             if pr.is_alive():
                 pr.kill()
             pr.join(10)
+        for conn in pipes:
+            conn[0].close()
         self.finished = max(self.finished, min(ep.done_by_rank.values()))
         print(f"soak: epoch {self.epochs}: rounds {first}..{self.finished}, failovers so far {self.failovers}, "
               f"errors {sum(self.errors.values())}, {time.monotonic() - self.t0:.0f} s", flush=True)
 
     def tick(self, ep: Epoch) -> bool:
-        """Restart the reducers due, take one worker message, kill what is due; False on a hang."""
+        """Restart the reducers due, take the workers' messages, kill what is due; False on a hang."""
         now = time.monotonic()
         for when, r in list(self.restarts):
             if now >= when:
@@ -256,16 +304,16 @@ class Soak:
         for r in self.reducers:
             if r.alive():
                 r.sample_rss()
-        try:
-            msg = self.events.get(timeout=0.2)  # (kind, rank, round, payload)
-        except queue.Empty:
-            msg = None
-        if msg is not None:
-            self.record(ep, now, *msg)
+        drain(ep.conns, lambda *msg: self.record(ep, now, *msg))
         self.kill_if_due(ep, min(ep.done_by_rank.values()))
         for w, pr in enumerate(ep.procs):
-            if not pr.is_alive() and w not in ep.ended and pr.exitcode is not None and pr.exitcode < 0:
-                ep.ended.add(w)  # killed: the others see the group fail
+            if w in ep.ended or pr.is_alive() or not pr.exitcode:
+                continue
+            ep.ended.add(w)  # killed (exitcode < 0): the others see the group fail
+            if pr.exitcode > 0:  # the soak's own code failed (its traceback is on stderr): stop
+                self.crashes += 1
+                print(f"soak: worker {w} exited with code {pr.exitcode} without a report", flush=True)
+                return False
         if time.monotonic() - ep.last_progress > self.args.hang_seconds:
             self.hangs += 1
             print(f"soak: no round finished for {self.args.hang_seconds:.0f} s: a hang", flush=True)
@@ -304,7 +352,7 @@ class Soak:
             ep.next_worker_kill = 1 << 62
 
     def report(self) -> int:
-        """Print the totals; 1 on any wrong result or hang."""
+        """Print the totals; 1 on any wrong result, hang or worker crash."""
         elapsed = time.monotonic() - self.t0
         print(f"\nsoak finished in {elapsed:.0f} s (load average {os.getloadavg()[0]:.2f})")
         print(f"  rounds checked on every worker: {self.finished} ({self.epochs} epochs)")
@@ -313,12 +361,12 @@ class Soak:
             print(f"    {w}")
         print(f"  reducer kills: {self.reducer_kills}, worker kills: {self.worker_kills}")
         print(f"  failovers (summed over workers): {self.failovers}, rejoins: {self.rejoins}")
-        print(f"  hangs: {self.hangs}")
+        print(f"  hangs: {self.hangs}, worker crashes: {self.crashes}")
         print("  errors by cause (every worker counts its own):")
         for cause, count in self.errors.most_common():
             print(f"    {count:5d}  {cause}")
         print("  reducers' peak RSS: " + ", ".join(f"{r.peak_rss / 2**20:.0f} MiB" for r in self.reducers))
-        return 1 if self.wrong_results or self.hangs else 0
+        return 1 if self.wrong_results or self.hangs or self.crashes else 0
 
 
 def main(argv: Optional[List[str]] = None) -> int:
