@@ -7,7 +7,10 @@ else, so it runs last, just before the interpreter finalizes) fails the process 
 3 if a thread the library started is still alive then: such a thread can call into C++ while the
 interpreter finalizes and abort the process (issue 24).
 
-    python exit_clean_worker.py --mode backend|hook [--groups N] [--no-destroy]
+    python exit_clean_worker.py --mode backend|hook [--groups N] [--clean-up all|none|even]
+
+--clean-up: which ranks call HookState.close() and dist.destroy_process_group() before returning
+(even: the even ranks; the others rely on the library to end its threads at exit).
 """
 from __future__ import annotations
 
@@ -55,13 +58,14 @@ def collectives(rank: int, world: int, groups: int) -> None:
         assert torch.equal(z, torch.full((33,), expect, dtype=torch.int64)), f"group {g}: reduce differs"
 
 
-def train_with_hook(steps: int) -> None:
+def train_with_hook(steps: int) -> "rst.HookState":
     """A tiny DDP model over gloo whose gradients go through reducer.torch's allreduce hook."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     torch.manual_seed(0)
     model = DDP(torch.nn.Linear(16, 4))
-    model.register_comm_hook(rst.HookState(), rst.allreduce_hook)
+    state = rst.HookState()
+    model.register_comm_hook(state, rst.allreduce_hook)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(steps):
         x = torch.full((8, 16), float(dist.get_rank() + step))
@@ -72,6 +76,7 @@ def train_with_hook(steps: int) -> None:
     gathered = [torch.empty_like(weights) for _ in range(dist.get_world_size())]
     dist.all_gather(gathered, weights)
     assert all(torch.equal(gathered[0], w) for w in gathered), "the replicas differ"
+    return state
 
 
 def main() -> int:
@@ -79,18 +84,22 @@ def main() -> int:
     p.add_argument("--mode", choices=["backend", "hook"], default="backend")
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--no-destroy", action="store_true", help="never call dist.destroy_process_group()")
+    p.add_argument("--clean-up", choices=["all", "none", "even"], default="all",
+                   help="ranks that call HookState.close() and dist.destroy_process_group()")
     args = p.parse_args()
     torch.set_num_threads(1)
     info = discover_worker()
     backend = "reduction_server" if args.mode == "backend" else "gloo"
     dist.init_process_group(backend, rank=info.rank, world_size=info.world_size)
+    state = None
     if args.mode == "backend":
         collectives(info.rank, info.world_size, args.groups)
     else:
-        train_with_hook(args.steps)
+        state = train_with_hook(args.steps)
     print(f"rank {info.rank}: results exact", flush=True)
-    if not args.no_destroy:
+    if args.clean_up == "all" or (args.clean_up == "even" and info.rank % 2 == 0):
+        if state is not None:
+            state.close()
         dist.destroy_process_group()
     return 0
 
