@@ -231,7 +231,7 @@ class Communicator:
         """Say goodbye to the reducers. Idempotent. Stops the allreduce_async threads first
         (handles still pending then fail: call synchronize() before close()); a round in flight
         gets up to the timeout to finish. Every thread of this communicator has ended on return
-        (or is named in a WARNING: docs/worker-library.md, "Shutdown")."""
+        (or is named in a WARNING: docs/pytorch.md, "Shutdown")."""
         self._shutdown(grace=None)
 
     def close_at_exit(self) -> None:

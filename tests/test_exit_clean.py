@@ -26,11 +26,15 @@ pytestmark = pytest.mark.timeout(300)  # the soak sets its own
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORKER = os.path.join(ROOT, "tests", "exit_clean_worker.py")
 EXAMPLE = os.path.join(ROOT, "examples", "pytorch", "train_ddp.py")
-HAVE_TORCH = importlib.util.find_spec("torch") is not None
-HAVE_SKLEARN = importlib.util.find_spec("sklearn") is not None
-needs_torch = pytest.mark.skipif(not HAVE_TORCH, reason="torch is not installed (pip install .[torch])")
-needs_sklearn = pytest.mark.skipif(not HAVE_SKLEARN, reason="the example needs scikit-learn")
 SOAK_RUNS = 30
+
+
+def _needs(module: str, install: str) -> pytest.MarkDecorator:
+    return pytest.mark.skipif(importlib.util.find_spec(module) is None, reason=f"needs {module} ({install})")
+
+
+needs_torch = _needs("torch", "pip install .[torch]")
+needs_sklearn = _needs("sklearn", "pip install scikit-learn")
 
 
 def _env() -> dict:
