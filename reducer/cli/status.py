@@ -96,10 +96,6 @@ def _age(seconds: Any) -> str:
     return f"{s}s"
 
 
-def _plural(n: int, word: str) -> str:
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
-
-
 def group_ended(group: Mapping[str, Any], live_groups: Optional[int]) -> bool:
     """Whether a group row of GetStats is a group that has ended (no round can run in it any more).
 
