@@ -13,12 +13,14 @@ still open before the interpreter finalizes, in two phases:
 2. HELPERS (reducer.torch's completion threads, which wait for those rounds): closed and joined.
 
 Every join is bounded (EXIT_JOIN_TIMEOUT); a thread that does not end in time is named in a
-WARNING and left behind, never waited for without end.
+WARNING and left behind, never waited for without end. A forked child closes nothing of its
+parent's.
 """
 from __future__ import annotations
 
 import atexit
 import logging
+import os
 import threading
 import time
 import weakref
@@ -73,4 +75,14 @@ def _close_all() -> None:
                 log.warning("closing %r at exit failed", obj, exc_info=True)
 
 
+def _forget_all_in_child() -> None:
+    """A forked child has none of the parent's threads, and its copies of the parent's
+    connections are the parent's to close (a goodbye from the child would end the parent's group)."""
+    global _lock
+    _lock = threading.RLock()  # the parent may have held it while forking
+    for objs in _open:
+        objs.clear()
+
+
 atexit.register(_close_all)
+os.register_at_fork(after_in_child=_forget_all_in_child)

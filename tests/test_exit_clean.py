@@ -197,3 +197,25 @@ def test_join_threads_warns_and_returns_for_a_stuck_thread(caplog):
         release.set()
         stuck.join(10)
     assert join_threads([stuck], 1.0, "the test") is True
+
+
+def test_forked_child_leaves_its_parents_communicator_alone():
+    """The atexit handlers of a child forked after the communicator was made (run here without
+    the child's finalization, whose destructors are another matter) do not close the parent's
+    connections: the parent's group still reduces afterwards, without reconnecting."""
+    proc = _python("""
+        srv = reducer.ReducerServer(host="127.0.0.1", port=0, threads=1).start()
+        comm = reducer.Communicator([f"127.0.0.1:{srv.port}"], 0, 1)
+        pid = os.fork()
+        if pid == 0:
+            atexit._run_exitfuncs()
+            os._exit(0)
+        assert os.waitpid(pid, 0)[1] == 0
+        x = np.arange(8, dtype=np.float32)
+        comm.allreduce(x)
+        assert np.array_equal(x, np.arange(8, dtype=np.float32))
+        assert comm.stats()["reconnects"] == 0
+        print("parent still reduces", flush=True)
+    """)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "parent still reduces" in proc.stdout
