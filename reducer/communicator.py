@@ -8,7 +8,7 @@ from typing import Any, List, Optional, Sequence, Set, Union
 
 import numpy as np
 
-from . import config
+from . import config, lifetime
 from ._native import core
 from .addresses import resolve_job_id
 from .arrays import host_view
@@ -19,6 +19,7 @@ from .fusion import compression_dtype
 log = logging.getLogger(__name__)
 
 PROBE_CHUNK_BYTES = 4096  # the fusion probe group's chunk size: its rounds are 16 bytes
+EXIT_GRACE = 1.0  # seconds a round in flight at interpreter exit gets to finish before it fails
 
 
 class Communicator:
@@ -103,6 +104,7 @@ class Communicator:
                                    config.socket_buffer_arg(socket_buffer), int(config.get("window", window)),
                                    int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
                                    self.failover, integrity=self.integrity)
+        lifetime.close_at_exit(self, lifetime.CONNECTIONS)  # a process that never calls close()
 
     # -- blocking all-reduce ------------------------------------------------------------------
     def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:
@@ -228,14 +230,27 @@ class Communicator:
 
     def close(self) -> None:
         """Say goodbye to the reducers. Idempotent. Stops the allreduce_async threads first
-        (handles still pending then fail: call synchronize() before close())."""
+        (handles still pending then fail: call synchronize() before close()); a round in flight
+        gets up to the timeout to finish. Every thread of this communicator has ended on return
+        (or is named in a WARNING: docs/pytorch.md, "Shutdown")."""
+        self._shutdown(grace=None)
+
+    def close_at_exit(self) -> None:
+        """close() at interpreter exit (reducer.lifetime), for a communicator never closed: a round
+        still in flight gets EXIT_GRACE seconds, then fails."""
+        self._shutdown(grace=EXIT_GRACE)
+
+    def _shutdown(self, grace: Optional[float]) -> None:
         self._closed = True
         with self._engine_lock:
             engine, self._engine = self._engine, None
         if engine is not None:
-            engine.stop()
+            engine.stop(join_timeout=grace)  # idle threads end at once
         if self._client is not None:
-            self._client.close()
+            self._client.close()  # rounds still in flight fail: a thread waiting for one returns
+        if engine is not None:
+            engine.join(lifetime.EXIT_JOIN_TIMEOUT)
+        lifetime.forget(self)
 
     def __enter__(self) -> "Communicator":
         return self

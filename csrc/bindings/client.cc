@@ -82,7 +82,7 @@ void run(Client& c, const Round& r) {
 
 void bind_client(py::module_& m) {
   const ClientOptions defaults;
-  py::class_<Client>(m, "Client")
+  py::class_<Client, GilFreeHolder<Client>>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
                        const std::string& job, double timeout, double connect_timeout, const std::string& token,
                        int streams, uint32_t chunk, int socket_buffer, int window, int max_rounds_in_flight,
@@ -104,7 +104,7 @@ void bind_client(py::module_& m) {
              o.streams = streams;
              o.chunk_bytes = chunk;
              py::gil_scoped_release release;
-             return std::make_unique<Client>(o);
+             return GilFreeHolder<Client>(std::make_unique<Client>(o));
            }),
            py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
            py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),

@@ -80,7 +80,7 @@ py::list server_group_stats(const rs::server::Server& s) {
 
 void bind_server(py::module_& m) {
   const rs::server::ServerOptions defaults;
-  py::class_<rs::server::Server>(m, "Server")
+  py::class_<rs::server::Server, GilFreeHolder<rs::server::Server>>(m, "Server")
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int group_slots,
                        double handshake_timeout, double group_timeout, int socket_buffer, uint64_t max_group_bytes,
                        uint64_t max_memory_bytes, uint32_t max_connections, uint32_t max_connections_per_peer,
@@ -105,7 +105,7 @@ void bind_server(py::module_& m) {
              o.max_memory_per_job = max_memory_per_job;
              o.max_memory_per_peer = max_memory_per_peer;
              o.memory_idle_timeout = memory_idle_timeout;
-             return std::make_unique<rs::server::Server>(o);
+             return GilFreeHolder<rs::server::Server>(std::make_unique<rs::server::Server>(o));
            }),
            py::arg("host") = defaults.host, py::arg("port") = defaults.port, py::arg("threads") = defaults.threads,
            py::arg("auth_token") = defaults.auth_token, py::arg("group_slots") = defaults.group_slots,

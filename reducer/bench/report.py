@@ -7,6 +7,7 @@ time is the slowest rank's median over the timed iterations.
 from __future__ import annotations
 
 import json
+import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
@@ -14,7 +15,7 @@ MIN_BOUND_SIZE = 1 << 20  # below this the tbf burst (256 KiB) lets a message pa
 TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 of the rate is payload
 
 ALGO_TITLES = {
-    "rs": "rs: reduction server (this project; {w} workers -> {r} reducers -> {w} workers)",
+    "rs": "rs: reduction server (this project; {workers} -> {reducers} -> {workers})",
     "rs+cp": "rs+cp: reduction server with the control plane on (gRPC control port and /metrics on every reducer, "
              "polled; see the A/B table)",
     "rs+bf16": "rs+bf16: reduction server, gradients sent as bfloat16 (reducer.torch.bf16_compress_hook)",
@@ -24,6 +25,11 @@ ALGO_TITLES = {
                  "copy back; the casts are timed)",
 }
 ALGO_ORDER = ("rs", "ring", "gloo", "gloo-bf16")
+
+
+def plural(n: int, word: str) -> str:
+    """'1 worker', '2 workers'."""
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def wire_fraction(row: Dict[str, Any]) -> float:
@@ -154,7 +160,8 @@ def _fmt_cpu(p: Optional[float]) -> str:
 
 def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reducers: int,
                       error: Optional[str] = None, compression: Optional[str] = None) -> str:
-    title = ALGO_TITLES.get(algo, algo).format(w=workers, r=reducers)
+    title = ALGO_TITLES.get(algo, algo).format(workers=plural(workers, "worker"),
+                                               reducers=plural(reducers, "reducer"))
     if compression:
         title += f"; compression {compression}: the buffer travels as 16-bit values (half the bytes)"
     out = [f"# {title}", "# in-place all-reduce; time = slowest rank's median; GB = 1e9 B; "
@@ -177,6 +184,8 @@ def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reduc
 
 def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
                    emulate_gbps: Optional[float] = None) -> str:
+    """The speed-up of rs per size. With emulated links, against the link theory (and %bound,
+    targets); on loopback, where no link but the CPU limits the run, with the CPU use instead."""
     by = {(r["algo"], r["size"]): r for r in rows}
     sizes = sorted({r["size"] for r in rows})
     algos = [a for a in ALGO_ORDER if any(r["algo"] == a for r in rows)]
@@ -190,30 +199,25 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
     cols = [f"{'size(B)':>12}"] + [f"{a + '(us)':>{tw[a]}}" for a in algos]
     if "rs" in algos:
         cols += [f"{'rs/' + a:>{sw[a]}}" for a in algos if a != "rs"]
-    cols.append(f"{'theory':>7}")
-    if rsf > 1:
-        cols.append(f"{'theory@R':>8}")
+    cpu_of = "rs" if "rs" in algos else (algos[0] if algos else "")
     if emulate_gbps:
+        cols.append(f"{'theory':>7}")
+        if rsf > 1:
+            cols.append(f"{'theory@R':>8}")
         cols += [f"{a + '%bound':>{bw[a]}}" for a in algos]
+    else:
+        cols.append(f"{'cpu%':>5}")
     # the targets are stated for emulated links (on loopback the CPU, not a link, is the limit)
     check_ring = "rs" in algos and "ring" in algos and bool(emulate_gbps)
     check_bound = "rs" in algos and bool(emulate_gbps)
     if check_ring or check_bound:
         cols.append("  target")
-    lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {workers} workers, {reducers} reducers",
-             f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
-             "reducers not the limit)"]
-    if frac.get("rs", 1.0) < 1:
-        lines[-1] = (f"# theory = 2 x 2(n-1)/n = {theory:.3f}: rs sends the float32 buffer as 16-bit values (half the "
-                     f"bytes) vs an algorithm sending float32; vs gloo-bf16 (also 16-bit) it is 2(n-1)/n = "
-                     f"{bus_factor(workers):.3f}")
-    if rsf > 1:
-        lines.append(f"# theory@R = theory / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
-                     "the bytes of a worker's link and become the bottleneck")
+    lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {plural(workers, 'worker')}, "
+             f"{plural(reducers, 'reducer')}"]
     if emulate_gbps:
-        lines.append(f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
-                     f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n, S halved for "
-                     "16-bit wire data; shown from 1 MiB")
+        lines += _theory_notes(workers, theory, rsf, frac.get("rs", 1.0), emulate_gbps)
+    else:
+        lines += _loopback_notes(workers, reducers, frac.get("rs", 1.0), cpu_of)
     lines.append("# " + " ".join(cols))
     for s in sizes:
         cells = [f"{s:>12}"]
@@ -227,15 +231,17 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
                     cells.append(f"{times[a] / times['rs']:>{sw[a] - 1}.2f}x")
                 else:
                     cells.append(f"{'-':>{sw[a]}}")
-        cells.append(f"{theory:>6.2f}x")
-        if rsf > 1:
-            cells.append(f"{theory / rsf:>7.2f}x")
         if emulate_gbps:
+            cells.append(f"{theory:>6.2f}x")
+            if rsf > 1:
+                cells.append(f"{theory / rsf:>7.2f}x")
             for a in algos:
                 if times[a] and s >= MIN_BOUND_SIZE:
                     cells.append(f"{100 * bound_fraction(by[(a, s)], emulate_gbps, reducers):>{bw[a] - 1}.1f}%")
                 else:
                     cells.append(f"{'-':>{bw[a]}}")
+        else:
+            cells.append(f"{_fmt_cpu(by.get((cpu_of, s), {}).get('cpu_percent')):>5}")
         if check_ring or check_bound:
             cells.append("  " + _target_cell(by, s, check_ring, check_bound, emulate_gbps, reducers))
         lines.append("  " + " ".join(cells))
@@ -244,6 +250,39 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
                      "as the ring), '<95%' (4 MiB-256 MiB: rs at >= 95% of its link bound); '-' outside both ranges")
         lines += verdicts(rows, reducers, emulate_gbps if check_bound else None, check_ring)
     return "\n".join(lines)
+
+
+def _theory_notes(workers: int, theory: float, rsf: float, rs_wire: float, emulate_gbps: float) -> List[str]:
+    """What the emulated links predict: the theory, theory@R and %bound columns."""
+    lines = [f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
+             "reducers not the limit)"]
+    if rs_wire < 1:
+        lines[-1] = (f"# theory = 2 x 2(n-1)/n = {theory:.3f}: rs sends the float32 buffer as 16-bit values (half the "
+                     f"bytes) vs an algorithm sending float32; vs gloo-bf16 (also 16-bit) it is 2(n-1)/n = "
+                     f"{bus_factor(workers):.3f}")
+    if rsf > 1:
+        lines.append(f"# theory@R = theory / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
+                     "the bytes of a worker's link and become the bottleneck")
+    lines.append(f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
+                 f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n, S halved for "
+                 "16-bit wire data; shown from 1 MiB")
+    return lines
+
+
+def _loopback_notes(workers: int, reducers: int, rs_wire: float, cpu_of: str) -> List[str]:
+    """What limits a loopback run (docs/performance.md, "Loopback, no emulation (CPU-bound)")."""
+    cores = os.cpu_count() or 1
+    copies = bus_factor(workers) / 2 / rs_wire
+    return [
+        f"# limit: loopback, so no network link limits this run: the CPU does. Every byte sent is a kernel copy "
+        f"made by the {plural(cores, 'core')} that {plural(workers, 'worker')} and {plural(reducers, 'reducer')} "
+        "share, so the link theory (2(n-1)/n, measured with --emulate-gbps) does not apply here",
+        f"# if copies were all that counted, rs/ring would be {copies:.2f}x (rs copies 2 x W x S bytes"
+        + (" as 16-bit values" if rs_wire < 1 else "") + ", the ring 2(n-1)/n x W x S); on a cluster each host has "
+        "its own NIC and cores",
+        f"# cpu% = the machine busy during {cpu_of}'s timed iterations ('-': too short to sample; at those sizes "
+        "per-message latency, not bandwidth, sets the time)",
+    ]
 
 
 def _target_cell(by: Dict[Any, Dict[str, Any]], size: int, check_ring: bool, check_bound: bool,

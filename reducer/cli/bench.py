@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Callable, TypeVar
 
 from reducer.bench.models import MODELS
 from reducer.bench.poller import DEFAULT_INTERVAL_S
 from reducer.dtypes import OPS, SUPPORTED
+
+T = TypeVar("T")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -88,6 +91,20 @@ def register(subparsers) -> None:
     p.set_defaults(func=run)
 
 
+def size_flag(flag: str, text: str, parse: Callable[[str], T]) -> T:
+    """parse(text), or a ConfigError that names the flag and says what a size looks like."""
+    from reducer.errors import ConfigError
+
+    try:
+        return parse(text)
+    except (ConfigError, ValueError) as exc:
+        why = str(exc)
+        if "convert" in why or "invalid literal" in why:  # float() / int() of a word: say it plainly
+            why = "not a size"
+        raise ConfigError(f"bad {flag} {text!r}: {why} (sizes are bytes with an optional K, M or G suffix, "
+                          "e.g. 4K, 64M, 1G)") from None
+
+
 def config_from_args(args: argparse.Namespace):
     from reducer.bench import BenchConfig, parse_sizes
     from reducer.bench.runner import parse_congestion
@@ -99,12 +116,14 @@ def config_from_args(args: argparse.Namespace):
     except ValueError:
         raise ConfigError(f"bad --bucket-cap-mb {args.bucket_cap_mb!r}: MiB, or a comma list") from None
     return BenchConfig(
-        workers=args.workers, reducers=args.reducers, sizes=parse_sizes(args.sizes), dtype=args.dtype, op=args.op,
-        iters=args.iters, iters_bytes=parse_size(args.iters_bytes), warmup=args.warmup,
-        warmup_bytes=parse_size(args.warmup_bytes),
+        workers=args.workers, reducers=args.reducers, sizes=size_flag("--sizes", args.sizes, parse_sizes),
+        dtype=args.dtype, op=args.op, iters=args.iters,
+        iters_bytes=size_flag("--iters-bytes", args.iters_bytes, parse_size), warmup=args.warmup,
+        warmup_bytes=size_flag("--warmup-bytes", args.warmup_bytes, parse_size),
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
-        chunk_bytes=parse_size(args.ring_chunk_bytes) if args.ring_chunk_bytes else None,
+        chunk_bytes=size_flag("--ring-chunk-bytes", args.ring_chunk_bytes, parse_size) if args.ring_chunk_bytes
+        else None,
         netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty(),
         model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
         scale=args.scale, congestion=parse_congestion(args.congestion) if args.congestion else None,

@@ -11,7 +11,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p = subparsers.add_parser(
         "launch",
         help="run R reducers and W x L workers of COMMAND on this machine",
-        usage="reduction-server launch --workers W --reducers R [--procs-per-worker L] [options] -- COMMAND ...",
+        usage="reduction-server launch --workers W [--reducers R] [--procs-per-worker L] [options] -- COMMAND ...",
         description="Starts R reducer processes and W x L worker processes of COMMAND on this machine, "
                     "each with a Vertex-AI-shaped CLUSTER_SPEC (workerpool0 = node 0, workerpool1 = nodes "
                     "1..W-1, workerpool2 = the reducers) plus LOCAL_RANK/LOCAL_WORLD_SIZE and, as Vertex AI "

@@ -14,6 +14,8 @@ import logging
 import sys
 from typing import List, Optional
 
+from reducer import __version__
+
 # (name, module) in the order `--help` shows them.
 SUBCOMMANDS = [
     ("serve", "reducer.cli.serve"),
@@ -35,6 +37,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--log-level", default=None,
                         help="logging level (default: $RS_LOG_LEVEL or INFO)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
+                        help="print the version and exit")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for _name, module in SUBCOMMANDS:

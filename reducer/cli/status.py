@@ -1,4 +1,4 @@
-"""`reduction-server status [HOST:PORT ...]`: every reducer of a job and its groups, live or as JSON.
+"""`reduction-server status [HOST:PORT ...]`: every reducer of a job and its groups, live or once, or as JSON.
 
 The addresses are control-plane addresses (`serve --control-port`, default data port + 1).
 Without addresses the reducers come from the cluster description (CLUSTER_SPEC, TF_CONFIG or
@@ -24,22 +24,25 @@ DEFAULT_TIMEOUT = 5.0
 def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
     p = subparsers.add_parser(
         "status",
-        help="show the reducers of a job and their groups (live table, or --json once)",
-        description="Asks every reducer's control plane (GetStats) and shows a live table of the "
-                    "reducers and their groups, refreshed every --interval seconds until Ctrl-C; "
-                    "--json prints one snapshot. Without addresses the reducers come from "
+        help="show the reducers of a job and their groups (live in a terminal, else one snapshot)",
+        description="Asks every reducer's control plane (GetStats) and shows the reducers, their "
+                    "live groups and the groups that ended. In a terminal the tables refresh every "
+                    "--interval seconds until Ctrl-C; with --once, or when the output is not a "
+                    "terminal (piped, redirected), one snapshot is printed and the command exits; "
+                    "--json prints one snapshot as JSON. Without addresses the reducers come from "
                     "CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS, their control port being "
                     "RS_CONTROL_PORT, else the data port + 1.",
     )
     p.add_argument("addresses", nargs="*", metavar="HOST:PORT", help="control-plane addresses of reducers")
+    p.add_argument("--once", action="store_true", help="print one snapshot and exit (the default when not a terminal)")
     p.add_argument("--json", action="store_true", help="print one snapshot as JSON and exit")
     p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
                    help="seconds between refreshes of the live table (default %(default)s)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="seconds to wait for each reducer's answer (default %(default)s)")
     p.add_argument("--auth-token-file", default=None,
                    help="file holding the shared secret, which reducers that have one want proven for GetStats "
                         "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)")
+    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
+                   help="seconds to wait for each reducer's answer (default %(default)s)")
     p.set_defaults(func=run)
 
 
@@ -87,33 +90,99 @@ def _mb(n: Any) -> str:
     return f"{int(n) / 1e6:,.1f}"
 
 
-def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
-    from rich.console import Group
+def _age(seconds: Any) -> str:
+    """kubectl-style: 45s, 12m, 3h, 2d."""
+    s = int(float(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit}"
+    return f"{s}s"
+
+
+def group_ended(group: Mapping[str, Any], live_groups: Optional[int]) -> bool:
+    """Whether a group row of GetStats is a group that has ended (no round can run in it any more).
+
+    The reducer lists the last groups that ended next to its live ones. A row that says so
+    (``ended``) is taken at its word; otherwise a group has ended when it is not complete and has
+    failed or run rounds (a forming group has run none), or when the reducer has no live group at
+    all (its ``groups`` counter: then every row listed has ended)."""
+    if "ended" in group:
+        return bool(group["ended"])
+    if live_groups == 0:
+        return True
+    return not group["complete"] and (bool(group["last_error"]) or int(group["rounds"]) > 0)
+
+
+def no_answer_reason(error: str) -> str:
+    """The gist of a failed GetStats ("ADDR: GetStats failed: CODE: details"): CODE and the last
+    clause of the details (gRPC's "failed to connect to all addresses; last error: ...: Connection
+    refused" becomes "UNAVAILABLE: Connection refused")."""
+    parts = error.split(": ", 3)
+    if len(parts) < 3 or "failed" not in parts[1]:
+        return error
+    code, detail = parts[2], parts[3] if len(parts) > 3 else ""
+    last = detail.rsplit(": ", 1)[-1].strip()
+    return f"{code}: {last}" if last else code
+
+
+def _table(title: str, columns: Sequence[str], left: int) -> Any:
+    """A borderless table whose headers never shrink (values fold instead); the first `left`
+    columns are text (left-aligned), the others numbers."""
     from rich.table import Table
 
-    top = Table(title="reducers", title_justify="left")
-    for name in ("control", "data", "state", "groups", "workers", "rounds", "MB in", "MB out", "errors",
-                 "rejected", "memory MB", "uptime s"):
-        top.add_column(name, justify="left" if name in ("control", "data", "state") else "right")
-    groups = Table(title="groups", title_justify="left")
-    for name in ("reducer", "job", "group", "ranks", "rounds", "MB in", "MB out", "age s", "last error"):
-        groups.add_column(name, justify="left" if name in ("reducer", "job", "group", "last error") else "right")
+    table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False,
+                  header_style="bold")
+    for i, name in enumerate(columns):
+        table.add_column(name, justify="left" if i < left else "right", min_width=len(name),
+                         overflow="fold", no_wrap=i >= left)
+    return table
+
+
+def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
+    """The snapshot as tables that read at 80 columns: reducers, their traffic, live groups,
+    ended groups (when any), and why a reducer gave no answer."""
+    from rich.console import Group
+    from rich.text import Text
+
+    top = _table("reducers", ("control", "data", "state", "up", "groups", "workers"), 3)
+    traffic = _table("traffic", ("control", "rounds", "MB in", "MB out", "errors", "rejected", "memory MB"), 1)
+    live = _table("live groups", ("reducer", "job/group", "ranks", "rounds", "MB in", "MB out", "age"), 2)
+    ended = _table("ended groups (the last few each reducer keeps)",
+                   ("reducer", "job/group", "world", "rounds", "MB in", "MB out", "ended"), 2)
+    ended.columns[-1].justify = "left"
+    notes: List[Any] = []
     for r in reducers:
         if "error" in r:
-            top.add_row(r["address"], "", "[red]no answer[/red]", *[""] * 8, r["error"][:60])
+            top.add_row(r["address"], "-", "[red]no answer[/red]", "-", "-", "-")
+            notes.append(Text(f"no answer from {r['address']}: {no_answer_reason(r['error'])}", style="red"))
             continue
         c = r["counters"]
         state = r["state"] if r["state"] == "serving" else f"[yellow]{r['state']}[/yellow]"
-        top.add_row(r["address"], r["data_address"], state, str(c.get("groups", "")),
-                    str(c.get("connected_workers", "")), str(c.get("rounds_completed", "")),
-                    _mb(c.get("bytes_received", 0)), _mb(c.get("bytes_sent", 0)), str(c.get("errors", "")),
-                    str(c.get("rejected", "")), _mb(c.get("memory_bytes", 0)), f"{r['uptime_s']:.0f}")
+        top.add_row(r["address"], r["data_address"], state, _age(r["uptime_s"]), str(c.get("groups", "")),
+                    str(c.get("connected_workers", "")))
+        traffic.add_row(r["address"], str(c.get("rounds_completed", "")), _mb(c.get("bytes_received", 0)),
+                        _mb(c.get("bytes_sent", 0)), str(c.get("errors", "")), str(c.get("rejected", "")),
+                        _mb(c.get("memory_bytes", 0)))
         for g in r["groups"]:
+            name = f"{g['job']}/{g['group']}"
+            traffic_cells = (str(g["rounds"]), _mb(g["bytes_received"]), _mb(g["bytes_sent"]))
+            if g["last_error"]:
+                notes.append(Text(f"{name} on {r['address']}: {g['last_error']}", style="red"))
+            if group_ended(g, c.get("groups")):
+                how = "[red]failed[/red]" if g["last_error"] else "left"
+                ended.add_row(r["address"], name, str(g["world_size"]), *traffic_cells, how)
+                continue
             ranks = f"{g['connected']}/{g['world_size']}"
-            groups.add_row(r["address"], g["job"], g["group"], ranks if g["complete"] else f"[yellow]{ranks}[/yellow]",
-                           str(g["rounds"]), _mb(g["bytes_received"]), _mb(g["bytes_sent"]), f"{g['age_s']:.0f}",
-                           f"[red]{g['last_error']}[/red]" if g["last_error"] else "")
-    return Group(top, groups)
+            live.add_row(r["address"], name, ranks if g["complete"] else f"[yellow]{ranks}[/yellow]", *traffic_cells,
+                         _age(g["age_s"]))
+    parts: List[Any] = [top, Text(""), traffic, Text(""), live]
+    if not live.row_count:
+        parts.append(Text("(none)", style="dim"))
+    if ended.row_count:
+        parts += [Text(""), ended]
+    if notes:
+        parts += [Text("")] + notes
+    return Group(*parts)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -129,17 +198,28 @@ def run(args: argparse.Namespace) -> int:
         print(f"reduction-server status: error: {exc} (or pass the reducers' control addresses HOST:PORT)",
               file=sys.stderr)
         return 2
+    reducers = snapshot(addresses, args.timeout, token)
+    status = 0 if all("error" not in r for r in reducers) else 1
     if args.json:
-        reducers = snapshot(addresses, args.timeout, token)
         json.dump({"reducers": reducers}, sys.stdout, indent=2)
         sys.stdout.write("\n")
-        return 0 if all("error" not in r for r in reducers) else 1
+        return status
+    from rich.console import Console
 
+    console = Console()
+    if args.once or not console.is_terminal:  # piped or redirected: one snapshot, like `kubectl get`
+        console.print(render(reducers))
+        return status
+    return _live(console, addresses, args, reducers, token)
+
+
+def _live(console: Any, addresses: Sequence[str], args: argparse.Namespace, reducers: List[Dict[str, Any]],
+          token: Optional[str]) -> int:
+    """The table refreshed every --interval seconds until Ctrl-C (a terminal only)."""
     from rich.live import Live
 
-    reducers = snapshot(addresses, args.timeout, token)
     try:
-        with Live(render(reducers), auto_refresh=False) as live:
+        with Live(render(reducers), console=console, auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
                 reducers = snapshot(addresses, args.timeout, token)

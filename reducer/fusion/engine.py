@@ -56,6 +56,7 @@ import numpy as np
 from ..dtypes import BFLOAT16, check_op, wire_name
 from ..errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
 from ..frameworks import stage
+from ..lifetime import join_threads
 from .diagnosis import Described, Diagnosis, History, fingerprint, round_tag
 from .planner import Cut, Planner
 
@@ -310,9 +311,9 @@ class FusionEngine:
         self._fusion_thread = threading.Thread(target=self._fusion_main, name=f"reducer-fusion-{rank}", daemon=True)
         self._net_thread = threading.Thread(target=self._net_main, name=f"reducer-net-{rank}", daemon=True)
         self._probe_thread = threading.Thread(target=self._probe_main, name=f"reducer-probe-{rank}", daemon=True)
-        self._fusion_thread.start()
-        self._net_thread.start()
-        self._probe_thread.start()
+        self._threads = (self._fusion_thread, self._net_thread, self._probe_thread)
+        for th in self._threads:
+            th.start()
 
     # ================================================================ caller side
     def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
@@ -416,10 +417,16 @@ class FusionEngine:
             self._cv.notify_all()
         self._close_probe_conn()
         t = self.timeout + 5.0 if join_timeout is None else join_timeout
-        for th in (self._fusion_thread, self._net_thread, self._probe_thread):
+        deadline = time.monotonic() + t  # idle threads end at once; one inside a round may take longer
+        for th in self._threads:
             if th is not threading.current_thread():
-                th.join(t)
+                th.join(max(0.0, deadline - time.monotonic()))
         self._fail_all(ReductionError("the communicator was closed before this all-reduce finished"))
+
+    def join(self, timeout: float) -> bool:
+        """After stop(): wait up to `timeout` seconds for the threads to end (once the client is
+        closed, none stays in a round); False, with a WARNING naming them, if one still runs."""
+        return join_threads(self._threads, timeout, f"reducer.fusion (rank {self.rank})")
 
     # ================================================================ fusion thread
     def _fusion_main(self) -> None:

@@ -31,7 +31,7 @@ import torch.distributed as dist
 from .. import config
 from ..dtypes import OPS, SUPPORTED, torch_dtype
 from ..errors import ConfigError
-from .hooks import cpp_future, reduce_async
+from .hooks import close_completer, cpp_future, reduce_async
 
 log = logging.getLogger(__name__)
 
@@ -343,13 +343,19 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
 
     # -- lifetime ----------------------------------------------------------------------------------
     def shutdown(self) -> None:
-        """Close the connections to the reducers and the gloo group (dist.destroy_process_group). Idempotent."""
+        """Close the connections to the reducers and the gloo group (dist.destroy_process_group). Idempotent.
+
+        Every thread this group's communicator started has ended on return (docs/pytorch.md, "Shutdown")."""
         for what in ("_comm", "_fallback"):
             obj = getattr(self, what, None)
             if obj is None or (what == "_comm" and not getattr(self, "_owns_comm", False)):
                 continue
             try:
-                obj.close() if what == "_comm" else obj.shutdown()
+                if what == "_comm":
+                    obj.close()  # its threads end; rounds still in flight fail
+                    close_completer(obj)  # the futures of those rounds complete, then its thread ends
+                else:
+                    obj.shutdown()
             except Exception:  # pragma: no cover - best effort at teardown
                 log.debug("closing %s failed", what, exc_info=True)
 

@@ -21,6 +21,10 @@ from typing import Any, Callable, Optional, Sequence, Tuple
 import torch
 import torch.distributed as dist
 
+from .. import lifetime
+from ..errors import ReductionError
+from ..lifetime import join_threads
+
 log = logging.getLogger(__name__)
 
 __all__ = ["HookState", "allreduce_hook", "bf16_compress_hook", "fp16_compress_hook"]
@@ -30,33 +34,58 @@ __all__ = ["HookState", "allreduce_hook", "bf16_compress_hook", "fp16_compress_h
 
 
 class _Completer:
-    """One daemon thread per communicator: waits for handles in FIFO order and completes futures."""
+    """One thread per communicator: waits for handles in FIFO order and completes futures.
+
+    close() ends the thread (joined, bounded); one never closed is closed at interpreter exit
+    (reducer.lifetime), after the communicators, whose closing fails the rounds it may wait for.
+    Between items the thread holds nothing: no tensor of the last round is freed by it later.
+    """
 
     def __init__(self, name: str) -> None:
         self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
+        lifetime.close_at_exit(self, lifetime.HELPERS)
 
     def submit(self, handles: Sequence[Any], fut: torch.futures.Future, finish: Callable[[], Any]) -> None:
-        self._queue.put((handles, fut, finish))
+        with self._lock:
+            if not self._closed:
+                self._queue.put((handles, fut, finish))
+                return
+        self._complete(fut, None, ReductionError("the communicator was closed before this all-reduce started"))
 
-    def close(self) -> None:
-        self._queue.put(None)
+    def close(self, timeout: float = lifetime.EXIT_JOIN_TIMEOUT) -> bool:
+        """Complete the futures submitted so far, then end the thread; True once it has ended
+        (False, with a WARNING, if it is still waiting for a round after `timeout` seconds)."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                self._queue.put(None)
+        lifetime.forget(self)
+        return join_threads([self._thread], timeout, "reducer.torch completion thread")
+
+    def close_at_exit(self) -> None:
+        self.close()
 
     def _run(self) -> None:
         while True:
             item = self._queue.get()
             if item is None:
                 return
-            handles, fut, finish = item
-            try:
-                for handle in handles:
-                    handle.wait()  # bounded: the communicator fails its handles after RS_TIMEOUT
-                value = finish()
-            except Exception as exc:  # delivered to whoever waits on the future
-                self._complete(fut, None, exc)
-            else:
-                self._complete(fut, value, None)
+            self._process(*item)
+            del item  # nothing of this round stays referenced while the thread waits for the next
+
+    def _process(self, handles: Sequence[Any], fut: torch.futures.Future, finish: Callable[[], Any]) -> None:
+        try:
+            for handle in handles:
+                handle.wait()  # bounded: the communicator fails its handles after RS_TIMEOUT
+            value = finish()
+        except Exception as exc:  # delivered to whoever waits on the future
+            self._complete(fut, None, exc)
+        else:
+            self._complete(fut, value, None)
 
     @staticmethod
     def _complete(fut: torch.futures.Future, value: Any, error: Optional[BaseException]) -> None:
@@ -85,8 +114,18 @@ def _completer(comm: Any) -> _Completer:
         if completer is None:
             completer = _Completer(f"reducer.torch-completer-{getattr(comm, 'rank', '?')}")
             _completers[comm] = completer
-            weakref.finalize(comm, completer.close)
+            # When the communicator is freed; at exit reducer.lifetime closes it, in order.
+            weakref.finalize(comm, completer.close).atexit = False
         return completer
+
+
+def close_completer(comm: Any) -> None:
+    """End the completion thread of `comm` (closed by its owner): every future submitted through
+    it completes first, with the error of its rounds when the communicator failed them."""
+    with _completers_lock:
+        completer = _completers.pop(comm, None)
+    if completer is not None:
+        completer.close()
 
 
 def _future_for(tensors: Sequence[torch.Tensor]) -> torch.futures.Future:
@@ -163,6 +202,7 @@ class HookState:
             if self.comm is _default_comm:
                 _default_comm = None
         self.comm.close()
+        close_completer(self.comm)
 
     def __repr__(self) -> str:
         return f"HookState({self.comm!r})"

@@ -1,0 +1,92 @@
+"""The small things of issue 24 point 7, as a user reads them: `--version`, `launch` usage,
+`bench` errors that name the flag, singular counts, and a loopback bench summary that says what
+limits the run instead of a bare link theory."""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional
+
+import pytest
+
+from reducer import __version__
+from reducer.cli.main import build_parser, main
+
+
+def test_version(capsys) -> None:
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"reduction-server {__version__}"
+
+
+def test_launch_usage_shows_reducers_as_optional() -> None:
+    parser = build_parser()
+    sub = next(a for a in parser._subparsers._group_actions if a.dest == "command")  # noqa: SLF001
+    usage = sub.choices["launch"].format_usage()
+    assert "--workers W [--reducers R]" in usage, usage
+    assert not re.search(r"(?<!\[)--reducers R(?!\])", usage), usage
+    # and it is optional: the default is one reducer
+    args = parser.parse_args(["launch", "--workers", "2", "--", "python", "x.py"])
+    assert args.reducers == 1
+
+
+@pytest.mark.parametrize("flag", ["--sizes", "--iters-bytes", "--warmup-bytes", "--ring-chunk-bytes"])
+def test_bench_bad_size_names_the_flag(flag: str, capsys) -> None:
+    assert main(["bench", flag, "1X"]) == 2
+    err = capsys.readouterr().err
+    assert f"bad {flag} '1X': not a size" in err and "4K, 64M" in err, err
+    assert "convert" not in err
+
+
+def test_bench_bad_size_range_names_the_flag(capsys) -> None:
+    assert main(["bench", "--sizes", "64K:4K"]) == 2
+    err = capsys.readouterr().err
+    assert "bad --sizes '64K:4K'" in err and "MIN <= MAX" in err, err
+
+
+# -- bench report ---------------------------------------------------------------------------------
+
+
+def _rows(workers: int, reducers: int, cpu: Optional[float] = 97.0) -> List[Dict[str, Any]]:
+    rows = []
+    for algo, us in (("rs", 200.0), ("ring", 100.0)):
+        for size, pct in ((4096, None), (1 << 20, cpu)):
+            rows.append(dict(algo=algo, size=size, count=size // 4, dtype="float32", op="sum", time_us=us,
+                             algbw=1.0, busbw=1.0, wrong=0, workers=workers, reducers=reducers, cpu_percent=pct))
+    return rows
+
+
+def test_plural() -> None:
+    from reducer.bench.report import plural
+
+    assert [plural(n, "thread") for n in (0, 1, 2)] == ["0 threads", "1 thread", "2 threads"]
+
+
+def test_counts_of_one_are_singular() -> None:
+    from reducer.bench import report
+
+    title = report.format_algo_table("rs", _rows(2, 1)[:2], 2, 1).splitlines()[0]
+    assert "2 workers -> 1 reducer -> 2 workers" in title, title
+    assert "n = 2 workers, 1 reducer" in report.format_summary(_rows(2, 1), 2, 1)
+    assert "1 reducers" not in report.format_summary(_rows(2, 1), 2, 1, emulate_gbps=1.0)
+
+
+def test_loopback_summary_says_the_cpu_limits_the_run() -> None:
+    from reducer.bench import report
+
+    text = report.format_summary(_rows(4, 2), 4, 2)
+    assert "# limit: loopback" in text and "the CPU does" in text and "does not apply" in text, text
+    assert "rs/ring would be 0.75x" in text  # (n-1)/n: rs copies 2WS bytes, the ring 2(n-1)/n WS
+    header = next(ln for ln in text.splitlines() if "size(B)" in ln).split()
+    assert "theory" not in header and "theory@R" not in header and header[-1] == "cpu%", header
+    body = [ln.split() for ln in text.splitlines() if not ln.startswith("#")]
+    assert [(r[0], r[3], r[-1]) for r in body] == [("4096", "0.50x", "-"), ("1048576", "0.50x", "97")]
+
+
+def test_emulated_summary_keeps_the_link_theory() -> None:
+    from reducer.bench import report
+
+    text = report.format_summary(_rows(4, 2), 4, 2, emulate_gbps=1.0)
+    assert "limit: loopback" not in text and "# theory = 2(n-1)/n = 1.500" in text
+    header = next(ln for ln in text.splitlines() if "size(B)" in ln).split()
+    assert header[5:7] == ["theory", "theory@R"] and "cpu%" not in header, header
