@@ -1,6 +1,8 @@
 # syntax=docker/dockerfile:1
 # The reducer node image: a CPU-only `reduction-server serve` (Vertex AI pool 2, or the
-# StatefulSet in examples/kubernetes/). Build from the repository root:
+# StatefulSet in examples/kubernetes/). Build from the repository root with
+#   scripts/build-images.sh            (docker or podman; stand-in bases when no registry answers)
+# or by hand:
 #   docker build -f docker/reducer.Dockerfile -t reduction-server/reducer:latest .
 # The reducer finds its port and peers in CLUSTER_SPEC / TF_CONFIG / RS_* (docs/configuration.md).
 ARG PYTHON_VERSION=3.11
@@ -8,24 +10,41 @@ ARG PYTHON_VERSION=3.11
 # -- build: compile the C++ core into a wheel ------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim AS build
 RUN apt-get update \
-    && apt-get install -y --no-install-recommends g++ libssl-dev \
+    && apt-get install -y --no-install-recommends g++ libssl-dev ccache \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
-COPY . .
-# Drop any build tree from the host so the extension is compiled here, for this image's glibc.
-RUN rm -rf build dist ./*.egg-info \
-    && pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+# Only what the wheel is built from: an edit to tests/ or docs/ does not recompile the core.
+COPY pyproject.toml setup.py README.md ./
+COPY csrc/ csrc/
+COPY reducer/ reducer/
+COPY benchmarks/ benchmarks/
+# The host's pip settings (scripts/build-images.sh passes them when the host has them): index
+# URLs as build arguments, the CA bundle as the secret pip_cert (never stored in a layer).
+ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
+# ccache (a build cache mount) makes the worker image's compile of the same sources, and
+# rebuilds after small edits, mostly cache hits. `.so` files from the host never get here
+# (.dockerignore), so the extension is compiled for this image's glibc and Python.
+RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
+    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    CC="ccache gcc" CXX="ccache g++" pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- runtime ---------------------------------------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
-    PIP_NO_CACHE_DIR=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
+ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
 COPY --from=build /wheels /wheels
-RUN pip install /wheels/*.whl && rm -rf /wheels \
-    && useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin reducer
+# The runtime dependencies come from the index (a pip cache mount keeps rebuilds from
+# downloading them again); no compiler, no test dependencies in this image.
+RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip \
+    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+    pip install /wheels/*.whl; rm -rf /wheels; \
+    useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin reducer
+ENV PIP_NO_CACHE_DIR=1
 # Numeric so that Kubernetes' runAsNonRoot can verify it.
 USER 10001:10001
-EXPOSE 2222
+# 2222: the data port (its CLUSTER_SPEC entry, Vertex AI's port); 2223: the gRPC control plane
+# (health, GetStats, Drain), the data port + 1 unless --control-port / RS_CONTROL_PORT say otherwise.
+EXPOSE 2222 2223
 ENTRYPOINT ["reduction-server", "serve"]
