@@ -18,14 +18,13 @@ COPY pyproject.toml setup.py README.md ./
 COPY csrc/ csrc/
 COPY reducer/ reducer/
 COPY benchmarks/ benchmarks/
-# The host's pip settings (scripts/build-images.sh passes them when the host has them): index
-# URLs as build arguments, the CA bundle as the secret pip_cert (never stored in a layer).
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
+# pip: scripts/build-images.sh passes the host's pip settings (index URLs, CA bundle) as the
+# build secrets pip_conf (a pip.conf) and pip_cert; a plain `docker build` goes without them.
 # ccache (a build cache mount) makes the worker image's compile of the same sources, and
 # rebuilds after small edits, mostly cache hits. `.so` files from the host never get here
 # (.dockerignore), so the extension is compiled for this image's glibc and Python.
-RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
-    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
+    set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     CC="ccache gcc" CXX="ccache g++" pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- runtime ---------------------------------------------------------------------------------
@@ -33,12 +32,11 @@ FROM python:${PYTHON_VERSION}-slim
 ENV PYTHONDONTWRITEBYTECODE=1 \
     PYTHONUNBUFFERED=1 \
     PIP_DISABLE_PIP_VERSION_CHECK=1
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
 COPY --from=build /wheels /wheels
 # The runtime dependencies come from the index (a pip cache mount keeps rebuilds from
 # downloading them again); no compiler, no test dependencies in this image.
-RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip \
-    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip \
+    set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     pip install /wheels/*.whl; rm -rf /wheels; \
     useradd --system --uid 10001 --user-group --no-create-home --shell /usr/sbin/nologin reducer
 ENV PIP_NO_CACHE_DIR=1

@@ -20,11 +20,10 @@ COPY pyproject.toml setup.py README.md ./
 COPY csrc/ csrc/
 COPY reducer/ reducer/
 COPY benchmarks/ benchmarks/
-# The host's pip settings (scripts/build-images.sh): index URLs as build arguments, the CA
-# bundle as the secret pip_cert.
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
-RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
-    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+# pip: scripts/build-images.sh passes the host's pip settings (index URLs, CA bundle) as the
+# build secrets pip_conf (a pip.conf) and pip_cert; a plain `docker build` goes without them.
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
+    set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     CC="ccache gcc" CXX="ccache g++" pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
 
 # -- runtime ---------------------------------------------------------------------------------
@@ -35,14 +34,13 @@ ENV PYTHONUNBUFFERED=1 \
 RUN apt-get update \
     && apt-get install -y --no-install-recommends openssl \
     && rm -rf /var/lib/apt/lists/*
-ARG PIP_INDEX_URL PIP_EXTRA_INDEX_URL PIP_TRUSTED_HOST
 # The package's extras: `torch` is already satisfied by a PyTorch base's torch (pip keeps it).
 # scripts/build-images.sh passes EXTRAS= (none) on its stand-in base, which has no PyTorch:
 # installing the extra there would download a CUDA build of torch.
 ARG EXTRAS=torch
 COPY --from=build /wheels /wheels
-RUN --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip \
-    set -e; if [ -s /run/secrets/pip_cert ]; then export PIP_CERT=/run/secrets/pip_cert; fi; \
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/pip \
+    set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
     whl="$(ls /wheels/*.whl)"; pip install "${whl}${EXTRAS:+[${EXTRAS}]}"; rm -rf /wheels
 ENV PIP_NO_CACHE_DIR=1
 # The NCCL plugin (docs/nccl-plugin.md): NCCL's inter-node all-reduce goes to the reducers

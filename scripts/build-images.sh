@@ -22,8 +22,9 @@
 # example and NCCL plugin only). Every run that uses a stand-in says so in a banner.
 #
 # pip inside the build gets the host's settings: index-url / extra-index-url / trusted-host /
-# find-links (pip config and PIP_* variables) as build arguments, the CA bundle (pip's `cert`,
-# else REQUESTS_CA_BUNDLE / SSL_CERT_FILE) as the build secret pip_cert. file:// indexes are
+# find-links (PIP_* variables, else pip's configuration files) in a pip.conf passed as the build
+# secret pip_conf, the CA bundle (pip's `cert`, else REQUESTS_CA_BUNDLE / SSL_CERT_FILE) as the
+# secret pip_cert; secrets stay out of the image and its history. file:// indexes are
 # mounted read-only into the build with podman; docker build cannot mount them, so they are
 # left out (with a message) and the other indexes are used.
 #
@@ -41,6 +42,7 @@ PRINT_ENGINE=0
 MIRROR="${RS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${RS_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 STAND_IN_LABEL="io.reduction-server.stand-in"
+STAND_IN_IMAGE="localhost/reduction-server/stand-in-base:bookworm"
 
 say() { echo "build-images: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -133,11 +135,10 @@ EOF
 
 make_stand_in() {  # tag: one Debian bookworm python3 file system, imported once per run
   local tag="$1"
-  # One stand-in file system serves every base: reuse one made before (by its label).
-  STAND_IN_ID="$("${ENG[@]}" images -q --filter "label=$STAND_IN_LABEL" | head -1)"
-  if [ -n "$STAND_IN_ID" ]; then
-    say "tagging the stand-in base made before ($STAND_IN_ID) as $tag"
-    "${ENG[@]}" tag "$STAND_IN_ID" "$tag" || die "could not tag $STAND_IN_ID as $tag"
+  # One stand-in file system serves every base: reuse the one made before (its own tag).
+  if image_exists "$STAND_IN_IMAGE"; then
+    say "tagging the stand-in base made before ($STAND_IN_IMAGE) as $tag"
+    "${ENG[@]}" tag "$STAND_IN_IMAGE" "$tag" || die "could not tag $STAND_IN_IMAGE as $tag"
     return
   fi
   command -v mmdebstrap >/dev/null 2>&1 ||
@@ -158,16 +159,29 @@ make_stand_in() {  # tag: one Debian bookworm python3 file system, imported once
     "${ENG[@]}" import \
       --change "LABEL $STAND_IN_LABEL=debian-bookworm-python3" \
       --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
-      --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$tag" >/dev/null ||
+      --change 'ENV LANG=C.UTF-8' --change 'CMD ["python3"]' - "$STAND_IN_IMAGE" >/dev/null ||
     die "could not make the stand-in base for $tag (mmdebstrap or import failed; see above)"
+  "${ENG[@]}" tag "$STAND_IN_IMAGE" "$tag" || die "could not tag $STAND_IN_IMAGE as $tag"
   say "stand-in base $tag made in $((SECONDS - t0)) s"
+}
+
+# docker.io for names without a registry (podman may have no unqualified-search registries);
+# podman then also gets the short name the Dockerfile's FROM uses.
+pull() {
+  local image="$1" full="$1" first="${1%%/*}"
+  case "$image" in
+    */*) case "$first" in *.*|*:*|localhost) ;; *) full="docker.io/$image" ;; esac ;;
+    *) full="docker.io/library/$image" ;;
+  esac
+  timeout 600 "${ENG[@]}" pull "$full" >&2 || return 1
+  image_exists "$image" || "${ENG[@]}" tag "$full" "$image"
 }
 
 ensure_base() {  # image what: 0 = the real image, 10 = a stand-in (the caller adjusts)
   local image="$1" what="$2"
   if ! image_exists "$image"; then
     say "pulling $image"
-    if ! timeout 600 "${ENG[@]}" pull "$image" >&2; then
+    if ! pull "$image"; then
       [ "$STAND_IN" = 1 ] || die "$image cannot be pulled (and --no-stand-in)"
       case "$image" in
         python:3.11-slim|*/python:3.11-slim|pytorch/pytorch:*|*/pytorch/pytorch:*) make_stand_in "$image" ;;
@@ -216,23 +230,27 @@ local_source() {  # url-or-path
   fi
 }
 
+# The build's pip.conf (the secret pip_conf: neither it nor the CA bundle, the secret pip_cert,
+# is stored in a layer or in the image's history, so index URLs may carry credentials).
 pip_settings() {
-  local key value kept item
-  KEEP=""
+  local key value kept item conf="$WORK/pip.conf" cert
+  echo "[global]" > "$conf"
   for key in index-url extra-index-url trusted-host find-links; do
     value="$(pip_value "$key")"; [ -n "$value" ] || continue
     kept=""
     if [ "$key" = trusted-host ]; then kept="$value"
     else for item in $value; do local_source "$item"; [ -z "$KEEP" ] || kept="${kept:+$kept }$KEEP"; done; fi
     [ -n "$kept" ] || continue
-    BUILD_OPTS+=(--build-arg "PIP_$(echo "$key" | tr 'a-z-' 'A-Z_')=$kept")
+    echo "$key = $kept" >> "$conf"
     say "pip $key for the build: $kept"
   done
-  local cert; cert="$(pip_value cert)"
+  cert="$(pip_value cert)"
   [ -n "$cert" ] || cert="${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-}}"
   if [ -n "$cert" ] && [ -s "$cert" ]; then
+    echo "cert = /run/secrets/pip_cert" >> "$conf"
     BUILD_OPTS+=(--secret "id=pip_cert,src=$cert"); say "pip CA bundle for the build: $cert"
   fi
+  BUILD_OPTS+=(--secret "id=pip_conf,src=$conf")
 }
 
 # -- build -----------------------------------------------------------------------------------
@@ -251,10 +269,12 @@ build() {  # dockerfile tag [extra build options]
 # to build for: exit 3 with the engine's words.
 smoke_run() {
   local out
-  out="$("${ENG[@]}" run --rm "${RUN_FLAGS[@]}" --network none "$1" true 2>&1)" ||
+  out="$("${ENG[@]}" run --rm "${RUN_FLAGS[@]}" --network none --entrypoint true "$1" 2>&1)" ||
     unusable "${ENG[*]} cannot run a container here: $(echo "$out" | tail -2 | tr '\n' ' ')"
 }
 
+WORK="$(mktemp -d)"
+trap 'rm -rf "$WORK"' EXIT
 pip_settings
 REDUCER_BASE="$(dockerfile_base docker/reducer.Dockerfile)"
 if [ -n "$WORKER_BASE" ]; then WORKER_ARGS=(--build-arg "BASE=$WORKER_BASE")
