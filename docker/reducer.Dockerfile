@@ -13,19 +13,29 @@ RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ libssl-dev ccache \
     && rm -rf /var/lib/apt/lists/*
 WORKDIR /src
+# pip: scripts/build-images.sh passes the host's pip settings (index URLs, CA bundle) as the
+# build secrets pip_conf (a pip.conf) and pip_cert; a plain `docker build` goes without them.
+# The build requirements ([build-system] requires; tomllib: Python >= 3.11) in a layer of their
+# own, at fixed paths: with pip's build isolation every build compiled against a new random
+# /tmp/pip-build-env-* include path, and ccache could never hit.
+COPY pyproject.toml ./
+RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert \
+    set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
+    python -c "import tomllib; print(*tomllib.load(open('pyproject.toml', 'rb'))['build-system']['requires'], sep='\n')" \
+        > /tmp/build-requires.txt; \
+    pip install --no-cache-dir -r /tmp/build-requires.txt
 # Only what the wheel is built from: an edit to tests/ or docs/ does not recompile the core.
-COPY pyproject.toml setup.py README.md ./
+COPY setup.py README.md ./
 COPY csrc/ csrc/
 COPY reducer/ reducer/
 COPY benchmarks/ benchmarks/
-# pip: scripts/build-images.sh passes the host's pip settings (index URLs, CA bundle) as the
-# build secrets pip_conf (a pip.conf) and pip_cert; a plain `docker build` goes without them.
-# ccache (a build cache mount) makes the worker image's compile of the same sources, and
-# rebuilds after small edits, mostly cache hits. `.so` files from the host never get here
-# (.dockerignore), so the extension is compiled for this image's glibc and Python.
+# ccache (a build cache mount) makes rebuilds after small edits, and the other image's compile
+# of the same sources on the same base, mostly cache hits. `.so` files from the host never get
+# here (.dockerignore), so the extension is compiled for this image's glibc and Python.
 RUN --mount=type=secret,id=pip_conf --mount=type=secret,id=pip_cert --mount=type=cache,target=/root/.cache/ccache \
     set -e; if [ -s /run/secrets/pip_conf ]; then export PIP_CONFIG_FILE=/run/secrets/pip_conf; fi; \
-    CC="ccache gcc" CXX="ccache g++" pip wheel --no-cache-dir --no-deps --wheel-dir /wheels .
+    ccache --zero-stats >/dev/null; CC="ccache gcc" CXX="ccache g++" pip wheel --no-build-isolation --no-cache-dir --no-deps --wheel-dir /wheels .; \
+    ccache --show-stats | grep -Ei "hits|misses" || true
 
 # -- runtime ---------------------------------------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim
