@@ -61,7 +61,7 @@ while [ $# -gt 0 ]; do
     --worker-base) WORKER_BASE="$2"; shift 2 ;;
     --no-stand-in) STAND_IN=0; shift ;;
     --print-engine) PRINT_ENGINE=1; shift ;;
-    -h|--help) sed -n '2,30p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
   esac
 done
