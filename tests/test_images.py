@@ -1,4 +1,8 @@
-"""The container images' entry points, run the way the images run them (no Docker engine here).
+"""The container images' entry points, run the way the images run them, without a container engine.
+
+tests/test_container_job.py builds the real images and runs a job of containers (opt-in, it takes
+minutes; .ci/run runs it where podman works). This module is the quick stand-in that runs
+everywhere:
 
 docker/reducer.Dockerfile and docker/worker.Dockerfile build a wheel of this repository
 (`pip wheel .`), install only that wheel, and run `reduction-server serve` (reducer ENTRYPOINT) or
@@ -60,7 +64,9 @@ def _instruction(dockerfile: Path, name: str) -> List[str]:
 def test_dockerfiles_name_the_commands_tested_here():
     text = REDUCER_DOCKERFILE.read_text()
     assert _instruction(REDUCER_DOCKERFILE, "ENTRYPOINT") == ["reduction-server", "serve"]
-    assert re.search(r"^EXPOSE\s+2222\s*$", text, re.M)
+    # The data port and the control plane's default port (data port + 1, reducer/cli/serve.py).
+    expose = re.findall(r"^EXPOSE\s+(.+)$", text, re.M)
+    assert expose and set(expose[-1].split()) == {"2222", "2223"}, expose
     user = re.findall(r"^USER\s+(\S+)", text, re.M)
     assert user and user[-1].split(":")[0] not in ("root", "0"), "the reducer must not run as root"
     assert "pip wheel" in text and "pip install /wheels/" in text
