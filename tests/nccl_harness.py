@@ -292,6 +292,7 @@ def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int]
 
 
 def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: int) -> Dict[str, Any]:
+    tasks_before = len(os.listdir("/proc/self/task"))
     plugin = Plugin()
     net = init_net(plugin, version)
     ndev = C.c_int()
@@ -320,6 +321,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
 
     _wait(step, "connect/accept")
     check(net.closeListen(lcomm), "closeListen", plugin)
+    threads_added = len(os.listdir("/proc/self/task")) - tasks_before  # the two comms' progress threads
 
     total = sum(sizes) + extra * len(sizes)
     region = np.zeros(max(total, 1), dtype=np.uint8)
@@ -405,6 +407,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         "speed": props.speed, "mismatched": mismatched, "ring_full_null": ring_full_null,
         "cuda_rc": cuda_rc, "connect_calls": calls["connect"], "log": plugin.log_text(),
         "maxP2pBytes": getattr(props, "maxP2pBytes", None), "listen_magic": listen_magic,
+        "threads_added": threads_added,
     }
     path = plugin.path
     plugin.close()

@@ -72,7 +72,8 @@ ncclResult_t net_init_common(ncclDebugLogger_t logger, int version) {
     const NetInterface& ni = p2p::interface();
     log_info("net plugin v" + std::to_string(version) + " loaded by NCCL " +
              nccl_version_text(loading_nccl_version(logger)) + ": TCP on " + ni.name + " (" + ni.ip + "), " +
-             std::to_string(p2p_sockets_from_env()) + " socket(s) per connection");
+             std::to_string(p2p_sockets_from_env()) + " socket(s) per connection, " +
+             std::to_string(p2p_threads_from_env()) + " progress thread(s) per comm");
   });
 }
 
