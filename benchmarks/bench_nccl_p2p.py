@@ -226,6 +226,14 @@ def side_main(args: argparse.Namespace) -> int:
     return 0
 
 
+def result_of(kind: str, out: str, err: str, returncode: int) -> Dict[str, Any]:
+    """The JSON a side printed after "RESULT "."""
+    found = [x[len("RESULT "):] for x in out.splitlines() if x.startswith("RESULT ")]
+    if returncode != 0 or not found:
+        raise RuntimeError(f"{kind} side failed (exit {returncode}):\n{err[-3000:]}")
+    return json.loads(found[0])
+
+
 def run_pair(kind: str, args: argparse.Namespace, hosts: Optional[Any]) -> Dict[str, Any]:
     """One sender + one receiver of `kind`; the receiver's result with the sender's CPU added."""
     with tempfile.TemporaryDirectory(prefix="rs-p2p-bench-") as rdv:
@@ -243,19 +251,13 @@ def run_pair(kind: str, args: argparse.Namespace, hosts: Optional[Any]) -> Dict[
             else:
                 procs.append(subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
                                               stderr=subprocess.PIPE, text=True))
-        results = []
-        for p in procs:
-            try:
-                out, err = p.communicate(timeout=args.timeout)
-            except subprocess.TimeoutExpired:
-                for q in procs:
-                    q.kill()
-                raise RuntimeError(f"{kind}: no result within {args.timeout} s")
-            line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
-            if p.returncode != 0 or line is None:
-                raise RuntimeError(f"{kind} side failed (exit {p.returncode}):\n{err[-3000:]}")
-            results.append(json.loads(line[len("RESULT "):]))
-    recv, send = results
+        try:
+            outputs = [(p.communicate(timeout=args.timeout), p.returncode) for p in procs]
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise RuntimeError(f"{kind}: no result within {args.timeout} s")
+    recv, send = (result_of(kind, out, err, rc) for (out, err), rc in outputs)
     return {"gbps": args.size * args.count * 8 / recv["wall_s"] / 1e9, "bad": recv["bad"] + send["bad"],
             "data_cpu_s": recv["data_cpu_s"] + send["data_cpu_s"],
             "proc_cpu_s": recv["proc_cpu_s"] + send["proc_cpu_s"],

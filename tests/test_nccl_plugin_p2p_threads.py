@@ -35,3 +35,22 @@ def test_bad_thread_setting_is_an_init_error_not_a_crash(pool, tmp_path):
     with pytest.raises(RuntimeError, match="NCCL_SOCKET_NTHREADS"):
         run_ranks(pool, H.p2p_peer, 1, rdv=str(tmp_path), version=12, sizes=[1],
                   env={"NCCL_SOCKET_NTHREADS": "0", "RS_NCCL_NSOCKS": None})
+
+
+def test_benchmark_runs_both_sides_and_checks_every_message(tmp_path):
+    """benchmarks/bench_nccl_p2p.py on loopback, tiny: both nets deliver every message (no timing)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = tmp_path / "rows.json"
+    run = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_nccl_p2p.py"), "--count", "6",
+                          "--size", str(1 << 20), "--reps", "1", "--nsocks", "3", "--threads", "2",
+                          "--json", str(out)], capture_output=True, text=True, timeout=180)
+    assert run.returncode == 0, run.stderr[-3000:]
+    (row,) = json.loads(out.read_text())
+    assert row["plugin"]["bad"] == 0 and row["tcp"]["bad"] == 0
+    assert row["plugin"]["data_threads"] == 2 and row["tcp"]["data_threads"] == 3
+    assert "plugin/tcp throughput" in run.stdout
