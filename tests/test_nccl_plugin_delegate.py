@@ -83,7 +83,14 @@ def _tiny_library(tmp_path: Path, name: str, source: str) -> str:
 ZERO_TABLE = "void* ncclNetPlugin_v{v}[22];\n"  # a table whose members are all NULL
 
 
-@pytest.mark.parametrize("case", ["missing", "no_table", "self", "wrong_version", "null_members"])
+FAILING_INIT = """
+static int fail(void) { return 2; }  /* ncclSystemError from every member */
+#define F (void*)fail
+void* ncclNetPlugin_v12[22] = {"failing", F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F, F};
+"""
+
+
+@pytest.mark.parametrize("case", ["missing", "no_table", "self", "wrong_version", "null_members", "init_fails"])
 def test_a_delegate_that_cannot_serve_warns_and_the_builtin_net_serves(monkeypatch, tmp_path, case):
     for k in H.CLUSTER_VARS:
         monkeypatch.delenv(k, raising=False)
@@ -100,9 +107,11 @@ def test_a_delegate_that_cannot_serve_warns_and_the_builtin_net_serves(monkeypat
     elif case == "wrong_version":  # a delegate without the version NCCL asked for
         src = ZERO_TABLE.format(v=11) + ZERO_TABLE.format(v=8)
         path, expect = _tiny_library(tmp_path, "v11v8", src), has_no + "v11 v8)"
-    else:
+    elif case == "null_members":
         path, expect = _tiny_library(tmp_path, "nulls", ZERO_TABLE.format(v=12)), \
             "its ncclNetPlugin_v12 lacks a required member"
+    else:  # loads, has the table, but its init fails (a vendor plugin on a machine without its NICs)
+        path, expect = _tiny_library(tmp_path, "failing", FAILING_INIT), "the delegate's init failed (NCCL error 2)"
     monkeypatch.setenv("RS_NCCL_P2P_PLUGIN", path)
     plugin = H.Plugin()
     try:
@@ -111,7 +120,7 @@ def test_a_delegate_that_cannot_serve_warns_and_the_builtin_net_serves(monkeypat
         plugin.close()
     assert expect in log and "uses the built-in TCP net" in log, log
     assert any(level == 2 and expect in text for level, text in plugin.log), "not a WARN"
-    assert "delegated" not in log
+    assert "delegated" not in log or case == "init_fails"
     assert not H.loaded(H.library_path()), "the plugin stayed mapped"
     if case != "self":
         assert not H.loaded(path), "the refused delegate stayed mapped"

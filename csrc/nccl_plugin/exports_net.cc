@@ -3,6 +3,7 @@
 // Every entry point goes through (run_)guarded(): no exception reaches NCCL.
 // With RS_NCCL_P2P_PLUGIN set (p2p_delegate.h), every member forwards to the delegate's table
 // of the same version instead (Fwd below); init decides, once per process.
+#include <atomic>
 #include <mutex>
 #include <string>
 #include <type_traits>
@@ -62,6 +63,25 @@ const T* delegate_for(T* own, ncclDebugLogger_t logger) {
   return d;
 }
 
+// After the delegate's init: a failure of its first init hands this version to the built-in net
+// (NCCL would otherwise drop this whole library, CollNet too); later failures are NCCL's to see.
+template <class T>
+bool delegate_init_ok(T* own, ncclResult_t rc) {
+  static std::atomic<bool> succeeded_once{false};
+  if (rc == ncclSuccess) succeeded_once.store(true, std::memory_order_release);
+  if (rc == ncclSuccess || succeeded_once.load(std::memory_order_acquire)) return true;
+  log_warn("RS_NCCL_P2P_PLUGIN: the delegate's init failed (NCCL error " + std::to_string(int(rc)) +
+           "): point-to-point traffic uses the built-in TCP net");
+  delegate::drop<T>();
+  own->getDeviceMr = nullptr;
+  own->irecvConsumed = nullptr;
+  if constexpr (std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>) {
+    own->makeVDevice = nullptr;
+    own->setNetAttr = nullptr;
+  }
+  return false;
+}
+
 void check_dev(int dev) {
   if (dev != 0) throw Error(ErrorKind::Config, "device " + std::to_string(dev) + " does not exist");
 }
@@ -83,7 +103,11 @@ template <class T>
 ncclResult_t net_init_ctx(T* own, int version, void** ctx, uint64_t comm_id, ncclNetCommConfig_t* config,
                           ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
   if (ctx) *ctx = nullptr;
-  if (const T* d = delegate_for(own, logger)) return d->init(ctx, comm_id, config, logger, prof);
+  if (const T* d = delegate_for(own, logger)) {
+    const ncclResult_t rc = d->init(ctx, comm_id, config, logger, prof);
+    if (delegate_init_ok(own, rc)) return rc;
+    if (ctx) *ctx = nullptr;
+  }
   return net_init_common(logger, version);
 }
 ncclResult_t net_init_v12(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncclDebugLogger_t logger,
@@ -94,14 +118,16 @@ ncclResult_t net_init_v11(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncc
                           ncclProfilerCallback_t prof) {
   return net_init_ctx(&ncclNetPlugin_v11, 11, ctx, id, cfg, logger, prof);
 }
-ncclResult_t net_init_v8(ncclDebugLogger_t logger) {
-  if (const auto* d = delegate_for(&ncclNetPlugin_v8, logger)) return d->init(logger);
-  return net_init_common(logger, 8);
+template <class T>
+ncclResult_t net_init_logger(T* own, int version, ncclDebugLogger_t logger) {
+  if (const T* d = delegate_for(own, logger)) {
+    const ncclResult_t rc = d->init(logger);
+    if (delegate_init_ok(own, rc)) return rc;
+  }
+  return net_init_common(logger, version);
 }
-ncclResult_t net_init_v7(ncclDebugLogger_t logger) {
-  if (const auto* d = delegate_for(&ncclNetPlugin_v7, logger)) return d->init(logger);
-  return net_init_common(logger, 7);
-}
+ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v8, 8, logger); }
+ncclResult_t net_init_v7(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v7, 7, logger); }
 
 ncclResult_t net_devices(int* ndev) {
   *ndev = 0;

@@ -66,6 +66,7 @@ const T* resolve_impl(int version, const T* self) noexcept {
   try {
     std::lock_guard<std::mutex> lock(g_mu);
     if (const T* t = active<T>()) return t;
+    if (g_refused<T>.load(std::memory_order_acquire)) return nullptr;
     void* h = g_lib.handle();
     if (!h) return nullptr;
     const std::string sym = "ncclNetPlugin_v" + std::to_string(version);

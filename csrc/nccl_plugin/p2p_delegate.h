@@ -6,7 +6,8 @@
 // forwards to it: the point-to-point traffic then runs over gIB / TCPX / aws-ofi-nccl, while
 // the CollNet tables stay this project's. A library that does not load, lacks ncclNetPlugin_vN
 // or is this library itself: one WARN naming the reason and the versions it does export, and
-// the built-in TCP net serves (NCCL's job runs, its p2p traffic on TCP). The delegate is
+// the built-in TCP net serves (NCCL's job runs, its p2p traffic on TCP); the same when the
+// delegate's first init fails (a gIB plugin on a machine without its NICs). The delegate is
 // dlclosed when this library is unloaded.
 #pragma once
 
@@ -21,9 +22,20 @@ namespace rs::nccl::delegate {
 template <class T>
 inline std::atomic<const T*> g_table{nullptr};
 
+// Set once a delegate of this version was refused after adoption (its first init failed).
+template <class T>
+inline std::atomic<bool> g_refused{false};
+
 template <class T>
 const T* active() noexcept {
   return g_table<T>.load(std::memory_order_acquire);
+}
+
+// The delegate's first init failed: the built-in net serves this version from now on.
+template <class T>
+void drop() noexcept {
+  g_refused<T>.store(true, std::memory_order_release);
+  g_table<T>.store(nullptr, std::memory_order_release);
 }
 
 // Resolves RS_NCCL_P2P_PLUGIN for version `version` (idempotent; the first call decides) and
