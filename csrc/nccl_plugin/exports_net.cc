@@ -33,8 +33,9 @@ struct Fwd<Member, Builtin> {
   static ncclResult_t call(A... a) noexcept {
     if (const T* d = delegate::active<T>()) {
       if (auto fn = d->*Member) return fn(a...);
-      log_warn("RS_NCCL_P2P_PLUGIN: the delegate's net table has no member NCCL called");
-      return ncclInternalError;
+      return guarded("RS_NCCL_P2P_PLUGIN", []() -> ncclResult_t {
+        throw Error(ErrorKind::Internal, "the delegate's net table has no member for this call");
+      });
     }
     return Builtin(a...);
   }
@@ -70,8 +71,11 @@ bool delegate_init_ok(T* own, ncclResult_t rc) {
   static std::atomic<bool> succeeded_once{false};
   if (rc == ncclSuccess) succeeded_once.store(true, std::memory_order_release);
   if (rc == ncclSuccess || succeeded_once.load(std::memory_order_acquire)) return true;
-  log_warn("RS_NCCL_P2P_PLUGIN: the delegate's init failed (NCCL error " + std::to_string(int(rc)) +
-           "): point-to-point traffic uses the built-in TCP net");
+  try {
+    log_warn("RS_NCCL_P2P_PLUGIN: the delegate's init failed (NCCL error " + std::to_string(int(rc)) +
+             "): point-to-point traffic uses the built-in TCP net");
+  } catch (...) {  // out of memory: fall back all the same
+  }
   delegate::drop<T>();
   own->getDeviceMr = nullptr;
   own->irecvConsumed = nullptr;
@@ -103,12 +107,14 @@ template <class T>
 ncclResult_t net_init_ctx(T* own, int version, void** ctx, uint64_t comm_id, ncclNetCommConfig_t* config,
                           ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
   if (ctx) *ctx = nullptr;
-  if (const T* d = delegate_for(own, logger)) {
-    const ncclResult_t rc = d->init(ctx, comm_id, config, logger, prof);
-    if (delegate_init_ok(own, rc)) return rc;
-    if (ctx) *ctx = nullptr;
-  }
-  return net_init_common(logger, version);
+  return guarded("init", [&] {
+    if (const T* d = delegate_for(own, logger)) {
+      const ncclResult_t rc = d->init(ctx, comm_id, config, logger, prof);
+      if (delegate_init_ok(own, rc)) return rc;
+      if (ctx) *ctx = nullptr;
+    }
+    return net_init_common(logger, version);
+  });
 }
 ncclResult_t net_init_v12(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncclDebugLogger_t logger,
                           ncclProfilerCallback_t prof) {
@@ -120,11 +126,13 @@ ncclResult_t net_init_v11(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncc
 }
 template <class T>
 ncclResult_t net_init_logger(T* own, int version, ncclDebugLogger_t logger) {
-  if (const T* d = delegate_for(own, logger)) {
-    const ncclResult_t rc = d->init(logger);
-    if (delegate_init_ok(own, rc)) return rc;
-  }
-  return net_init_common(logger, version);
+  return guarded("init", [&] {
+    if (const T* d = delegate_for(own, logger)) {
+      const ncclResult_t rc = d->init(logger);
+      if (delegate_init_ok(own, rc)) return rc;
+    }
+    return net_init_common(logger, version);
+  });
 }
 ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v8, 8, logger); }
 ncclResult_t net_init_v7(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v7, 7, logger); }
