@@ -28,7 +28,9 @@ MAGIC, DELEGATE_MAGIC = b"RSNL", b"RSNX"
 def delegate_lib(tmp_path_factory) -> str:
     data = Path(H.library_path()).read_bytes()
     assert data.count(NAME) == 1, "the net name literal moved: update the patch"
-    assert data.count(MAGIC) == 2, "the handle magic (written by listen, checked by connect) moved"
+    # The magic is an immediate in listen's and connect's code (twice in a plain build, more under
+    # the sanitizers); every copy is replaced: the test below sees listen write the new one.
+    assert data.count(MAGIC) >= 2, "the handle magic (written by listen, checked by connect) moved"
     data = data.replace(NAME, DELEGATE_NAME).replace(MAGIC, DELEGATE_MAGIC)
     out = tmp_path_factory.mktemp("delegate") / "libnccl-net-delegate-copy.so"
     out.write_bytes(data)
