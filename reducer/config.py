@@ -144,6 +144,9 @@ _TABLE = [
             "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
     Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
             "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them."),
+    Setting("nccl_p2p_plugin", "RS_NCCL_P2P_PLUGIN", None, str,
+            "NCCL plugin: another NCCL net plugin (path or loader name: gIB, TCPX, aws-ofi-nccl) that carries all "
+            "point-to-point traffic while CollNet stays this project's; one that cannot serve: a WARN and the built-in TCP net."),
     Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
             "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
     Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,

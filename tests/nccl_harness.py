@@ -273,18 +273,26 @@ def _wait(fn: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
 
 
 def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int], nsocks: int = 2,
-             extra: int = 100) -> Dict[str, Any]:
+             extra: int = 100, env: Optional[Dict[str, Optional[str]]] = None,
+             check_unloaded: Sequence[str] = ()) -> Dict[str, Any]:
     """Two peers (rank 0, 1) each send `sizes` to the other and receive the other's messages.
 
     Messages go out with up to 32 requests in flight per direction (the slot ring: the 33rd
     isend must come back NULL); receive buffers are `extra` bytes larger than the message
-    (test() must report the real size). Every received byte is compared.
+    (test() must report the real size). Every received byte is compared. `env`: more variables
+    (None unsets); check_unloaded: libraries that must be unmapped after the plugin's dlclose
+    (result "unloaded_others").
     """
-    return with_env({"RS_NCCL_NSOCKS": str(nsocks), "RS_NCCL_SOCKET_IFNAME": "lo"},
-                    lambda: _p2p_peer(rank, rdv, version, sizes, extra))
+    variables: Dict[str, Optional[str]] = {"RS_NCCL_NSOCKS": str(nsocks), "RS_NCCL_SOCKET_IFNAME": "lo",
+                                           "RS_NCCL_P2P_PLUGIN": None}
+    variables.update(env or {})
+    result = with_env(variables, lambda: _p2p_peer(rank, rdv, version, sizes, extra))
+    result["unloaded_others"] = [not loaded(p) for p in check_unloaded]
+    return result
 
 
 def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: int) -> Dict[str, Any]:
+    tasks_before = len(os.listdir("/proc/self/task"))
     plugin = Plugin()
     net = init_net(plugin, version)
     ndev = C.c_int()
@@ -292,6 +300,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     props = PROPS[version]()
     check(net.getProperties(0, C.byref(props)), "getProperties", plugin)
     handle, lcomm = listen(plugin, net, version, None)
+    listen_magic = bytes(handle.raw[:4])
     publish(rdv, f"p2p.{rank}", handle.raw)
     (other,) = gather(rdv, [f"p2p.{1 - rank}"])
     peer_handle = C.create_string_buffer(other, HANDLE_BYTES)
@@ -312,6 +321,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
 
     _wait(step, "connect/accept")
     check(net.closeListen(lcomm), "closeListen", plugin)
+    threads_added = len(os.listdir("/proc/self/task")) - tasks_before  # the two comms' progress threads
 
     total = sum(sizes) + extra * len(sizes)
     region = np.zeros(max(total, 1), dtype=np.uint8)
@@ -396,7 +406,8 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         "ndev": ndev.value, "name": name, "ptrSupport": props.ptrSupport, "maxRecvs": props.maxRecvs,
         "speed": props.speed, "mismatched": mismatched, "ring_full_null": ring_full_null,
         "cuda_rc": cuda_rc, "connect_calls": calls["connect"], "log": plugin.log_text(),
-        "maxP2pBytes": getattr(props, "maxP2pBytes", None),
+        "maxP2pBytes": getattr(props, "maxP2pBytes", None), "listen_magic": listen_magic,
+        "threads_added": threads_added,
     }
     path = plugin.path
     plugin.close()

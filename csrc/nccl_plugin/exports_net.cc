@@ -1,15 +1,90 @@
 // The point-to-point net tables NCCL looks up: ncclNetPlugin_v{7,8,11,12}. v12 is the
 // implementation; v11, v8 and v7 are thin adapters (properties layout, int sizes, no context).
 // Every entry point goes through (run_)guarded(): no exception reaches NCCL.
+// With RS_NCCL_P2P_PLUGIN set (p2p_delegate.h), every member forwards to the delegate's table
+// of the same version instead (Fwd below); init decides, once per process.
+#include <atomic>
+#include <mutex>
 #include <string>
+#include <type_traits>
 
 #include "nccl_plugin/exports_common.h"
 #include "nccl_plugin/nccl_version.h"
+#include "nccl_plugin/p2p_delegate.h"
 #include "nccl_plugin/p2p_net.h"
 #include "nccl_plugin/plugin_log.h"
 
+extern "C" {
+extern ncclNet_v12_t ncclNetPlugin_v12;
+extern ncclNet_v11_t ncclNetPlugin_v11;
+extern ncclNet_v8_t ncclNetPlugin_v8;
+extern ncclNet_v7_t ncclNetPlugin_v7;
+}
+
 namespace rs::nccl {
 namespace {
+
+// Fwd<&Table::member, builtin>::call: the member's signature; the delegate's member when a
+// delegate table of that version is adopted, else the built-in function.
+template <auto Member, auto Builtin>
+struct Fwd;
+template <class T, class... A, ncclResult_t (*T::*Member)(A...), auto Builtin>
+struct Fwd<Member, Builtin> {
+  static ncclResult_t call(A... a) noexcept {
+    if (const T* d = delegate::active<T>()) {
+      if (auto fn = d->*Member) return fn(a...);
+      return guarded("RS_NCCL_P2P_PLUGIN", []() -> ncclResult_t {
+        throw Error(ErrorKind::Internal, "the delegate's net table has no member for this call");
+      });
+    }
+    return Builtin(a...);
+  }
+};
+
+// The optional members (NCCL tests them for NULL) become the delegate's own, once.
+template <class T>
+void adopt_optional(T* own, const T* d) {
+  static std::once_flag once;
+  std::call_once(once, [&] {
+    own->getDeviceMr = d->getDeviceMr;
+    own->irecvConsumed = d->irecvConsumed;
+    if constexpr (std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>) {
+      own->makeVDevice = d->makeVDevice;
+      own->setNetAttr = d->setNetAttr;
+    }
+  });
+}
+
+// The delegate's table of this version (after installing NCCL's logger), or nullptr.
+template <class T>
+const T* delegate_for(T* own, ncclDebugLogger_t logger) {
+  set_logger(logger);
+  const T* d = delegate::resolve(own);
+  if (d) adopt_optional(own, d);
+  return d;
+}
+
+// After the delegate's init: a failure of its first init hands this version to the built-in net
+// (NCCL would otherwise drop this whole library, CollNet too); later failures are NCCL's to see.
+template <class T>
+bool delegate_init_ok(T* own, ncclResult_t rc) {
+  static std::atomic<bool> succeeded_once{false};
+  if (rc == ncclSuccess) succeeded_once.store(true, std::memory_order_release);
+  if (rc == ncclSuccess || succeeded_once.load(std::memory_order_acquire)) return true;
+  try {
+    log_warn("RS_NCCL_P2P_PLUGIN: the delegate's init failed (NCCL error " + std::to_string(int(rc)) +
+             "): point-to-point traffic uses the built-in TCP net");
+  } catch (...) {  // out of memory: fall back all the same
+  }
+  delegate::drop<T>();
+  own->getDeviceMr = nullptr;
+  own->irecvConsumed = nullptr;
+  if constexpr (std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>) {
+    own->makeVDevice = nullptr;
+    own->setNetAttr = nullptr;
+  }
+  return false;
+}
 
 void check_dev(int dev) {
   if (dev != 0) throw Error(ErrorKind::Config, "device " + std::to_string(dev) + " does not exist");
@@ -21,20 +96,46 @@ ncclResult_t net_init_common(ncclDebugLogger_t logger, int version) {
     const NetInterface& ni = p2p::interface();
     log_info("net plugin v" + std::to_string(version) + " loaded by NCCL " +
              nccl_version_text(loading_nccl_version(logger)) + ": TCP on " + ni.name + " (" + ni.ip + "), " +
-             std::to_string(p2p_sockets_from_env()) + " socket(s) per connection");
+             std::to_string(p2p_sockets_from_env()) + " socket(s) per connection, " +
+             std::to_string(p2p_threads_from_env()) + " progress thread(s) per comm");
   });
 }
 
-ncclResult_t net_init_v12(void** ctx, uint64_t, ncclNetCommConfig_t*, ncclDebugLogger_t logger, ncclProfilerCallback_t) {
+// v11/v12: with a delegate, NCCL keeps the delegate's context and passes it back to the
+// delegate's listen / connect / finalize.
+template <class T>
+ncclResult_t net_init_ctx(T* own, int version, void** ctx, uint64_t comm_id, ncclNetCommConfig_t* config,
+                          ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
   if (ctx) *ctx = nullptr;
-  return net_init_common(logger, 12);
+  return guarded("init", [&] {
+    if (const T* d = delegate_for(own, logger)) {
+      const ncclResult_t rc = d->init(ctx, comm_id, config, logger, prof);
+      if (delegate_init_ok(own, rc)) return rc;
+      if (ctx) *ctx = nullptr;
+    }
+    return net_init_common(logger, version);
+  });
 }
-ncclResult_t net_init_v11(void** ctx, uint64_t, ncclNetCommConfig_t*, ncclDebugLogger_t logger, ncclProfilerCallback_t) {
-  if (ctx) *ctx = nullptr;
-  return net_init_common(logger, 11);
+ncclResult_t net_init_v12(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncclDebugLogger_t logger,
+                          ncclProfilerCallback_t prof) {
+  return net_init_ctx(&ncclNetPlugin_v12, 12, ctx, id, cfg, logger, prof);
 }
-ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_common(logger, 8); }
-ncclResult_t net_init_v7(ncclDebugLogger_t logger) { return net_init_common(logger, 7); }
+ncclResult_t net_init_v11(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncclDebugLogger_t logger,
+                          ncclProfilerCallback_t prof) {
+  return net_init_ctx(&ncclNetPlugin_v11, 11, ctx, id, cfg, logger, prof);
+}
+template <class T>
+ncclResult_t net_init_logger(T* own, int version, ncclDebugLogger_t logger) {
+  return guarded("init", [&] {
+    if (const T* d = delegate_for(own, logger)) {
+      const ncclResult_t rc = d->init(logger);
+      if (delegate_init_ok(own, rc)) return rc;
+    }
+    return net_init_common(logger, version);
+  });
+}
+ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v8, 8, logger); }
+ncclResult_t net_init_v7(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v7, 7, logger); }
 
 ncclResult_t net_devices(int* ndev) {
   *ndev = 0;
@@ -134,26 +235,37 @@ using namespace rs::nccl;
 
 extern "C" {
 
+#define RS_FWD(T, member, builtin) Fwd<&T::member, builtin>::call
+#define RS_NET_TABLE_COMMON(T, PROPS, LISTEN, CONNECT, REGMR, ISEND, IRECV)                                        \
+  kPluginName, net_init_##T, RS_FWD(ncclNet_##T##_t, devices, net_devices),                                    \
+      RS_FWD(ncclNet_##T##_t, getProperties, net_get_properties<PROPS>), RS_FWD(ncclNet_##T##_t, listen, LISTEN), \
+      RS_FWD(ncclNet_##T##_t, connect, CONNECT), RS_FWD(ncclNet_##T##_t, accept, net_accept),                    \
+      RS_FWD(ncclNet_##T##_t, regMr, REGMR), RS_FWD(ncclNet_##T##_t, regMrDmaBuf, reg_mr_dmabuf),                \
+      RS_FWD(ncclNet_##T##_t, deregMr, dereg_mr), RS_FWD(ncclNet_##T##_t, isend, ISEND),                         \
+      RS_FWD(ncclNet_##T##_t, irecv, IRECV), RS_FWD(ncclNet_##T##_t, iflush, net_iflush),                        \
+      RS_FWD(ncclNet_##T##_t, test, net_test), RS_FWD(ncclNet_##T##_t, closeSend, net_close),                    \
+      RS_FWD(ncclNet_##T##_t, closeRecv, net_close), RS_FWD(ncclNet_##T##_t, closeListen, net_close_listen),     \
+      nullptr /* getDeviceMr */, nullptr /* irecvConsumed */
+
+// The optional members stay NULL for the built-in net; adopt_optional() sets the delegate's.
 RS_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
-    kPluginName, net_init_v12, net_devices, net_get_properties<ncclNetProperties_v12_t>, net_listen_v12,
-    net_connect_v12, net_accept, reg_mr, reg_mr_dmabuf, dereg_mr, net_isend_v12, net_irecv_v12, net_iflush, net_test,
-    net_close, net_close, net_close_listen, nullptr /* getDeviceMr */, nullptr /* irecvConsumed */,
-    nullptr /* makeVDevice */, net_finalize, nullptr /* setNetAttr */};
+    RS_NET_TABLE_COMMON(v12, ncclNetProperties_v12_t, net_listen_v12, net_connect_v12, reg_mr, net_isend_v12,
+                        net_irecv_v12),
+    nullptr /* makeVDevice */, RS_FWD(ncclNet_v12_t, finalize, net_finalize), nullptr /* setNetAttr */};
 
 RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
-    kPluginName, net_init_v11, net_devices, net_get_properties<ncclNetProperties_v11_t>, net_listen_v12,
-    net_connect_v12, net_accept, reg_mr, reg_mr_dmabuf, dereg_mr, net_isend_v12, net_irecv_v12, net_iflush, net_test,
-    net_close, net_close, net_close_listen, nullptr, nullptr, nullptr, net_finalize, nullptr};
+    RS_NET_TABLE_COMMON(v11, ncclNetProperties_v11_t, net_listen_v12, net_connect_v12, reg_mr, net_isend_v12,
+                        net_irecv_v12),
+    nullptr, RS_FWD(ncclNet_v11_t, finalize, net_finalize), nullptr};
 
-RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
-    kPluginName, net_init_v8, net_devices, net_get_properties<ncclNetProperties_v8_t>, net_listen_v8, net_connect_v8,
-    net_accept, reg_mr, reg_mr_dmabuf, dereg_mr, net_isend_v8, net_irecv_v8, net_iflush, net_test, net_close,
-    net_close, net_close_listen, nullptr, nullptr};
+RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {RS_NET_TABLE_COMMON(v8, ncclNetProperties_v8_t, net_listen_v8,
+                                                               net_connect_v8, reg_mr, net_isend_v8, net_irecv_v8)};
 
 // NCCL 2.19 (the newest it knows).
-RS_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {
-    kPluginName, net_init_v7, net_devices, net_get_properties<ncclNetProperties_v7_t>, net_listen_v8, net_connect_v8,
-    net_accept, reg_mr_v7, reg_mr_dmabuf, dereg_mr, net_isend_v8, net_irecv_v8, net_iflush, net_test, net_close,
-    net_close, net_close_listen, nullptr, nullptr};
+RS_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {RS_NET_TABLE_COMMON(v7, ncclNetProperties_v7_t, net_listen_v8,
+                                                               net_connect_v8, reg_mr_v7, net_isend_v8, net_irecv_v8)};
+
+#undef RS_NET_TABLE_COMMON
+#undef RS_FWD
 
 }  // extern "C"

@@ -73,33 +73,44 @@ struct Request {
   uint8_t* data = nullptr;
   uint64_t size = 0;  // send: message size; receive: buffer capacity
   // Progress-thread private:
-  uint64_t actual = 0;  // bytes of the message (receive: from its header)
-  bool size_known = false;
-  int parts_left = 0;
+  // Set by post() (send) or by socket 0's thread (receive: from the header), then size_known is
+  // released; the other sockets' threads read `actual` only after acquiring size_known.
+  uint64_t actual = 0;
+  std::atomic<bool> size_known{false};
+  std::atomic<int> parts_left{0};  // sockets still moving their part; the last one completes it
 };
 
-// A connected send or receive comm: its sockets, request ring and progress thread.
+// A connected send or receive comm: its sockets, request ring and progress threads (NCCL's
+// socket net model: socket s is moved by thread s % nthreads, each thread polls its own sockets).
 class Comm {
  public:
   static constexpr uint32_t kMagic = 0x4d434e52u;  // "RNCM"
 
-  Comm(std::vector<net::Fd> socks, bool sender, std::string peer)
+  Comm(std::vector<net::Fd> socks, bool sender, std::string peer, int nthreads)
       : socks_(std::move(socks)), sender_(sender), peer_(std::move(peer)) {
-    wake_ = net::Fd(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-    if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd: " + errno_text(errno));
+    const size_t nt = std::clamp<size_t>(size_t(std::max(nthreads, 1)), 1, socks_.size());
+    for (size_t t = 0; t < nt; ++t) {
+      wake_.emplace_back(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+      if (!wake_.back().valid()) throw Error(ErrorKind::Internal, "eventfd: " + errno_text(errno));
+    }
     for (auto& s : socks_) {
       net::set_nonblocking(s.get(), true);
       net::tune_socket(s.get(), 0);
     }
     for (auto& r : slots_) r.comm = this;
-    thread_ = std::thread([this] { run(); });
+    cursor_.assign(socks_.size(), 0);
+    off_.assign(socks_.size(), 0);
+    try {
+      for (size_t t = 0; t < nt; ++t) threads_.emplace_back([this, t] { run(t); });
+    } catch (...) {
+      stop_threads();
+      throw;
+    }
   }
 
   ~Comm() {
     magic_ = 0;
-    stop_.store(true);
-    wake();
-    if (thread_.joinable()) thread_.join();
+    stop_threads();
   }
 
   bool valid() const { return magic_ == kMagic; }
@@ -111,8 +122,8 @@ class Comm {
     r.data = data;
     r.size = size;
     r.actual = sender_ ? size : 0;
-    r.size_known = sender_;
-    r.parts_left = int(socks_.size());
+    r.size_known.store(sender_, std::memory_order_relaxed);
+    r.parts_left.store(int(socks_.size()), std::memory_order_relaxed);
     r.state.store(kPosted, std::memory_order_relaxed);
     ++next_;
     posted_.store(next_, std::memory_order_release);
@@ -128,19 +139,29 @@ class Comm {
   bool failed() const { return failed_.load(std::memory_order_acquire); }
 
  private:
-  void wake() {
-    uint64_t one = 1;
-    ssize_t rc = ::write(wake_.get(), &one, sizeof one);
-    (void)rc;  // EAGAIN means a wake-up is already pending
+  void stop_threads() {
+    stop_.store(true);
+    wake();
+    for (auto& t : threads_)
+      if (t.joinable()) t.join();
   }
 
-  void run() {
+  void wake() {
+    uint64_t one = 1;
+    for (auto& w : wake_) {
+      ssize_t rc = ::write(w.get(), &one, sizeof one);
+      (void)rc;  // EAGAIN means a wake-up is already pending
+    }
+  }
+
+  void run(size_t t) {
     try {
-      loop();
+      loop(t);
     } catch (const std::exception& e) {
       {
         std::lock_guard<std::mutex> lock(mu_);
-        error_ = std::string(sender_ ? "send to " : "receive from ") + peer_ + " failed: " + e.what();
+        if (error_.empty())
+          error_ = std::string(sender_ ? "send to " : "receive from ") + peer_ + " failed: " + e.what();
       }
       failed_.store(true, std::memory_order_release);
       // Every request NCCL posted and did not see finish fails now (test() reports it).
@@ -159,8 +180,8 @@ class Comm {
     const int n = int(socks_.size());
     while (cursor_[s] < posted) {
       Request& r = slots_[cursor_[s] % kSlots];
-      if (!r.size_known) {
-        if (s != 0) return progressed;  // socket 0 has not read this message's header yet
+      if (!r.size_known.load(std::memory_order_acquire)) {
+        if (s != 0) return progressed;  // socket 0 has not read this message's header yet (it wakes us)
         // Receiver, socket 0: read the header first.
         ssize_t got = net::recv_some(socks_[0].get(), hdr_in_ + off_[0], kMsgHeaderBytes - off_[0], peer_);
         if (got < 0) {
@@ -178,8 +199,9 @@ class Comm {
                                                " is larger than the posted receive buffer of " + std::to_string(r.size) +
                                                " bytes");
         r.actual = size;
-        r.size_known = true;
+        r.size_known.store(true, std::memory_order_release);
         off_[0] = 0;
+        if (wake_.size() > 1) wake();  // the other threads wait for this size
       }
       uint64_t soff = 0, slen = 0;
       stripe(r.actual, n, int(s), &soff, &slen);
@@ -212,41 +234,44 @@ class Comm {
       }
       off_[s] = 0;
       ++cursor_[s];
-      if (--r.parts_left == 0) r.state.store(kDone, std::memory_order_release);
+      if (r.parts_left.fetch_sub(1, std::memory_order_acq_rel) == 1) {
+        int expected = kPosted;  // not if a failing thread already marked it kError
+        r.state.compare_exchange_strong(expected, kDone, std::memory_order_acq_rel);
+      }
       progressed = true;
     }
     return progressed;
   }
 
-  void loop() {
-    const size_t n = socks_.size();
-    cursor_.assign(n, 0);
-    off_.assign(n, 0);
-    std::vector<pollfd> pfds(n + 1);
-    std::vector<bool> blocked(n, false);
+  // Thread t's loop over its sockets t, t + nthreads, ...
+  void loop(size_t t) {
+    std::vector<size_t> mine;
+    for (size_t s = t; s < socks_.size(); s += wake_.size()) mine.push_back(s);
+    std::vector<pollfd> pfds(mine.size() + 1);
+    std::vector<bool> blocked(mine.size(), false);
     for (;;) {
       if (stop_.load(std::memory_order_acquire)) return;
       const uint64_t posted = posted_.load(std::memory_order_acquire);
       bool progressed = true;
       while (progressed) {
         progressed = false;
-        for (size_t s = 0; s < n; ++s) {
+        for (size_t i = 0; i < mine.size(); ++i) {
           bool b = false;
-          progressed |= pump(s, posted, &b);
-          blocked[s] = b;
+          progressed |= pump(mine[i], posted, &b);
+          blocked[i] = b;
         }
       }
-      pfds[0] = {wake_.get(), POLLIN, 0};
-      for (size_t s = 0; s < n; ++s) {
+      pfds[0] = {wake_[t].get(), POLLIN, 0};
+      for (size_t i = 0; i < mine.size(); ++i) {
         // Only sockets waiting for the kernel are polled (an idle socket that the peer closed
         // would report POLLHUP forever); its failure shows when work for it is posted.
-        pfds[s + 1] = {blocked[s] ? socks_[s].get() : -1, short(sender_ ? POLLOUT : POLLIN), 0};
+        pfds[i + 1] = {blocked[i] ? socks_[mine[i]].get() : -1, short(sender_ ? POLLOUT : POLLIN), 0};
       }
       int pr = ::poll(pfds.data(), pfds.size(), -1);
       if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, "poll: " + errno_text(errno));
       if (pr > 0 && (pfds[0].revents & POLLIN)) {
         uint64_t v;
-        ssize_t rc = ::read(wake_.get(), &v, sizeof v);
+        ssize_t rc = ::read(wake_[t].get(), &v, sizeof v);
         (void)rc;
       }
     }
@@ -256,7 +281,7 @@ class Comm {
   std::vector<net::Fd> socks_;
   const bool sender_;
   const std::string peer_;
-  net::Fd wake_;
+  std::vector<net::Fd> wake_;  // one eventfd per progress thread
   std::array<Request, kSlots> slots_;
   uint64_t next_ = 0;                 // NCCL-thread side: requests posted so far
   std::atomic<uint64_t> posted_{0};   // published to the progress thread
@@ -264,11 +289,11 @@ class Comm {
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
   std::string error_;
-  // Progress-thread private:
+  // Per socket, touched only by the socket's thread (socket 0's thread owns the headers):
   std::vector<uint64_t> cursor_, off_;
   uint8_t hdr_out_[kMsgHeaderBytes];
   uint8_t hdr_in_[kMsgHeaderBytes];
-  std::thread thread_;
+  std::vector<std::thread> threads_;
 };
 
 // ---- connection set-up ----------------------------------------------------------------------
@@ -460,7 +485,7 @@ void connect(void* handle, void** send_comm) {
     if (!progress_connect(*p)) return;
     owned.reset(p);
     set_state(h, nullptr);
-    auto comm = std::make_unique<Comm>(std::move(p->socks), true, "peer " + p->to.str());
+    auto comm = std::make_unique<Comm>(std::move(p->socks), true, "peer " + p->to.str(), p2p_threads_from_env());
     *send_comm = comm.release();
   } catch (...) {
     if (!owned && get_state(h)) owned.reset(get_state(h));
@@ -475,7 +500,7 @@ void accept(void* listen_comm, void** recv_comm) {
   if (!lc || lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "accept: not a listen comm of this plugin");
   std::optional<Accepted> a = lc->listener->poll();
   if (!a) return;
-  auto comm = std::make_unique<Comm>(std::move(a->socks), false, "peer " + a->peer);
+  auto comm = std::make_unique<Comm>(std::move(a->socks), false, "peer " + a->peer, p2p_threads_from_env());
   *recv_comm = comm.release();
 }
 

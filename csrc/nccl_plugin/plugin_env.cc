@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <climits>
 #include <cmath>
+#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -210,9 +211,17 @@ client::ClientOptions client_options_from_env() {
   return o;
 }
 
+int p2p_threads_from_env() {
+  if (auto v = getenv_str("NCCL_SOCKET_NTHREADS")) return int(parse_int("NCCL_SOCKET_NTHREADS", *v, 1, 16));
+  return 1;
+}
+
 int p2p_sockets_from_env() {
   if (auto v = getenv_str("RS_NCCL_NSOCKS")) return int(parse_int("RS_NCCL_NSOCKS", *v, 1, 16));
-  return 2;
+  auto per_thread = getenv_str("NCCL_NSOCKS_PERTHREAD");
+  if (!per_thread && !getenv_str("NCCL_SOCKET_NTHREADS")) return 2;
+  const int n = per_thread ? int(parse_int("NCCL_NSOCKS_PERTHREAD", *per_thread, 1, 16)) : 1;
+  return std::min(16, n * p2p_threads_from_env());  // NCCL's product, capped at the handle's 16
 }
 
 double hello_timeout_from_env() {

@@ -30,8 +30,13 @@ std::optional<ReducerPool> discover_reducers();
 // also applies RS_TCP_CONGESTION (default auto) process-wide (net::set_tcp_congestion).
 client::ClientOptions client_options_from_env();
 
-// Sockets per point-to-point connection: RS_NCCL_NSOCKS, default 2, 1..16.
+// Sockets per point-to-point connection: RS_NCCL_NSOCKS (1..16); else, when NCCL's own
+// NCCL_NSOCKS_PERTHREAD or NCCL_SOCKET_NTHREADS is set, their product (NCCL's socket net
+// semantics, capped at 16); else 2. The listening side's count is the connection's.
 int p2p_sockets_from_env();
+// Progress threads per point-to-point comm (each side its own): NCCL_SOCKET_NTHREADS (1..16),
+// default 1, at most one per socket; socket s is moved by thread s % threads.
+int p2p_threads_from_env();
 
 // Seconds an accepted point-to-point connection has to send its hello: RS_HANDSHAKE_TIMEOUT
 // (the reducer's setting of the same meaning), default 10.
