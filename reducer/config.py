@@ -143,7 +143,7 @@ _TABLE = [
             "NCCL plugin: interface of its point-to-point TCP net (NCCL's syntax: prefixes, '=exact', '^exclude'; "
             "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
     Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
-            "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them."),
+            "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them. Unset: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS when either is set (at most 16), else 2."),
     Setting("nccl_p2p_plugin", "RS_NCCL_P2P_PLUGIN", None, str,
             "NCCL plugin: another NCCL net plugin (path or loader name: gIB, TCPX, aws-ofi-nccl) that carries all "
             "point-to-point traffic while CollNet stays this project's; one that cannot serve: a WARN and the built-in TCP net."),
