@@ -95,6 +95,22 @@ def expect_error(report: Dict[str, Any], kind: str, *parts: str) -> str:
     return message
 
 
+# ---- the pure checks, in C++ under ASan/UBSan ------------------------------------------------------
+
+@pytest.mark.sanitize
+@pytest.mark.timeout(300)  # a sanitized build: seconds alone, minutes on a loaded machine
+def test_worker_checks_unit_tests_in_cpp(tmp_path):
+    """tests/cpp/test_worker_lies.cc: summary rows with wrapped, 2^63, negative and out-of-window
+    counts and rounds, entries out of their rows, the old wrapped table width (a heap overflow
+    there), plan() against the old algorithm on random tables, RESULT/CLEAR checks, peer_text."""
+    from cpp_build import build_and_run
+
+    sources = ["tests/cpp/test_worker_lies.cc", "csrc/client/failover.cc", "csrc/client/peer_text.cc",
+               "csrc/client/reducer_frames.cc", "csrc/common/common.cc"]
+    san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
+    build_and_run(tmp_path, "test_worker_lies", sources, flags=san)
+
+
 # ---- the failover exchange ----------------------------------------------------------------------
 
 U64 = 1 << 64

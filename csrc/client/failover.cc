@@ -85,7 +85,8 @@ uint64_t Limits::entry_bound(uint64_t oldest, uint64_t next) const {
   const auto key = [](uint64_t r) { return std::make_pair(r, uint64_t(0)); };
   const size_t a = size_t(std::lower_bound(pending.begin(), pending.end(), key(oldest)) - pending.begin());
   const size_t b = size_t(std::lower_bound(pending.begin(), pending.end(), key(started)) - pending.begin());
-  if (extra_.size() != pending.size() + 1) throw Error(ErrorKind::Internal, "failover exchange: Limits::finish() not called");
+  if (extra_.size() != pending.size() + 1)
+    throw Error(ErrorKind::Internal, "failover exchange: Limits::finish() not called");
   return sat_add(bound, extra_[b] - extra_[a]);  // ... and more for the rounds unfinished here
 }
 
@@ -105,7 +106,8 @@ uint64_t check_summaries(uint32_t world, const std::vector<int64_t>& summaries, 
       throw Error(ErrorKind::Protocol, who(w) + " (this worker) came back altered" + said + ": it sent (oldest " +
                                            num(lim.own.oldest) + ", next " + num(lim.own.next) + ", entries " +
                                            num(lim.own.entries) + ")");
-    if (row.next < row.oldest) throw Error(ErrorKind::Protocol, who(w) + " reports its next round below its oldest" + said);
+    if (row.next < row.oldest)
+      throw Error(ErrorKind::Protocol, who(w) + " reports its next round below its oldest" + said);
     if (row.next - row.oldest > lim.window)
       throw Error(ErrorKind::Protocol, who(w) + " reports " + num(row.next - row.oldest) + " unfinished rounds" + said +
                                            ", more than the " + num(lim.window) + " any worker can have");
@@ -205,20 +207,22 @@ void Table::add_row(uint32_t w, const int64_t* e, const Limits* lim) {
   auto& mine = held_[w];
   uint64_t spans = 0, last_end = 0;  // of the round mine.back()
   for (uint64_t i = 0; i < row.entries; ++i, e += kEntryWords) {
-    const std::string at = " in entry " + num(i) + " (" + std::to_string(e[0]) + ", " + std::to_string(e[1]) + ", " +
-                           std::to_string(e[2]) + ")";
+    const auto at = [&] {
+      return " in entry " + num(i) + " (" + std::to_string(e[0]) + ", " + std::to_string(e[1]) + ", " +
+             std::to_string(e[2]) + ")";
+    };
     const bool marker = e[1] == -1 && e[2] == -1;
     if (e[0] < 0 || (!marker && (e[1] < 0 || e[1] >= e[2])))
-      throw Error(ErrorKind::Protocol, who(w) + " sent an invalid entry" + at);
+      throw Error(ErrorKind::Protocol, who(w) + " sent an invalid entry" + at());
     if (lim && w == lim->rank && (i >= lim->mine.size() || !same(lim->mine[i], Entry{e[0], e[1], e[2]})))
-      throw Error(ErrorKind::Protocol, who(w) + " (this worker) came back altered" + at);
+      throw Error(ErrorKind::Protocol, who(w) + " (this worker) came back altered" + at());
     const uint64_t round = uint64_t(e[0]);
     if (round < row.oldest || round >= row.next)
       throw Error(ErrorKind::Protocol, who(w) + " reports a round outside its rounds [" + num(row.oldest) + ", " +
-                                           num(row.next) + ")" + at);
+                                           num(row.next) + ")" + at());
     if (mine.empty() || mine.back().first != round) {
       if (!mine.empty() && mine.back().first > round)
-        throw Error(ErrorKind::Protocol, who(w) + "'s rounds are out of order" + at);
+        throw Error(ErrorKind::Protocol, who(w) + "'s rounds are out of order" + at());
       mine.push_back({round, Held{}});
       spans = last_end = 0;
     }
@@ -228,11 +232,11 @@ void Table::add_row(uint32_t w, const int64_t* e, const Limits* lim) {
       continue;
     }
     if (!h.unfinished)  // append_round writes the marker first: spans alone would mean nothing
-      throw Error(ErrorKind::Protocol, who(w) + " reports a span of round " + num(round) + " before its marker" + at);
-    if (uint64_t(e[1]) < last_end) throw Error(ErrorKind::Protocol, who(w) + "'s spans are out of order" + at);
+      throw Error(ErrorKind::Protocol, who(w) + " reports a span of round " + num(round) + " before its marker" + at());
+    if (uint64_t(e[1]) < last_end) throw Error(ErrorKind::Protocol, who(w) + "'s spans are out of order" + at());
     if (lim && ++spans > lim->spans_allowed(round))
       throw Error(ErrorKind::Protocol, who(w) + " reports more spans of round " + num(round) + " than its " +
-                                           num(lim->spans_allowed(round)) + " possible here" + at);
+                                           num(lim->spans_allowed(round)) + " possible here" + at());
     last_end = uint64_t(e[2]);
     h.spans.add(uint64_t(e[1]), uint64_t(e[2]));  // at the end: O(1)
   }
