@@ -11,6 +11,7 @@ Every connection is served by a thread of its own; every socket wait has a timeo
 from __future__ import annotations
 
 import os
+import select
 import socket
 import struct
 import threading
@@ -81,25 +82,30 @@ class LyingReducer:
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
-        self.listener.settimeout(0.2)
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
 
+    def _next_connection(self) -> Optional[socket.socket]:
+        """The next connection, or None once stopped (or the listener is closed)."""
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.listener], [], [], 0.2)
+            if ready:
+                try:
+                    return self.listener.accept()[0]
+                except OSError:
+                    return None
+        return None
+
     def _accept(self) -> None:
-        served = 0
-        while not self._stop.is_set() and served < self.max_conns:
-            try:
-                conn, _ = self.listener.accept()
-            except socket.timeout:
-                continue
-            except OSError:
+        for index in range(self.max_conns):
+            conn = self._next_connection()
+            if conn is None:
                 return
             conn.settimeout(self.timeout)
             with self._lock:
                 self._socks.append(conn)
-            t = threading.Thread(target=self._serve, args=(conn, served), daemon=True)
+            t = threading.Thread(target=self._serve, args=(conn, index), daemon=True)
             t.start()
             self._threads.append(t)
-            served += 1
 
     def _serve(self, conn: socket.socket, index: int) -> None:
         try:

@@ -189,6 +189,16 @@ def test_lying_entries_are_a_clear_protocol_error(case, count, entries, why):
     assert not fake.errors
 
 
+def test_a_reducer_that_keeps_saying_failover_fails_the_round():
+    """ERROR Failover to every frame, the exchange's too: the worker starts a bounded number of
+    failover sessions (16 + one per reducer) without a round finishing, then fails (it looped for
+    ever before)."""
+    with LyingReducer(lambda _c, _h, _p: error_frame(ERR_FAILOVER, b"again"), max_conns=64) as fake:
+        report = run_worker(fake.address)
+    expect_error(report, "PeerLostError", "17 failover sessions without a round finishing")
+    assert len({c for c, _h in fake.data}) == 18  # the first session and 17 failover sessions
+
+
 # ---- frames a reducer sends ---------------------------------------------------------------------
 
 def longer_chunk(_conn: int, h: Header, payload: bytes) -> bytes:

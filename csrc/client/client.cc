@@ -59,8 +59,9 @@ constexpr int kPeerLeftGraceMs = 200;
 // on every worker) whether they came back (with the probes the previous check started).
 constexpr RoundId kRejoinEvery = 32;
 
-// A failover's exchange starts again when another loss interrupts it; beyond this many restarts
-// (plus one per reducer) something keeps interrupting it and the rounds fail instead.
+// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
+// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
+// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
 constexpr int kMaxRecoverRestarts = 16;
 
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
@@ -391,6 +392,7 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
   loss_pending_ = false;
   loss_why_.clear();
   peer_left_.clear();
+  recoveries_ = 0;
   // The session is out of step with the group now: drop it; the next start() reconnects.
   // Links at a frame boundary say goodbye, so groups that were idle on them do not report
   // this worker as lost (which could reach the others before the real cause).
@@ -571,6 +573,7 @@ void Client::settle(Round& r) {
   if (r.in_session) open_--;
   switch (r.role) {
     case Round::Role::User:
+      recoveries_ = 0;
       if (r.released) released_open_--;  // (counted in stats and left running_ when it was released)
       else {
         running_--;
@@ -1257,10 +1260,10 @@ void Client::recover() {
   for (Round* r : parents_)
     if (r->state == Round::State::Running) pending.push_back(r);
   std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
-  for (int restarts = 0;; ++restarts) {
-    if (restarts > kMaxRecoverRestarts + int(addrs_.size()))  // a reducer that keeps saying "failover"
-      throw Error(ErrorKind::PeerLost, "reducer failover: the exchange was interrupted " + std::to_string(restarts) +
-                                           " times (last: " + loss_why_ + ")");
+  for (;;) {
+    if (++recoveries_ > kMaxRecoverRestarts + int(addrs_.size()))  // a reducer that keeps saying "failover"
+      throw Error(ErrorKind::PeerLost, "reducer failover: " + std::to_string(recoveries_ - 1) +
+                                           " failover sessions without a round finishing (last: " + loss_why_ + ")");
     // 1. Leave the session, telling the survivors why.
     say_failover_bye();
     for (Round* r : pending) {

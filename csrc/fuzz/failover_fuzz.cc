@@ -16,33 +16,14 @@
 
 #include "client/failover.h"
 #include "common/error.h"
+#include "fuzz/fuzz_input.h"
 
 namespace {
 
 using namespace rs::client::failover;
 
-#define FUZZ_CHECK(cond)   \
-  do {                     \
-    if (!(cond)) {         \
-      __builtin_trap();    \
-    }                      \
-  } while (0)
-
-// A byte reader that yields zeros once the input is spent.
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  uint8_t byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint64_t u64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(byte()) << (8 * i);
-    return v;
-  }
-  // A raw word (flag bit set) or a small signed offset from `near`.
+// The input, with values read as a raw word (flag bit set) or a small signed offset from `near`.
+struct Input : rs::fuzz::Input {
   int64_t value(int64_t near) {
     const uint8_t tag = byte();
     if (tag & 0x80) return int64_t(u64());
@@ -166,7 +147,7 @@ void run_unbounded(Input in) {
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < 1) return 0;
-  Input in{data + 1, size - 1};
+  Input in{{data + 1, size - 1}};
   if (data[0] & 1) run_unbounded(in);
   else run(in);
   return 0;

@@ -17,6 +17,7 @@
 #include "client/peer_text.h"
 #include "client/reducer_frames.h"
 #include "common/error.h"
+#include "fuzz/fuzz_input.h"
 #include "protocol/auth.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
@@ -26,34 +27,7 @@ namespace {
 namespace proto = rs::proto;
 using namespace rs::client;
 
-#define FUZZ_CHECK(cond)   \
-  do {                     \
-    if (!(cond)) {         \
-      __builtin_trap();    \
-    }                      \
-  } while (0)
-
-struct Input {
-  const uint8_t* p;
-  size_t n;
-  uint8_t byte() {
-    if (n == 0) return 0;
-    --n;
-    return *p++;
-  }
-  uint64_t u64() {
-    uint64_t v = 0;
-    for (int i = 0; i < 8; ++i) v |= uint64_t(byte()) << (8 * i);
-    return v;
-  }
-  std::string bytes(size_t len) {
-    len = len < n ? len : n;
-    std::string s(reinterpret_cast<const char*>(p), len);
-    p += len;
-    n -= len;
-    return s;
-  }
-};
+using rs::fuzz::Input;
 
 bool printable(const std::string& s) {
   for (char c : s)
