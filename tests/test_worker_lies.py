@@ -139,6 +139,7 @@ def failover_script(row: Optional[tuple] = None, entries: Optional[list] = None)
     return on_data
 
 
+@pytest.mark.sanitize
 def test_an_honest_exchange_through_the_lying_reducer_completes():
     """The control: with honest rows the same script takes the worker through a whole failover
     (exchange, then the round reduced again), so the lies below are told where they count."""
@@ -223,6 +224,7 @@ def bye_instead(_conn: int, _h: Header, _payload: bytes) -> bytes:
     return Header(BYE, 0, 0, 0, len(text), 0, 0, 0, 0, 0).pack() + text
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("lie,why", [
     (longer_chunk, "outside the shard"),
     (larger_round, "where this worker sent 4096 and 4096"),
