@@ -24,6 +24,28 @@ PLUGIN_CORE_DIRS = ["common", "client", "net", "protocol", "kernels"]
 
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra"]
 
+
+def crypto_link() -> tuple:
+    """How the extension and the plugin link OpenSSL's libcrypto: (libraries, extra link arguments).
+
+    Default: the shared libcrypto.so.3 (the one Python's ssl module loads). RS_STATIC_CRYPTO=1
+    (scripts/build-wheel.sh) links libcrypto.a instead (RS_LIBCRYPTO_A names it; Debian: libssl-dev)
+    with its symbols hidden, so a wheel needs no libcrypto.so.3 where it is installed and the NCCL
+    plugin stays one self-contained file when `reduction-server nccl-plugin --install` copies it.
+    """
+    if os.environ.get("RS_STATIC_CRYPTO", "0") in ("", "0"):
+        return ["crypto"], []
+    candidates = [os.environ.get("RS_LIBCRYPTO_A", "")] + sorted(
+        glob("/usr/lib/*/libcrypto.a") + glob("/usr/lib64/libcrypto.a") + glob("/usr/local/lib*/libcrypto.a"))
+    archive = next((c for c in candidates if c and os.path.isfile(c)), None)
+    if archive is None:
+        raise SystemExit("RS_STATIC_CRYPTO=1: no libcrypto.a found (install libssl-dev / openssl-devel "
+                         "or set RS_LIBCRYPTO_A=/path/to/libcrypto.a)")
+    return [], [archive, "-Wl,--exclude-libs,ALL", "-ldl"]
+
+
+CRYPTO_LIBS, CRYPTO_LINK_ARGS = crypto_link()
+
 # csrc/nccl_plugin is its own library (below); csrc/fuzz holds the libFuzzer targets (scripts/fuzz.sh).
 sources = sorted(s for s in glob("csrc/**/*.cc", recursive=True)
                  if not s.startswith((PLUGIN_DIR + os.sep, os.path.join("csrc", "fuzz") + os.sep)))
@@ -37,10 +59,10 @@ ext = Pybind11Extension(
     include_dirs=["csrc"],
     cxx_std=17,
     extra_compile_args=CXX_FLAGS,
-    extra_link_args=["-pthread"],
-    # OpenSSL's libcrypto (libcrypto.so.3, the one Python's ssl module loads): AES-GCM for frame
-    # integrity (csrc/net/frame_auth.cc). Building needs its headers (Debian: libssl-dev).
-    libraries=["crypto"],
+    extra_link_args=["-pthread"] + CRYPTO_LINK_ARGS,
+    # OpenSSL's libcrypto (see crypto_link): AES-GCM for frame integrity (csrc/net/frame_auth.cc).
+    # Building needs its headers (Debian: libssl-dev).
+    libraries=CRYPTO_LIBS,
 )
 
 
@@ -67,9 +89,11 @@ class BuildExtWithPlugin(build_ext):
         self.compiler.link_shared_object(
             objects,
             os.path.join(out_dir, PLUGIN_NAME),
-            libraries=["crypto"],  # frame integrity, as in the extension (no CUDA, no NCCL)
-            extra_postargs=["-pthread", "-Wl,--no-undefined",
-                            "-Wl,--version-script=" + os.path.join(PLUGIN_DIR, "exports.map")],
+            # frame integrity, as in the extension; dl: dladdr/dlsym find the loading NCCL's version
+            # (libc has them from glibc 2.34). No CUDA, no NCCL.
+            libraries=CRYPTO_LIBS + ["dl"],
+            extra_postargs=CRYPTO_LINK_ARGS + ["-pthread", "-Wl,--no-undefined",
+                                               "-Wl,--version-script=" + os.path.join(PLUGIN_DIR, "exports.map")],
             target_lang="c++",
         )
 

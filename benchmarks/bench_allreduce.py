@@ -1,17 +1,14 @@
 #!/usr/bin/env python3
 """rs vs ring vs gloo all-reduce benchmark; the same as `reduction-server bench`.
 
-    python benchmarks/bench_allreduce.py --workers 4 --reducers 4 --sizes 4K:64M --emulate-gbps 1
+    python -m benchmarks.bench_allreduce --workers 4 --reducers 4 --sizes 4K:64M --emulate-gbps 1
 
 The implementation is reducer/bench/ (so the installed CLI has it); this script is the
 runnable entry point in the source tree. See docs/performance.md.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from reducer.cli.main import main  # noqa: E402
+from reducer.cli.main import main
 
 if __name__ == "__main__":
     sys.exit(main(["bench"] + sys.argv[1:]))

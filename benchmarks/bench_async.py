@@ -1,7 +1,7 @@
 """Asynchronous client benchmark: rounds one after another vs several in flight.
 
-    python benchmarks/bench_async.py                      # W=2, R=2, 16 x 4 MiB, loopback
-    python benchmarks/bench_async.py --rounds 64 --size 256K --steps 9
+    python -m benchmarks.bench_async                      # W=2, R=2, 16 x 4 MiB, loopback
+    python -m benchmarks.bench_async --rounds 64 --size 256K --steps 9
 
 Each step reduces `rounds` float32 buffers of `size` bytes, in two modes, interleaved step by
 step (rotating which goes first) so that load changes on the machine affect both alike:
@@ -26,10 +26,6 @@ import time
 from typing import Dict, List
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 MODES = ("serial", "inflight")
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """What the Python API adds to one small all-reduce: Communicator.allreduce vs the core's calls.
 
-    python benchmarks/bench_call_overhead.py --nbytes 64K --calls 3000 --repeat 5
+    python -m benchmarks.bench_call_overhead --nbytes 64K --calls 3000 --repeat 5
 
 One in-process ReducerServer(threads=1) and one worker (world size 1) on loopback, so a call is
 a whole round (start, send, reduce, result) with no other worker to wait for. Three ways to
@@ -23,12 +23,10 @@ import sys
 import time
 from typing import Callable, Dict, List, Optional
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-import reducer  # noqa: E402
-from reducer.config import parse_size  # noqa: E402
+import reducer
+from reducer.config import parse_size
 
 
 def per_call_us(fn: Callable[[], None], calls: int) -> float:

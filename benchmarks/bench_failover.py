@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """What a reducer failover costs (issue 13), on emulated hosts.
 
-    sudo python benchmarks/bench_failover.py                        # 1 Gbit/s, W=4, R=4, 64 MiB float32
-    sudo python benchmarks/bench_failover.py --repeat 3 --ab-sizes 1M,64M --rounds 5
+    sudo python -m benchmarks.bench_failover                        # 1 Gbit/s, W=4, R=4, 64 MiB float32
+    sudo python -m benchmarks.bench_failover --repeat 3 --ab-sizes 1M,64M --rounds 5
 
 W + R emulated hosts (reducer/bench/emulate.py: one network namespace per host, a rate-limited
 full-duplex link each, as `reduction-server bench --emulate-gbps`; needs root). Reducers are the
@@ -50,13 +50,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from reducer import config as rs_config  # noqa: E402
-from reducer.addresses import format_address  # noqa: E402
-from reducer.bench import emulate, report, runner  # noqa: E402
+from reducer import config as rs_config
+from reducer.addresses import format_address
+from reducer.bench import emulate, report, runner
 
 LOAD_LIMIT = 2.0          # above this load average the numbers are preliminary
 FAILOVER_LIMIT = 1.6      # issue 13: the failover round takes at most 1.6x a normal round

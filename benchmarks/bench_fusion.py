@@ -1,8 +1,8 @@
 """Tensor fusion benchmark: one training step's gradients, fusion on vs off.
 
-    python benchmarks/bench_fusion.py                    # ResNet-50, BERT-base, small1000; W=2, R=2, loopback
-    python benchmarks/bench_fusion.py --models resnet50 --steps 15 --thresholds 64M,16M,1M
-    python benchmarks/bench_fusion.py --compression bf16   # float32 gradients sent as bfloat16
+    python -m benchmarks.bench_fusion                    # ResNet-50, BERT-base, small1000; W=2, R=2, loopback
+    python -m benchmarks.bench_fusion --models resnet50 --steps 15 --thresholds 64M,16M,1M
+    python -m benchmarks.bench_fusion --compression bf16   # float32 gradients sent as bfloat16
 
 Every step submits each gradient of the model with ``comm.allreduce_async`` (in backward
 order: last layer first) and calls ``comm.synchronize()``, as a training loop would after its
@@ -39,11 +39,7 @@ from typing import Dict, List, Optional
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
-
-from reducer.bench.models import Shapes, parameters  # noqa: E402  (after the sys.path set-up)
+from reducer.bench.models import Shapes, parameters
 
 # Not a model: 1,000 tensors of 256 float32 (1 KiB each), where per-round latency dominates (the
 # case tensor fusion exists for, like the biases and norm weights of a large model).

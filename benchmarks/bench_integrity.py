@@ -1,7 +1,7 @@
 """What frame integrity costs (docs/security.md "Frame integrity mode", docs/performance.md).
 
-    python benchmarks/bench_integrity.py                     # W=2, R=1, 8 x 16 MiB rounds, loopback
-    python benchmarks/bench_integrity.py --size 64M --steps 7 --workers 2
+    python -m benchmarks.bench_integrity                     # W=2, R=1, 8 x 16 MiB rounds, loopback
+    python -m benchmarks.bench_integrity --size 64M --steps 7 --workers 2
 
 Two measurements in one run:
 
@@ -29,10 +29,6 @@ import time
 from typing import Dict, List, Optional
 
 import numpy as np
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if ROOT not in sys.path:
-    sys.path.insert(0, ROOT)
 
 MODES = ("off", "on")
 SECRET = "bench-integrity-secret"

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """NCCL plugin throughput on emulated hosts: a stream of iallreduce calls vs the project's ring.
 
-    sudo python benchmarks/bench_nccl_plugin.py                 # 1 Gbit/s, W=4 heads, R=4, 64 MiB
-    python benchmarks/bench_nccl_plugin.py --gbps 1 --size 64M --call 256K --iters 5 --repeat 2
+    sudo python -m benchmarks.bench_nccl_plugin                 # 1 Gbit/s, W=4 heads, R=4, 64 MiB
+    python -m benchmarks.bench_nccl_plugin --gbps 1 --size 64M --call 256K --iters 5 --repeat 2
 
 W + R emulated hosts (reducer/bench/emulate.py: one network namespace per host, a rate-limited
 full-duplex link each, the same as `reduction-server bench --emulate-gbps`; needs root). In
@@ -36,14 +36,11 @@ import uuid
 from typing import Any, Dict, List, Optional
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")
-for _p in (ROOT, TESTS):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+TESTS = os.path.join(ROOT, "tests")  # the heads import tests/nccl_harness.py (their PYTHONPATH, below)
 
-from reducer import config as rs_config  # noqa: E402
-from reducer.addresses import format_address  # noqa: E402
-from reducer.bench import emulate, report, runner  # noqa: E402
+from reducer import config as rs_config
+from reducer.addresses import format_address
+from reducer.bench import emulate, report, runner
 
 LOAD_LIMIT = 2.0  # above this load average the numbers are preliminary
 
@@ -80,7 +77,7 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
                        "call_bytes": call, "passes": passes, "ifname": "eth0", "extra_env": head_env,
                        "idle_sleep": idle_sleep}
                 env = {"PYTHONPATH": os.pathsep.join([ROOT, TESTS]), "OMP_NUM_THREADS": "1"}
-                heads.append(hosts.popen(i, [sys.executable, os.path.abspath(__file__), "--head", json.dumps(job)],
+                heads.append(hosts.popen(i, [sys.executable, "-m", "benchmarks.bench_nccl_plugin", "--head", json.dumps(job)],
                                          env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             results = []
             deadline = time.monotonic() + timeout

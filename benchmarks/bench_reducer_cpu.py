@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CPU per byte on a reducer: GB/s of worker contributions one reducer core sums.
 
-    python benchmarks/bench_reducer_cpu.py --workers 2 --nbytes 64M --iters 10
+    python -m benchmarks.bench_reducer_cpu --workers 2 --nbytes 64M --iters 10
 
 One ReducerServer(threads=1) in this process, W worker processes on loopback all-reducing
 one buffer `--iters` times. The reducer's CPU time (user + system of this process, which does
@@ -26,11 +26,9 @@ import sys
 import time
 from typing import Any, Dict, List, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from reducer.config import parse_size  # noqa: E402
+from reducer.config import parse_size
 
 BARRIER_TIMEOUT = 300.0
 

@@ -1,18 +1,15 @@
 #!/usr/bin/env python3
 """Self-test of the emulated hosts: TCP rates through rate-limited network namespaces.
 
-    python benchmarks/emulate.py selftest --gbps 1 --seconds 3
+    python -m benchmarks.emulate selftest --gbps 1 --seconds 3
 
 The implementation is reducer/bench/emulate.py (`reduction-server bench --emulate-gbps` uses it);
 this script is the runnable entry point in the source tree, the same as
 `python -m reducer.bench.emulate`. Needs root and iproute2.
 """
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from reducer.bench.emulate import main  # noqa: E402
+from reducer.bench.emulate import main
 
 if __name__ == "__main__":
     sys.exit(main(sys.argv[1:]))

@@ -1,6 +1,6 @@
 """Soak: thousands of all-reduce rounds while reducers and workers are killed and restarted.
 
-    python benchmarks/soak.py --rounds 10000 --workers 4 --reducers 3
+    python -m benchmarks.soak --rounds 10000 --workers 4 --reducers 3
 
 W worker processes run rounds of random sizes, dtypes, ops and compression (every worker the
 same sequence, from the seed) against R reducer processes on loopback. Meanwhile a driver
@@ -162,7 +162,7 @@ class Reducer:
             self.proc.join(10)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=4)
@@ -172,110 +172,157 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--worker-kill-every", type=int, default=2500, help="mean rounds between worker kills")
     p.add_argument("--hang-seconds", type=float, default=180.0, help="no round finished for this long = a hang")
     p.add_argument("--seed", type=int, default=1)
-    args = p.parse_args(argv)
-    ctx = mp.get_context("spawn")
-    rng = random.Random(args.seed)
-    tmp = tempfile.mkdtemp(prefix="rs-soak-")
-    reducers = [Reducer(ctx, tmp, k) for k in range(args.reducers)]
-    for r in reducers:
-        r.start()
-    addrs = [f"127.0.0.1:{r.port}" for r in reducers]
-    events: Any = ctx.Queue()
-    done_by_rank: Dict[int, int] = {}     # rounds finished (checked) per rank in the current epoch
-    finished = 0                          # rounds every worker finished
-    wrong_results: List[str] = []
-    errors: collections.Counter = collections.Counter()
-    failovers = rejoins = epochs = hangs = reducer_kills = worker_kills = 0
-    restarts: List[Tuple[float, Reducer]] = []
-    t0 = time.monotonic()
-    print(f"soak: {args.rounds} rounds, {args.workers} workers, {args.reducers} reducers, seed {args.seed}; "
-          f"load average {os.getloadavg()[0]:.2f}", flush=True)
-    while finished < args.rounds:
-        epochs += 1
-        first = finished
-        group = f"soak-{args.seed}-{epochs}"
-        procs = [ctx.Process(target=worker, args=(w, args.workers, addrs, group, args.seed, first, args.rounds,
-                                                  args.max_elems, events), daemon=True)
+    return p.parse_args(argv)
+
+
+class Epoch:
+    """One start of every worker, from round `first` (the last round they all finished): the
+    rounds each has finished since, who has ended, and the rounds at which to kill next."""
+
+    def __init__(self, first: int, procs: List[Any], rng: random.Random, args: argparse.Namespace) -> None:
+        self.first, self.procs = first, procs
+        self.done_by_rank: Dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
+        self.ended: set = set()
+        self.last_progress = time.monotonic()
+        self.next_reducer_kill = first + max(1, int(rng.expovariate(1 / args.reducer_kill_every)))
+        self.next_worker_kill = first + max(1, int(rng.expovariate(1 / args.worker_kill_every)))
+
+
+class Soak:
+    """The reducers, the random kills and restarts, and the counts the report shows, over every epoch."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.ctx = mp.get_context("spawn")
+        self.rng = random.Random(args.seed)
+        tmp = tempfile.mkdtemp(prefix="rs-soak-")
+        self.reducers = [Reducer(self.ctx, tmp, k) for k in range(args.reducers)]
+        for r in self.reducers:
+            r.start()
+        self.addrs = [f"127.0.0.1:{r.port}" for r in self.reducers]
+        self.events: Any = self.ctx.Queue()
+        self.finished = 0                          # rounds every worker finished
+        self.wrong_results: List[str] = []
+        self.errors: collections.Counter = collections.Counter()
+        self.failovers = self.rejoins = self.epochs = self.hangs = self.reducer_kills = self.worker_kills = 0
+        self.restarts: List[Tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
+        self.t0 = time.monotonic()
+
+    def run(self) -> int:
+        args = self.args
+        print(f"soak: {args.rounds} rounds, {args.workers} workers, {args.reducers} reducers, seed {args.seed}; "
+              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        while self.finished < args.rounds:
+            self.run_epoch()
+            if self.hangs:
+                break
+            for when, r in list(self.restarts):  # the next epoch starts with every reducer up
+                r.start()
+            self.restarts.clear()
+        for r in self.reducers:
+            r.kill()
+        return self.report()
+
+    def run_epoch(self) -> None:
+        """Every worker from the last round they all finished, until each has ended (or a hang)."""
+        args = self.args
+        self.epochs += 1
+        first = self.finished
+        group = f"soak-{args.seed}-{self.epochs}"
+        procs = [self.ctx.Process(target=worker, args=(w, args.workers, self.addrs, group, args.seed, first,
+                                                       args.rounds, args.max_elems, self.events), daemon=True)
                  for w in range(args.workers)]
         for pr in procs:
             pr.start()
-        done_by_rank = {w: first for w in range(args.workers)}
-        ended = set()
-        last_progress = time.monotonic()
-        next_reducer_kill = first + max(1, int(rng.expovariate(1 / args.reducer_kill_every)))
-        next_worker_kill = first + max(1, int(rng.expovariate(1 / args.worker_kill_every)))
-        while len(ended) < args.workers:
-            now = time.monotonic()
-            for when, r in list(restarts):
-                if now >= when:
-                    r.start()
-                    restarts.remove((when, r))
-            for r in reducers:
-                if r.alive():
-                    r.sample_rss()
-            try:
-                kind, rank, i, payload = events.get(timeout=0.2)
-            except queue.Empty:
-                kind = ""
-            if kind == "done":
-                done_by_rank[rank] = i + 1
-                last_progress = now
-                if payload:
-                    wrong_results.append(f"round {i} rank {rank}: {spec(args.seed, i, args.max_elems)}: {payload}")
-            elif kind == "error":
-                errors[payload.split(":")[0] + ": " + payload.split(":", 1)[-1][:60].strip()] += 1
-                ended.add(rank)
-            elif kind == "stats":
-                failovers += payload["reducer_failovers"]
-                rejoins += payload.get("reducer_rejoins", 0)
-                if i >= 0:
-                    ended.add(rank)
-            progress = min(done_by_rank.values())
-            if progress >= next_reducer_kill and not restarts:
-                victim = rng.choice(reducers)
-                victim.kill()
-                reducer_kills += 1
-                restarts.append((time.monotonic() + rng.uniform(0.2, 3.0), victim))
-                next_reducer_kill = progress + max(1, int(rng.expovariate(1 / args.reducer_kill_every)))
-            if progress >= next_worker_kill and len(ended) == 0:
-                procs[rng.randrange(len(procs))].kill()
-                worker_kills += 1
-                next_worker_kill = 1 << 62
-            for w, pr in enumerate(procs):
-                if not pr.is_alive() and w not in ended and pr.exitcode is not None and pr.exitcode < 0:
-                    ended.add(w)  # killed: the others see the group fail
-            if time.monotonic() - last_progress > args.hang_seconds:
-                hangs += 1
-                print(f"soak: no round finished for {args.hang_seconds:.0f} s: a hang", flush=True)
+        ep = Epoch(first, procs, self.rng, args)
+        while len(ep.ended) < args.workers:
+            if not self.tick(ep):
                 break
         for pr in procs:
             if pr.is_alive():
                 pr.kill()
             pr.join(10)
-        finished = max(finished, min(done_by_rank.values()))
-        print(f"soak: epoch {epochs}: rounds {first}..{finished}, failovers so far {failovers}, "
-              f"errors {sum(errors.values())}, {time.monotonic() - t0:.0f} s", flush=True)
-        if hangs:
-            break
-        for when, r in list(restarts):  # the next epoch starts with every reducer up
-            r.start()
-        restarts.clear()
-    for r in reducers:
-        r.kill()
-    elapsed = time.monotonic() - t0
-    print(f"\nsoak finished in {elapsed:.0f} s (load average {os.getloadavg()[0]:.2f})")
-    print(f"  rounds checked on every worker: {finished} ({epochs} epochs)")
-    print(f"  wrong results: {len(wrong_results)}")
-    for w in wrong_results[:10]:
-        print(f"    {w}")
-    print(f"  reducer kills: {reducer_kills}, worker kills: {worker_kills}")
-    print(f"  failovers (summed over workers): {failovers}, rejoins: {rejoins}")
-    print(f"  hangs: {hangs}")
-    print("  errors by cause (every worker counts its own):")
-    for cause, count in errors.most_common():
-        print(f"    {count:5d}  {cause}")
-    print("  reducers' peak RSS: " + ", ".join(f"{r.peak_rss / 2**20:.0f} MiB" for r in reducers))
-    return 1 if wrong_results or hangs else 0
+        self.finished = max(self.finished, min(ep.done_by_rank.values()))
+        print(f"soak: epoch {self.epochs}: rounds {first}..{self.finished}, failovers so far {self.failovers}, "
+              f"errors {sum(self.errors.values())}, {time.monotonic() - self.t0:.0f} s", flush=True)
+
+    def tick(self, ep: Epoch) -> bool:
+        """Restart the reducers due, take one worker message, kill what is due; False on a hang."""
+        now = time.monotonic()
+        for when, r in list(self.restarts):
+            if now >= when:
+                r.start()
+                self.restarts.remove((when, r))
+        for r in self.reducers:
+            if r.alive():
+                r.sample_rss()
+        try:
+            msg = self.events.get(timeout=0.2)  # (kind, rank, round, payload)
+        except queue.Empty:
+            msg = None
+        if msg is not None:
+            self.record(ep, now, *msg)
+        self.kill_if_due(ep, min(ep.done_by_rank.values()))
+        for w, pr in enumerate(ep.procs):
+            if not pr.is_alive() and w not in ep.ended and pr.exitcode is not None and pr.exitcode < 0:
+                ep.ended.add(w)  # killed: the others see the group fail
+        if time.monotonic() - ep.last_progress > self.args.hang_seconds:
+            self.hangs += 1
+            print(f"soak: no round finished for {self.args.hang_seconds:.0f} s: a hang", flush=True)
+            return False
+        return True
+
+    def record(self, ep: Epoch, now: float, kind: str, rank: int, i: int, payload: Any) -> None:
+        """One worker message: a round done (and checked), an error, or its final stats."""
+        if kind == "done":
+            ep.done_by_rank[rank] = i + 1
+            ep.last_progress = now
+            if payload:
+                self.wrong_results.append(f"round {i} rank {rank}: {spec(self.args.seed, i, self.args.max_elems)}: "
+                                          f"{payload}")
+        elif kind == "error":
+            self.errors[payload.split(":")[0] + ": " + payload.split(":", 1)[-1][:60].strip()] += 1
+            ep.ended.add(rank)
+        elif kind == "stats":
+            self.failovers += payload["reducer_failovers"]
+            self.rejoins += payload.get("reducer_rejoins", 0)
+            if i >= 0:
+                ep.ended.add(rank)
+
+    def kill_if_due(self, ep: Epoch, progress: int) -> None:
+        """At its round: SIGKILL a random reducer (none while one is down), or once per epoch a worker."""
+        rng, args = self.rng, self.args
+        if progress >= ep.next_reducer_kill and not self.restarts:
+            victim = rng.choice(self.reducers)
+            victim.kill()
+            self.reducer_kills += 1
+            self.restarts.append((time.monotonic() + rng.uniform(0.2, 3.0), victim))
+            ep.next_reducer_kill = progress + max(1, int(rng.expovariate(1 / args.reducer_kill_every)))
+        if progress >= ep.next_worker_kill and len(ep.ended) == 0:
+            ep.procs[rng.randrange(len(ep.procs))].kill()
+            self.worker_kills += 1
+            ep.next_worker_kill = 1 << 62
+
+    def report(self) -> int:
+        """Print the totals; 1 on any wrong result or hang."""
+        elapsed = time.monotonic() - self.t0
+        print(f"\nsoak finished in {elapsed:.0f} s (load average {os.getloadavg()[0]:.2f})")
+        print(f"  rounds checked on every worker: {self.finished} ({self.epochs} epochs)")
+        print(f"  wrong results: {len(self.wrong_results)}")
+        for w in self.wrong_results[:10]:
+            print(f"    {w}")
+        print(f"  reducer kills: {self.reducer_kills}, worker kills: {self.worker_kills}")
+        print(f"  failovers (summed over workers): {self.failovers}, rejoins: {self.rejoins}")
+        print(f"  hangs: {self.hangs}")
+        print("  errors by cause (every worker counts its own):")
+        for cause, count in self.errors.most_common():
+            print(f"    {count:5d}  {cause}")
+        print("  reducers' peak RSS: " + ", ".join(f"{r.peak_rss / 2**20:.0f} MiB" for r in self.reducers))
+        return 1 if self.wrong_results or self.hangs else 0
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    return Soak(parse_args(argv)).run()
 
 
 if __name__ == "__main__":

@@ -1,9 +1,10 @@
 """Communicator: the worker side of the reduction server (blocking all-reduce)."""
 from __future__ import annotations
 
+import inspect
 import logging
 import threading
-from typing import Any, List, Optional, Sequence, Union
+from typing import Any, List, Optional, Sequence, Set, Union
 
 import numpy as np
 
@@ -293,23 +294,25 @@ class RawRound:
         return f"<reducer.RawRound {self._id} {state}>"
 
 
+def _communicator_options() -> Set[str]:
+    """Communicator's keyword options, read off its signature (init() accepts exactly these)."""
+    params = inspect.signature(Communicator.__init__).parameters
+    return set(params) - {"self", "reducers", "rank", "world_size", "job_id"}
+
+
 def init(**overrides: Any) -> Communicator:
     """Discover the cluster (CLUSTER_SPEC, TF_CONFIG or RS_*) and connect.
 
     Keyword arguments override what discovery finds (reducers, rank, world_size,
-    local_rank, local_world_size, reducer_port, job_id) and the Communicator's own
-    options (group, timeout, auth_token, streams, chunk_bytes, connect_timeout,
-    fusion_threshold, cycle_time_ms, compression, socket_buffer, window, integrity).
+    local_rank, local_world_size, reducer_port, job_id) and take every keyword option of
+    Communicator (group, timeout, failover, ...: its signature is the one list).
     """
     from .cluster import discover_worker
 
     discovery_keys = ("reducers", "rank", "world_size", "local_rank", "local_world_size", "reducer_port", "job_id")
     disc = {k: overrides.pop(k) for k in discovery_keys if k in overrides}
     info = discover_worker(**disc)
-    comm_kwargs = {k: overrides.pop(k) for k in list(overrides)
-                   if k in ("group", "timeout", "auth_token", "streams", "chunk_bytes", "connect_timeout",
-                           "fusion_threshold", "cycle_time_ms", "compression", "socket_buffer", "window",
-                           "integrity")}
+    comm_kwargs = {k: overrides.pop(k) for k in list(overrides) if k in _communicator_options()}
     if overrides:
         raise ConfigError(f"unknown arguments to reducer.init(): {', '.join(sorted(overrides))}")
     log.info("rank %d of %d (from %s), %d reducers", info.rank, info.world_size, info.source, len(info.reducers))

@@ -84,7 +84,7 @@ _TABLE = [
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
     Setting("timeout", "RS_TIMEOUT", 30.0, float, "Seconds without progress before an operation fails (also bounds connect retries)."),
     Setting("connect_timeout", "RS_CONNECT_TIMEOUT", 300.0, float,
-            "Seconds to wait for the reducers to accept and for every worker of the group to connect."),
+            "Seconds to wait for the reducers to accept and for every worker of the group to connect (a reducer still unreachable after 3 s is named once in a WARNING)."),
     Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
     Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size,
             "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 16 KiB (64 KiB for shards under 128 KiB; shard/128, at least 64 KiB, for shards over 4 MiB)."),
@@ -117,10 +117,19 @@ _TABLE = [
             "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
     Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
             "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
+    Setting("max_memory_per_job", "RS_MAX_MEMORY_PER_JOB", None, _size,
+            "Reducer: reduction-buffer memory of one job id's groups together (default: half of max_memory_bytes)."),
+    Setting("max_memory_per_peer", "RS_MAX_MEMORY_PER_PEER", None, _size,
+            "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, "
+            "plus the accumulator of the groups where it is rank 0 (default: half of max_memory_bytes)."),
+    Setting("memory_idle_timeout", "RS_MEMORY_IDLE_TIMEOUT", None, float,
+            "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
+            "chunk (default 60; 0 = never)."),
     Setting("group_slots", "RS_GROUP_SLOTS", None, int,
             "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
     Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, float,
-            "Reducer: seconds a new connection has to send its hello (default 10)."),
+            "Reducer and the NCCL plugin's point-to-point listener: seconds a new connection has to send its "
+            "hello (default 10)."),
     Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
             "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
     Setting("max_connections", "RS_MAX_CONNECTIONS", None, int,
@@ -139,6 +148,18 @@ _TABLE = [
             "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
     Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
             "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
+    Setting("allow_unauthenticated_drain", "RS_ALLOW_UNAUTHENTICATED_DRAIN", False, _bool,
+            "Reducer without a shared secret: let anyone who reaches the control port Drain it (default: refused)."),
+    Setting("control_max_connections", "RS_CONTROL_MAX_CONNECTIONS", 32, int,
+            "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
+            "descriptors the data plane leaves free)."),
+    Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, int,
+            "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the metrics port."),
+    Setting("control_rate", "RS_CONTROL_RATE", 50.0, float,
+            "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
+            "and to the metrics port, each with a burst as large; 0 = no limit."),
+    Setting("metrics_groups", "RS_METRICS_GROUPS", 100, int,
+            "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]

@@ -13,7 +13,8 @@ log = logging.getLogger(__name__)
 
 # Reducer settings passed to the core; unset ones take the core's defaults (csrc/server/server.h).
 _LIMITS = ("group_slots", "handshake_timeout", "group_timeout", "max_group_bytes", "max_memory_bytes",
-           "max_connections", "max_connections_per_peer", "max_groups_per_peer")
+           "max_connections", "max_connections_per_peer", "max_groups_per_peer", "max_memory_per_job",
+           "max_memory_per_peer", "memory_idle_timeout")
 
 
 class ReducerServer:
@@ -28,7 +29,8 @@ class ReducerServer:
     (offered to workers that ask) or 'required' (workers that do not ask are refused); default
     RS_INTEGRITY, else on with an auth_token and off without; on/required need an auth_token. The limits (group_slots,
     handshake_timeout, group_timeout, max_group_bytes, max_memory_bytes, max_connections,
-    max_connections_per_peer, max_groups_per_peer) are described in docs/configuration.md; each
+    max_connections_per_peer, max_groups_per_peer, and the memory shares max_memory_per_job,
+    max_memory_per_peer and memory_idle_timeout) are described in docs/configuration.md; each
     defaults to its RS_* variable, else the core's default. `limits()` reports those in force.
     """
 

@@ -38,7 +38,7 @@ fuzz=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 # with the project's compiler (g++: the SIMD kernels use GCC target attributes clang 14
 # rejects) and without coverage; only the code under test is instrumented for libFuzzer.
 helpers=(csrc/kernels/dispatch.cc csrc/kernels/scalar.cc csrc/kernels/avx2.cc csrc/kernels/avx512.cc
-         csrc/common/common.cc)
+         csrc/common/common.cc csrc/common/dtype.cc)
 objs=()
 for src in "${helpers[@]}"; do
   obj="$out/obj/$(basename "${src%.cc}").o"

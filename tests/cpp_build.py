@@ -13,7 +13,9 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def kernel_sources() -> list:
-    return sorted(f"csrc/kernels/{f}" for f in os.listdir(os.path.join(ROOT, "csrc/kernels")) if f.endswith(".cc"))
+    """The kernels and the dtype/op vocabulary they use."""
+    kernels = sorted(f"csrc/kernels/{f}" for f in os.listdir(os.path.join(ROOT, "csrc/kernels")) if f.endswith(".cc"))
+    return kernels + ["csrc/common/dtype.cc"]
 
 
 def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = (),

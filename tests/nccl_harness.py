@@ -31,6 +31,12 @@ PP = C.POINTER(C.c_void_p)
 LOGGER = C.CFUNCTYPE(None, C.c_int, C.c_ulong, C.c_char_p, C.c_int, C.c_char_p, C.c_char_p)
 
 
+class PropsV7(C.Structure):
+    _fields_ = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
+                ("speed", C.c_int), ("port", C.c_int), ("latency", C.c_float), ("maxComms", C.c_int),
+                ("maxRecvs", C.c_int), ("netDeviceType", C.c_int), ("netDeviceVersion", C.c_int)]
+
+
 class PropsV8(C.Structure):
     _fields_ = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
                 ("regIsGlobal", C.c_int), ("speed", C.c_int), ("port", C.c_int), ("latency", C.c_float),
@@ -57,8 +63,9 @@ class PropsV12(C.Structure):
     _fields_ = _props_v11_v12(8, True)
 
 
-PROPS = {8: PropsV8, 11: PropsV11, 12: PropsV12}
-assert (C.sizeof(PropsV8), C.sizeof(PropsV11), C.sizeof(PropsV12)) == (64, 112, 128)
+PROPS = {7: PropsV7, 8: PropsV8, 11: PropsV11, 12: PropsV12}
+assert (C.sizeof(PropsV7), C.sizeof(PropsV8), C.sizeof(PropsV11), C.sizeof(PropsV12)) == (56, 64, 112, 128)
+TABLE_VERSIONS = (7, 8, 11, 12)  # the versions the library exports
 
 
 def _fn(*args: Any) -> Any:
@@ -67,7 +74,8 @@ def _fn(*args: Any) -> Any:
 
 def _net_fields(v: int) -> List[Tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
-    if v == 8:
+    reg_size = C.c_int if v == 7 else C.c_size_t
+    if v <= 8:
         init = _fn(LOGGER)
         listen, connect = _fn(C.c_int, P, PP), _fn(C.c_int, P, PP, PP)
         isend = _fn(P, P, C.c_int, C.c_int, P, PP)
@@ -79,19 +87,19 @@ def _net_fields(v: int) -> List[Tuple[str, Any]]:
         irecv = _fn(P, C.c_int, PP, C.POINTER(C.c_size_t), C.POINTER(C.c_int), PP, PP, PP)
     fields = [("name", C.c_char_p), ("init", init), ("devices", _fn(C.POINTER(C.c_int))),
               ("getProperties", _fn(C.c_int, props)), ("listen", listen), ("connect", connect),
-              ("accept", _fn(P, PP, PP)), ("regMr", _fn(P, P, C.c_size_t, C.c_int, PP)),
+              ("accept", _fn(P, PP, PP)), ("regMr", _fn(P, P, reg_size, C.c_int, PP)),
               ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)), ("deregMr", _fn(P, P)),
               ("isend", isend), ("irecv", irecv), ("iflush", P),
               ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))), ("closeSend", _fn(P)),
               ("closeRecv", _fn(P)), ("closeListen", _fn(P)), ("getDeviceMr", P), ("irecvConsumed", P)]
-    if v != 8:
+    if v > 8:
         fields += [("makeVDevice", P), ("finalize", _fn(P)), ("setNetAttr", P)]
     return fields
 
 
 def _coll_fields(v: int) -> List[Tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
-    if v == 8:
+    if v <= 8:
         init, listen = _fn(LOGGER), _fn(C.c_int, P, PP)
         iallreduce = _fn(P, P, P, C.c_int, C.c_int, C.c_int, P, P, PP)
     else:
@@ -101,20 +109,22 @@ def _coll_fields(v: int) -> List[Tuple[str, Any]]:
               ("getProperties", _fn(C.c_int, props)), ("listen", listen),
               ("connect", _fn(PP, C.c_int, C.c_int, P, PP)),
               ("reduceSupport", _fn(C.c_int, C.c_int, C.POINTER(C.c_int))),
-              ("regMr", _fn(P, P, C.c_size_t, C.c_int, PP)),
+              ("regMr", _fn(P, P, C.c_int if v == 7 else C.c_size_t, C.c_int, PP)),
               ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)), ("deregMr", _fn(P, P)),
-              ("iallreduce", iallreduce), ("iallgather", P), ("ireducescatter", P),
-              ("iflush", _fn(P, P, C.c_int, P, PP)), ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
-              ("closeColl", _fn(P)), ("closeListen", _fn(P))]
-    if v != 8:
+              ("iallreduce", iallreduce)]
+    if v != 7:  # v7 has no all-gather / reduce-scatter members
+        fields += [("iallgather", P), ("ireducescatter", P)]
+    fields += [("iflush", _fn(P, P, C.c_int, P, PP)), ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
+               ("closeColl", _fn(P)), ("closeListen", _fn(P))]
+    if v > 8:
         fields += [("makeVDevice", P), ("finalize", _fn(P))]
     return fields
 
 
-NET_TABLES = {v: type(f"Net_v{v}", (C.Structure,), {"_fields_": _net_fields(v)}) for v in (8, 11, 12)}
-COLL_TABLES = {v: type(f"CollNet_v{v}", (C.Structure,), {"_fields_": _coll_fields(v)}) for v in (8, 11, 12)}
-assert [C.sizeof(NET_TABLES[v]) for v in (8, 11, 12)] == [19 * 8, 22 * 8, 22 * 8]
-assert [C.sizeof(COLL_TABLES[v]) for v in (8, 11, 12)] == [17 * 8, 19 * 8, 19 * 8]
+NET_TABLES = {v: type(f"Net_v{v}", (C.Structure,), {"_fields_": _net_fields(v)}) for v in TABLE_VERSIONS}
+COLL_TABLES = {v: type(f"CollNet_v{v}", (C.Structure,), {"_fields_": _coll_fields(v)}) for v in TABLE_VERSIONS}
+assert [C.sizeof(NET_TABLES[v]) for v in TABLE_VERSIONS] == [19 * 8, 19 * 8, 22 * 8, 22 * 8]
+assert [C.sizeof(COLL_TABLES[v]) for v in TABLE_VERSIONS] == [15 * 8, 17 * 8, 19 * 8, 19 * 8]
 
 
 def library_path() -> str:
@@ -208,7 +218,7 @@ CLUSTER_VARS = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_PORT", "RS_JOB_I
 
 def init_net(plugin: Plugin, v: int) -> Any:
     net = plugin.net(v)
-    if v == 8:
+    if v <= 8:
         check(net.init(plugin.logger), "net init", plugin)
     else:
         ctx = C.c_void_p()
@@ -219,7 +229,7 @@ def init_net(plugin: Plugin, v: int) -> Any:
 def init_coll(plugin: Plugin, v: int, comm_id: int) -> Tuple[Any, C.c_void_p]:
     coll = plugin.coll(v)
     ctx = C.c_void_p()
-    if v == 8:
+    if v <= 8:
         check(coll.init(plugin.logger), "collnet init", plugin)
     else:
         check(coll.init(C.byref(ctx), comm_id, plugin.logger), "collnet init", plugin)
@@ -230,7 +240,7 @@ def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) 
     """listen() of a net or CollNet table: (the 128-byte handle buffer, the listen comm)."""
     handle = C.create_string_buffer(HANDLE_BYTES)
     lcomm = C.c_void_p()
-    if version == 8:
+    if version <= 8:
         check(table.listen(0, handle, C.byref(lcomm)), "listen", plugin)
     else:
         check(table.listen(ctx, 0, handle, C.byref(lcomm)), "listen", plugin)
@@ -238,6 +248,16 @@ def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) 
 
 
 # -- point-to-point ---------------------------------------------------------------------------
+
+
+def listen_address(handle: Any) -> Tuple[int, str, int]:
+    """(family, host, port) in a point-to-point listen handle (csrc/nccl_plugin/p2p_net.cc layout)."""
+    import socket
+
+    raw = bytes(handle.raw)
+    family, port = int.from_bytes(raw[6:8], "little"), int.from_bytes(raw[8:10], "little")
+    host = socket.inet_ntop(family, raw[24:28] if family == socket.AF_INET else raw[24:40])
+    return family, host, port
 
 
 def payload(seed: int, size: int) -> np.ndarray:
@@ -281,7 +301,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     def step() -> bool:
         if not scomm.value:
             calls["connect"] += 1
-            if version == 8:
+            if version <= 8:
                 check(net.connect(0, peer_handle, C.byref(scomm), None), "connect", plugin)
             else:
                 check(net.connect(None, 0, peer_handle, C.byref(scomm), None), "connect", plugin)
@@ -311,7 +331,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     def post_send(i: int) -> Optional[C.c_void_p]:
         req = C.c_void_p()
         buf = outgoing[i]
-        if version == 8:
+        if version <= 8:
             rc = net.isend(scomm, buf.ctypes.data, int(buf.nbytes), 7, None, C.byref(req))
         else:
             rc = net.isend(scomm, buf.ctypes.data, int(buf.nbytes), 7, None, None, C.byref(req))
@@ -322,7 +342,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         req = C.c_void_p()
         data = (C.c_void_p * 1)(region.ctypes.data + int(offsets[i]))
         tags = (C.c_int * 1)(7)
-        if version == 8:
+        if version <= 8:
             sz = (C.c_int * 1)(sizes[i] + extra)
             rc = net.irecv(rcomm, 1, data, sz, tags, None, C.byref(req))
         else:
@@ -369,7 +389,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     check(net.deregMr(rcomm, mh), "deregMr", plugin)
     check(net.closeSend(scomm), "closeSend", plugin)
     check(net.closeRecv(rcomm), "closeRecv", plugin)
-    if version != 8:
+    if version > 8:
         check(net.finalize(None), "finalize", plugin)
     name = props.name.decode() if props.name else ""
     result = {
@@ -501,7 +521,7 @@ def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccom
     for mh in mhs:
         check(coll.deregMr(ccomm, mh), "deregMr", plugin)
     check(coll.closeColl(ccomm), "closeColl", plugin)
-    if version != 8:
+    if version > 8:
         check(coll.finalize(ctx), "collnet finalize", plugin)
     out: Dict[str, Any] = {"log": plugin.log_text()}
     path = plugin.path
@@ -517,7 +537,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
         # finalize and unload as after a run: this pool process runs the next test's heads too
-        if version != 8:
+        if version > 8:
             check(coll.finalize(ctx), "collnet finalize", plugin)
         result["log"] = plugin.log_text()
         path = plugin.path

@@ -223,11 +223,13 @@ def planes(reducers):
 
     started: List[Any] = []
 
-    def make(n: int = 1, drain_timeout: float = 5.0, **kw: Any) -> List[Any]:
+    def make(n: int = 1, drain_timeout: float = 5.0, allow_unauthenticated_drain: bool = False,
+             **kw: Any) -> List[Any]:
         out = []
         for server in reducers(n, **kw):
             lifecycle = Lifecycle(server, drain_timeout)
-            plane = ControlPlane(server, lifecycle, host="127.0.0.1", port=0, auth_token=kw.get("auth_token")).start()
+            plane = ControlPlane(server, lifecycle, host="127.0.0.1", port=0, auth_token=kw.get("auth_token"),
+                                 allow_unauthenticated_drain=allow_unauthenticated_drain).start()
             started.append(plane)
             out.append((server, lifecycle, plane))
         return out
@@ -244,11 +246,11 @@ def _client(plane: Any) -> Any:
 
 
 def test_health_flips_on_drain(planes) -> None:
-    ((server, lifecycle, plane),) = planes(1)
+    ((server, lifecycle, plane),) = planes(1, allow_unauthenticated_drain=True)
     data_address = server.address
     with _client(plane) as c:
         assert [c.health(s) for s in ("", "reduction_server.v1.Reducer", "liveness")] == ["SERVING"] * 3
-        reply = c.drain(timeout_s=2.0, wait=True)       # no token configured: Drain is open
+        reply = c.drain(timeout_s=2.0, wait=True)       # no token, and the operator opted in: Drain is open
         assert reply == {"state": "drained", "already_draining": False, "drained": True}
         assert not server.running
         assert c.health("") == c.health("reduction_server.v1.Reducer") == "NOT_SERVING"
@@ -279,7 +281,10 @@ def test_unauthenticated_drain_is_refused(planes) -> None:
                 c.drain(timeout_s=1.0, wait=True, token=token)
             assert info.value.code.name == "UNAUTHENTICATED"
         assert c.health() == "SERVING" and server.running and lifecycle.state == "serving"
-        assert c.get_stats()["auth_required"] is True
+        with pytest.raises(ControlError) as info:        # GetStats needs the same proof as Drain
+            c.get_stats()
+        assert info.value.code.name == "UNAUTHENTICATED"
+        assert c.get_stats(token="s3cret")["auth_required"] is True
         assert c.drain(timeout_s=1.0, wait=True, token="s3cret")["state"] == "drained"
         assert c.health() == "NOT_SERVING" and not server.running
 

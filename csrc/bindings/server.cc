@@ -41,6 +41,9 @@ py::dict server_limits(const rs::server::Server& s) {
   d["group_timeout"] = o.group_timeout;
   d["max_group_bytes"] = o.max_group_bytes;
   d["max_memory_bytes"] = o.max_memory_bytes;
+  d["max_memory_per_job"] = o.max_memory_per_job;
+  d["max_memory_per_peer"] = o.max_memory_per_peer;
+  d["memory_idle_timeout"] = o.memory_idle_timeout;
   d["max_connections"] = o.max_connections;
   d["max_connections_per_peer"] = o.max_connections_per_peer;
   d["max_groups_per_peer"] = o.max_groups_per_peer;
@@ -81,7 +84,8 @@ void bind_server(py::module_& m) {
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int group_slots,
                        double handshake_timeout, double group_timeout, int socket_buffer, uint64_t max_group_bytes,
                        uint64_t max_memory_bytes, uint32_t max_connections, uint32_t max_connections_per_peer,
-                       uint32_t max_groups_per_peer, const std::string& integrity) {
+                       uint32_t max_groups_per_peer, uint64_t max_memory_per_job, uint64_t max_memory_per_peer,
+                       double memory_idle_timeout, const std::string& integrity) {
              rs::server::ServerOptions o;
              if (!rs::server::parse_integrity_mode(integrity, &o.integrity))
                throw rs::Error(rs::ErrorKind::Config, "integrity must be 'off', 'on' or 'required', not '" + integrity + "'");
@@ -98,6 +102,9 @@ void bind_server(py::module_& m) {
              o.max_connections = max_connections;
              o.max_connections_per_peer = max_connections_per_peer;
              o.max_groups_per_peer = max_groups_per_peer;
+             o.max_memory_per_job = max_memory_per_job;
+             o.max_memory_per_peer = max_memory_per_peer;
+             o.memory_idle_timeout = memory_idle_timeout;
              return std::make_unique<rs::server::Server>(o);
            }),
            py::arg("host") = defaults.host, py::arg("port") = defaults.port, py::arg("threads") = defaults.threads,
@@ -108,6 +115,9 @@ void bind_server(py::module_& m) {
            py::arg("max_connections") = defaults.max_connections,
            py::arg("max_connections_per_peer") = defaults.max_connections_per_peer,
            py::arg("max_groups_per_peer") = defaults.max_groups_per_peer,
+           py::arg("max_memory_per_job") = defaults.max_memory_per_job,
+           py::arg("max_memory_per_peer") = defaults.max_memory_per_peer,
+           py::arg("memory_idle_timeout") = defaults.memory_idle_timeout,
            py::arg("integrity") = "auto")
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())

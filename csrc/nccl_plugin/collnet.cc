@@ -149,8 +149,10 @@ void init() {
   g_pool_error = error;
   g_discovered = true;
   if (!changed) return;
-  if (!error.empty()) log_warn(error);
-  else if (!pool) log_info("CollNet off: no reducers configured (RS_REDUCERS, CLUSTER_SPEC or TF_CONFIG)");
+  if (!error.empty()) log_warn(error + " (CollNet init fails, so NCCL runs without CollNet)");
+  else if (!pool)
+    log_info("CollNet off: no reducers configured (RS_REDUCERS, CLUSTER_SPEC or TF_CONFIG); CollNet init fails, so "
+             "NCCL runs without CollNet");
   else {
     std::string list;
     for (const auto& r : pool->reducers) list += (list.empty() ? "" : ",") + r;

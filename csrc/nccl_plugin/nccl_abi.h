@@ -1,11 +1,13 @@
 /* The NCCL external network plugin ABI (point-to-point "net" and collective "CollNet"),
- * versions 8, 11 and 12, written for this project from NCCL's published plugin API.
+ * versions 7, 8, 11 and 12, written for this project from NCCL's published plugin API.
  * Only what the reduction-server plugin needs; every layout is pinned by static asserts
  * (x86-64 / aarch64 LP64), so a wrong member order fails the build instead of a job.
  *
- * Version map (CollNet symbols NCCL searches, newest first):
- *   NCCL 2.20-2.23: v5-v8    2.24-2.25: v5-v9    2.26-2.27: v6-v10
- *   NCCL 2.28-2.29: v6-v11   2.30-2.32: v6-v12
+ * Version map (net and CollNet symbols NCCL searches, newest first; read from NCCL's loader,
+ * src/net.cc up to 2.25, src/plugin/net.cc from 2.26):
+ *   NCCL 2.19: v5-v7    2.20-2.23: v5-v8    2.24-2.25: v5-v9    2.26-2.27: v6-v10
+ *   NCCL 2.28-2.29: v6-v11   2.30 (newest tag 2.30.7): v6-v12
+ * docs/nccl-plugin.md has the whole table (file names tried, what the plugin does on each).
  */
 #ifndef RS_NCCL_ABI_H_
 #define RS_NCCL_ABI_H_
@@ -67,20 +69,34 @@ typedef struct {
   int needsProxyProgress;
 } ncclNetDeviceHandle_t; /* identical in v7..v12 */
 
+typedef ncclResult_t (*ncclGetVersion_t)(int* version); /* NCCL's public ncclGetVersion */
+
 /* ---- device properties ------------------------------------------------------------------ */
-typedef struct {
-  char* name;
-  char* pciPath;
-  uint64_t guid;
+/* Every version starts with the NIC's identity and has the same link members after its own
+ * flags (v8 adds regIsGlobal, v11 forceFlush, then the virtual-device and size members). */
+#define RS_NCCL_PROPS_IDENTITY \
+  char* name;                  \
+  char* pciPath;               \
+  uint64_t guid;               \
   int ptrSupport;
-  int regIsGlobal;
-  int speed; /* Mbps */
-  int port;
-  float latency;
-  int maxComms;
-  int maxRecvs;
-  ncclNetDeviceType netDeviceType;
+#define RS_NCCL_PROPS_LINK           \
+  int speed; /* Mbps */              \
+  int port;                          \
+  float latency;                     \
+  int maxComms;                      \
+  int maxRecvs;                      \
+  ncclNetDeviceType netDeviceType;   \
   int netDeviceVersion;
+
+typedef struct {
+  RS_NCCL_PROPS_IDENTITY
+  RS_NCCL_PROPS_LINK
+} ncclNetProperties_v7_t;
+
+typedef struct {
+  RS_NCCL_PROPS_IDENTITY
+  int regIsGlobal;
+  RS_NCCL_PROPS_LINK
 } ncclNetProperties_v8_t;
 
 typedef struct {
@@ -95,22 +111,13 @@ typedef struct {
 
 /* v11 and v12 properties share everything up to maxMultiRequestSize (v12 adds rail/plane ids). */
 #define RS_NCCL_PROPS_V11_V12(VPROPS) \
-  char* name;                        \
-  char* pciPath;                     \
-  uint64_t guid;                     \
-  int ptrSupport;                    \
-  int regIsGlobal;                   \
-  int forceFlush;                    \
-  int speed;                         \
-  int port;                          \
-  float latency;                     \
-  int maxComms;                      \
-  int maxRecvs;                      \
-  ncclNetDeviceType netDeviceType;   \
-  int netDeviceVersion;              \
-  VPROPS vProps;                     \
-  size_t maxP2pBytes;                \
-  size_t maxCollBytes;               \
+  RS_NCCL_PROPS_IDENTITY              \
+  int regIsGlobal;                    \
+  int forceFlush;                     \
+  RS_NCCL_PROPS_LINK                  \
+  VPROPS vProps;                      \
+  size_t maxP2pBytes;                 \
+  size_t maxCollBytes;                \
   int maxMultiRequestSize;
 
 typedef struct {
@@ -155,26 +162,44 @@ typedef struct {
 } ncclNetSGE_t; /* v11 and v12 */
 
 /* ---- point-to-point net ------------------------------------------------------------------- */
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
+/* The first members of v7 and v8 tables, net and CollNet alike. */
+#define RS_NCCL_V7_V8_OPENING(PROPS)                                                                         \
+  const char* name;                                                                                          \
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);                                                       \
+  ncclResult_t (*devices)(int* ndev);                                                                        \
+  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);
-  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
-  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle);
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request);
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* sizes);
-  ncclResult_t (*closeSend)(void* sendComm);
-  ncclResult_t (*closeRecv)(void* recvComm);
-  ncclResult_t (*closeListen)(void* listenComm);
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);
+
+/* iflush to irecvConsumed: the same in every net version. */
+#define RS_NCCL_NET_FROM_IFLUSH                                                                              \
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);     \
+  ncclResult_t (*test)(void* request, int* done, int* sizes);                                                \
+  ncclResult_t (*closeSend)(void* sendComm);                                                                 \
+  ncclResult_t (*closeRecv)(void* recvComm);                                                                 \
+  ncclResult_t (*closeListen)(void* listenComm);                                                             \
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                               \
   ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
+
+/* v7 and v8 differ in the properties and in regMr's size (int in v7). */
+#define RS_NCCL_NET_V7_V8(PROPS, REG_SIZE)                                                                      \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);      \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);            \
+  ncclResult_t (*regMr)(void* comm, void* data, REG_SIZE size, int type, void** mhandle);                    \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,          \
+                              void** mhandle);                                                               \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                        \
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);       \
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,            \
+                        void** request);                                                                     \
+  RS_NCCL_NET_FROM_IFLUSH
+
+typedef struct {
+  RS_NCCL_NET_V7_V8(ncclNetProperties_v7_t, int)
+} ncclNet_v7_t;
+
+typedef struct {
+  RS_NCCL_NET_V7_V8(ncclNetProperties_v8_t, size_t)
 } ncclNet_v8_t;
 
 /* v11 and v12 differ only in the properties and virtual-device structs. */
@@ -195,13 +220,7 @@ typedef struct {
                         void** request);                                                                     \
   ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,         \
                         void** phandles, void** request);                                                    \
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);     \
-  ncclResult_t (*test)(void* request, int* done, int* sizes);                                                \
-  ncclResult_t (*closeSend)(void* sendComm);                                                                 \
-  ncclResult_t (*closeRecv)(void* recvComm);                                                                 \
-  ncclResult_t (*closeListen)(void* listenComm);                                                             \
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                               \
-  ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);                                       \
+  RS_NCCL_NET_FROM_IFLUSH                                                                                    \
   ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                        \
   ncclResult_t (*finalize)(void* ctx);                                                                       \
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_t* netAttr);
@@ -215,30 +234,38 @@ typedef struct {
 } ncclNet_v12_t;
 
 /* ---- CollNet --------------------------------------------------------------------------------- */
-typedef struct {
-  const char* name;
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);
-  ncclResult_t (*devices)(int* ndev);
-  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v8_t* props);
-  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
-  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);
-  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);
-  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
-  ncclResult_t (*deregMr)(void* collComm, void* mhandle);
-  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType,
+/* v7 and v8 share all but the properties, regMr's size (int in v7) and v8's all-gather /
+ * reduce-scatter members, which v7 does not have. */
+#define RS_NCCL_COLLNET_V7_V8_HEAD(PROPS, REG_SIZE)                                                             \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);          \
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                 \
+  ncclResult_t (*regMr)(void* collComm, void* data, REG_SIZE size, int type, void** mhandle);                \
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,      \
+                              void** mhandle);                                                               \
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                    \
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType, \
                              ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);
+#define RS_NCCL_COLLNET_V7_V8_TAIL                                                                           \
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);               \
+  ncclResult_t (*test)(void* request, int* done, int* size);                                                 \
+  ncclResult_t (*closeColl)(void* collComm);                                                                 \
+  ncclResult_t (*closeListen)(void* listenComm);
+
+typedef struct {
+  RS_NCCL_COLLNET_V7_V8_HEAD(ncclNetProperties_v7_t, int)
+  RS_NCCL_COLLNET_V7_V8_TAIL
+} ncclCollNet_v7_t;
+
+typedef struct {
+  RS_NCCL_COLLNET_V7_V8_HEAD(ncclNetProperties_v8_t, size_t)
   ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts, ncclNetSGE_v8_t* recvParts,
                              size_t bytesPerRank, size_t windowOffset, size_t windowBytes, void* sendMhandle,
                              void** request);
   ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v8_t* sendParts, void* recvData,
                                  size_t bytesPerRank, size_t windowOffset, size_t windowBytes,
                                  ncclDataType_t dataType, ncclRedOp_t redOp, void* recvMhandle, void** request);
-  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);
-  ncclResult_t (*test)(void* request, int* done, int* size);
-  ncclResult_t (*closeColl)(void* collComm);
-  ncclResult_t (*closeListen)(void* listenComm);
+  RS_NCCL_COLLNET_V7_V8_TAIL
 } ncclCollNet_v8_t;
 
 #define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                                                 \
@@ -286,6 +313,9 @@ static_assert(sizeof(void*) == 8, "the NCCL plugin ABI is written for LP64 targe
 static_assert(sizeof(ncclResult_t) == 4 && sizeof(ncclNetDeviceType) == 4, "enums are ints");
 static_assert(sizeof(ncclNetDeviceHandle_t) == 32, "device handle");
 static_assert(offsetof(ncclNetDeviceHandle_t, size) == 16, "device handle");
+static_assert(sizeof(ncclNetProperties_v7_t) == 56, "v7 properties");
+static_assert(offsetof(ncclNetProperties_v7_t, speed) == 28, "v7 properties");
+static_assert(offsetof(ncclNetProperties_v7_t, netDeviceVersion) == 52, "v7 properties");
 static_assert(sizeof(ncclNetProperties_v8_t) == 64, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, ptrSupport) == 24, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, speed) == 32, "v8 properties");
@@ -306,6 +336,8 @@ static_assert(offsetof(ncclNetProperties_v12_t, planeId) == 126, "v12 properties
 static_assert(sizeof(ncclNetAttr_t) == 44, "net attributes");
 static_assert(sizeof(ncclNetSGE_v8_t) == 24 && offsetof(ncclNetSGE_v8_t, size) == 16, "v8 SGE");
 static_assert(sizeof(ncclNetSGE_t) == 24 && offsetof(ncclNetSGE_t, size) == 16, "SGE");
+static_assert(sizeof(ncclNet_v7_t) == RS_PTR(19), "v7 net table");
+static_assert(offsetof(ncclNet_v7_t, regMr) == RS_PTR(7) && offsetof(ncclNet_v7_t, test) == RS_PTR(13), "v7 net table");
 static_assert(sizeof(ncclNet_v8_t) == RS_PTR(19), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, isend) == RS_PTR(10), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, test) == RS_PTR(13), "v8 net table");
@@ -314,6 +346,10 @@ static_assert(sizeof(ncclNet_v11_t) == RS_PTR(22) && sizeof(ncclNet_v12_t) == RS
 static_assert(offsetof(ncclNet_v12_t, test) == RS_PTR(13), "v12 net table");
 static_assert(offsetof(ncclNet_v12_t, makeVDevice) == RS_PTR(19), "v12 net table");
 static_assert(offsetof(ncclNet_v12_t, finalize) == RS_PTR(20), "v12 net table");
+static_assert(sizeof(ncclCollNet_v7_t) == RS_PTR(15), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, iallreduce) == RS_PTR(10), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, iflush) == RS_PTR(11), "v7 collnet table");
+static_assert(offsetof(ncclCollNet_v7_t, closeListen) == RS_PTR(14), "v7 collnet table");
 static_assert(sizeof(ncclCollNet_v8_t) == RS_PTR(17), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, iallreduce) == RS_PTR(10), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, test) == RS_PTR(14), "v8 collnet table");

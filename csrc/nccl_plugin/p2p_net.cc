@@ -9,9 +9,10 @@
 
 #include <algorithm>
 #include <array>
+#include <chrono>
 #include <atomic>
 #include <cstring>
-#include <map>
+#include <optional>
 #include <memory>
 #include <mutex>
 #include <thread>
@@ -19,6 +20,7 @@
 
 #include "common/error.h"
 #include "nccl_plugin/nccl_abi.h"
+#include "nccl_plugin/p2p_listen.h"
 #include "nccl_plugin/plugin_log.h"
 #include "net/socket.h"
 #include "protocol/hmac.h"
@@ -43,10 +45,7 @@ constexpr uint16_t kVersion = 1;
 constexpr size_t kStateOffset = 64;
 static_assert(kStateOffset + sizeof(void*) <= NCCL_NET_HANDLE_MAXSIZE, "handle layout");
 
-// ---- the hello each connecting socket sends (32 bytes) -------------------------------------
-// [0,4) magic  [4,6) version  [6,8) socket index  [8,10) sockets  [16,24) listen nonce  [24,32) connection id
-constexpr uint32_t kHelloMagic = 0x484e5352u;  // "RSNH"
-constexpr size_t kHelloBytes = 32;
+// The hello each connecting socket sends: p2p_listen.h.
 
 // ---- per-message header on socket 0 (16 bytes): [0,4) magic [8,16) size --------------------
 constexpr uint32_t kMsgMagic = 0x4d4e5352u;  // "RSNM"
@@ -327,7 +326,7 @@ struct PendingConnect {
   std::vector<net::Fd> socks;
   std::vector<int> stage;  // 0 connecting, 1 sending the hello, 2 done
   std::vector<size_t> sent;
-  std::vector<std::array<uint8_t, kHelloBytes>> hello;
+  std::vector<Hello> hello;
 };
 
 void set_state(uint8_t* handle, PendingConnect* p) { std::memcpy(handle + kStateOffset, &p, sizeof p); }
@@ -363,20 +362,10 @@ bool progress_connect(PendingConnect& p) {
   return all;
 }
 
-struct Incoming {
-  net::Fd fd;
-  uint8_t hello[kHelloBytes];
-  size_t got = 0;
-};
-
 struct ListenComm {
   static constexpr uint32_t kMagic = 0x4c434e52u;  // "RNCL"
   uint32_t magic = kMagic;
-  net::Fd fd;
-  uint64_t nonce = 0;
-  int nsocks = 0;
-  std::vector<Incoming> incoming;
-  std::map<uint64_t, std::vector<net::Fd>> groups;  // connection id -> sockets by index
+  std::unique_ptr<Listener> listener;
 };
 
 Comm* comm_of(void* c) {
@@ -407,26 +396,29 @@ const NetInterface& interface() {
 
 void listen(void* handle, void** listen_comm) {
   const NetInterface& ni = interface();
-  auto lc = std::make_unique<ListenComm>();
-  lc->nsocks = p2p_sockets_from_env();
-  lc->nonce = random_u64();
+  const int nsocks = p2p_sockets_from_env();
+  const uint64_t nonce = random_u64();
+  const auto hello_timeout = std::chrono::duration_cast<Listener::Clock::duration>(
+      std::chrono::duration<double>(hello_timeout_from_env()));
   sockaddr_storage ss = ni.addr;
   if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;
   else reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = 0;
-  lc->fd = net::Fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
-  if (!lc->fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
-  net::preset_congestion(lc->fd.get());  // accepted connections inherit it (net/socket.h)
-  if (::bind(lc->fd.get(), reinterpret_cast<sockaddr*>(&ss), ni.addr_len) != 0 || ::listen(lc->fd.get(), 256) != 0)
+  net::Fd fd(::socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0));
+  if (!fd.valid()) throw Error(ErrorKind::Internal, "socket: " + errno_text(errno));
+  net::preset_congestion(fd.get());  // accepted connections inherit it (net/socket.h)
+  if (::bind(fd.get(), reinterpret_cast<sockaddr*>(&ss), ni.addr_len) != 0 || ::listen(fd.get(), 256) != 0)
     throw Error(ErrorKind::Config, "cannot listen on " + ni.name + " (" + ni.ip + "): " + errno_text(errno));
   socklen_t len = sizeof ss;
-  getsockname(lc->fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+  getsockname(fd.get(), reinterpret_cast<sockaddr*>(&ss), &len);
+  auto lc = std::make_unique<ListenComm>();
+  lc->listener = std::make_unique<Listener>(std::move(fd), nonce, nsocks, hello_timeout);
   auto* h = static_cast<uint8_t*>(handle);
   std::memset(h, 0, NCCL_NET_HANDLE_MAXSIZE);
   put_u32(h, kHandleMagic);
   put_u16(h + 4, kVersion);
   put_u16(h + 6, uint16_t(ss.ss_family));
-  put_u16(h + 10, uint16_t(lc->nsocks));
-  put_u64(h + 16, lc->nonce);
+  put_u16(h + 10, uint16_t(nsocks));
+  put_u64(h + 16, nonce);
   if (ss.ss_family == AF_INET) {
     auto* s = reinterpret_cast<sockaddr_in*>(&ss);
     put_u16(h + 8, ntohs(s->sin_port));
@@ -457,17 +449,10 @@ void connect(void* handle, void** send_comm) {
         net::preset_congestion(fd.get());
         if (::connect(fd.get(), reinterpret_cast<sockaddr*>(&ss), alen) != 0 && errno != EINPROGRESS)
           throw Error(ErrorKind::Connect, "cannot connect to peer " + owned->to.str() + ": " + errno_text(errno));
-        std::array<uint8_t, kHelloBytes> hello{};
-        put_u32(hello.data(), kHelloMagic);
-        put_u16(hello.data() + 4, kVersion);
-        put_u16(hello.data() + 6, uint16_t(s));
-        put_u16(hello.data() + 8, owned->to.nsocks);
-        put_u64(hello.data() + 16, owned->to.nonce);
-        put_u64(hello.data() + 24, owned->conn_id);
         owned->socks.push_back(std::move(fd));
         owned->stage.push_back(0);
         owned->sent.push_back(0);
-        owned->hello.push_back(hello);
+        owned->hello.push_back(make_hello(uint16_t(s), owned->to.nsocks, owned->to.nonce, owned->conn_id));
       }
       p = owned.get();
       set_state(h, owned.release());
@@ -488,58 +473,10 @@ void accept(void* listen_comm, void** recv_comm) {
   *recv_comm = nullptr;
   auto* lc = static_cast<ListenComm*>(listen_comm);
   if (!lc || lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "accept: not a listen comm of this plugin");
-  for (;;) {
-    int fd = ::accept4(lc->fd.get(), nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
-    if (fd < 0) {
-      if (errno == EAGAIN || errno == EWOULDBLOCK) break;
-      if (errno == EINTR || errno == ECONNABORTED) continue;
-      throw Error(ErrorKind::Internal, "accept: " + errno_text(errno));
-    }
-    Incoming in;
-    in.fd = net::Fd(fd);
-    lc->incoming.push_back(std::move(in));
-  }
-  for (size_t i = 0; i < lc->incoming.size();) {
-    Incoming& in = lc->incoming[i];
-    std::string drop;
-    try {
-      ssize_t got = net::recv_some(in.fd.get(), in.hello + in.got, kHelloBytes - in.got, net::peer_name(in.fd.get()));
-      if (got > 0) in.got += size_t(got);
-    } catch (const Error& e) {
-      drop = e.what();
-    }
-    if (drop.empty() && in.got == kHelloBytes) {
-      uint16_t index = get_u16(in.hello + 6), n = get_u16(in.hello + 8);
-      if (get_u32(in.hello) != kHelloMagic || get_u16(in.hello + 4) != kVersion)
-        drop = "not a hello of this plugin";
-      else if (get_u64(in.hello + 16) != lc->nonce)
-        drop = "hello for another listener";
-      else if (n != lc->nsocks || index >= n)
-        drop = "bad socket index " + std::to_string(index) + "/" + std::to_string(n);
-      if (drop.empty()) {
-        auto& group = lc->groups[get_u64(in.hello + 24)];
-        group.resize(n);
-        if (group[index].valid()) drop = "socket index " + std::to_string(index) + " sent twice";
-        else group[index] = std::move(in.fd);
-      }
-    }
-    if (!drop.empty()) log_warn("accept: dropping a connection from " + net::peer_name(in.fd.get()) + ": " + drop);
-    if (!drop.empty() || in.got == kHelloBytes) {
-      lc->incoming.erase(lc->incoming.begin() + long(i));
-      continue;
-    }
-    ++i;
-  }
-  for (auto it = lc->groups.begin(); it != lc->groups.end(); ++it) {
-    bool complete = std::all_of(it->second.begin(), it->second.end(), [](const net::Fd& f) { return f.valid(); });
-    if (!complete) continue;
-    std::string peer = "peer " + net::peer_name(it->second[0].get());
-    std::vector<net::Fd> socks = std::move(it->second);
-    lc->groups.erase(it);
-    auto comm = std::make_unique<Comm>(std::move(socks), false, peer);
-    *recv_comm = comm.release();
-    return;
-  }
+  std::optional<Accepted> a = lc->listener->poll();
+  if (!a) return;
+  auto comm = std::make_unique<Comm>(std::move(a->socks), false, "peer " + a->peer);
+  *recv_comm = comm.release();
 }
 
 void isend(void* send_comm, void* data, size_t size, void** request) {

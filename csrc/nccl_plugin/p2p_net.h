@@ -4,7 +4,7 @@
 // Connections: listen() puts the address and a random nonce in NCCL's 128-byte handle;
 // connect() opens RS_NCCL_NSOCKS sockets to it and sends a hello on each (a non-blocking state
 // machine kept in the handle's tail, returning a NULL comm until done); accept() collects the
-// hellos and groups them by connection id. Messages are FIFO per comm; message k goes out as a
+// hellos and groups them by connection id (p2p_listen.h: bounded against silent or junk peers). Messages are FIFO per comm; message k goes out as a
 // 16-byte header (magic, size) on socket 0, and its bytes are striped over the sockets in
 // contiguous pieces of at least 64 KiB (smaller messages use socket 0 only). One progress thread per comm does all socket I/O (poll + an eventfd to wake
 // it); isend/irecv/test only touch a fixed ring of NCCL_NET_MAX_REQUESTS request slots.

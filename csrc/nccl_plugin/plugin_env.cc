@@ -215,6 +215,11 @@ int p2p_sockets_from_env() {
   return 2;
 }
 
+double hello_timeout_from_env() {
+  if (auto v = getenv_str("RS_HANDSHAKE_TIMEOUT")) return parse_seconds("RS_HANDSHAKE_TIMEOUT", *v);
+  return 10.0;
+}
+
 namespace {
 
 struct IfAddrs {

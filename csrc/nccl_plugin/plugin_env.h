@@ -33,6 +33,10 @@ client::ClientOptions client_options_from_env();
 // Sockets per point-to-point connection: RS_NCCL_NSOCKS, default 2, 1..16.
 int p2p_sockets_from_env();
 
+// Seconds an accepted point-to-point connection has to send its hello: RS_HANDSHAKE_TIMEOUT
+// (the reducer's setting of the same meaning), default 10.
+double hello_timeout_from_env();
+
 struct NetInterface {
   std::string name;      // "eth0"
   sockaddr_storage addr{};

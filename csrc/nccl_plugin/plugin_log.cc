@@ -36,6 +36,31 @@ void set_logger(ncclDebugLogger_t logger) {
 void log_warn(const std::string& msg) { emit(NCCL_LOG_WARN, msg); }
 void log_info(const std::string& msg) { emit(NCCL_LOG_INFO, msg); }
 
+void LogLimiter::warn(const std::string& msg) noexcept {
+  try {
+    std::string line;
+    {
+      std::lock_guard<std::mutex> lock(mu_);
+      const auto now = std::chrono::steady_clock::now();
+      if (lines_ == 0 || now - start_ >= window_) {
+        line = suppressed_ ? msg + " (" + std::to_string(suppressed_) + " similar line(s) left out before this one)"
+                           : msg;
+        start_ = now;
+        lines_ = 0;
+        suppressed_ = 0;
+      } else if (lines_ < burst_) {
+        line = msg;
+      } else {
+        ++suppressed_;
+        return;
+      }
+      ++lines_;
+    }
+    log_warn(line);
+  } catch (...) {
+  }
+}
+
 ncclResult_t result_for(ErrorKind kind) {
   switch (kind) {
     case ErrorKind::PeerLost:

@@ -1,6 +1,9 @@
 // Logging through NCCL's logger, and the exception barrier every C entry point goes through.
 #pragma once
 
+#include <chrono>
+#include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "common/error.h"
@@ -12,6 +15,23 @@ namespace rs::nccl {
 void set_logger(ncclDebugLogger_t logger);
 void log_warn(const std::string& msg);
 void log_info(const std::string& msg);
+
+// Warnings that a peer can cause at will (a flood of bad connections, a call NCCL repeats) go
+// through one of these: at most `burst` lines per `window`; the first line of a later window says
+// how many were left out. Thread-safe; never throws.
+class LogLimiter {
+ public:
+  LogLimiter(int burst, std::chrono::steady_clock::duration window) : burst_(burst), window_(window) {}
+  void warn(const std::string& msg) noexcept;
+
+ private:
+  std::mutex mu_;
+  const int burst_;
+  const std::chrono::steady_clock::duration window_;
+  std::chrono::steady_clock::time_point start_{};
+  int lines_ = 0;
+  uint64_t suppressed_ = 0;
+};
 
 // The NCCL result for a failure of this kind (peer lost / mismatch / timeout: a remote error).
 ncclResult_t result_for(ErrorKind kind);

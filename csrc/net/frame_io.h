@@ -32,12 +32,9 @@
 // connection throws Error(PeerLost) naming the peer. Waiting and timeouts are the caller's
 // (net/deadline.h).
 //
-// How the reducer's connections map onto it (csrc/server/server.cc): OutQueue/flush() become
-// a FrameWriter per connection (results: push(header, Payload::bytes(slot data), token =
-// the slot's address), control messages: push_copy(bytes)); read_data() becomes
-// FrameReader::pump with an 8 MiB IoBudget, on_header = on_header() + try_claim() returning
-// Sink::memory(contribution) or Sink::pause() while the slot is busy (the next pump() offers
-// the same header again), Sink::discard() for BYE, Sink::stop() after a decode error.
+// Users: the reducer's connections (server/conn.h: a FrameWriter and a FrameReader each), the
+// worker client's links (client/) and the ring (ring/: a FrameWriter to its right neighbour,
+// read_into for the stream from its left).
 #pragma once
 
 #include <sys/uio.h>

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "common/error.h"
+#include "common/log.h"
 
 namespace rs::net {
 
@@ -205,6 +206,8 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
   std::string last = "no attempt";
   auto backoff = std::chrono::milliseconds(20);
   int attempts = 0;
+  const auto started = Clock::now();
+  bool warned = false;
   for (;;) {
     ++attempts;
     AddrInfo res;
@@ -231,6 +234,14 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
     if (now + backoff >= deadline)
       throw Error(ErrorKind::Connect, "cannot connect to reducer " + addr.str() + " after " + std::to_string(attempts) +
                                           " attempts: " + last);
+    // Say once, early, who is unreachable and for how long we keep trying (the default
+    // connect timeout is minutes: silence until then looks like a hang).
+    if (!warned && now - started >= kConnectWarnAfter) {
+      warned = true;
+      const auto left = std::chrono::duration_cast<std::chrono::seconds>(deadline - now).count();
+      log_warn("cannot reach reducer " + addr.str() + " yet (" + last + "); retrying for up to " +
+               std::to_string(left) + " s more (connect timeout, RS_CONNECT_TIMEOUT)");
+    }
     std::this_thread::sleep_for(backoff);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }

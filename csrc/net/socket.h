@@ -59,7 +59,7 @@ void tune_socket(int fd, int buffer_bytes);
 // Returns the setting now in force ("" = the kernel's).
 // Why cubic: with BBR (the default of many distributions) a worker's R parallel flows and a
 // reducer's W incoming ones get very uneven rates through a queueing link, and a round waits for
-// its slowest flow (docs/performance.md, "Issue 12 section 4": quiet-machine A/B).
+// its slowest flow (docs/performance.md, "TCP congestion control").
 constexpr const char* kAutoCongestion = "cubic";
 std::string set_tcp_congestion(const std::string& name);
 std::string tcp_congestion();
@@ -82,6 +82,9 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port);
 
 // Connect to addr, retrying refused/unreachable connections with backoff until
 // `deadline`; throws Error(Connect) naming the address and the last cause.
+// After kConnectWarnAfter of failed attempts it logs one WARNING naming the address, the last
+// error and how long it keeps trying.
+constexpr std::chrono::seconds kConnectWarnAfter{3};
 Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline);
 
 // A TCP connect that never waits (a reachability probe): the constructor starts a

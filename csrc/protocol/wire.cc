@@ -3,7 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
-#include "kernels/kernels.h"
+#include "common/dtype.h"
 #include "protocol/plan.h"
 
 namespace rs::proto {

@@ -11,6 +11,7 @@
 #include "net/frame_io.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
+#include "ring/ring_round.h"
 
 namespace rs::ring {
 
@@ -19,10 +20,8 @@ using net::Clock;
 namespace {
 
 constexpr uint32_t kHelloMagic = 0x48525352u;  // "RSRH": ring hello (connect time)
-constexpr uint32_t kRoundMagic = 0x47525352u;  // "RSRG": ring round header
 constexpr uint16_t kRingVersion = 1;
 constexpr size_t kHelloBytes = 32;
-constexpr size_t kHeaderBytes = 32;
 
 // hello: magic u32 | version u16 | pad u16 | rank u32 | world u32 | session u64 | pad 8
 void encode_hello(uint8_t* b, uint32_t rank, uint32_t world, uint64_t session) {
@@ -32,26 +31,6 @@ void encode_hello(uint8_t* b, uint32_t rank, uint32_t world, uint64_t session) {
   proto::put_u32(b + 8, rank);
   proto::put_u32(b + 12, world);
   proto::put_u64(b + 16, session);
-}
-
-// round header: magic u32 | version u16 | dtype u8 | op u8 | round u64 | nbytes u64 | session u64
-void encode_header(uint8_t* b, uint64_t round, uint64_t nbytes, DType t, Op op, uint64_t session) {
-  std::memset(b, 0, kHeaderBytes);
-  proto::put_u32(b, kRoundMagic);
-  proto::put_u16(b + 4, kRingVersion);
-  proto::put_u8(b + 6, uint8_t(t));
-  proto::put_u8(b + 7, uint8_t(op));
-  proto::put_u64(b + 8, round);
-  proto::put_u64(b + 16, nbytes);
-  proto::put_u64(b + 24, session);
-}
-
-std::string describe_header(const uint8_t* b) {
-  uint8_t t = b[6], o = b[7];
-  std::string dt = valid_dtype(t) ? dtype_name(DType(t)) : "dtype#" + std::to_string(t);
-  std::string op = valid_op(o) ? op_name(Op(o)) : "op#" + std::to_string(o);
-  return "round " + std::to_string(proto::get_u64(b + 8)) + ", " + std::to_string(proto::get_u64(b + 16)) +
-         " bytes of " + dt + ", op " + op;
 }
 
 }  // namespace
@@ -191,175 +170,17 @@ void Ring::allreduce(void* data, size_t nbytes, DType dtype, Op op) {
   }
 }
 
+// Like gloo's AllreduceRing: send what the schedule allows, receive (and reduce) what has
+// arrived, wait for the links; ring/ring_round.h holds the schedule and each step.
 void Ring::run(uint8_t* data, size_t nbytes, DType dtype, Op op) {
-  const uint64_t round = round_++;
-  const int64_t n = opts_.world_size, r = opts_.rank;
-  const size_t es = dtype_size(dtype);
-  const uint64_t elems = nbytes / es;
-  const uint64_t chunk = opts_.chunk_bytes - opts_.chunk_bytes % es;  // whole elements
-  const bool wire_acc = acc_is_wire_type(dtype);
-  if (scratch_.size() < chunk) scratch_.resize(chunk);
-  if (!wire_acc && acc_.size() < chunk / es * acc_elem_size(dtype)) acc_.resize(chunk / es * acc_elem_size(dtype));
-
-  // Segments: n element-aligned pieces in rank order.
-  proto::ShardPlan split = proto::even_split(elems, size_t(n));
-  std::vector<uint64_t>& seg_off = split.offset;
-  std::vector<uint64_t>& seg_len = split.count;
-  for (size_t j = 0; j < size_t(n); ++j) {
-    seg_off[j] *= es;
-    seg_len[j] *= es;
-  }
-  const int64_t T = 2 * (n - 1);  // steps: [0, n-1) reduce-scatter, [n-1, T) all-gather
-  auto mod = [n](int64_t x) { return size_t(((x % n) + n) % n); };
-  auto send_seg = [&](int64_t s) { return s < n - 1 ? mod(r - s) : mod(r + 1 - (s - (n - 1))); };
-  auto recv_seg = [&](int64_t s) { return s < n - 1 ? mod(r - s - 1) : mod(r - (s - (n - 1))); };
-
-  // Cursors: step and bytes done within that step's segment. Sending: bytes queued on the
-  // frame writer (qs, qdone) and steps completely written (sent_steps); receiving: (rs_, rdone).
-  int64_t qs = 0, rs_ = 0, sent_steps = 0;
-  uint64_t qdone = 0, rdone = 0;
-  size_t hdr_got = 0;
-  uint8_t hdr_out[kHeaderBytes], hdr_in[kHeaderBytes];
-  encode_header(hdr_out, round, nbytes, dtype, op, opts_.session);
-  auto skip_empty = [&](int64_t& s, uint64_t& done, bool sending) {
-    while (s < T && done >= seg_len[sending ? send_seg(s) : recv_seg(s)]) {
-      ++s;
-      done = 0;
-    }
-  };
-  skip_empty(qs, qdone, true);
-  skip_empty(rs_, rdone, false);
-
-  // Bytes of send step `s` that may be sent: its segment was finished by recv step s-1
-  // up to the last complete chunk (recv step s-1 and send step s use the same segment).
-  auto send_limit = [&](int64_t s) -> uint64_t {
-    uint64_t len = seg_len[send_seg(s)];
-    if (s == 0 || rs_ > s - 1) return len;
-    if (rs_ < s - 1) return 0;
-    return std::min(len, rdone / chunk * chunk);
-  };
-  auto sendable = [&] { return qs < T && send_limit(qs) > qdone; };
-
-  // Reduce a received chunk (reduce-scatter step s) into the buffer.
-  auto reduce_chunk = [&](int64_t s, uint64_t off_in_seg, uint64_t len) {
-    uint8_t* dst = data + seg_off[recv_seg(s)] + off_in_seg;
-    size_t m = len / es;
-    bool last = s == n - 2;
-    if (wire_acc) {
-      kernels::accumulate(dtype, op, dst, scratch_.data(), m);
-      if (last && op == Op::Avg) kernels::finalize(dtype, op, dst, dst, m, uint32_t(n));
-    } else {
-      kernels::init(dtype, acc_.data(), dst, m);
-      kernels::accumulate(dtype, op, acc_.data(), scratch_.data(), m);
-      Op fin = last ? op : (op == Op::Avg ? Op::Sum : op);
-      kernels::finalize(dtype, fin, dst, acc_.data(), m, last ? uint32_t(n) : 1u);
-    }
-  };
-
-  // The schedule: the round header, then every range as soon as it may be sent, as one
-  // continuous byte stream (frames without headers). A frame's token is the number of
-  // steps completely sent once it is written.
-  out_.clear();
-  out_.push(hdr_out, kHeaderBytes, net::Payload::none(), uint64_t(qs));
-  auto queue_ready = [&] {
-    while (!out_.full() && sendable()) {
-      const uint64_t lim = send_limit(qs);
-      net::Payload p = net::Payload::bytes(data + seg_off[send_seg(qs)] + qdone, lim - qdone);
-      qdone = lim;
-      skip_empty(qs, qdone, true);
-      out_.push(nullptr, 0, p, uint64_t(qs));
-    }
-  };
-  auto written = [&](uint64_t steps) { sent_steps = int64_t(steps); };
-
-  net::ProgressTimer timer(opts_.timeout);
   const std::string lname = left_name(), rname = right_name();
-  pollfd pfd[2];
+  RingRound round(opts_, RoundLinks{left_.get(), right_.get(), lname, rname, out_, scratch_, acc_, stats_}, round_++,
+                  data, nbytes, dtype, op);
   for (;;) {
-    // ---- send to the right: whatever the schedule allows, as much as the socket takes ----
-    queue_ready();
-    net::IoResult w = out_.flush(right_.get(), rname, nullptr, written);
-    if (w.bytes) {
-      timer.progress();
-      stats_.bytes_sent += w.bytes;
-    }
-
-    // ---- receive from the left: header, then reduce-scatter chunks or all-gather bytes ----
-    bool unblocked = false;
-    for (;;) {
-      net::IoResult rd;
-      if (hdr_got < kHeaderBytes) {
-        net::read_into(left_.get(), lname, hdr_in, kHeaderBytes, &hdr_got, &rd);
-        if (rd.bytes) {
-          timer.progress();
-          stats_.bytes_received += rd.bytes;
-        }
-        if (hdr_got < kHeaderBytes) break;
-        if (proto::get_u32(hdr_in) != kRoundMagic || proto::get_u16(hdr_in + 4) != kRingVersion ||
-            proto::get_u64(hdr_in + 24) != opts_.session)
-          throw Error(ErrorKind::Protocol, "ring rank " + std::to_string(r) + ": " + lname + " sent a bad round header");
-        if (std::memcmp(hdr_in, hdr_out, kHeaderBytes) != 0)
-          throw Error(ErrorKind::Mismatch, "ring rank " + std::to_string(r) + ": " + lname + " is reducing " +
-                                               describe_header(hdr_in) + " but this rank is reducing " +
-                                               describe_header(hdr_out));
-        continue;
-      }
-      if (rs_ >= T) break;
-      // One chunk at a time: reduce-scatter chunks into scratch (reduced once whole),
-      // all-gather chunks straight into place.
-      const bool reducing = rs_ < n - 1;
-      const uint64_t len = seg_len[recv_seg(rs_)];
-      const uint64_t cstart = rdone / chunk * chunk, clen = std::min(chunk, len - cstart);
-      size_t have = size_t(rdone - cstart);
-      uint8_t* dst = reducing ? scratch_.data() : data + seg_off[recv_seg(rs_)] + cstart;
-      net::read_into(left_.get(), lname, dst, size_t(clen), &have, &rd);
-      if (rd.bytes) {
-        timer.progress();
-        stats_.bytes_received += rd.bytes;
-      }
-      rdone = cstart + have;
-      if (have < clen) break;  // would block
-      if (reducing) reduce_chunk(rs_, cstart, clen);
-      skip_empty(rs_, rdone, false);
-      // new data may have unblocked sends: go send before draining more
-      if (sendable()) {
-        unblocked = true;
-        break;
-      }
-    }
-
-    const bool receiving = hdr_got < kHeaderBytes || rs_ < T;
-    const bool sending = !out_.empty() || qs < T;
-    if (!receiving && !sending) return;
-    if (unblocked) continue;  // received data made more sendable: no need to wait
-    if (timer.expired()) {
-      throw Error(ErrorKind::Timeout,
-                  "ring all-reduce round " + std::to_string(round) + " on rank " + std::to_string(r) +
-                      " made no progress for " + std::to_string(opts_.timeout) + " s: sent " +
-                      std::to_string(sent_steps) + "/" + std::to_string(T) + " steps to the " + rname + ", received " +
-                      std::to_string(rs_) + "/" + std::to_string(T) + " steps from the " + lname +
-                      " (a rank may be missing, slow or reducing something else)");
-    }
-    // While we still have to send, watch the right link for input too: it never carries
-    // data to us, so readable means the neighbour closed or failed (recv_some then
-    // throws PeerLost). Once our part is sent, the right neighbour may finish and leave.
-    nfds_t np = 0;
-    int ri = -1;
-    if (receiving) pfd[np++] = {left_.get(), short(POLLIN), 0};
-    if (sending) {
-      ri = int(np);
-      pfd[np++] = {right_.get(), short(POLLIN | (out_.empty() ? 0 : POLLOUT)), 0};
-    }
-    int pr = ::poll(pfd, np, timer.poll_ms(200));
-    if (pr < 0) {
-      if (errno == EINTR) continue;
-      throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    }
-    if (pr > 0 && ri >= 0 && (pfd[ri].revents & (POLLIN | POLLHUP | POLLERR))) {
-      uint8_t junk;
-      ssize_t got = net::recv_some(right_.get(), &junk, 1, rname);
-      if (got > 0) throw Error(ErrorKind::Protocol, "ring rank " + std::to_string(r) + ": unexpected data from " + rname);
-    }
+    round.send();
+    const bool more_to_send = round.receive();
+    if (round.finished()) return;
+    if (!more_to_send) round.wait();
   }
 }
 

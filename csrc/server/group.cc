@@ -12,6 +12,10 @@ Arena::~Arena() {
   if (data_) ::munmap(data_, bytes_);
 }
 
+void Arena::discard() {
+  if (data_) ::madvise(data_, bytes_, MADV_DONTNEED);
+}
+
 bool Arena::map(size_t bytes) {
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
   if (p == MAP_FAILED) return false;
@@ -31,15 +35,15 @@ uint64_t Group::bytes_needed(uint32_t world, uint32_t chunk, int slots) {
 Conn* Group::member(uint32_t rank) const {
   if (complete_) return rank < members_.size() ? members_[rank] : nullptr;
   for (const auto& w : waiting_)
-    if (w.first == rank) return w.second;
+    if (w.rank == rank) return w.conn;
   return nullptr;
 }
 
-void Group::add_member(uint32_t rank, Conn* c) {
+void Group::add_member(uint32_t rank, Conn* c, const std::string& ip) {
   if (complete_) {
     members_[rank] = c;
   } else {
-    waiting_.emplace_back(rank, c);
+    waiting_.push_back(Waiting{rank, c, ip});
   }
   ++joined_;
 }
@@ -52,7 +56,7 @@ void Group::remove_member(uint32_t rank) {
     }
     return;
   }
-  auto it = std::find_if(waiting_.begin(), waiting_.end(), [rank](const auto& w) { return w.first == rank; });
+  auto it = std::find_if(waiting_.begin(), waiting_.end(), [rank](const auto& w) { return w.rank == rank; });
   if (it != waiting_.end()) {
     waiting_.erase(it);
     --joined_;
@@ -61,7 +65,7 @@ void Group::remove_member(uint32_t rank) {
 
 std::vector<uint32_t> Group::missing_ranks(size_t at_most) const {
   std::vector<uint32_t> joined;
-  for (const auto& w : waiting_) joined.push_back(w.first);
+  for (const auto& w : waiting_) joined.push_back(w.rank);
   std::sort(joined.begin(), joined.end());
   std::vector<uint32_t> out;
   size_t j = 0;
@@ -75,6 +79,15 @@ std::vector<uint32_t> Group::missing_ranks(size_t at_most) const {
   return out;
 }
 
+std::string Group::incomplete_message(int timeout_s) const {
+  std::string missing;
+  for (uint32_t r : missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+  if (world_ - joined_ > 8) missing += ", ...";
+  return "group " + key_.label() + ": only " + std::to_string(joined_) + " of " + std::to_string(world_) +
+         " ranks joined within " + std::to_string(timeout_s) + " s (group_timeout): " +
+         std::to_string(world_ - joined_) + " missing (ranks " + missing + ")";
+}
+
 void Group::mark_failed(const std::string& why) {
   failed_ = true;
   last_error_ = why;
@@ -82,11 +95,10 @@ void Group::mark_failed(const std::string& why) {
 
 std::string Group::complete(MemoryBudget& budget) {
   const uint64_t need = bytes_needed(world_, chunk_, slot_count_);
-  if (!budget.reserve(need, &reservation_))
-    return "group " + key_.label() + " needs " + std::to_string(need >> 20) + " MiB of reduction buffers but the " +
-           "reducer's memory budget (max_memory_bytes = " + std::to_string(budget.limit() >> 20) + " MiB) has " +
-           std::to_string((budget.limit() - std::min(budget.limit(), budget.used())) >> 20) +
-           " MiB left: add reducers, use a smaller chunk size, or raise RS_MAX_MEMORY";
+  std::string why = budget.reserve(claim(), &reservation_);
+  if (!why.empty())
+    return "group " + key_.label() + " needs " + std::to_string(need >> 20) + " MiB of reduction buffers but " + why +
+           ": add reducers, use a smaller chunk size, or raise that limit";
   if (!arena_.map(size_t(need))) {
     reservation_ = MemoryBudget::Reservation();
     return "group " + key_.label() + ": the operating system refused " + std::to_string(need >> 20) + " MiB";
@@ -99,11 +111,52 @@ std::string Group::complete(MemoryBudget& budget) {
     slots_[i].arrived.assign(world_, 0);
   }
   members_.assign(world_, nullptr);
-  for (const auto& w : waiting_) members_[w.first] = w.second;
+  for (const auto& w : waiting_) members_[w.rank] = w.conn;
   waiting_.clear();
   waiting_.shrink_to_fit();
   complete_ = true;
+  active_at_ = Clock::now();
   return "";
+}
+
+MemoryBudget::Claim Group::claim() const {
+  MemoryBudget::Claim c;
+  c.job = key_.job;
+  const uint64_t per_rank = uint64_t(slot_count_) * chunk_;
+  std::vector<std::pair<std::string, uint64_t>> parts;
+  parts.reserve(waiting_.size());
+  for (const auto& w : waiting_)  // each rank's receive buffers; the accumulator (2 x theirs) to rank 0
+    parts.emplace_back(w.ip, per_rank * (w.rank == 0 ? 3 : 1));
+  std::sort(parts.begin(), parts.end());
+  for (auto& p : parts) {  // one entry per address
+    c.bytes += p.second;
+    if (!c.peers.empty() && c.peers.back().first == p.first) c.peers.back().second += p.second;
+    else c.peers.push_back(std::move(p));
+  }
+  return c;
+}
+
+bool Group::idle(Clock::time_point now, std::chrono::milliseconds timeout) {
+  if (bytes_received != idle_mark_) {
+    idle_mark_ = bytes_received;
+    active_at_ = now;
+    return false;
+  }
+  for (const Slot& s : slots_)
+    if (s.seq >= 0) return false;
+  return now - active_at_ >= timeout;
+}
+
+void Group::release_memory() {
+  reservation_.release();
+  arena_.discard();
+}
+
+std::string Group::renew_memory(MemoryBudget& budget) {
+  std::string why = budget.renew(&reservation_);
+  if (why.empty()) return "";
+  return "group " + key_.label() + " gave its " + std::to_string(bytes_needed(world_, chunk_, slot_count_) >> 20) +
+         " MiB of reduction buffers back while it was idle (memory_idle_timeout) and cannot take them again: " + why;
 }
 
 bool Group::busy() const {

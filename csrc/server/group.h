@@ -54,6 +54,8 @@ class Arena {
   Arena(const Arena&) = delete;
   Arena& operator=(const Arena&) = delete;
   bool map(size_t bytes);  // false if the kernel refuses
+  // Gives the committed pages back to the kernel (they read as zeros when next touched).
+  void discard();
   uint8_t* data() const { return data_; }
 
  private:
@@ -83,7 +85,8 @@ class Group {
   bool complete() const { return complete_; }
   bool failed() const { return failed_; }
   const std::string& left() const { return left_; }
-  void add_member(uint32_t rank, Conn* c);
+  // `ip`: the member's address, charged for its part of the group's memory (MemoryBudget).
+  void add_member(uint32_t rank, Conn* c, const std::string& ip);
   void remove_member(uint32_t rank);
   // Every connected member, in rank order once complete (join order before).
   template <class F>
@@ -92,10 +95,12 @@ class Group {
       for (Conn* m : members_)
         if (m) f(m);
     } else {
-      for (const auto& w : waiting_) f(w.second);
+      for (const auto& w : waiting_) f(w.conn);
     }
   }
   std::vector<uint32_t> missing_ranks(size_t at_most) const;
+  // Why a group that did not complete within `timeout_s` (group_timeout) is refused.
+  std::string incomplete_message(int timeout_s) const;
   void mark_failed(const std::string& why);
   void mark_left(const std::string& why) { left_ = why; }
   // Why the group ended when a member left with a failover goodbye: the others get
@@ -111,10 +116,19 @@ class Group {
   // Recomputes the minimum DONE over the members; true if it advanced.
   bool update_cleared();
 
-  // Completes the group: reserves its buffers from `budget` and maps them. Returns "" or why not.
+  // Completes the group: reserves its buffers from `budget` (the whole against its job, each
+  // member's part against its address) and maps them. Returns "" or why not, naming the limit.
   // (max_group_bytes is checked when the group is created: GroupTable::join.)
   std::string complete(MemoryBudget& budget);
   uint64_t memory_bytes() const { return reservation_.bytes(); }
+  bool memory_held() const { return reservation_.held(); }
+  // Whether the group has received nothing for `timeout` and has no chunk in its slots. Called
+  // by the sweep only: it notices traffic by the change of bytes_received since its last call.
+  bool idle(Clock::time_point now, std::chrono::milliseconds timeout);
+  // Gives the reservation back and its pages to the kernel (only when idle(): no slot in use).
+  void release_memory();
+  // Takes the released reservation again (before the first chunk after idling); "" or why not.
+  std::string renew_memory(MemoryBudget& budget);
 
   // ---- chunks ----
   Slot& slot_for(int64_t seq) { return slots_[size_t(seq % int64_t(slots_.size()))]; }
@@ -150,7 +164,12 @@ class Group {
   Clock::time_point created_;
   PeerTable::Ticket creator_;  // counts against the creating peer's max_groups_per_peer
 
-  std::vector<std::pair<uint32_t, Conn*>> waiting_;  // before completion: only who joined
+  struct Waiting {
+    uint32_t rank;
+    Conn* conn;
+    std::string ip;
+  };
+  std::vector<Waiting> waiting_;                      // before completion: only who joined
   std::vector<Conn*> members_;                       // after completion: by rank
   uint32_t joined_ = 0;
   bool complete_ = false;
@@ -161,6 +180,8 @@ class Group {
   uint16_t flags_ = 0;
   uint64_t cleared_ = 0;
   std::string last_error_;
+
+  MemoryBudget::Claim claim() const;  // of the whole group, every rank joined
 
   static constexpr size_t kRoundStarts = 64;
   struct RoundStart {
@@ -175,6 +196,8 @@ class Group {
   std::vector<Slot> slots_;
   MemoryBudget::Reservation reservation_;
   Arena arena_;
+  uint64_t idle_mark_ = 0;             // bytes_received when the sweep last saw it change
+  Clock::time_point active_at_{};      // when that was
 };
 
 }  // namespace rs::server

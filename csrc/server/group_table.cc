@@ -53,7 +53,7 @@ JoinOutcome GroupTable::join(Conn* c, const proto::Hello& h, const GroupKey& key
       return out;
     }
   }
-  g->add_member(h.rank, c);
+  g->add_member(h.rank, c, peer_ip);
   out.group = g;
   if (g->joined() < g->world()) {
     out.kind = JoinOutcome::Kind::Waiting;
@@ -129,6 +129,18 @@ std::vector<std::shared_ptr<Group>> GroupTable::take_expired(Group::Clock::time_
     }
   }
   return out;
+}
+
+size_t GroupTable::release_idle(Group::Clock::time_point now, std::chrono::milliseconds timeout) {
+  if (timeout.count() <= 0) return 0;
+  size_t released = 0;
+  for (const auto& kv : groups_) {
+    Group& g = *kv.second;
+    if (!g.complete() || g.failed() || !g.memory_held() || !g.idle(now, timeout)) continue;
+    g.release_memory();
+    ++released;
+  }
+  return released;
 }
 
 }  // namespace rs::server

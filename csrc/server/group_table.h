@@ -68,6 +68,15 @@ class GroupTable {
   void detach(const std::shared_ptr<Group>& g);
   // Groups still gathering their ranks `timeout` after they were created; removed from the table.
   std::vector<std::shared_ptr<Group>> take_expired(Group::Clock::time_point now, std::chrono::milliseconds timeout);
+  // Idle reservations expire: every complete group that received nothing for `timeout` (and has
+  // no chunk in flight) gives its memory back to the budget and its pages to the kernel, so a
+  // job that connects and goes quiet (or a tenant that only sends hellos) holds no memory. The
+  // group stays; its next chunk takes the memory again (renew). A zero timeout: never. Returns
+  // how many groups gave their memory back. Call it from the sweep, not per chunk.
+  size_t release_idle(Group::Clock::time_point now, std::chrono::milliseconds timeout);
+  // Before a released group's next chunk: "" once its memory is reserved again, or why not
+  // (the caller fails the group with that message).
+  std::string renew(const std::shared_ptr<Group>& g) { return g->renew_memory(*budget_); }
 
   size_t size() const { return groups_.size(); }
   bool contains(const GroupKey& key) const { return groups_.count(key) != 0; }

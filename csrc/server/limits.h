@@ -1,5 +1,6 @@
 // Server-wide resource limits of the reducer (docs/security.md): a memory budget for the groups'
-// reduction buffers, connection and group counts per peer address, and rate-limited log lines.
+// reduction buffers with per-job and per-address shares, connection and group counts per peer
+// address, rate-limited log lines, and the defaults of the limits that depend on the machine.
 // All of them are shared by the event loops, so they are thread-safe; holdings are RAII tickets
 // that give their share back when the connection or group that holds them goes away.
 #pragma once
@@ -10,38 +11,84 @@
 #include <mutex>
 #include <string>
 #include <unordered_map>
+#include <utility>
+#include <vector>
 
 namespace rs::server {
 
-// Bytes of reduction buffers the reducer may hold in all groups together.
+struct ServerOptions;  // server/server.h
+
+// Checks the limits of `o` (throws Error(Config) naming a bad one) and fills in the defaults that
+// depend on the machine: the memory budget (half of the physical memory), the job and address
+// shares (half of the budget each), max_connections (below the descriptor limit, which it
+// raises to its maximum).
+void resolve_limits(ServerOptions& o);
+
+// Bytes of reduction buffers the reducer may hold (docs/security.md, "Memory"): in all groups
+// together (the server budget) and, within it, per job id (the job share) and per peer IP
+// address (the address share). A group stream's bytes count in full against its job, and in
+// parts against the addresses of its members: slots x chunk for each rank an address connected,
+// plus the float32 accumulator (2 x slots x chunk) for the address of rank 0; the parts add up
+// to the whole. With a shared secret a job's credential only opens that job's groups, so the job
+// share bounds what its holders can take from any number of addresses; without one, job ids
+// cost nothing and the address share is what bounds one address.
+//
+// Reserved when a group completes (so a job that cannot fit learns it at connect time), given
+// back by a group that stays idle (GroupTable::release_idle) and taken again by its next chunk.
+// Never touched per chunk: the locked maps are used at those transitions only.
 class MemoryBudget {
  public:
+  // What one group stream holds.
+  struct Claim {
+    std::string job;
+    std::vector<std::pair<std::string, uint64_t>> peers;  // address -> bytes, one entry per address
+    uint64_t bytes = 0;                                   // the whole (= the sum of the parts)
+  };
   class Reservation {
    public:
     Reservation() = default;
-    Reservation(Reservation&& o) noexcept : budget_(o.budget_), bytes_(o.bytes_) { o.budget_ = nullptr; o.bytes_ = 0; }
+    Reservation(Reservation&& o) noexcept : budget_(o.budget_), claim_(std::move(o.claim_)) { o.budget_ = nullptr; }
     Reservation& operator=(Reservation&& o) noexcept;
     Reservation(const Reservation&) = delete;
     Reservation& operator=(const Reservation&) = delete;
     ~Reservation() { release(); }
-    uint64_t bytes() const { return bytes_; }
+    bool held() const { return budget_ != nullptr; }
+    uint64_t bytes() const { return held() ? claim_.bytes : 0; }
+    // Gives the bytes back; the claim stays, for MemoryBudget::renew.
+    void release();
 
    private:
     friend class MemoryBudget;
-    void release();
-    MemoryBudget* budget_ = nullptr;
-    uint64_t bytes_ = 0;
+    MemoryBudget* budget_ = nullptr;  // set while held
+    Claim claim_;
   };
 
   void set_limit(uint64_t limit) { limit_ = limit; }
+  // The job and address shares (unset: no share limit, the server budget only).
+  void set_shares(uint64_t per_job, uint64_t per_peer) {
+    per_job_ = per_job;
+    per_peer_ = per_peer;
+  }
   uint64_t limit() const { return limit_; }
   uint64_t used() const { return used_.load(); }
-  // A reservation of `bytes`, or false (nothing reserved) if it would exceed the limit.
-  bool reserve(uint64_t bytes, Reservation* out);
+  uint64_t used_by_job(const std::string& job) const;
+  uint64_t used_by_peer(const std::string& ip) const;
+  // Takes `claim` into *out (giving back what *out held) if its job, each of its addresses and
+  // the whole reducer stay within their limits. Otherwise takes nothing and returns why, naming
+  // the limit hit ("job share", "address share" or "server budget") and its setting.
+  std::string reserve(Claim claim, Reservation* out);
+  // Takes the claim of a released reservation again, by the same rules; "" if held already.
+  std::string renew(Reservation* r);
 
  private:
+  std::string take(const Claim& c);  // with mu_ held
+  void give_back(const Claim& c);
+  mutable std::mutex mu_;
   uint64_t limit_ = 0;
+  uint64_t per_job_ = ~uint64_t(0);
+  uint64_t per_peer_ = ~uint64_t(0);
   std::atomic<uint64_t> used_{0};
+  std::unordered_map<std::string, uint64_t> jobs_, peers_;  // only non-zero holdings
 };
 
 // Open connections (any state) and live group streams created, per peer IP address.

@@ -11,7 +11,6 @@
 
 #include <sys/epoll.h>
 #include <sys/eventfd.h>
-#include <sys/resource.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -532,15 +531,10 @@ struct Loop {
   }
 
   void expire_groups() {
+    table->release_idle(Clock::now(), ms(srv->opts.memory_idle_timeout));  // renewed in try_claim
     auto expired = table->take_expired(Clock::now(), ms(srv->opts.group_timeout));
     for (auto& g : expired) {
-      std::string missing;
-      for (uint32_t r : g->missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
-      if (g->world() - g->joined() > 8) missing += ", ...";
-      const std::string msg = "group " + g->key().label() + ": only " + std::to_string(g->joined()) + " of " +
-                              std::to_string(g->world()) + " ranks joined within " +
-                              std::to_string(int(srv->opts.group_timeout)) + " s (group_timeout): " +
-                              std::to_string(g->world() - g->joined()) + " missing (ranks " + missing + ")";
+      const std::string msg = g->incomplete_message(int(srv->opts.group_timeout));
       g->mark_failed(msg);
       record_ended(*g);
       log_warn(msg);
@@ -557,6 +551,11 @@ struct Loop {
   bool try_claim(Conn* c) {
     Group& g = *c->group;
     Slot& s = g.slot_for(c->seq_next);
+    const std::string why = s.seq == -1 && !g.memory_held() ? table->renew(c->group) : "";  // idle: release_idle
+    if (!why.empty()) {
+      fail_group(c->group, proto::ErrorCode::Internal, why);
+      return false;
+    }
     if (s.seq == -1) {
       s.seq = c->seq_next;
       s.params = c->cur;
@@ -1011,49 +1010,21 @@ Server::~Server() {
   }
 }
 
-namespace {
-
-// Fills in the defaults that depend on the machine; raises the descriptor limit to its maximum.
-void resolve_limits(ServerOptions& o) {
-  if (o.max_memory_bytes == 0) {
-    long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
-    o.max_memory_bytes = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 2 : uint64_t(8) << 30;
-  }
-  rlimit rl{};
-  if (getrlimit(RLIMIT_NOFILE, &rl) == 0) {
-    if (rl.rlim_cur < rl.rlim_max) {
-      rlimit up = rl;
-      up.rlim_cur = rl.rlim_max;
-      if (setrlimit(RLIMIT_NOFILE, &up) == 0) rl = up;
-    }
-    if (rl.rlim_cur != RLIM_INFINITY) {
-      const uint64_t cap = rl.rlim_cur > 128 ? uint64_t(rl.rlim_cur) - 64 : uint64_t(rl.rlim_cur) / 2;
-      if (o.max_connections > cap) o.max_connections = uint32_t(cap);
-    }
-  }
-}
-
-}  // namespace
-
 void Server::start() {
   Impl& s = *impl_;
   if (s.running) throw Error(ErrorKind::Config, "reducer already started");
   int threads = s.opts.threads;
   if (threads <= 0) threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
   if (threads > 256) throw Error(ErrorKind::Config, "threads must be at most 256");
-  if (s.opts.group_slots < 1 || s.opts.group_slots > 64) throw Error(ErrorKind::Config, "group_slots must be in 1..64");
-  if (s.opts.handshake_timeout <= 0 || s.opts.group_timeout <= 0)
-    throw Error(ErrorKind::Config, "handshake_timeout and group_timeout must be positive");
-  if (s.opts.max_connections < 1 || s.opts.max_connections_per_peer < 1 || s.opts.max_groups_per_peer < 1)
-    throw Error(ErrorKind::Config, "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
   if (s.opts.integrity == IntegrityMode::Auto)
     s.opts.integrity = s.opts.auth_token.empty() ? IntegrityMode::Off : IntegrityMode::On;
   if (s.opts.integrity != IntegrityMode::Off && s.opts.auth_token.empty())
     throw Error(ErrorKind::Config, std::string("frame integrity '") + integrity_mode_name(s.opts.integrity) +
                                        "' needs authentication: give the reducer a shared secret (--auth-token-file, "
                                        "RS_AUTH_TOKEN) or set integrity off");
-  resolve_limits(s.opts);
+  resolve_limits(s.opts);  // server/limits.cc
   s.budget.set_limit(s.opts.max_memory_bytes);
+  s.budget.set_shares(s.opts.max_memory_per_job, s.opts.max_memory_per_peer);
   s.listener = net::listen_on(s.opts.host, s.opts.port, &s.port);
   net::set_nonblocking(s.listener.get(), true);
   s.loops.clear();
@@ -1091,7 +1062,9 @@ void Server::start() {
             : s.opts.integrity == IntegrityMode::On    ? ", frame integrity offered"
                                                        : "") +
            "; limits: memory " +
-           std::to_string(s.opts.max_memory_bytes >> 20) + " MiB, " + std::to_string(s.opts.max_connections) +
+           std::to_string(s.opts.max_memory_bytes >> 20) + " MiB (" + std::to_string(s.opts.max_memory_per_job >> 20) +
+           " MiB per job, " + std::to_string(s.opts.max_memory_per_peer >> 20) + " MiB per address), " +
+           std::to_string(s.opts.max_connections) +
            " connections (" + std::to_string(s.opts.max_connections_per_peer) + " per address)");
   if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
     log_warn("reducer on " + s.opts.host + ":" + std::to_string(s.port) +

@@ -30,6 +30,9 @@ struct ServerOptions {
   int socket_buffer = kDefaultSocketBuffer;
   uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream
   uint64_t max_memory_bytes = 0;        // all groups together; 0: half of the physical memory
+  uint64_t max_memory_per_job = 0;      // the groups of one job id; 0: half of max_memory_bytes
+  uint64_t max_memory_per_peer = 0;     // one IP address's part of the groups; 0: half of max_memory_bytes
+  double memory_idle_timeout = 60.0;    // seconds without data before a group gives its memory back; 0: never
   uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64
   uint32_t max_connections_per_peer = 256;  // per peer IP address, any state
   uint32_t max_groups_per_peer = 64;        // live group streams created from one peer IP address

@@ -136,7 +136,7 @@ def bound_fraction(row: Dict[str, Any], emulate_gbps: float, reducers: int) -> f
     return link_seconds(row["size"] * wire_fraction(row) * per_link, emulate_gbps) / (row["time_us"] * 1e-6)
 
 
-# Issue 12, part 4: rs at least as fast as the ring from 64 KiB to 256 MiB, and at >= 95% of the
+# The project's targets: rs at least as fast as the ring from 64 KiB to 256 MiB, and at >= 95% of the
 # link bound from 4 MiB to 256 MiB (emulated links).
 TARGET_VS_RING = (64 << 10, 256 << 20)
 TARGET_BOUND = (4 << 20, 256 << 20, 0.95)
@@ -240,7 +240,7 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
             cells.append("  " + _target_cell(by, s, check_ring, check_bound, emulate_gbps, reducers))
         lines.append("  " + " ".join(cells))
     if check_ring or check_bound:
-        lines.append("# target (issue 12, part 4): 'met', or what fails: 'rs<ring' (64 KiB-256 MiB: rs at least as fast "
+        lines.append("# target: 'met', or what fails: 'rs<ring' (64 KiB-256 MiB: rs at least as fast "
                      "as the ring), '<95%' (4 MiB-256 MiB: rs at >= 95% of its link bound); '-' outside both ranges")
         lines += verdicts(rows, reducers, emulate_gbps if check_bound else None, check_ring)
     return "\n".join(lines)
@@ -273,7 +273,7 @@ def _size_name(n: int) -> str:
 
 def verdicts(rows: List[Dict[str, Any]], reducers: int, emulate_gbps: Optional[float],
              check_ring: bool = True) -> List[str]:
-    """The issue-12 part-4 verdicts over one run's rows (one congestion control): one line each,
+    """The target verdicts over one run's rows (one congestion control): one line each,
     'met' / 'NOT met' with the failing sizes, and which sizes of the range were not measured."""
     by = {(r["algo"], r["size"]): r for r in rows}
     out = []

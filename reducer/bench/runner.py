@@ -8,30 +8,31 @@ it loops over all sizes itself. Reducers (rs only) are processes too. With
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import importlib
 import importlib.util
-import json
 import logging
 import os
 import platform
 import queue
-import subprocess
-import sys
-import tempfile
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
 from . import control_ab, cpu_monitor, report, steps
+from .congestion import check_congestion, congestion_label, describe_congestion, use_congestion
+# re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
+from .congestion import DEFAULT_CONGESTION, kernel_congestion, parse_congestion  # noqa: F401
+from .congestion import check_congestion as _check_congestion  # noqa: F401
 from .poller import DEFAULT_INTERVAL_S, merge_counts
+from .procs import BenchError, _EmulatedHosts, _LoopbackHosts, _Proc, _spawn, _wait_all
+from .procs import _PACKAGE_PARENT, _dead_peer  # noqa: F401 (re-exported, as the names above)
 from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
@@ -39,7 +40,6 @@ log = logging.getLogger("reducer.bench")
 ALL_ALGOS = ("rs", "ring", "gloo")
 # Also available: gloo all-reducing a bfloat16 copy (as torch's bf16 hook); run by default with --compression.
 EXTRA_ALGOS = ("gloo-bf16",)
-_PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 # ------------------------------------------------------------------------ configuration
 @dataclass
@@ -138,38 +138,6 @@ def _check_compression(cfg: BenchConfig) -> BenchConfig:
     return dataclasses.replace(cfg, compression=comp)
 
 
-DEFAULT_CONGESTION = "default"
-
-
-def parse_congestion(text: str) -> List[str]:
-    """'cubic,bbr' -> ['cubic', 'bbr'] (in order, without repeats); 'default' = the kernel's."""
-    names = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
-    if not names:
-        raise ConfigError("--congestion: no algorithm given")
-    return names
-
-
-def kernel_congestion() -> str:
-    """The machine's default TCP congestion control (what new namespaces inherit), or '?'."""
-    try:
-        with open("/proc/sys/net/ipv4/tcp_congestion_control") as f:
-            return f.read().strip() or "?"
-    except OSError:
-        return "?"
-
-
-def _check_congestion(names: Optional[List[str]]) -> None:
-    if not names:
-        return
-    from .emulate import available_congestion
-
-    avail = available_congestion()
-    bad = [n for n in names if n != DEFAULT_CONGESTION and avail and n not in avail]
-    if bad:
-        raise ConfigError(f"--congestion {','.join(bad)}: not available in this kernel (available: {' '.join(avail)}; "
-                          f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)")
-
-
 def machine_description() -> str:
     model = platform.processor() or "?"
     try:
@@ -183,200 +151,158 @@ def machine_description() -> str:
     return f"{os.cpu_count()} CPUs ({model}), Linux {platform.release()}, Python {platform.python_version()}"
 
 
-# ------------------------------------------------------------------------ hosts
-class _LoopbackHosts:
-    emulated = False
-
-    def bind_host(self, i: int) -> str:
-        return "127.0.0.1"
-
-    def set_congestion(self, name: Optional[str]) -> None:
-        pass  # only RS_TCP_CONGESTION (rs, ring): the machine's default is not ours to change
-
-    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
-        return None  # loopback connections of the whole machine: not only ours
-
-    def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
-        full = dict(os.environ)
-        full.update(env)
-        full["GLOO_SOCKET_IFNAME"] = "lo"
-        return subprocess.Popen(list(argv), env=full, **kw)
-
-
-class _EmulatedHosts:
-    emulated = True
-
-    def __init__(self, hosts: Any):
-        self.hosts = hosts
-
-    def bind_host(self, i: int) -> str:
-        return self.hosts[i].ip
-
-    def set_congestion(self, name: Optional[str]) -> None:
-        self.hosts.set_congestion(name)
-
-    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
-        return self.hosts.flow_congestion(i)
-
-    def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
-        return self.hosts.popen(i, argv, env=env, **kw)
-
-
-# ------------------------------------------------------------------------ processes
-class _Proc:
-    """A rank process: JSON job on stdin, MARKER lines on stdout (read by a thread)."""
-
-    def __init__(self, name: str, popen: subprocess.Popen, events: "queue.Queue", errfile: Any):
-        self.name, self.p, self.errfile = name, popen, errfile
-        self.log: List[str] = []
-        self.finished = False  # said 'done': its exit is expected
-        self.errored = False   # reported an error itself: its exit is explained
-        self._t = threading.Thread(target=self._read, args=(events,), daemon=True)
-        self._t.start()
-
-    def _read(self, events: "queue.Queue") -> None:
-        # Imported here, not at module level: `python -m reducer.bench.rank` imports this package
-        # first, and a module-level import of .rank would make runpy warn about a double import.
-        from .rank import MARKER
-
-        assert self.p.stdout is not None
-        for line in self.p.stdout:
-            if line.startswith(MARKER):
-                try:
-                    msg = json.loads(line[len(MARKER):])
-                except ValueError:
-                    self.log.append(line.rstrip())
-                    continue
-                if msg.get("event") == "done":
-                    self.finished = True
-                elif msg.get("event") == "error":
-                    self.errored = True
-                events.put((self, msg))
-            else:
-                self.log.append(line.rstrip())
-                del self.log[:-50]
-        events.put((self, {"event": "exit"}))
-
-    def send(self, obj: Dict[str, Any]) -> None:
-        assert self.p.stdin is not None
-        try:
-            self.p.stdin.write(json.dumps(obj) + "\n")
-            self.p.stdin.flush()
-        except (BrokenPipeError, OSError):
-            pass
-
-    def close_stdin(self) -> None:
-        try:
-            if self.p.stdin:
-                self.p.stdin.close()
-        except OSError:
-            pass
-
-    def stderr_tail(self, lines: int = 15) -> str:
-        try:
-            self.errfile.flush()
-            self.errfile.seek(0)
-            text = self.errfile.read()
-        except (OSError, ValueError):
-            text = ""
-        tail = (text.strip().splitlines() + self.log)[-lines:]
-        return "\n".join(tail)
-
-    def kill(self, grace: float = 2.0) -> None:
-        self.close_stdin()
-        if self.p.poll() is None:
-            try:
-                self.p.terminate()
-                self.p.wait(timeout=grace)
-            except subprocess.TimeoutExpired:
-                self.p.kill()
-                self.p.wait(timeout=5)
-            except OSError:
-                pass
-        try:
-            self.errfile.close()
-        except OSError:
-            pass
-
-
-class BenchError(RuntimeError):
-    pass
-
-
-def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: "queue.Queue",
-           extra_env: Optional[Dict[str, str]] = None, module: str = "reducer.bench.rank",
-           args: Sequence[str] = ()) -> _Proc:
-    """Start `python -m module *args` (a process speaking reducer.bench.rank's JSON-lines protocol)
-    on host `host_index` and hand it `job`."""
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
-    env.update(extra_env or {})
-    errfile = tempfile.TemporaryFile(mode="w+", prefix=f"rsb-{name}-")
-    p = hosts.popen(host_index, [sys.executable, "-m", module, *args], env=env, stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=errfile, text=True, bufsize=1)
-    proc = _Proc(name, p, events, errfile)
-    proc.send(job)
-    return proc
-
-
-def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: float,
-              on_other: Optional[Callable[[_Proc, Dict[str, Any]], None]] = None,
-              watch: Optional[List[_Proc]] = None, idle: bool = False) -> Dict[_Proc, Dict[str, Any]]:
-    """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout.
-    On an error, a process of `watch` (default `procs`) that died is named as the cause.
-    idle: `timeout` counts from the last message received, not from the start."""
-    got: Dict[_Proc, Dict[str, Any]] = {}
-    deadline = time.monotonic() + timeout
-    while len(got) < len(procs):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            missing = ", ".join(p.name for p in procs if p not in got)
-            raise BenchError(f"timed out after {timeout:.0f} s {'without a message ' if idle else ''}waiting for "
-                             f"'{event}' from {missing}")
-        try:
-            proc, msg = events.get(timeout=min(left, 1.0))
-        except queue.Empty:
-            continue
-        ev = msg.get("event")
-        if ev == "error":
-            detail = f"{proc.name}: {msg.get('error')}\n{msg.get('traceback', '')}".rstrip()
-            dead = _dead_peer(watch or procs, proc)
-            if dead is not None:  # the root cause (e.g. a killed rank), not its neighbour's symptom
-                raise BenchError(f"{dead.name} exited (code {dead.p.returncode}) before '{event}':\n"
-                                 f"{dead.stderr_tail()}\nthen {detail}")
-            raise BenchError(detail)
-        if ev == "exit":
-            if proc.finished:
-                continue
-            code = proc.p.wait()
-            raise BenchError(f"{proc.name} exited (code {code}) before '{event}':\n{proc.stderr_tail()}")
-        if idle:
-            deadline = time.monotonic() + timeout
-        if ev == event and proc in procs:
-            got[proc] = msg
-        elif on_other is not None:
-            on_other(proc, msg)
-    return got
-
-
-def _dead_peer(procs: List[_Proc], reporter: _Proc, grace: float = 1.0) -> Optional[_Proc]:
-    """A process of `procs` (other than `reporter`) that exited without finishing, waiting up to
-    `grace` seconds: when a rank dies, its neighbours' errors (connection lost) can reach the
-    runner before the dead rank's exit does."""
-    deadline = time.monotonic() + grace
-    while True:
-        for p in procs:
-            if p is not reporter and not p.finished and not p.errored and p.p.poll() is not None:
-                p._t.join(timeout=1.0)  # its last lines are read: an error it reported is seen
-                if not p.finished and not p.errored:
-                    return p
-        if time.monotonic() >= deadline:
-            return None
-        time.sleep(0.05)
-
-
 # ------------------------------------------------------------------------ one algorithm
 RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
+
+
+class _Pass:
+    """The processes of one algorithm's pass, started and stopped in the steps of _run_algo: the
+    reducers (algorithms that use them), the control-plane poller (when they run the control
+    plane), the W measured ranks; `rows` collects the results as they stream in."""
+
+    def __init__(self, algo: str, cfg: BenchConfig, hosts: Any, run_id: str,
+                 extra_env: Optional[Dict[str, str]]) -> None:
+        self.algo, self.cfg, self.hosts, self.run_id, self.extra_env = algo, cfg, hosts, run_id, extra_env
+        self.events: "queue.Queue" = queue.Queue()
+        self.procs: List[_Proc] = []  # every process started (stopped at the end), watched while waiting
+        self.rprocs: List[_Proc] = []
+        self.rready: Dict[_Proc, Dict[str, Any]] = {}
+        self.reducer_addrs: List[str] = []
+        self.poller: Optional[_Proc] = None
+        self.pready: Dict[_Proc, Dict[str, Any]] = {}
+        self.wprocs: List[_Proc] = []
+        self.ready: Dict[_Proc, Dict[str, Any]] = {}
+        self.rows: List[Dict[str, Any]] = []
+        self.t_rready = self.t_pready = self.t_ready = 0.0
+
+    def _host(self, i: int) -> int:
+        """Process i's host (workers 0..W-1, reducers W.., the poller W+R); all on one on loopback."""
+        return i if self.hosts.emulated else 0
+
+    def _spawn(self, i: int, name: str, job: Dict[str, Any]) -> _Proc:
+        return _spawn(self.hosts, self._host(i), name, job, self.events, self.extra_env)
+
+    def _wait_started(self, procs: List[_Proc], event: str) -> Dict[_Proc, Dict[str, Any]]:
+        return _wait_all(self.events, procs, event, self.cfg.connect_timeout, watch=self.procs)
+
+    def start_reducers(self) -> None:
+        """The reducers, if the algorithm uses them, up and listening: their addresses."""
+        W = self.cfg.workers
+        if uses_reducers(self.algo):
+            control = control_ab.with_control_plane(self.algo, self.cfg.control_plane)
+            for k in range(self.cfg.reducers):
+                job = {"role": "reducer", "bind_host": self.hosts.bind_host(self._host(W + k)),
+                       "threads": rs_config.get("threads"), "control_plane": control}
+                self.rprocs.append(self._spawn(W + k, f"reducer {k}", job))
+            self.procs += self.rprocs
+            self.rready = self._wait_started(self.rprocs, "ready")
+            self.reducer_addrs = [format_address(self.hosts.bind_host(self._host(W + k)), self.rready[p]["port"])
+                                  for k, p in enumerate(self.rprocs)]
+        self.t_rready = self.t_pready = time.monotonic()  # the reducers are up (if any)
+
+    def start_poller(self) -> None:
+        """When the reducers run the control plane: the poller, polling them."""
+        if not (control_ab.with_control_plane(self.algo, self.cfg.control_plane) and self.rprocs):
+            return
+        # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
+        job = {"role": "poller", "interval": self.cfg.poll_interval,
+               "control": [self.rready[p]["control_address"] for p in self.rprocs],
+               "metrics": [self.rready[p]["metrics_url"] for p in self.rprocs]}
+        self.poller = self._spawn(self.cfg.workers + self.cfg.reducers, "control-plane poller", job)
+        self.procs.append(self.poller)
+        self.pready = self._wait_started([self.poller], "ready")
+        self.t_pready = time.monotonic()
+
+    def start_workers(self, work: Dict[str, Any]) -> None:
+        """The W ranks, handed `work`: each says where it listens, gets every rank's address and
+        connects; returns once all are 'ready' (connected, not started)."""
+        cfg, algo = self.cfg, self.algo
+        is_rs = control_ab.base_algo(algo) == "rs"
+        chunk = cfg.chunk_bytes or int(rs_config.get("chunk_bytes"))
+        for i in range(cfg.workers):
+            job = {"role": "worker", "algo": algo, "rank": i, "world": cfg.workers, "dtype": cfg.dtype,
+                   "op": cfg.op, "iters": cfg.iters, "iters_bytes": cfg.iters_bytes, "warmup": cfg.warmup,
+                   "warmup_bytes": cfg.warmup_bytes, "timeout": cfg.timeout,
+                   "connect_timeout": cfg.connect_timeout, "bind_host": self.hosts.bind_host(self._host(i)),
+                   "reducers": self.reducer_addrs, "group": f"bench-{self.run_id}", "chunk_bytes": chunk,
+                   "session": int(self.run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
+                   "wire_dtype": wire_dtype(algo, cfg), **work}
+            self.wprocs.append(self._spawn(i, f"{algo} rank {i}", job))
+        self.procs += self.wprocs
+        listen = self._wait_started(self.wprocs, "listen")
+        addrs = [format_address(self.hosts.bind_host(self._host(i)), listen[p].get("port") or 0)
+                 for i, p in enumerate(self.wprocs)]
+        for p in self.wprocs:
+            p.send({"addresses": addrs})
+        self.ready = self._wait_started(self.wprocs, "ready")
+        self.t_ready = time.monotonic()
+
+    def flows(self) -> Optional[Dict[str, int]]:
+        """The congestion control of worker 0's (and reducer 0's) established connections, counted
+        (emulated hosts only, else None)."""
+        flows: Optional[Dict[str, int]] = None
+        for h in ([0] + ([self.cfg.workers] if self.rprocs and self.hosts.emulated else [])):
+            got = self.hosts.flow_congestion(h)
+            if got is not None:
+                flows = flows or {}
+                for name, n in got.items():
+                    flows[name] = flows.get(name, 0) + n
+        return flows
+
+    def stream_results(self, make_row: RowMaker) -> Dict[_Proc, Dict[str, Any]]:
+        """Start the ranks and turn each result key's W messages into a row as they stream in;
+        returns the ranks' 'done' messages, which come after their last result."""
+        for p in self.wprocs:  # connected and looked at: go
+            p.send({"start": True})
+        pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
+        t_wall = time.monotonic()
+
+        def on_result(proc: _Proc, msg: Dict[str, Any]) -> None:
+            nonlocal t_wall
+            if msg.get("event") != "result":
+                return
+            per = pending.setdefault(msg["key"], {})
+            per[proc] = msg
+            if len(per) < self.cfg.workers:
+                return
+            self.rows.append(make_row(self.algo, msg["key"], [per[p] for p in self.wprocs], time.monotonic() - t_wall))
+            t_wall = time.monotonic()
+
+        stall_timeout = max(600.0, 4 * self.cfg.timeout)
+        return _wait_all(self.events, self.wprocs, "done", stall_timeout, on_other=on_result, watch=self.procs,
+                         idle=True)
+
+    def collect_cpu(self, done: Dict[_Proc, Dict[str, Any]], polls: Optional[List[Dict[str, Any]]]) -> None:
+        """Stop the poller and the reducers and set every row's bench_cpu_percent (and reducer_cpu_s);
+        the poller's counts are appended to `polls`."""
+        wall = time.monotonic() - self.t_ready
+        # The bench's own processes' share of the machine: each process's CPU seconds over the time
+        # it was measured (workers: 'ready' to 'done', with input restores and result checks; reducers
+        # and the poller: their own 'ready' to the end), in cores; the rest of the load is someone else's.
+        cores = sum(done[p]["cpu_s"] - self.ready[p]["cpu_s"] for p in self.wprocs) / wall if wall > 0 else 0.0
+        if self.poller is not None:
+            self.poller.close_stdin()
+            pdone = _wait_all(self.events, [self.poller], "done", 60.0)[self.poller]
+            cores += (pdone["cpu_s"] - self.pready[self.poller]["cpu_s"]) / max(1e-3, time.monotonic() - self.t_pready)
+            if polls is not None:
+                polls.append(pdone["polls"])
+        if self.rprocs:
+            for p in self.rprocs:
+                p.close_stdin()
+            rdone = _wait_all(self.events, self.rprocs, "done", 30.0)
+            reducer_cpu_s = sum(rdone[p]["cpu_s"] - self.rready[p]["cpu_s"] for p in self.rprocs)
+            cores += reducer_cpu_s / max(1e-3, time.monotonic() - self.t_rready)
+            for r in self.rows:
+                r["reducer_cpu_s"] = reducer_cpu_s  # all reducers, this pass: 'ready' to the end
+        share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
+        for r in self.rows:
+            r["bench_cpu_percent"] = share
+
+    def stop(self) -> None:
+        for p in self.procs:
+            p.close_stdin()
+        for p in self.procs:
+            p.kill()
 
 
 def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
@@ -389,122 +315,22 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
     reducer 0's) established connections once the group is connected (emulated hosts only).
     When its reducers run the control plane, a poller polls them meanwhile and its counts are
     appended to `polls`."""
-    W, R = cfg.workers, cfg.reducers
-    control = control_ab.with_control_plane(algo, cfg.control_plane)
-    is_rs = control_ab.base_algo(algo) == "rs"
-    events: "queue.Queue" = queue.Queue()
-    procs: List[_Proc] = []
-    rows: List[Dict[str, Any]] = []
-    chunk = cfg.chunk_bytes or int(rs_config.get("chunk_bytes"))
+    one = _Pass(algo, cfg, hosts, run_id, extra_env)
     try:
-        reducer_addrs: List[str] = []
-        rprocs: List[_Proc] = []
-        rready: Dict[_Proc, Dict[str, Any]] = {}
-        if uses_reducers(algo):
-            for k in range(R):
-                h = W + k if hosts.emulated else 0
-                rprocs.append(_spawn(hosts, h, f"reducer {k}",
-                                     {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                      "threads": rs_config.get("threads"), "control_plane": control}, events,
-                                     extra_env))
-            procs += rprocs
-            rready = _wait_all(events, rprocs, "ready", cfg.connect_timeout, watch=procs)
-            for k, p in enumerate(rprocs):
-                host = hosts.bind_host(W + k if hosts.emulated else 0)
-                reducer_addrs.append(format_address(host, rready[p]["port"]))
-        t_rready = t_pready = time.monotonic()  # the reducers are up (if any)
-        poller: Optional[_Proc] = None
-        pready: Dict[_Proc, Dict[str, Any]] = {}
-        if control and rprocs:
-            # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
-            job = {"role": "poller", "interval": cfg.poll_interval,
-                   "control": [rready[p]["control_address"] for p in rprocs],
-                   "metrics": [rready[p]["metrics_url"] for p in rprocs]}
-            poller = _spawn(hosts, W + R if hosts.emulated else 0, "control-plane poller", job, events, extra_env)
-            procs.append(poller)
-            pready = _wait_all(events, [poller], "ready", cfg.connect_timeout, watch=procs)
-            t_pready = time.monotonic()
-        wprocs = []
-        for i in range(W):
-            job = {"role": "worker", "algo": algo, "rank": i, "world": W, "dtype": cfg.dtype,
-                   "op": cfg.op, "iters": cfg.iters, "iters_bytes": cfg.iters_bytes, "warmup": cfg.warmup,
-                   "warmup_bytes": cfg.warmup_bytes,
-                   "timeout": cfg.timeout,
-                   "connect_timeout": cfg.connect_timeout, "bind_host": hosts.bind_host(i if hosts.emulated else 0),
-                   "reducers": reducer_addrs, "group": f"bench-{run_id}", "chunk_bytes": chunk,
-                   "session": int(run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
-                   "wire_dtype": wire_dtype(algo, cfg), **work}
-            wprocs.append(_spawn(hosts, i if hosts.emulated else 0, f"{algo} rank {i}", job, events, extra_env))
-        procs += wprocs
-        listen = _wait_all(events, wprocs, "listen", cfg.connect_timeout, watch=procs)
-        addrs = []
-        for i, p in enumerate(wprocs):
-            host = hosts.bind_host(i if hosts.emulated else 0)
-            port = listen[p].get("port") or 0
-            addrs.append(format_address(host, port))
-        for p in wprocs:
-            p.send({"addresses": addrs})
-        ready = _wait_all(events, wprocs, "ready", cfg.connect_timeout, watch=procs)
-        t_ready = time.monotonic()
-        flows: Optional[Dict[str, int]] = None
-        for h in ([0] + ([W] if rprocs and hosts.emulated else [])):
-            got = hosts.flow_congestion(h)
-            if got is not None:
-                flows = flows or {}
-                for name, n in got.items():
-                    flows[name] = flows.get(name, 0) + n
-        for p in wprocs:  # connected and looked at: go
-            p.send({"start": True})
-
-        pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
-        t_wall = time.monotonic()
-        stall_timeout = max(600.0, 4 * cfg.timeout)
-
-        def on_result(proc: _Proc, msg: Dict[str, Any]) -> None:
-            nonlocal t_wall
-            if msg.get("event") != "result":
-                return
-            per = pending.setdefault(msg["key"], {})
-            per[proc] = msg
-            if len(per) < W:
-                return
-            rows.append(make_row(algo, msg["key"], [per[p] for p in wprocs], time.monotonic() - t_wall))
-            t_wall = time.monotonic()
-
-        # Results stream in; 'done' comes after the last one.
-        done = _wait_all(events, wprocs, "done", stall_timeout, on_other=on_result, watch=procs, idle=True)
-        wall = time.monotonic() - t_ready
-        # The bench's own processes' share of the machine: each process's CPU seconds over the time
-        # it was measured (workers: 'ready' to 'done', with input restores and result checks; reducers
-        # and the poller: their own 'ready' to the end), in cores; the rest of the load is someone else's.
-        cores = sum(done[p]["cpu_s"] - ready[p]["cpu_s"] for p in wprocs) / wall if wall > 0 else 0.0
-        if poller is not None:
-            poller.close_stdin()
-            pdone = _wait_all(events, [poller], "done", 60.0)[poller]
-            cores += (pdone["cpu_s"] - pready[poller]["cpu_s"]) / max(1e-3, time.monotonic() - t_pready)
-            if polls is not None:
-                polls.append(pdone["polls"])
-        if rprocs:
-            for p in rprocs:
-                p.close_stdin()
-            rdone = _wait_all(events, rprocs, "done", 30.0)
-            reducer_cpu_s = sum(rdone[p]["cpu_s"] - rready[p]["cpu_s"] for p in rprocs)
-            cores += reducer_cpu_s / max(1e-3, time.monotonic() - t_rready)
-            for r in rows:
-                r["reducer_cpu_s"] = reducer_cpu_s  # all reducers, this pass: 'ready' to the end
-        share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
-        for r in rows:
-            r["bench_cpu_percent"] = share
-            if flows is not None:
+        one.start_reducers()
+        one.start_poller()
+        one.start_workers(work)
+        flows = one.flows()
+        done = one.stream_results(make_row)
+        one.collect_cpu(done, polls)
+        if flows is not None:
+            for r in one.rows:
                 r["flows"] = flows
-        return rows, None
+        return one.rows, None
     except BenchError as exc:
-        return rows, str(exc)
+        return one.rows, str(exc)
     finally:
-        for p in procs:
-            p.close_stdin()
-        for p in procs:
-            p.kill()
+        one.stop()
 
 
 # ------------------------------------------------------------------------ the run
@@ -527,7 +353,10 @@ def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, 
     return algos
 
 
-def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
+def _size_row_maker(cfg: BenchConfig) -> RowMaker:
+    esize = numpy_dtype(cfg.dtype).itemsize
+    chunk = cfg.chunk_bytes or int(rs_config.get("chunk_bytes"))
+
     def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
         is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
@@ -547,21 +376,93 @@ def _size_row_maker(cfg: BenchConfig, esize: int, chunk: int) -> RowMaker:
 def run_sizes(algo: str, cfg: BenchConfig, hosts: Any, run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
     """One algorithm over cfg.sizes on `hosts` (emulated or not): its rows and error, without the
     report (for benchmarks that compare something else against these baselines)."""
-    make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize, cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
-    return _run_algo(algo, cfg, hosts, {"sizes": list(cfg.sizes)}, make_row, run_id)
+    return _run_algo(algo, cfg, hosts, {"sizes": list(cfg.sizes)}, _size_row_maker(cfg), run_id)
+
+
+_Key = Tuple[Optional[str], str]  # (congestion control, algorithm)
+
+
+@dataclass
+class _RunSpec:
+    """What a run does, once its configuration is checked (see _validate)."""
+    cfg: BenchConfig
+    ccs: List[Optional[str]]         # a pass over the algorithms each; None: leave congestion control alone
+    algos: List[str]                 # what the tables show: with ab, rs+cp after rs
+    run_order: List[str]             # the passes over the sizes
+    sizes: List[int]
+    plan: Optional[steps.StepPlan]   # --model: training steps instead of sizes
+
+    def row_maker(self) -> RowMaker:
+        return self.plan.make_row(self.cfg) if self.plan is not None else _size_row_maker(self.cfg)
+
+    def work_passes(self, all_rows: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[str, Any], int]]:
+        """The passes of one congestion control, (algorithm, work, results expected): the model's
+        steps (reading the run's rows as they grow), or every size in `run_order`."""
+        if self.plan is not None:
+            plan = self.plan
+            return ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, self.algos, all_rows))
+        return ((a, {"sizes": self.sizes}, len(self.sizes)) for a in self.run_order)
+
+
+@dataclass
+class _Results:
+    """What the passes produced, keyed by (congestion control, algorithm): each congestion
+    control's passes are a run of their own."""
+    rows_by_cc: Dict[Optional[str], List[Dict[str, Any]]]
+    all_rows: List[Dict[str, Any]] = field(default_factory=list)  # in run order; steps.passes reads it
+    errors: Dict[_Key, Optional[str]] = field(default_factory=dict)
+    cpu_by_algo: Dict[_Key, List[Any]] = field(default_factory=dict)
+    polls_by_algo: Dict[_Key, List[Dict[str, Any]]] = field(default_factory=dict)
+
+    def add(self, key: _Key, rows: List[Dict[str, Any]], err: Optional[str], control_plane: str) -> None:
+        cc, algo = key
+        if uses_reducers(algo):
+            for r in rows:
+                r["control_plane"] = "on" if control_ab.with_control_plane(algo, control_plane) else "off"
+        self.all_rows += rows
+        self.rows_by_cc[cc] += rows
+        self.errors[key] = self.errors.get(key) or err
+        if err:
+            log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
 
 
 def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, Any]]:
     """Run the benchmark, print its tables with `out`, write JSON / plot; returns the rows.
 
     cfg.model set: training steps of that model (reducer.bench.steps); otherwise buffer sizes."""
+    spec = _validate(cfg, out)
+    background, load1 = _background_load()  # before we start anything: others' work disturbs the numbers
+    run_id = uuid.uuid4().hex[:8]
+    n_hosts = _count_hosts(spec)
+    _print_header(spec, n_hosts, background, load1, out)
+    res = _Results({cc: [] for cc in spec.ccs})
+    with _open_hosts(spec.cfg, n_hosts) as hosts:
+        _run_passes(spec, hosts, run_id, res)
+    if spec.plan is not None:
+        _report_steps(spec, res, out)
+    for cc in spec.ccs:
+        _report_congestion(spec, res, cc, out)
+    all_rows = [r for cc in spec.ccs for r in res.rows_by_cc[cc]]
+    for r in all_rows:
+        r["background_cpu_percent"] = background
+        r["load_average_1m"] = load1
+    _write_outputs(spec, res, all_rows, out)
+    failed = [(cc, a) for (cc, a), err in res.errors.items() if err]
+    if failed:
+        raise BenchError("benchmark failed for " + ", ".join(
+            f"{a}{'' if cc is None else f' ({cc})'}: {res.errors[(cc, a)]}" for cc, a in failed))
+    return all_rows
+
+
+def _validate(cfg: BenchConfig, out: Callable[[str], None]) -> _RunSpec:
+    """cfg checked and normalised, and what it asks to run; ConfigError if it cannot run."""
     if cfg.workers < 1 or cfg.reducers < 1:
         raise ConfigError("--workers and --reducers must be at least 1")
     numpy_dtype(cfg.dtype)
     cfg = _check_compression(dataclasses.replace(cfg, op=check_op(cfg.op)))
     if cfg.iters < 1 or cfg.iters_bytes < 0 or cfg.warmup < 0 or cfg.warmup_bytes < 0:
         raise ConfigError("--iters must be >= 1, --iters-bytes, --warmup and --warmup-bytes >= 0")
-    _check_congestion(cfg.congestion)
+    check_congestion(cfg.congestion)
     ccs: List[Optional[str]] = list(cfg.congestion or [None])  # None: leave congestion control alone
     if cfg.model and len(ccs) > 1:
         raise ConfigError("--model runs one congestion control at a time: give --congestion one name")
@@ -584,29 +485,38 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
                               default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()))
     control_ab.check(cfg.control_plane, algos, cfg.model, cfg.ab_passes, cfg.poll_interval)
     run_order = control_ab.pass_order(algos, cfg.control_plane, cfg.ab_passes)
-    algos = list(dict.fromkeys(run_order))  # what the tables show: with ab, rs+cp after rs
     if cfg.plot_path:
         from .plot import _pyplot
 
         _pyplot()  # fail now, not after the run, when matplotlib is missing
+    return _RunSpec(cfg, ccs, list(dict.fromkeys(run_order)), run_order, sizes, plan)
 
-    # load on the machine before we start anything: others' work disturbs the numbers
+
+def _background_load() -> Tuple[float, float]:
+    """The machine's CPU load over one second (percent of all cores) and its 1-minute load average."""
     b0 = cpu_monitor.read_cpu_times()
     time.sleep(1.0)
     b1 = cpu_monitor.read_cpu_times()
-    background = 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1])
-    load1 = os.getloadavg()[0]
+    return 100.0 * (b1[0] - b0[0]) / max(1, b1[1] - b0[1]), os.getloadavg()[0]
 
-    run_id = uuid.uuid4().hex[:8]
-    n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in algos) else 0)
-    if any(control_ab.with_control_plane(a, cfg.control_plane) for a in algos):
+
+def _count_hosts(spec: _RunSpec) -> int:
+    """The emulated hosts the run needs: the workers', the reducers', the control-plane poller's."""
+    cfg = spec.cfg
+    n_hosts = cfg.workers + (cfg.reducers if any(uses_reducers(a) for a in spec.algos) else 0)
+    if any(control_ab.with_control_plane(a, cfg.control_plane) for a in spec.algos):
         n_hosts += 1  # the control-plane poller's
+    return n_hosts
+
+
+def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float, out: Callable[[str], None]) -> None:
+    cfg = spec.cfg
     where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
              f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
     out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
         f"iters={cfg.iters} warmup={cfg.warmup}"
         + ("" if cfg.model else f" iters_bytes={cfg.iters_bytes} warmup_bytes={cfg.warmup_bytes}")
-        + f" algos={','.join(algos)}"
+        + f" algos={','.join(spec.algos)}"
         + (f" compression={cfg.compression} (rs: float32 sent as 16-bit)" if cfg.compression else ""))
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
@@ -615,209 +525,189 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, 
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
-    out(f"# TCP congestion control: {_describe_congestion(cfg, ccs)}")
+    out(f"# TCP congestion control: {describe_congestion(spec.ccs, bool(cfg.emulate_gbps))}")
     cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
     if cp_line:
         out(cp_line)
-    if plan is not None:
-        for line in plan.describe():
+    if spec.plan is not None:
+        for line in spec.plan.describe():
             out(line)
 
-    all_rows: List[Dict[str, Any]] = []
-    if plan is not None:
-        make_row = plan.make_row(cfg)
-    else:
-        make_row = _size_row_maker(cfg, numpy_dtype(cfg.dtype).itemsize,
-                                   cfg.chunk_bytes or int(rs_config.get("chunk_bytes")))
 
-    def work_passes() -> Any:
-        """The passes of one congestion control: the model's steps, or every size in `run_order`."""
-        if plan is not None:
-            return ((a, plan.work(cases), len(cases)) for a, cases in steps.passes(plan, algos, all_rows))
-        return ((a, {"sizes": sizes}, len(sizes)) for a in run_order)
+@contextlib.contextmanager
+def _open_hosts(cfg: BenchConfig, n_hosts: int) -> Iterator[Any]:
+    """The hosts the processes run on: n_hosts emulated ones (torn down after), or loopback."""
+    if not cfg.emulate_gbps:
+        yield _LoopbackHosts()
+        return
+    from . import emulate
 
-    # keyed by (congestion control, algorithm): each congestion control's passes are a run of their own
-    errors: Dict[Tuple[Optional[str], str], Optional[str]] = {}
-    cpu_by_algo: Dict[Tuple[Optional[str], str], List[Any]] = {}
-    polls_by_algo: Dict[Tuple[Optional[str], str], List[Dict[str, Any]]] = {}
-    rows_by_cc: Dict[Optional[str], List[Dict[str, Any]]] = {cc: [] for cc in ccs}
     emu_ctx = None
     try:
-        if cfg.emulate_gbps:
-            from . import emulate
-
-            try:
-                emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
-                hosts: Any = _EmulatedHosts(emu_ctx.__enter__())
-            except emulate.EmulationError as exc:
-                emu_ctx = None
-                raise ConfigError(f"--emulate-gbps: {exc}") from None
-        else:
-            hosts = _LoopbackHosts()
-
-        prog, add_task = _progress(cfg)
         try:
-            for cc in ccs:
-                extra_env: Dict[str, str] = {}
-                if cc is not None:
-                    # rs's and the ring's sockets get this pass's setting ('default': the kernel's),
-                    # whatever the caller's environment says
-                    extra_env[rs_config.SETTINGS["tcp_congestion"].env] = cc
-                    hosts.set_congestion(None if cc == DEFAULT_CONGESTION else cc)
-                for algo, work, n_results in work_passes():
-                    key = (cc, algo)
-                    if n_results == 0 or errors.get(key):
-                        continue
-                    mon = cpu_monitor.CpuMonitor(interval=0.5).start()
-                    advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
-
-                    def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float,
-                                         advance: Any = advance, cc: Optional[str] = cc) -> Dict[str, Any]:
-                        row = make_row(a, key, msgs, wall)
-                        if cc is not None:
-                            row["congestion"] = _cc_label(cc)
-                        if advance is not None:
-                            advance(row.get("label") or f"{row['size']} B")
-                        return row
-
-                    try:
-                        rows, err = _run_algo(algo, cfg, hosts, work, row_and_progress, run_id, extra_env,
-                                              polls=polls_by_algo.setdefault(key, []))
-                    finally:
-                        mon.stop()
-                        cpu_by_algo.setdefault(key, []).append(mon)
-                    if uses_reducers(algo):
-                        for r in rows:
-                            r["control_plane"] = "on" if control_ab.with_control_plane(algo, cfg.control_plane) else "off"
-                    all_rows += rows
-                    rows_by_cc[cc] += rows
-                    errors[key] = errors.get(key) or err
-                    if err:
-                        log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
-        finally:
-            if prog is not None:
-                prog.stop()
+            emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
+            hosts = _EmulatedHosts(emu_ctx.__enter__())
+        except emulate.EmulationError as exc:
+            emu_ctx = None
+            raise ConfigError(f"--emulate-gbps: {exc}") from None
+        yield hosts
     finally:
         if emu_ctx is not None:
             emu_ctx.__exit__(None, None, None)
 
-    if plan is not None:  # --model: one congestion control
-        steps.finish(all_rows)
-        all_rows.sort(key=steps.sort_key)
-        rows_by_cc = {ccs[0]: all_rows}
-        where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
-        out("")
-        out(report.format_step_table(all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
+
+def _run_passes(spec: _RunSpec, hosts: Any, run_id: str, res: _Results) -> None:
+    """Every congestion control's passes over the algorithms, into `res` (an algorithm that failed
+    under a congestion control is not run again under it)."""
+    make_row = spec.row_maker()
+    prog, add_task = _progress(spec.cfg)
+    try:
+        for cc in spec.ccs:
+            extra_env = use_congestion(hosts, cc)
+            for algo, work, n_results in spec.work_passes(res.all_rows):
+                key = (cc, algo)
+                if n_results == 0 or res.errors.get(key):
+                    continue
+                mon = cpu_monitor.CpuMonitor(interval=0.5).start()
+                advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
+                try:
+                    rows, err = _run_algo(algo, spec.cfg, hosts, work, _pass_row_maker(make_row, cc, advance),
+                                          run_id, extra_env, polls=res.polls_by_algo.setdefault(key, []))
+                finally:
+                    mon.stop()
+                    res.cpu_by_algo.setdefault(key, []).append(mon)
+                res.add(key, rows, err, spec.cfg.control_plane)
+    finally:
+        if prog is not None:
+            prog.stop()
+
+
+def _pass_row_maker(make_row: RowMaker, cc: Optional[str], advance: Optional[Callable[[str], None]]) -> RowMaker:
+    """make_row, each row marked with the pass's congestion control, the progress bar advanced."""
+    def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float) -> Dict[str, Any]:
+        row = make_row(a, key, msgs, wall)
+        if cc is not None:
+            row["congestion"] = congestion_label(cc)
+        if advance is not None:
+            advance(row.get("label") or f"{row['size']} B")
+        return row
+
+    return row_and_progress
+
+
+# ------------------------------------------------------------------------ the report
+def _report_steps(spec: _RunSpec, res: _Results, out: Callable[[str], None]) -> None:
+    """--model (one congestion control): the step table of every pass, and what failed."""
+    cfg = spec.cfg
+    steps.finish(res.all_rows)
+    res.all_rows.sort(key=steps.sort_key)
+    res.rows_by_cc = {spec.ccs[0]: res.all_rows}
+    where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
+    out("")
+    out(report.format_step_table(res.all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
                                                f"R={cfg.reducers}, {where_short}"))
-        for (cc, algo), err in errors.items():
-            if err:
-                out(f"# {algo} FAILED: {err}")
-    for cc in ccs:
-        mine_rows = rows_by_cc[cc]
-        if len(ccs) > 1 or cc is not None:
+    for (cc, algo), err in res.errors.items():
+        if err:
+            out(f"# {algo} FAILED: {err}")
+
+
+def _report_congestion(spec: _RunSpec, res: _Results, cc: Optional[str], out: Callable[[str], None]) -> None:
+    """The tables and notes of the passes under congestion control `cc` (several passes of an
+    algorithm are merged into one row per size in res.rows_by_cc)."""
+    cfg, sized = spec.cfg, spec.plan is None
+    mine_rows = res.rows_by_cc[cc]
+    if len(spec.ccs) > 1 or cc is not None:
+        out("")
+        out(f"# ===== TCP congestion control: {congestion_label(cc)} =====")
+    bench_cpu = _mean_by_algo(mine_rows, "bench_cpu_percent")
+    reducer_cpu = _mean_by_algo(mine_rows, "reducer_cpu_s")  # per pass
+    if sized:
+        if len(spec.run_order) > len(spec.algos):  # several passes of an algorithm: one row per size of each
+            mine_rows = res.rows_by_cc[cc] = report.merge_passes(mine_rows)
+            for r in mine_rows:
+                r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
+                r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
+        for algo in spec.algos:
             out("")
-            out(f"# ===== TCP congestion control: {_cc_label(cc)} =====")
-        bench_cpu = _mean_by_algo(mine_rows, "bench_cpu_percent")
-        reducer_cpu = _mean_by_algo(mine_rows, "reducer_cpu_s")  # per pass
-        if plan is None:
-            if len(run_order) > len(algos):  # several passes of an algorithm: one row per size of each
-                mine_rows = rows_by_cc[cc] = report.merge_passes(mine_rows)
-                for r in mine_rows:
-                    r["bench_cpu_percent"] = bench_cpu.get(r["algo"])
-                    r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
-            for algo in algos:
-                out("")
-                out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
-                                             cfg.reducers, errors.get((cc, algo)),
-                                             compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
-        for algo in algos:
-            counts = polls_by_algo.get((cc, algo))
-            if counts:
-                merged = merge_counts(counts)
-                for r in mine_rows:
-                    if r["algo"] == algo:
-                        r["polls"] = merged
-                if cfg.control_plane == "on":
-                    out(control_ab.format_polls(merged, cfg.poll_interval, algo))
-        if cfg.control_plane == "ab" and plan is None:
-            out("")
-            out(control_ab.format_table(mine_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
-        for algo in algos:
-            rows_a = [r for r in mine_rows if r["algo"] == algo]
-            mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
-            mons = cpu_by_algo.get((cc, algo))
-            if mons:
-                txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-                      f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
-                if mine is not None:
-                    txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
-                            "kernel network processing in softirq, and any other load)")
-                out(txt)
-            flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
-            if flows:
-                out(f"# congestion control of the {algo} run's connections on worker 0"
-                    + (" and reducer 0" if uses_reducers(algo) else "") + " (ss -ti, once connected): "
-                    + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
-        if mine_rows and plan is None:
-            out("")
-            out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
-            out("")
-            out(report.format_variance(mine_rows))
-        if cfg.emulate_gbps:
-            for algo in algos:
-                hot = [r for r in mine_rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
-                if hot:
-                    which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)"
-                                      for r in hot)
-                    out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
-                        f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
-                        f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
-    all_rows = [r for cc in ccs for r in rows_by_cc[cc]]
-    for r in all_rows:
-        r["background_cpu_percent"] = background
-        r["load_average_1m"] = load1
+            out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
+                                         cfg.reducers, res.errors.get((cc, algo)),
+                                         compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
+    _report_polls(spec, res.polls_by_algo, cc, mine_rows, out)
+    if cfg.control_plane == "ab" and sized:
+        out("")
+        out(control_ab.format_table(mine_rows, cfg.poll_interval, bench_cpu, reducer_cpu, cfg.ab_passes))
+    for algo in spec.algos:
+        _report_algo_notes(algo, [r for r in mine_rows if r["algo"] == algo], res.cpu_by_algo.get((cc, algo)), out)
+    if mine_rows and sized:
+        out("")
+        out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
+        out("")
+        out(report.format_variance(mine_rows))
+    if cfg.emulate_gbps:
+        _warn_cpu_bound(cfg, spec.algos, mine_rows, out)
+
+
+def _report_polls(spec: _RunSpec, polls_by_algo: Dict[_Key, List[Dict[str, Any]]], cc: Optional[str],
+                  rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+    """Each algorithm's poller counts, merged over its passes, into its rows (printed with --control-plane on)."""
+    for algo in spec.algos:
+        counts = polls_by_algo.get((cc, algo))
+        if counts:
+            merged = merge_counts(counts)
+            for r in rows:
+                if r["algo"] == algo:
+                    r["polls"] = merged
+            if spec.cfg.control_plane == "on":
+                out(control_ab.format_polls(merged, spec.cfg.poll_interval, algo))
+
+
+def _report_algo_notes(algo: str, rows_a: List[Dict[str, Any]], mons: Optional[List[Any]],
+                       out: Callable[[str], None]) -> None:
+    """The machine's CPU during an algorithm's passes, and the congestion control of its connections."""
+    mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
+    if mons:
+        txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
+              f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
+        if mine is not None:
+            txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
+                    "kernel network processing in softirq, and any other load)")
+        out(txt)
+    flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
+    if flows:
+        out(f"# congestion control of the {algo} run's connections on worker 0"
+            + (" and reducer 0" if uses_reducers(algo) else "") + " (ss -ti, once connected): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
+
+
+def _warn_cpu_bound(cfg: BenchConfig, algos: List[str], rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+    """Emulated links: a warning where the machine's CPU, not the links, may have been the limit."""
+    for algo in algos:
+        hot = [r for r in rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
+        if hot:
+            which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)"
+                              for r in hot)
+            out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
+                f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
+                f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+
+
+def _write_outputs(spec: _RunSpec, res: _Results, all_rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+    """--json and --plot (sizes: one plot per congestion control)."""
+    cfg = spec.cfg
     if cfg.json_path:
         report.write_json(cfg.json_path, all_rows)
         out(f"# wrote {len(all_rows)} rows to {cfg.json_path}")
     if cfg.plot_path and all_rows:
         from . import plot
 
-        if plan is not None:
+        if spec.plan is not None:
             plot.plot_steps(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
             out(f"# wrote plot {cfg.plot_path}")
         else:
-            for cc in ccs:
-                path = cfg.plot_path if len(ccs) == 1 else _suffixed(cfg.plot_path, _cc_label(cc))
-                plot.plot(rows_by_cc[cc], path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
+            for cc in spec.ccs:
+                path = cfg.plot_path if len(spec.ccs) == 1 else _suffixed(cfg.plot_path, congestion_label(cc))
+                plot.plot(res.rows_by_cc[cc], path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
                 out(f"# wrote plot {path}")
-    failed = [(cc, a) for (cc, a), err in errors.items() if err]
-    if failed:
-        raise BenchError("benchmark failed for " + ", ".join(
-            f"{a}{'' if cc is None else f' ({cc})'}: {errors[(cc, a)]}" for cc, a in failed))
-    return all_rows
-
-
-def _cc_label(cc: Optional[str]) -> str:
-    """The congestion control a pass ran under, as rows record it."""
-    if cc is None or cc == DEFAULT_CONGESTION:
-        return kernel_congestion()
-    return cc
-
-
-def _describe_congestion(cfg: BenchConfig, ccs: List[Optional[str]]) -> str:
-    if ccs == [None]:
-        from .._native import core
-
-        rs_cc = core.tcp_congestion()  # RS_TCP_CONGESTION as this process resolved it ('' = the kernel's)
-        return (f"the kernel's default ({kernel_congestion()})" +
-                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION={rs_config.get('tcp_congestion')})"
-                 if rs_cc else "") +
-                " (--congestion NAME[,NAME] to choose; one pass per name)")
-    names = ", ".join(f"{_cc_label(c)}{' (kernel default)' if c == DEFAULT_CONGESTION else ''}" for c in ccs)
-    how = ("every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
-           "(RS_TCP_CONGESTION)" if cfg.emulate_gbps else
-           "rs and ring sockets only (RS_TCP_CONGESTION); gloo keeps the kernel's default on loopback")
-    return f"one pass each: {names}; applied to {how}"
 
 
 def _suffixed(path: str, tag: str) -> str:

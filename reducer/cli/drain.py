@@ -4,11 +4,13 @@ Each reducer stops accepting connections, lets its rounds in flight finish (up t
 its own --drain-timeout), closes its data plane and answers NOT_SERVING from then on
 (docs/operations.md, "Drain"). With an auth token (--auth-token-file, RS_AUTH_TOKEN,
 RS_AUTH_TOKEN_FILE) the request is signed with it; a reducer that has a token refuses an
-unsigned Drain.
+unsigned Drain, and one without a token refuses every Drain unless it was started with
+--allow-unauthenticated-drain.
 """
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 from typing import Any
 
@@ -33,8 +35,8 @@ def run(args: Any) -> int:
     from reducer import config
     from reducer.cli.status import control_addresses
 
-    if args.timeout < 0:
-        print("reduction-server drain: error: --timeout must be >= 0", file=sys.stderr)
+    if not math.isfinite(args.timeout) or args.timeout < 0:
+        print("reduction-server drain: error: --timeout must be a finite number of seconds >= 0", file=sys.stderr)
         return 2
     try:
         addresses = control_addresses(args.addresses)

@@ -14,8 +14,10 @@ On SIGINT/SIGTERM the reducer stops accepting, lets rounds in flight finish for 
 
 Beside the data port (docs/operations.md): the gRPC control plane (health, GetStats, Drain) on
 ``--control-port`` (default: data port + 1; ``off`` = none) and, with ``--metrics-port``, a
-Prometheus endpoint. A Drain RPC drains like SIGTERM but the process stays up, answering
-NOT_SERVING, until it gets a signal.
+Prometheus endpoint. A Drain RPC (it needs the shared secret; without one it is refused unless
+``--allow-unauthenticated-drain``) drains like SIGTERM but the process stays up, answering
+NOT_SERVING, until it gets a signal. Both ports are capped in connections and requests per
+address (docs/security.md, "Control port and metrics port").
 """
 from __future__ import annotations
 
@@ -69,6 +71,11 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--metrics-port", type=_port_arg, default=None, metavar="PORT|off",
                    help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
                         "(default: $RS_METRICS_PORT, else off)")
+    p.add_argument("--allow-unauthenticated-drain", action="store_true", default=None,
+                   help="without a shared secret, let anyone who reaches the control port Drain this reducer "
+                        "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)")
+    for flag, kind, metavar, text in _MEMORY_FLAGS:
+        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     p.add_argument("--ready-file", default=None,
                    help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
     p.set_defaults(func=run)
@@ -84,6 +91,26 @@ def _port_arg(text: str) -> int:
     if value is None:
         raise argparse.ArgumentTypeError("expected a port 0-65535 or 'off'")
     return int(value)
+
+
+def _size_arg(text: str) -> int:
+    from reducer import config
+
+    try:
+        return int(config.SETTINGS["max_memory_per_job"].parse(text))
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+
+
+# The memory shares (docs/security.md, "Memory shares"): flag, type, metavar, help.
+_MEMORY_FLAGS = (
+    ("--max-memory-per-job", _size_arg, "BYTES", "reduction-buffer memory one job's groups may hold, e.g. 8G "
+     "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)"),
+    ("--max-memory-per-peer", _size_arg, "BYTES", "reduction-buffer memory charged to one worker IP address "
+     "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)"),
+    ("--memory-idle-timeout", float, "SECONDS", "a group that receives nothing this long gives its memory back "
+     "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)"),
+)
 
 
 # -- where to listen ----------------------------------------------------------------------------
@@ -199,11 +226,13 @@ def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecyc
     """Start the control plane and the metrics endpoint; raises OSError for a port asked for explicitly."""
     ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
     control = metrics = None
+    limits = _side_limits(server, ports)
     if ports.control is not None:
         try:
             from reducer.control.service import ControlPlane
 
-            control = ControlPlane(server, lifecycle, host=plan.host, port=ports.control, auth_token=token).start()
+            control = ControlPlane(server, lifecycle, host=plan.host, port=ports.control, auth_token=token,
+                                   limits=limits, allow_unauthenticated_drain=args.allow_unauthenticated_drain).start()
         except (OSError, ImportError) as exc:
             if not ports.control_is_default:
                 raise
@@ -215,7 +244,8 @@ def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecyc
         from reducer.control.metrics import MetricsEndpoint, reducer_registry
 
         try:
-            metrics = MetricsEndpoint(reducer_registry(server, lifecycle), host=plan.host, port=ports.metrics)
+            metrics = MetricsEndpoint(reducer_registry(server, lifecycle), host=plan.host, port=ports.metrics,
+                                      limits=limits)
         except OSError as exc:
             if control is not None:
                 control.stop(0)
@@ -224,11 +254,42 @@ def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecyc
     return control, metrics
 
 
+def _side_limits(server: Any, ports: SidePorts) -> Any:
+    """The caps of the control and metrics ports (ConfigError for bad RS_CONTROL_* settings)."""
+    if ports.control is None and ports.metrics is None:
+        return None
+    from reducer.control.limits import configured_limits
+
+    limits = configured_limits(server)
+    log.info("control and metrics ports: at most %d and %d connections (%d per address), %g requests/s per "
+             "address%s", limits.control_connections, limits.metrics_connections, limits.per_peer, limits.rate,
+             "" if limits.budget_fds is None else f"; {limits.budget_fds} descriptors left beside the data plane's")
+    return limits
+
+
+def _warn_unauthenticated(plan: ListenPlan, server: Any, control: Any, metrics: Any) -> None:
+    """The startup WARNING of a reducer without a shared secret: every port it opened, and what is open."""
+    from reducer.addresses import format_address
+
+    ports = [f"data port {format_address(plan.host, server.port)} (anyone may join any group)"]
+    if control is not None:
+        drain = ("anyone may Drain it: --allow-unauthenticated-drain" if control.service.allow_unauthenticated_drain
+                 else "Drain refused")
+        ports.append(f"control port {format_address(plan.host, control.port)} (health and GetStats open to anyone, "
+                     f"{drain})")
+    if metrics is not None:
+        ports.append(f"metrics port {format_address(plan.host, metrics.port)} (open to anyone)")
+    log.warning("running WITHOUT authentication (no shared secret: --auth-token-file, RS_AUTH_TOKEN): %s",
+                "; ".join(ports))
+
+
 def run(args: argparse.Namespace) -> int:
+    import math
+
     from reducer import config
 
-    if args.drain_timeout < 0:
-        print("reduction-server serve: error: --drain-timeout must be >= 0", file=sys.stderr)
+    if not math.isfinite(args.drain_timeout) or args.drain_timeout < 0:
+        print("reduction-server serve: error: --drain-timeout must be a finite number >= 0", file=sys.stderr)
         return 2
     try:
         plan = resolve_listen(args.host, args.port)
@@ -267,7 +328,9 @@ def run(args: argparse.Namespace) -> int:
     try:
         try:
             server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
-                                   integrity=args.integrity)
+                                   integrity=args.integrity, max_memory_per_job=args.max_memory_per_job,
+                                   max_memory_per_peer=args.max_memory_per_peer,
+                                   memory_idle_timeout=args.memory_idle_timeout)
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
@@ -280,10 +343,12 @@ def run(args: argparse.Namespace) -> int:
         lifecycle = Lifecycle(server, args.drain_timeout)
         try:
             control, metrics = _start_side(args, plan, server, lifecycle, token)
-        except (OSError, ImportError) as exc:
+        except (OSError, ImportError, ConfigError) as exc:
             server.stop()
             print(f"reduction-server serve: error: {exc}", file=sys.stderr)
             return 1
+        if not token:
+            _warn_unauthenticated(plan, server, control, metrics)
         if args.ready_file:
             _write_ready_file(args.ready_file, server.address)
         log.info("listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",

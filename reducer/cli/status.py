@@ -37,6 +37,9 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
                    help="seconds between refreshes of the live table (default %(default)s)")
     p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
                    help="seconds to wait for each reducer's answer (default %(default)s)")
+    p.add_argument("--auth-token-file", default=None,
+                   help="file holding the shared secret, which reducers that have one want proven for GetStats "
+                        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)")
     p.set_defaults(func=run)
 
 
@@ -65,13 +68,13 @@ def control_addresses(addresses: Sequence[str], env: Optional[Mapping[str, str]]
     return out
 
 
-def snapshot(addresses: Sequence[str], timeout: float) -> List[Dict[str, Any]]:
+def snapshot(addresses: Sequence[str], timeout: float, token: Optional[str] = None) -> List[Dict[str, Any]]:
     """GetStats of every reducer, in order: its answer, or {"address", "error"}."""
     from reducer.control.client import ControlClient, ControlError
 
     def one(address: str) -> Dict[str, Any]:
         try:
-            with ControlClient(address, timeout=timeout) as client:
+            with ControlClient(address, timeout=timeout, token=token) as client:
                 return dict(client.get_stats(), address=address)
         except ControlError as exc:
             return {"address": address, "error": str(exc)}
@@ -117,26 +120,29 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout <= 0:
         print("reduction-server status: error: --interval and --timeout must be > 0", file=sys.stderr)
         return 2
+    from reducer import config
+
     try:
         addresses = control_addresses(args.addresses)
+        token = config.resolve_auth_token(token_file=args.auth_token_file)
     except ConfigError as exc:
         print(f"reduction-server status: error: {exc} (or pass the reducers' control addresses HOST:PORT)",
               file=sys.stderr)
         return 2
     if args.json:
-        reducers = snapshot(addresses, args.timeout)
+        reducers = snapshot(addresses, args.timeout, token)
         json.dump({"reducers": reducers}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0 if all("error" not in r for r in reducers) else 1
 
     from rich.live import Live
 
-    reducers = snapshot(addresses, args.timeout)
+    reducers = snapshot(addresses, args.timeout, token)
     try:
         with Live(render(reducers), auto_refresh=False) as live:
             while True:
                 time.sleep(args.interval)
-                reducers = snapshot(addresses, args.timeout)
+                reducers = snapshot(addresses, args.timeout, token)
                 live.update(render(reducers), refresh=True)
     except KeyboardInterrupt:
         pass

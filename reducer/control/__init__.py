@@ -3,7 +3,9 @@
 - reducer.control.service: the gRPC control plane (grpc.health.v1.Health + reduction_server.v1.Reducer);
 - reducer.control.client: ControlClient, what `reduction-server status` and `drain` use;
 - reducer.control.metrics: Prometheus metrics of a reducer; worker_metrics: of a Communicator;
-- reducer.control.lifecycle, rows, auth: pure Python parts the above share.
+- reducer.control.front, http, loop: the control port's accepting front (connection caps and
+  timeouts before the grpc.aio server), the metrics port's bounded HTTP server, the shared event loop;
+- reducer.control.lifecycle, rows, auth, limits: pure Python parts the above share.
 
 Nothing here is imported by `import reducer`: a worker that never asks for metrics never loads
 grpc or prometheus_client.

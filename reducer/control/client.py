@@ -4,6 +4,9 @@
         c.health()            # "SERVING" / "NOT_SERVING"
         c.get_stats()         # dict: state, counters, values, info, groups, ...
         c.drain(timeout_s=30, wait=True, token=secret)
+
+A reducer with a shared secret wants it proven for GetStats and Drain (a Challenge nonce and an
+HMAC, reducer.control.auth): pass `token` to the client or to the call.
 """
 from __future__ import annotations
 
@@ -12,7 +15,7 @@ from typing import Any, Dict, Optional
 from google.protobuf.json_format import MessageToDict
 
 from . import import_grpc
-from .auth import drain_mac
+from .auth import drain_mac, stats_mac
 from .lifecycle import DRAINED
 
 grpc = import_grpc()
@@ -33,9 +36,10 @@ class ControlError(RuntimeError):
 
 
 class ControlClient:
-    def __init__(self, address: str, timeout: float = 5.0) -> None:
+    def __init__(self, address: str, timeout: float = 5.0, token: Optional[str] = None) -> None:
         self.address = address
         self.timeout = float(timeout)
+        self.token = token or None
         self._channel = grpc.insecure_channel(address)
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._reducer = reducer_pb2_grpc.ReducerStub(self._channel)
@@ -51,9 +55,18 @@ class ControlClient:
         reply = self._call("Health.Check", self._health.Check, health_pb2.HealthCheckRequest(service=service))
         return health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
 
-    def get_stats(self) -> Dict[str, Any]:
-        """GetStatsResponse as a dict (proto field names; integers stay integers)."""
-        reply = self._call("GetStats", self._reducer.GetStats, reducer_pb2.GetStatsRequest())
+    def _nonce(self) -> bytes:
+        return self._call("Challenge", self._reducer.Challenge, reducer_pb2.ChallengeRequest()).nonce
+
+    def get_stats(self, token: Optional[str] = None) -> Dict[str, Any]:
+        """GetStatsResponse as a dict (proto field names; integers stay integers). With a token (this
+        call's, else the client's), proves it; a reducer that has one refuses without (UNAUTHENTICATED)."""
+        token = token or self.token
+        request = reducer_pb2.GetStatsRequest()
+        if token:
+            nonce = self._nonce()
+            request = reducer_pb2.GetStatsRequest(nonce=nonce, mac=stats_mac(token, nonce))
+        reply = self._call("GetStats", self._reducer.GetStats, request)
         out = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         # JSON mapping writes uint64 as strings; give the numbers back.
         out["counters"] = {k: int(v) for k, v in reply.counters.items()}
@@ -63,11 +76,14 @@ class ControlClient:
 
     def drain(self, timeout_s: float = 0.0, wait: bool = False, token: Optional[str] = None,
               rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
-        """Ask the reducer to drain (timeout_s 0 = its own --drain-timeout). With `token`, proves it
-        with the Challenge nonce; without, the reducer refuses if it has a token (UNAUTHENTICATED)."""
+        """Ask the reducer to drain (timeout_s 0 = its own --drain-timeout). With a token (this call's,
+        else the client's), proves it with the Challenge nonce; without, a reducer that has a token
+        refuses (UNAUTHENTICATED), one without refuses unless it allows unauthenticated drains
+        (PERMISSION_DENIED)."""
+        token = token or self.token
         nonce = mac = b""
         if token:
-            nonce = self._call("Challenge", self._reducer.Challenge, reducer_pb2.ChallengeRequest()).nonce
+            nonce = self._nonce()
             mac = drain_mac(token, nonce, timeout_s)
         if rpc_timeout is None:
             rpc_timeout = self.timeout + (timeout_s + 30.0 if wait else 0.0)

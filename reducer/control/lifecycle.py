@@ -6,6 +6,7 @@ health service and the metrics subscribe to the changes. Pure Python: no grpc he
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 from typing import Any, Callable, List, Optional
@@ -29,8 +30,8 @@ class Lifecycle:
     """
 
     def __init__(self, server: Any, drain_timeout: float = 10.0) -> None:
-        if drain_timeout < 0:
-            raise ValueError(f"drain_timeout must be >= 0, got {drain_timeout}")
+        if not math.isfinite(drain_timeout) or drain_timeout < 0:
+            raise ValueError(f"drain_timeout must be a finite number >= 0, got {drain_timeout}")
         self.server = server
         self.drain_timeout = float(drain_timeout)
         self.started_at = time.monotonic()
@@ -62,7 +63,10 @@ class Lifecycle:
     def drain(self, timeout: Optional[float] = None, reason: str = "") -> bool:
         """Start draining (timeout: seconds for rounds in flight, None = the default).
 
-        Returns False when a drain had already started (the first one's timeout holds)."""
+        Returns False when a drain had already started (the first one's timeout holds).
+        ValueError for a timeout that is not a finite number (inf or NaN)."""
+        if timeout is not None and not math.isfinite(timeout):
+            raise ValueError(f"drain timeout must be a finite number of seconds, got {timeout}")
         seconds = self.drain_timeout if timeout is None or timeout <= 0 else float(timeout)
         with self._lock:
             if self._state != SERVING:

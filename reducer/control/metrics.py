@@ -3,7 +3,10 @@
 Every metric is listed in docs/operations.md. The collector asks ReducerServer.stats() and
 group_stats() on each scrape (a few microseconds under the core's lock), so the data path does
 nothing for the metrics. Keys of stats() this table does not know become gauges under their own
-name; nested dicts (``limits``) become one gauge with a ``name`` label.
+name; nested dicts (``limits``) become one gauge with a ``name`` label. Per-group series (job and
+group labels) are kept for at most `max_groups` groups (RS_METRICS_GROUPS, 0 = none); the rest are
+counted in reduction_server_group_series_omitted. The endpoint is reducer.control.http's bounded
+server (docs/security.md, "Control port and metrics port").
 """
 from __future__ import annotations
 
@@ -12,6 +15,7 @@ from typing import Any, Dict, Iterator, Optional, Tuple
 
 from . import import_prometheus
 from .lifecycle import STATES, Lifecycle
+from .limits import SideLimits
 from .rows import group_rows
 
 prometheus_client = import_prometheus()
@@ -47,7 +51,7 @@ HISTOGRAMS: Dict[str, Tuple[str, str]] = {
 
 # Names this collector makes itself: a stats() key that would collide with one is left out.
 _OWN = {"state", "errors", "group_world_size", "group_connected_ranks", "group_rounds", "group_received_bytes",
-        "group_sent_bytes", "group_age_seconds", "group_failed"}
+        "group_sent_bytes", "group_age_seconds", "group_failed", "group_series_omitted"}
 
 
 def _name(suffix: str) -> str:
@@ -62,11 +66,18 @@ def _other_key(key: str) -> Optional[str]:
 
 
 class ReducerCollector(Collector):
-    """Turns one ReducerServer (and its Lifecycle, if any) into metric families on every scrape."""
+    """Turns one ReducerServer (and its Lifecycle, if any) into metric families on every scrape.
 
-    def __init__(self, server: Any, lifecycle: Optional[Lifecycle] = None) -> None:
+    max_groups: groups with their own series (default RS_METRICS_GROUPS, else 100; 0 = none)."""
+
+    def __init__(self, server: Any, lifecycle: Optional[Lifecycle] = None, max_groups: Optional[int] = None) -> None:
+        from reducer import config
+
         self.server = server
         self.lifecycle = lifecycle
+        self.max_groups = int(config.get("metrics_groups", max_groups))
+        if self.max_groups < 0:
+            raise ValueError(f"max_groups must be >= 0, got {self.max_groups}")
 
     def collect(self) -> Iterator[Any]:
         stats = self.server.stats()
@@ -116,7 +127,12 @@ class ReducerCollector(Collector):
         age = GaugeMetricFamily(_name("group_age_seconds"), "Seconds since a group was created.", labels=labels)
         failed = GaugeMetricFamily(_name("group_failed"), "1 if a group has an error (see GetStats last_error).",
                                    labels=labels)
-        for row in group_rows(self.server.group_stats()):
+        rows = group_rows(self.server.group_stats())
+        shown = rows[:self.max_groups]
+        omitted = GaugeMetricFamily(_name("group_series_omitted"),
+                                    "Groups left out of the per-group series (RS_METRICS_GROUPS).",
+                                    value=len(rows) - len(shown))
+        for row in shown:
             key = [row.job, row.group]
             world.add_metric(key, row.world_size)
             connected.add_metric(key, row.connected)
@@ -125,7 +141,7 @@ class ReducerCollector(Collector):
             sent.add_metric(key, row.bytes_sent)
             age.add_metric(key, row.age_s)
             failed.add_metric(key, 1.0 if row.last_error else 0.0)
-        yield from (world, connected, rounds, received, sent, age, failed)
+        yield from (world, connected, rounds, received, sent, age, failed, omitted)
 
 
 def _histogram(name: str, text: str, h: Dict[str, Any]) -> Any:
@@ -138,25 +154,37 @@ def _histogram(name: str, text: str, h: Dict[str, Any]) -> Any:
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=float(h["sum"]))
 
 
-def reducer_registry(server: Any, lifecycle: Optional[Lifecycle] = None) -> Any:
+def reducer_registry(server: Any, lifecycle: Optional[Lifecycle] = None, max_groups: Optional[int] = None) -> Any:
     """A registry holding only this reducer's metrics (plus the process metrics of this process)."""
     registry = CollectorRegistry()
-    registry.register(ReducerCollector(server, lifecycle))
+    registry.register(ReducerCollector(server, lifecycle, max_groups))
     prometheus_client.ProcessCollector(registry=registry)
     return registry
 
 
 class MetricsEndpoint:
-    """Serves a registry in Prometheus text format over HTTP on host:port (0 = any free port)."""
+    """Serves a registry in Prometheus text format over HTTP on host:port (0 = any free port), within
+    `limits` (default: the settings; reducer.control.limits.configured_limits)."""
 
-    def __init__(self, registry: Any, host: str = "0.0.0.0", port: int = 0) -> None:
+    def __init__(self, registry: Any, host: str = "0.0.0.0", port: int = 0, limits: Optional[SideLimits] = None) -> None:
+        from .http import MetricsServer
+        from .limits import ConnectionTable, PeerRateLimiter, configured_limits
+
         self.registry = registry
         self.host = host
-        self._server, self._thread = prometheus_client.start_http_server(port, addr=host, registry=registry)
+        self.limits = limits if limits is not None else configured_limits()
+        table = ConnectionTable(self.limits.metrics_connections, self.limits.per_peer)
+        self._server = MetricsServer(host, port, self._render, table, PeerRateLimiter(self.limits.rate)).start()
+
+    def _render(self, accept: str) -> Tuple[bytes, str]:
+        from prometheus_client.exposition import choose_encoder
+
+        encoder, content_type = choose_encoder(accept)
+        return encoder(self.registry), content_type
 
     @property
     def port(self) -> int:
-        return int(self._server.server_address[1])
+        return self._server.port
 
     @property
     def url(self) -> str:
@@ -166,6 +194,4 @@ class MetricsEndpoint:
         return f"http://{format_address(host, self.port)}/metrics"
 
     def stop(self) -> None:
-        self._server.shutdown()
-        self._server.server_close()
-        self._thread.join(5.0)
+        self._server.stop()

@@ -7,8 +7,12 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 DESCRIPTOR: _descriptor.FileDescriptor
 
 class GetStatsRequest(_message.Message):
-    __slots__ = ()
-    def __init__(self) -> None: ...
+    __slots__ = ("nonce", "mac")
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    MAC_FIELD_NUMBER: _ClassVar[int]
+    nonce: bytes
+    mac: bytes
+    def __init__(self, nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class GroupStats(_message.Message):
     __slots__ = ("job", "group", "world_size", "connected", "complete", "rounds", "bytes_received", "bytes_sent", "last_error", "age_s", "streams")

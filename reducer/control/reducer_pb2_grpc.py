@@ -55,14 +55,17 @@ class ReducerServicer:
     """Missing associated documentation comment in .proto file."""
 
     def GetStats(self, request, context):
-        """The reducer's counters and one row per group (job, group). Needs no authentication.
+        """The reducer's counters and one row per group (job, group). With an auth token configured the
+        request must carry an HMAC proving the token (else UNAUTHENTICATED):
+        mac = HMAC-SHA256(token, "reduction_server.v1.GetStats" || 0x00 || nonce).
+        Without one it is open, but worker addresses in last_error are replaced by "<address>".
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
     def Challenge(self, request, context):
-        """A fresh single-use nonce for Drain (valid for a minute).
+        """A fresh single-use nonce for Drain or GetStats (valid for a minute).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -72,6 +75,9 @@ class ReducerServicer:
         """Stop accepting, let rounds in flight finish, close the data plane (docs/operations.md, "Drain").
         With an auth token configured the request must carry an HMAC proving the token:
         mac = HMAC-SHA256(token, "reduction_server.v1.Drain" || 0x00 || nonce || timeout_s as little-endian float64).
+        Without one it is refused (PERMISSION_DENIED) unless the reducer runs with
+        --allow-unauthenticated-drain. timeout_s must be finite and >= 0 (else INVALID_ARGUMENT).
+        Every RPC of the port is rate-limited per peer address (RESOURCE_EXHAUSTED; docs/security.md).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

@@ -6,8 +6,17 @@ these two functions.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import ipaddress
+import re
+from dataclasses import asdict, dataclass, replace
 from typing import Any, Dict, Iterable, List, Mapping, Tuple
+
+REDACTED = "<address>"
+# Candidates: [IPv6]:port, IPv4[:port], and bare runs of hex digits, dots and colons that may be
+# IPv6 addresses (each checked with ipaddress before it is replaced).
+_BRACKETED = re.compile(r"\[[0-9A-Za-z:.%_-]*\](?::\d{1,5})?")
+_IPV4 = re.compile(r"(?<![\w.])(?:\d{1,3}\.){3}\d{1,3}(?::\d{1,5})?(?![\w.])")
+_MAYBE_IPV6 = re.compile(r"(?<![\w:.])[0-9A-Fa-f:.]*:[0-9A-Fa-f:.]*(?:%[\w.-]+)?(?![\w:])")
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,27 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
             streams=len(streams),
         ))
     return out
+
+
+def redact_addresses(text: str) -> str:
+    """`text` with every IP address (with its port, if any) replaced by "<address>": what the
+    control plane shows a caller that has not proved the shared secret (docs/security.md)."""
+    def maybe(m: "re.Match[str]") -> str:
+        candidate = m.group(0).split("%", 1)[0]
+        try:
+            ipaddress.IPv6Address(candidate)
+        except ValueError:
+            return m.group(0)
+        return REDACTED
+
+    text = _BRACKETED.sub(REDACTED, text)
+    text = _MAYBE_IPV6.sub(maybe, text)
+    return _IPV4.sub(REDACTED, text)
+
+
+def redacted(rows: Iterable[GroupRow]) -> List[GroupRow]:
+    """The rows with worker addresses removed from their last_error."""
+    return [replace(r, last_error=redact_addresses(r.last_error)) if r.last_error else r for r in rows]
 
 
 def split_stats(stats: Mapping[str, Any], prefix: str = "") -> Tuple[Dict[str, int], Dict[str, float], Dict[str, str]]:

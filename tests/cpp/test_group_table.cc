@@ -145,7 +145,87 @@ static void expiry() {
   CHECK(f.table->size() == 1 && f.live == 1);
 }
 
+static bool has(const std::string& text, const char* what) { return text.find(what) != std::string::npos; }
+
+static void job_and_address_shares() {
+  const uint64_t need = Group::bytes_needed(2, 4096, 4), per_rank = 4 * 4096;
+  Fixture f(need * 10);
+  f.budget.set_shares(need * 2, need * 3);
+  // Each member's address is charged its part: rank 0 its buffers plus the accumulator.
+  f.table->join(handle(1), hello(2, 0), GroupKey{"job", "g0", 0}, "10.0.0.1", "p");
+  CHECK(f.table->join(handle(2), hello(2, 1), GroupKey{"job", "g0", 0}, "10.0.0.2", "p").kind ==
+        JoinOutcome::Kind::Completed);
+  CHECK(f.budget.used_by_job("job") == need && f.budget.used() == need);
+  CHECK(f.budget.used_by_peer("10.0.0.1") == 3 * per_rank && f.budget.used_by_peer("10.0.0.2") == per_rank);
+  // The job share: a second group of the job fits, a third does not (from fresh addresses too).
+  f.table->join(handle(3), hello(2, 0), GroupKey{"job", "g1", 0}, "10.0.0.3", "p");
+  CHECK(f.table->join(handle(4), hello(2, 1), GroupKey{"job", "g1", 0}, "10.0.0.4", "p").kind ==
+        JoinOutcome::Kind::Completed);
+  f.table->join(handle(5), hello(2, 0), GroupKey{"job", "g2", 0}, "10.0.0.5", "p");
+  JoinOutcome o = f.table->join(handle(6), hello(2, 1), GroupKey{"job", "g2", 0}, "10.0.0.6", "p");
+  CHECK(o.kind == JoinOutcome::Kind::CompletionFailed && o.status == proto::Status::OverLimit);
+  CHECK(has(o.message, "job share") && has(o.message, "max_memory_per_job") && !has(o.message, "address share"));
+  CHECK(f.budget.used_by_job("job") == 2 * need && f.budget.used_by_peer("10.0.0.5") == 0);
+  // The address share: other jobs, all from one address, until 3 x need.
+  uint64_t ok = 0;
+  std::string why;
+  for (int i = 0; i < 5 && why.empty(); ++i) {
+    proto::Hello h = hello(1, 0, 8192);  // world 1: 4 x 3 x 8 KiB = 1.5 x need
+    const GroupKey k{"other-" + std::to_string(i), "g", 0};
+    JoinOutcome j = f.table->join(handle(10 + i), h, k, "10.0.0.9", "p");
+    if (j.kind == JoinOutcome::Kind::Completed) ++ok;
+    else why = j.message;
+  }
+  CHECK(ok == 2 && has(why, "address share") && has(why, "max_memory_per_peer") && has(why, "10.0.0.9"));
+  CHECK(f.budget.used_by_peer("10.0.0.9") == 3 * need);
+  // The server budget, with room in both shares.
+  Fixture g(need * 2);
+  g.budget.set_shares(need * 2, need * 2);
+  for (int i = 0; i < 3; ++i) {
+    const GroupKey k{"j" + std::to_string(i), "g", 0};
+    g.table->join(handle(20 + i), hello(2, 0), k, "a" + std::to_string(i), "p");
+    JoinOutcome j = g.table->join(handle(30 + i), hello(2, 1), k, "b" + std::to_string(i), "p");
+    CHECK((j.kind == JoinOutcome::Kind::Completed) == (i < 2));
+    if (i == 2) CHECK(has(j.message, "server budget") && has(j.message, "max_memory_bytes"));
+  }
+  g.table->clear();
+  CHECK(g.budget.used() == 0 && g.budget.used_by_job("j0") == 0 && g.budget.used_by_peer("a0") == 0);
+}
+
+static void idle_groups_give_their_memory_back() {
+  const uint64_t need = Group::bytes_needed(1, 4096, 4);
+  Fixture f(need + need / 2);
+  const auto t0 = Group::Clock::now();
+  const std::chrono::milliseconds idle(60000);
+  JoinOutcome a = f.table->join(handle(1), hello(1, 0), kKey, "10.0.0.1", "p");
+  CHECK(a.kind == JoinOutcome::Kind::Completed && f.budget.used() == need);
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(61), std::chrono::milliseconds(0)) == 0);  // 0: never
+  a.group->bytes_received += 48;  // traffic: the idle clock restarts at the sweep that sees it
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(61), idle) == 0);
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(100), idle) == 0);
+  a.group->slot_for(0).seq = 0;  // a chunk in flight: never released under it
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(200), idle) == 0 && a.group->memory_held());
+  a.group->slot_for(0).seq = -1;
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(200), idle) == 1);
+  CHECK(!a.group->memory_held() && f.budget.used() == 0 && f.budget.used_by_job("job") == 0);
+  CHECK(f.table->renew(a.group).empty() && a.group->memory_held() && f.budget.used() == need);
+  CHECK(f.budget.used_by_peer("10.0.0.1") == need);
+  // Released again; meanwhile another job takes the room: the renewal says which limit.
+  CHECK(f.table->release_idle(t0 + std::chrono::seconds(400), idle) == 1);
+  JoinOutcome b = f.table->join(handle(2), hello(1, 0), GroupKey{"job2", "g", 0}, "10.0.0.2", "p");
+  CHECK(b.kind == JoinOutcome::Kind::Completed);
+  const std::string why = f.table->renew(a.group);
+  CHECK(has(why, "idle") && has(why, "server budget") && !a.group->memory_held() && f.budget.used() == need);
+  b.group.reset();
+  f.table->clear();
+  CHECK(f.budget.used() == 0);
+  a.group.reset();
+  CHECK(f.budget.used() == 0);
+}
+
 int main() {
+  job_and_address_shares();
+  idle_groups_give_their_memory_back();
   completes_and_reserves_memory();
   refusals();
   groups_per_peer_are_capped();

@@ -1,0 +1,211 @@
+// The CollNet tables NCCL looks up: ncclCollNetPlugin_v{7,8,11,12}. v12 is the implementation;
+// v11, v8 and v7 are thin adapters. Every entry point goes through (run_)guarded(): no exception
+// reaches NCCL.
+//
+// init fails (and leaves no context) whenever devices() would answer 0: every NCCL release then
+// disables CollNet for the process (2.19-2.27) or the communicator (2.28+) and never calls
+// finalize for it. An init that succeeded with no device made NCCL 2.28.3 call finalize through
+// a NULL CollNet table at communicator destroy (docs/nccl-plugin.md, "Versions").
+#include <atomic>
+#include <chrono>
+#include <string>
+
+#include "nccl_plugin/collnet.h"
+#include "nccl_plugin/exports_common.h"
+#include "nccl_plugin/nccl_version.h"
+#include "nccl_plugin/p2p_net.h"
+#include "nccl_plugin/plugin_log.h"
+
+extern "C" {
+extern ncclCollNet_v12_t ncclCollNetPlugin_v12;
+extern ncclCollNet_v11_t ncclCollNetPlugin_v11;
+extern ncclCollNet_v8_t ncclCollNetPlugin_v8;
+}
+
+namespace rs::nccl {
+namespace {
+
+// ---- all-gather / reduce-scatter: NULL where NCCL uses the table as it is, else a refusal ------
+
+// All-gather / reduce-scatter offload needs a reducer-side gather; not offered.
+ncclResult_t coll_unsupported(const char* what) noexcept {
+  static LogLimiter limiter(5, std::chrono::seconds(10));
+  limiter.warn(std::string(what) + " is not supported by the reduction-server CollNet (all-reduce only)");
+  return ncclInternalError;
+}
+ncclResult_t coll_iallgather(void*, void*, int, ncclNetSGE_t*, size_t, size_t, size_t, void*, void** request) {
+  *request = nullptr;
+  return coll_unsupported("iallgather");
+}
+ncclResult_t coll_ireducescatter(void*, int, ncclNetSGE_t*, void*, size_t, size_t, size_t, ncclDataType_t,
+                                 ncclRedOp_t, void*, void** request) {
+  *request = nullptr;
+  return coll_unsupported("ireducescatter");
+}
+ncclResult_t coll_iallgather_v8(void*, void*, int, ncclNetSGE_v8_t*, size_t, size_t, size_t, void*, void** request) {
+  *request = nullptr;
+  return coll_unsupported("iallgather");
+}
+ncclResult_t coll_ireducescatter_v8(void*, int, ncclNetSGE_v8_t*, void*, size_t, size_t, size_t, ncclDataType_t,
+                                    ncclRedOp_t, void*, void** request) {
+  *request = nullptr;
+  return coll_unsupported("ireducescatter");
+}
+
+template <class Table, class AllGather, class ReduceScatter>
+void set_gather_members(Table& t, bool direct, AllGather ag, ReduceScatter rs) {
+  // NCCL reads these members only after a successful init; the stores are atomic anyway
+  // (another communicator's init may run on another thread).
+  __atomic_store_n(&t.iallgather, direct ? nullptr : ag, __ATOMIC_RELEASE);
+  __atomic_store_n(&t.ireducescatter, direct ? nullptr : rs, __ATOMIC_RELEASE);
+}
+
+std::string gather_mode_text(int table, int code, bool direct) {
+  const std::string by = "CollNet v" + std::to_string(table) + " loaded by NCCL " + nccl_version_text(code);
+  if (table == 7) return by + ": all-reduce only (v7 has no all-gather / reduce-scatter members)";
+  if (direct)
+    return by + ", which uses the table as it is: iallgather/ireducescatter are NULL, so NCCL never picks CollNet "
+                "for all-gather / reduce-scatter";
+  return by + (code && newest_collnet_version(code) ? ", through its adapter (which calls iallgather/ireducescatter "
+                                                      "unconditionally)"
+                                                    : " (a version this plugin does not know: assuming an adapter)") +
+         ": iallgather/ireducescatter refuse with ncclInternalError if NCCL ever picks CollNet for them";
+}
+
+// Chooses the members for the NCCL that is loading this table; logs the choice once per load.
+void configure_gather_members(int table, ncclDebugLogger_t logger) {
+  const int code = loading_nccl_version(logger);
+  const bool direct = collnet_table_used_directly(table, code);
+  if (table == 12) set_gather_members(ncclCollNetPlugin_v12, direct, coll_iallgather, coll_ireducescatter);
+  if (table == 11) set_gather_members(ncclCollNetPlugin_v11, direct, coll_iallgather, coll_ireducescatter);
+  if (table == 8) set_gather_members(ncclCollNetPlugin_v8, direct, coll_iallgather_v8, coll_ireducescatter_v8);
+  static std::atomic<int> logged{0};
+  const int key = table * 100000 + code % 100000;
+  if (logged.exchange(key) != key) log_info(gather_mode_text(table, code, direct));
+}
+
+// ---- init / devices / finalize ----------------------------------------------------------------
+
+ncclResult_t coll_init_common(ncclDebugLogger_t logger, int version, void** ctx, uint64_t comm_id) {
+  if (ctx) *ctx = nullptr;
+  set_logger(logger);
+  return guarded("CollNet init", [&] {
+    collnet::init();  // reads the reducer pool; logs it, or why CollNet is off
+    if (!collnet::devices()) return ncclInvalidUsage;  // no device: fail, so NCCL disables CollNet
+    p2p::init();                                        // the NIC CollNet reports (throws if none)
+    configure_gather_members(version, logger);
+    if (ctx) *ctx = collnet::make_context(comm_id);
+    return ncclSuccess;
+  });
+}
+ncclResult_t coll_init_v12(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 12, ctx, comm_id); }
+ncclResult_t coll_init_v11(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 11, ctx, comm_id); }
+ncclResult_t coll_init_v8(ncclDebugLogger_t logger) { return coll_init_common(logger, 8, nullptr, 0); }
+ncclResult_t coll_init_v7(ncclDebugLogger_t logger) { return coll_init_common(logger, 7, nullptr, 0); }
+
+// The same answer init acted on: 1 with a reducer pool (and a usable NIC), else 0.
+ncclResult_t coll_devices(int* ndev) {
+  *ndev = 0;
+  return run_guarded("CollNet devices", [&] {
+    if (!collnet::devices()) return;
+    p2p::init();
+    *ndev = 1;
+  });
+}
+
+// NULL (a failed init, or NCCL 2.28.7+ finalizing a communicator that never got a context) is a no-op.
+ncclResult_t coll_finalize(void* ctx) {
+  return run_guarded("CollNet finalize", [&] { collnet::free_context(ctx); });
+}
+
+// ---- the rest ---------------------------------------------------------------------------------
+
+template <class Props>
+ncclResult_t coll_get_properties(int dev, Props* props) {
+  return get_properties(Side::CollNet, dev, props);
+}
+
+ncclResult_t coll_listen_v12(void* ctx, int dev, void* handle, void** listen_comm) {
+  return run_guarded("CollNet listen", [&] {
+    *listen_comm = nullptr;
+    if (dev < 0 || dev >= collnet::devices())
+      throw Error(ErrorKind::Config, "device " + std::to_string(dev) + " does not exist");
+    collnet::listen(ctx, handle, listen_comm);
+  });
+}
+ncclResult_t coll_listen_v8(int dev, void* handle, void** listen_comm) { return coll_listen_v12(nullptr, dev, handle, listen_comm); }
+
+ncclResult_t coll_connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
+  return run_guarded("CollNet connect", [&] { collnet::connect(handles, nranks, rank, listen_comm, coll_comm); });
+}
+
+ncclResult_t coll_reduce_support(ncclDataType_t dtype, ncclRedOp_t op, int* supported) {
+  *supported = collnet::reduce_support(int(dtype), int(op));
+  return ncclSuccess;
+}
+
+ncclResult_t coll_iallreduce_v12(void* coll_comm, void* send, void* recv, size_t count, ncclDataType_t dtype,
+                                 ncclRedOp_t op, void* send_mh, void* recv_mh, void** request) {
+  return run_guarded("CollNet iallreduce", [&] {
+    *request = nullptr;
+    collnet::iallreduce(coll_comm, send, recv, count, int(dtype), int(op), send_mh, recv_mh, request);
+  });
+}
+ncclResult_t coll_iallreduce_v8(void* coll_comm, void* send, void* recv, int count, ncclDataType_t dtype,
+                                ncclRedOp_t op, void* send_mh, void* recv_mh, void** request) {
+  if (count < 0) return run_guarded("CollNet iallreduce", [] { throw Error(ErrorKind::Config, "negative count"); });
+  return coll_iallreduce_v12(coll_comm, send, recv, size_t(count), dtype, op, send_mh, recv_mh, request);
+}
+
+ncclResult_t coll_iflush(void*, void*, int, void*, void** request) {
+  *request = nullptr;  // host memory: nothing to flush
+  return ncclSuccess;
+}
+
+ncclResult_t coll_test(void* request, int* done, int* size) {
+  return run_guarded("CollNet test", [&] {
+    *done = 0;
+    collnet::test(request, done, size);
+  });
+}
+
+ncclResult_t coll_close(void* coll_comm) {
+  return run_guarded("CollNet closeColl", [&] { collnet::close_coll(coll_comm); });
+}
+
+ncclResult_t coll_close_listen(void* listen_comm) {
+  return run_guarded("CollNet closeListen", [&] { collnet::close_listen(listen_comm); });
+}
+
+}  // namespace
+}  // namespace rs::nccl
+
+using namespace rs::nccl;
+
+extern "C" {
+
+// iallgather / ireducescatter: set by init for the NCCL that loads the table (see above); the
+// initial values are what an unknown NCCL gets.
+RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = {
+    kPluginName, coll_init_v12, coll_devices, coll_get_properties<ncclNetProperties_v12_t>, coll_listen_v12,
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, coll_iallgather,
+    coll_ireducescatter, coll_iflush, coll_test, coll_close, coll_close_listen, nullptr /* makeVDevice */,
+    coll_finalize};
+
+RS_EXPORT ncclCollNet_v11_t ncclCollNetPlugin_v11 = {
+    kPluginName, coll_init_v11, coll_devices, coll_get_properties<ncclNetProperties_v11_t>, coll_listen_v12,
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
+    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr, coll_finalize};
+
+RS_EXPORT ncclCollNet_v8_t ncclCollNetPlugin_v8 = {
+    kPluginName, coll_init_v8, coll_devices, coll_get_properties<ncclNetProperties_v8_t>, coll_listen_v8,
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, coll_iallgather_v8,
+    coll_ireducescatter_v8, coll_iflush, coll_test, coll_close, coll_close_listen};
+
+// NCCL 2.19 (the newest it knows).
+RS_EXPORT ncclCollNet_v7_t ncclCollNetPlugin_v7 = {
+    kPluginName, coll_init_v7, coll_devices, coll_get_properties<ncclNetProperties_v7_t>, coll_listen_v8,
+    coll_connect, coll_reduce_support, reg_mr_v7, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, coll_iflush,
+    coll_test, coll_close, coll_close_listen};
+
+}  // extern "C"

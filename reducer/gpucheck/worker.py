@@ -1,0 +1,197 @@
+"""One rank of the GPU check: a process that is one NCCL "host" (``python -m reducer.gpucheck.worker``).
+
+Started by ``reduction-server launch``'s library code (reducer.launch), which gives it RANK,
+WORLD_SIZE, MASTER_ADDR/MASTER_PORT and CLUSTER_SPEC (the reducers). It gives itself a distinct
+NCCL_HOSTID (so two processes on one GPU are two NCCL nodes and their traffic goes through the
+net plugin), points NCCL_DEBUG_FILE at its run directory, and runs one task:
+
+- ``sums``: in-place all-reduce (sum) of float32 / bfloat16 / float16 tensors of each size,
+  inputs small integers so every sum is exact, each result compared element by element with a
+  float64 numpy reference computed on the CPU;
+- ``ddp``: a few DistributedDataParallel steps of a small model, losses recorded;
+- ``teardown``: one small all-reduce, then the communicator is destroyed.
+
+Every task ends with ``destroy_process_group()``; the result JSON is written before it (with
+``teardown: "pending"``) and again after it (``"ok"``), so a crash at teardown is visible.
+A watchdog (faulthandler) ends the process with a traceback after --timeout seconds.
+"""
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import json
+import os
+import sys
+import time
+from typing import Any, Dict, List
+
+DTYPES = ("float32", "bfloat16", "float16")
+_ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+def _base(n: int) -> "Any":
+    import numpy as np
+
+    i = np.arange(n, dtype=np.int64)
+    return (i * 7 + (i >> 12) * 3 + (i >> 9)) % 17
+
+
+def pattern(n: int, rank: int, base: "Any" = None) -> "Any":
+    """Rank `rank`'s input as a numpy int64 array: small integers in [-8, 8] with no short
+    period (a misplaced chunk changes the values), so sums of 2 are exact in every dtype checked."""
+    b = _base(n) if base is None else base
+    return ((b + rank * 5) % 17) - 8
+
+
+def expected_sum(n: int, world: int, base: "Any" = None) -> "Any":
+    """The float64 reference: the sum of every rank's pattern."""
+    import numpy as np
+
+    b = _base(n) if base is None else base
+    total = np.zeros(n, dtype=np.float64)
+    for r in range(world):
+        total += pattern(n, r, b)
+    return total
+
+
+def _write(path: str, result: Dict[str, Any]) -> None:
+    tmp = f"{path}.tmp"
+    with open(tmp, "w", encoding="utf-8") as fh:
+        json.dump(result, fh, indent=1)
+    os.replace(tmp, path)
+
+
+def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: List[int],
+             dtypes: List[str]) -> List[Dict[str, Any]]:
+    import numpy as np
+
+    out = []
+    for name in dtypes:
+        dtype = getattr(torch, name)
+        for size in sizes:
+            n = max(1, size // _ITEMSIZE[name])
+            base = _base(n)
+            x = torch.from_numpy(pattern(n, rank, base).astype(np.float32)).to(dev).to(dtype)
+            _sync(torch, dev)
+            t0 = time.perf_counter()
+            dist.all_reduce(x, op=dist.ReduceOp.SUM)
+            _sync(torch, dev)
+            seconds = time.perf_counter() - t0
+            got = x.float().cpu().numpy().astype(np.float64)
+            want = expected_sum(n, world, base)
+            bad = np.nonzero(got != want)[0]
+            row: Dict[str, Any] = {"dtype": name, "bytes": n * _ITEMSIZE[name], "count": n,
+                                   "mismatches": int(bad.size), "seconds": round(seconds, 6)}
+            if bad.size:
+                k = int(bad[0])
+                row["first_bad"] = {"index": k, "got": float(got[k]), "want": float(want[k])}
+            out.append(row)
+            del x
+    return out
+
+
+def _sync(torch: Any, dev: Any) -> None:
+    if dev.type == "cuda":
+        torch.cuda.synchronize()
+
+
+def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> Dict[str, Any]:
+    """Deterministic DDP steps (same seed, same data on every run); returns losses and a
+    checksum of the final parameters."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.use_deterministic_algorithms(True)
+    torch.manual_seed(1234)
+    model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.ReLU(),
+                                torch.nn.Linear(4 * width, width)).to(dev)
+    ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
+    gen = torch.Generator(device="cpu").manual_seed(99 + rank)
+    losses = []
+    for _ in range(steps):
+        x = torch.randn(64, width, generator=gen).to(dev)
+        y = torch.randn(64, width, generator=gen).to(dev)
+        opt.zero_grad(set_to_none=True)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        loss.backward()
+        opt.step()
+        losses.append(float(loss.item()))
+    with torch.no_grad():
+        checksum = float(sum(p.double().sum().item() for p in model.parameters()))
+    params = sum(p.numel() for p in model.parameters())
+    return {"losses": losses, "param_checksum": checksum, "parameters": params}
+
+
+def parse_args(argv: List[str]) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m reducer.gpucheck.worker")
+    p.add_argument("--task", choices=("sums", "ddp", "teardown"), required=True)
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--sizes", default="4096", help="comma-separated byte sizes (sums)")
+    p.add_argument("--dtypes", default=",".join(DTYPES))
+    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--no-reducers", action="store_true",
+                   help="drop the reducer addresses the launcher gave (CLUSTER_SPEC etc.)")
+    p.add_argument("--timeout", type=float, default=240.0)
+    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                   help="cpu runs the same code over gloo (the CPU tests of this module)")
+    return p.parse_args(argv)
+
+
+def prepare_env(args: argparse.Namespace, rank: int) -> None:
+    """Settings that must be in the environment before CUDA / NCCL start."""
+    os.environ["NCCL_HOSTID"] = f"rs-gpucheck-host-{rank}"
+    os.environ["NCCL_DEBUG_FILE"] = os.path.join(args.run_dir, f"nccl-rank{rank}.log")
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cuBLAS (DDP task)
+    if args.no_reducers:
+        for key in ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS"):
+            os.environ.pop(key, None)
+
+
+def main(argv: List[str]) -> int:
+    args = parse_args(argv)
+    faulthandler.dump_traceback_later(args.timeout, exit=True)   # a hang becomes exit 1 with a traceback
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    prepare_env(args, rank)
+    path = os.path.join(args.run_dir, f"result-rank{rank}.json")
+    result: Dict[str, Any] = {"rank": rank, "world": world, "task": args.task, "teardown": "not reached"}
+    _write(path, result)
+
+    import datetime
+
+    import torch
+    import torch.distributed as dist
+
+    if args.device == "cuda":
+        torch.cuda.set_device(0)
+        dev, backend = torch.device("cuda", 0), "nccl"
+        result["nccl"] = ".".join(str(v) for v in torch.cuda.nccl.version())
+    else:
+        dev, backend = torch.device("cpu"), "gloo"
+    result["torch"] = torch.__version__
+    t0 = time.perf_counter()
+    dist.init_process_group(backend, rank=rank, world_size=world,
+                            timeout=datetime.timedelta(seconds=max(30.0, args.timeout / 2)),
+                            device_id=dev if dev.type == "cuda" else None)
+    result["init_seconds"] = round(time.perf_counter() - t0, 3)
+    if args.task == "sums":
+        sizes = [int(s) for s in args.sizes.split(",") if s]
+        result["sums"] = run_sums(torch, dist, dev, rank, world, sizes, args.dtypes.split(","))
+    elif args.task == "ddp":
+        result["ddp"] = run_ddp(torch, dev, rank, args.steps, args.width)
+    else:
+        x = torch.ones(1024, device=dev)
+        dist.all_reduce(x)
+        _sync(torch, dev)
+        result["teardown_sum_ok"] = bool((x == world).all().item())
+    result["teardown"] = "pending"
+    _write(path, result)
+    dist.destroy_process_group()
+    result["teardown"] = "ok"
+    _write(path, result)
+    faulthandler.cancel_dump_traceback_later()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,172 @@
+"""The plugin under every NCCL release it claims (2.19-2.30), as each release's own source loads,
+sets up, tunes and tears it down (tests/nccl_emulator.py: one row per release, from its source).
+
+Each scenario runs in a fresh process (the loader's path and the stub ncclGetVersion are
+process-wide), all releases one after the other.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Dict, Optional
+
+import pytest
+
+import nccl_emulator as E
+import nccl_harness as H
+
+TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
+
+# (net, CollNet) table each release takes from the library: its newest that the library exports.
+TABLES = {"v2.19.4-1": (7, 7), "v2.20.5-1": (8, 8), "v2.23.4-1": (8, 8), "v2.24.3-1": (8, 8),
+          "v2.26.6-1": (8, 8), "v2.27.3-1": (8, 8), "v2.27.7-1": (8, 8), "v2.28.3-1": (11, 11),
+          "v2.28.9-1": (11, 11), "v2.29.7-1": (11, 11), "v2.30.7-1": (12, 12)}
+# 2.24-2.27 hold their own adapter around our v8 table (never NULL): the best the plugin can do
+# there is a refusal NCCL reports. Everywhere else NCCL holds our table and sees NULL.
+ADAPTED = {"v2.24.3-1", "v2.26.6-1", "v2.27.3-1", "v2.27.7-1"}
+
+
+def test_every_release_is_emulated():
+    assert sorted(TABLES) == sorted(r.tag for r in E.RELEASES)
+
+
+@pytest.fixture(scope="session")
+def stub(tmp_path_factory) -> str:
+    """A tiny library with ncclGetVersion (the version set by the emulator) and a logger."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed (the package itself is built with one)"
+    d = tmp_path_factory.mktemp("stub")
+    src, lib = d / "stub.c", d / "libstub-nccl.so"
+    src.write_text(E.STUB_SOURCE)
+    subprocess.run([cc, "-shared", "-fPIC", "-O1", "-o", str(lib), str(src)], check=True, timeout=120)
+    return str(lib)
+
+
+def emulate(scenario: Dict[str, Any], reducers: Optional[str], env: Optional[Dict[str, str]] = None,
+            shell_prefix: str = "") -> Dict[str, Dict[str, Any]]:
+    """Runs nccl_emulator.py in a fresh process; by default the library is found the documented
+    way (its directory on LD_LIBRARY_PATH, NCCL_NET_PLUGIN=reduction-server)."""
+    child = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("NCCL_")}
+    child.update({"RS_NCCL_SOCKET_IFNAME": "lo", "PYTHONPATH": f"{TESTS}{os.pathsep}{ROOT}"})
+    if reducers:
+        child["RS_REDUCERS"] = reducers
+    if env is None:
+        env = {"LD_LIBRARY_PATH": os.path.dirname(H.library_path()), "NCCL_NET_PLUGIN": "reduction-server"}
+    child.update(env)
+    cmd = f"{shell_prefix}exec {sys.executable} nccl_emulator.py \"$SCENARIO\""
+    child["SCENARIO"] = json.dumps(scenario)
+    out = subprocess.run(["bash", "-c", cmd], cwd=TESTS, env=child, capture_output=True, text=True, timeout=300)
+    lines = [x for x in out.stdout.splitlines() if x.startswith("EMULATOR ")]
+    assert out.returncode == 0 and lines, f"rc {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return json.loads(lines[-1][len("EMULATOR "):])
+
+
+def finalize_events(r: Dict[str, Any]) -> list:
+    return [e for e in r["events"] if e.startswith("collnet finalize")]
+
+
+def test_no_reducers_every_release_tears_down_cleanly(stub):
+    """The worker image's default. CollNet init fails and leaves no context, so every release
+    disables CollNet and none calls finalize for it (2.28.3 used to call it through a NULL table)."""
+    res = emulate({"stub": stub}, reducers=None)
+    for tag, r in res.items():
+        assert (r["net_v"], r["coll_v"]) == TABLES[tag], (tag, r)
+        assert r["collnet"] == [False, False], (tag, r["events"])
+        assert r["destroy"] == ["ok", "ok"], (tag, r["events"])
+        inits = [e for e in r["events"] if e.startswith("collnet init")]
+        assert inits and all(e != "collnet init rc=0 ctx=set" and e.endswith("ctx=NULL") for e in inits), (tag, inits)
+        assert finalize_events(r) == []
+        assert "no reducers configured" in r["log"] and "NCCL runs without CollNet" in r["log"]
+        assert r["iallgather"] == r["ireducescatter"] == ["no_collnet", "no_collnet"]
+        assert r["unloaded"], tag
+
+
+def expected_gather(tag: str) -> str:
+    return "error" if tag in ADAPTED else "ruled_out"
+
+
+def test_with_reducers_each_release_gets_the_all_gather_members_it_needs(stub):
+    """NULL where NCCL holds our table (its tuner then never picks CollNet for all-gather /
+    reduce-scatter); a refusal behind 2.24-2.27's adapter (never a jump to NULL). The version
+    comes from the stub ncclGetVersion in the global scope."""
+    res = emulate({"stub": stub}, reducers="127.0.0.1:9")
+    for tag, r in res.items():
+        assert (r["net_v"], r["coll_v"]) == TABLES[tag], (tag, r)
+        assert r["collnet"] == [True, True], (tag, r["log"])
+        assert r["iallgather"] == r["ireducescatter"] == [expected_gather(tag)] * 2, (tag, r["log"])
+        assert r["destroy"] == ["ok", "ok"]
+        code = E.BY_TAG[tag].code
+        version = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
+        assert f"CollNet v{TABLES[tag][1]} loaded by NCCL {version}" in r["log"], (tag, r["log"])
+        # v11/v12 (2.28+): finalize once per communicator, each with the context its init gave.
+        assert finalize_events(r) == (["collnet finalize rc=0"] * 2 if code >= 22800 else []), (tag, r["events"])
+        assert r["unloaded"], tag
+
+
+def test_version_from_the_library_that_holds_nccls_logger(stub):
+    """NCCL loaded RTLD_LOCAL (as PyTorch loads it) is not in the global scope: the plugin finds
+    ncclGetVersion in the object that holds the logger NCCL passed to init."""
+    tags = ["v2.23.4-1", "v2.26.6-1", "v2.30.7-1"]
+    res = emulate({"stub": stub, "version_via": "logger", "releases": tags}, reducers="127.0.0.1:9")
+    for tag, r in res.items():
+        assert r["iallgather"] == r["ireducescatter"] == [expected_gather(tag)] * 2, (tag, r["log"])
+        assert f"loaded by NCCL {tag[1:5]}" in r["log"], (tag, r["log"])
+
+
+def test_unknown_version_refuses_and_never_jumps_to_null(stub):
+    """No ncclGetVersion anywhere (a static NCCL that hides it): every table but v11 (only ever
+    used as it is) assumes an adapter, so all-gather / reduce-scatter can fail but never crash."""
+    res = emulate({"version_via": "none"}, reducers="127.0.0.1:9")
+    for tag, r in res.items():
+        want = "ruled_out" if TABLES[tag][1] in (7, 11) else "error"
+        assert r["iallgather"] == r["ireducescatter"] == [want] * 2, (tag, r["log"])
+        assert "NCCL unknown" in r["log"] and r["destroy"] == ["ok", "ok"]
+
+
+def _cli(capsys, *args: str) -> str:
+    from reducer.cli.main import main
+
+    assert main(["nccl-plugin", *args]) == 0
+    return capsys.readouterr().out
+
+
+def test_install_is_loaded_by_every_release(tmp_path, capsys, stub):
+    """`--install DIR --conf` as the worker image runs it (DIR then on the loader's path through
+    ldconfig; here LD_LIBRARY_PATH), and the printed shell exports: every release dlopens the
+    installed library and finds its tables."""
+    lib_dir = tmp_path / "lib"
+    conf = _cli(capsys, "--install", str(lib_dir), "--conf")
+    exports = _cli(capsys, "--install", str(lib_dir))
+    installed = os.path.realpath(lib_dir / "libnccl-net-reduction-server.so")
+    settings = dict(line.split("=", 1) for line in conf.splitlines())
+    assert settings == {"NCCL_NET_PLUGIN": "reduction-server", "NCCL_COLLNET_ENABLE": "1"}
+    for how, env, prefix in (
+            ("conf", {"LD_LIBRARY_PATH": str(lib_dir), **settings}, ""),
+            ("exports", {}, "".join(f"{x}; " for x in exports.splitlines() if x.startswith("export ")))):
+        res = emulate({"stub": stub}, reducers="127.0.0.1:9", env=env, shell_prefix=prefix)
+        for tag, r in res.items():
+            assert r["path"] == installed and (r["net_v"], r["coll_v"]) == TABLES[tag], (how, tag, r)
+            assert r["collnet"] == [True, True]
+    # NCCL_NET_PLUGIN unset: the default name, a link to the same file.
+    res = emulate({"stub": stub}, reducers=None, env={"LD_LIBRARY_PATH": str(lib_dir)})
+    for tag, r in res.items():
+        assert r["opened"] == "libnccl-net.so" and r["path"] == installed, (tag, r)
+
+
+def test_install_keeps_another_plugins_default_name(tmp_path, capsys):
+    from reducer.cli.main import main
+
+    other = tmp_path / "libnccl-net.so"
+    other.write_bytes(b"\x7fELF another vendor's plugin")
+    assert main(["nccl-plugin", "--install", str(tmp_path)]) == 0
+    assert other.read_bytes() == b"\x7fELF another vendor's plugin"
+    assert "is another plugin: left as it is" in capsys.readouterr().err
+    # An earlier install of this plugin (a copy) is replaced by the link.
+    other.write_bytes(Path(H.library_path()).read_bytes())
+    assert main(["nccl-plugin", "--install", str(tmp_path)]) == 0
+    assert other.is_symlink() and os.readlink(other) == "libnccl-net-reduction-server.so"
