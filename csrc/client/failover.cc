@@ -97,29 +97,31 @@ uint64_t check_summaries(uint32_t world, const std::vector<int64_t>& summaries, 
   uint32_t largest = 0;
   for (uint32_t w = 0; w < world; ++w) {
     const int64_t* s = &summaries[size_t(w) * kSummaryWords];
-    const std::string said = " (oldest " + std::to_string(s[0]) + ", next " + std::to_string(s[1]) + ", entries " +
-                             std::to_string(s[2]) + ")";
+    const auto said = [s] {
+      return " (oldest " + std::to_string(s[0]) + ", next " + std::to_string(s[1]) + ", entries " +
+             std::to_string(s[2]) + ")";
+    };
     if (s[0] < 0 || s[1] < 0 || s[2] < 0)
-      throw Error(ErrorKind::Protocol, who(w) + " reports a negative round or count" + said);
+      throw Error(ErrorKind::Protocol, who(w) + " reports a negative round or count" + said());
     const Summary row{uint64_t(s[0]), uint64_t(s[1]), uint64_t(s[2])};
     if (w == lim.rank && (row.oldest != lim.own.oldest || row.next != lim.own.next || row.entries != lim.own.entries))
-      throw Error(ErrorKind::Protocol, who(w) + " (this worker) came back altered" + said + ": it sent (oldest " +
+      throw Error(ErrorKind::Protocol, who(w) + " (this worker) came back altered" + said() + ": it sent (oldest " +
                                            num(lim.own.oldest) + ", next " + num(lim.own.next) + ", entries " +
                                            num(lim.own.entries) + ")");
     if (row.next < row.oldest)
-      throw Error(ErrorKind::Protocol, who(w) + " reports its next round below its oldest" + said);
+      throw Error(ErrorKind::Protocol, who(w) + " reports its next round below its oldest" + said());
     if (row.next - row.oldest > lim.window)
-      throw Error(ErrorKind::Protocol, who(w) + " reports " + num(row.next - row.oldest) + " unfinished rounds" + said +
-                                           ", more than the " + num(lim.window) + " any worker can have");
+      throw Error(ErrorKind::Protocol, who(w) + " reports " + num(row.next - row.oldest) + " unfinished rounds" +
+                                           said() + ", more than the " + num(lim.window) + " any worker can have");
     const uint64_t gap = row.next > lim.own.next ? row.next - lim.own.next : lim.own.next - row.next;
     if (gap > lim.window)
       throw Error(ErrorKind::Protocol, who(w) + " is at round " + num(row.next) + ", this worker at " +
                                            num(lim.own.next) + ": more than " + num(lim.window) + " rounds apart");
     const uint64_t bound = lim.entry_bound(row.oldest, row.next);
     if (row.entries > bound)
-      throw Error(ErrorKind::Protocol, who(w) + " reports " + num(row.entries) + " entries" + said + ": its rounds [" +
-                                           num(row.oldest) + ", " + num(row.next) + ") carry at most " + num(bound) +
-                                           " with what this worker has in flight");
+      throw Error(ErrorKind::Protocol, who(w) + " reports " + num(row.entries) + " entries" + said() +
+                                           ": its rounds [" + num(row.oldest) + ", " + num(row.next) +
+                                           ") carry at most " + num(bound) + " with what this worker has in flight");
     if (row.entries > max_e) {
       max_e = row.entries;
       largest = w;
