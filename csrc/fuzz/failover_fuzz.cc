@@ -22,12 +22,15 @@ namespace {
 
 using namespace rs::client::failover;
 
+// a + b, wrapping (values near a raw word must not be undefined behaviour in the harness itself).
+int64_t wrap_add(int64_t a, int64_t b) { return int64_t(uint64_t(a) + uint64_t(b)); }
+
 // The input, with values read as a raw word (flag bit set) or a small signed offset from `near`.
 struct Input : rs::fuzz::Input {
   int64_t value(int64_t near) {
     const uint8_t tag = byte();
     if (tag & 0x80) return int64_t(u64());
-    return near + int64_t(int8_t(tag << 1) >> 1);  // -64..63
+    return wrap_add(near, int8_t(uint8_t(tag << 1)) >> 1);  // -64..63
   }
 };
 
@@ -112,7 +115,7 @@ void run(Input in) {
       e[0] = r;
       const bool marker = in.byte() & 1;
       e[1] = marker ? -1 : in.value(int64_t(kElem) * (in.byte() % 64));
-      e[2] = marker ? -1 : in.value(e[1] + int64_t(kElem) * (1 + in.byte() % 8));
+      e[2] = marker ? -1 : in.value(wrap_add(e[1], int64_t(kElem) * (1 + in.byte() % 8)));
     }
   }
   try {
