@@ -1,21 +1,29 @@
 #!/usr/bin/env bash
-# Coverage-guided fuzzing of the wire parsers (csrc/fuzz/wire_fuzz.cc) with libFuzzer,
-# AddressSanitizer and UBSan.
+# Coverage-guided fuzzing of every parser of peer input with libFuzzer, AddressSanitizer and UBSan:
+#   wire            csrc/fuzz/wire_fuzz.cc: the wire decoders (challenge, hello, reply, frame
+#                   headers) and the reducer's decision on a hello
+#   failover        csrc/fuzz/failover_fuzz.cc: the failover exchange's rows as a worker checks
+#                   them (failover::check_summaries, Limits, Table, plan)
+#   reducer_frames  csrc/fuzz/reducer_frames_fuzz.cc: the worker's parsing of what a reducer sends
+#                   (handshake reply, RESULT, CLEAR, ERROR, BYE) and the quoting of reducer text
 #
-#   scripts/fuzz.sh [SECONDS] [libFuzzer flags...]     (default 60 s)
+#   scripts/fuzz.sh [SECONDS] [libFuzzer flags...]     (default 60 s per target)
 #
 # Needs clang (Debian/Ubuntu: `apt-get install clang`; its compiler-rt ships libFuzzer).
-# Builds into build/fuzz/ (never touches the Python extension), seeds build/fuzz/corpus
-# with valid messages made by the reducer's own encoders, runs for SECONDS and exits
-# non-zero if libFuzzer found a crash, a sanitizer report or a broken invariant; the input
-# that triggered it is kept in build/fuzz/artifacts/. The corpus is kept between runs.
-# RS_FUZZ_DIR overrides build/fuzz; RS_FUZZ_JOBS runs that many fuzzing processes (default 1).
+# Builds into build/fuzz/ (never touches the Python extension), seeds each target's corpus
+# (build/fuzz/corpus for wire, build/fuzz/corpus-<target> for the others) with valid inputs made
+# by the project's own encoders, runs each target for SECONDS and exits non-zero if libFuzzer found
+# a crash, a sanitizer report or a broken invariant; the input that triggered it is kept in
+# build/fuzz/artifacts/<target>-*. Corpora are kept between runs. RS_FUZZ_DIR overrides build/fuzz;
+# RS_FUZZ_TARGETS picks targets (default "wire failover reducer_frames"); RS_FUZZ_JOBS runs that
+# many fuzzing processes per target (default 1). Each target's summary starts with "== <target>".
 set -euo pipefail
 cd "$(dirname "$0")/.."
 seconds="${1:-60}"
 shift || true
 out="${RS_FUZZ_DIR:-build/fuzz}"
 jobs="${RS_FUZZ_JOBS:-1}"
+targets="${RS_FUZZ_TARGETS:-wire failover reducer_frames}"
 
 CXX_FUZZ="${CXX_FUZZ:-$(command -v clang++ || command -v clang++-14 || true)}"
 if [[ -z "$CXX_FUZZ" ]]; then
@@ -23,8 +31,9 @@ if [[ -z "$CXX_FUZZ" ]]; then
   exit 77
 fi
 
-mkdir -p "$out/corpus" "$out/artifacts" "$out/obj"
+mkdir -p "$out/artifacts" "$out/obj"
 common=(-std=c++17 -g -O1 -Icsrc -fno-omit-frame-pointer)
+fuzz=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 # The parsers' helpers (dtype table in csrc/kernels, errno text in csrc/common) are built
 # with the project's compiler (g++: the SIMD kernels use GCC target attributes clang 14
 # rejects) and without coverage; only the code under test is instrumented for libFuzzer.
@@ -36,33 +45,54 @@ for src in "${helpers[@]}"; do
   "${CXX_HELPERS:-g++}" "${common[@]}" -c "$src" -o "$obj"
   objs+=("$obj")
 done
-"$CXX_FUZZ" "${common[@]}" -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
-  csrc/fuzz/wire_fuzz.cc csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc \
-  csrc/server/handshake.cc "${objs[@]}" -o "$out/wire_fuzz"
-"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc \
-  csrc/protocol/hmac.cc "${objs[@]}" -o "$out/make_seeds"
-"$out/make_seeds" "$out/corpus"
+protocol=(csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc)
+"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc "${protocol[@]}" "${objs[@]}" -o "$out/make_seeds"
 
-log="$out/fuzz.log"
-parallel=()
-if [[ "$jobs" != 1 ]]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
-set +e
-ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}" \
-UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
-  "$out/wire_fuzz" -max_total_time="$seconds" -max_len=4400 -timeout=10 -rss_limit_mb=1024 \
-  -print_final_stats=1 -artifact_prefix="$out/artifacts/" "${parallel[@]}" \
-  "$@" "$out/corpus" >"$log" 2>&1
-status=$?
-set -e
-if [[ "$jobs" != 1 ]]; then cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log; fi  # libFuzzer's job logs
-# Summary: the last status line and the final stats.
-grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true
-grep -E '^stat::' "$log" || true
-echo "corpus: $(ls "$out/corpus" | wc -l) inputs; log: $log"
-if [[ $status -ne 0 ]] || grep -qE 'ERROR: (AddressSanitizer|libFuzzer|UndefinedBehaviorSanitizer)|runtime error:' "$log"; then
-  echo "fuzz.sh: FAILED (status $status); inputs in $out/artifacts/:" >&2
-  ls "$out/artifacts" >&2 || true
-  grep -E 'ERROR:|runtime error:|SUMMARY' "$log" | head -20 >&2 || true
-  exit 1
-fi
-echo "fuzz.sh: no crash in ${seconds}s"
+build() {  # build TARGET: $out/TARGET_fuzz
+  case "$1" in
+    wire) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/wire_fuzz.cc "${protocol[@]}" csrc/server/handshake.cc \
+            "${objs[@]}" -o "$out/wire_fuzz" ;;
+    failover) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/failover_fuzz.cc csrc/client/failover.cc \
+                "${objs[@]}" -o "$out/failover_fuzz" ;;
+    reducer_frames) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/reducer_frames_fuzz.cc \
+                      csrc/client/reducer_frames.cc csrc/client/peer_text.cc csrc/client/handshake.cc \
+                      csrc/net/frame_io.cc csrc/net/frame_auth.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" \
+                      -lcrypto -o "$out/reducer_frames_fuzz" ;;
+    *) echo "fuzz.sh: unknown target $1 (wire, failover, reducer_frames)" >&2; exit 2 ;;
+  esac
+}
+
+failed=0
+for target in $targets; do
+  build "$target"
+  corpus="$out/corpus-$target"
+  log="$out/fuzz-$target.log"
+  if [[ "$target" == wire ]]; then corpus="$out/corpus"; log="$out/fuzz.log"; fi
+  mkdir -p "$corpus"
+  "$out/make_seeds" "$corpus" "$target"
+  parallel=()
+  if [[ "$jobs" != 1 ]]; then parallel=(-jobs="$jobs" -workers="$jobs"); fi
+  set +e
+  ASAN_OPTIONS="${ASAN_OPTIONS:-abort_on_error=1:detect_leaks=1}" \
+  UBSAN_OPTIONS="${UBSAN_OPTIONS:-halt_on_error=1:print_stacktrace=1}" \
+    "$out/${target}_fuzz" -max_total_time="$seconds" -max_len=4400 -timeout=10 -rss_limit_mb=1024 \
+    -malloc_limit_mb=256 -print_final_stats=1 -artifact_prefix="$out/artifacts/$target-" "${parallel[@]}" \
+    "$@" "$corpus" >"$log" 2>&1
+  status=$?
+  set -e
+  if [[ "$jobs" != 1 ]]; then cat fuzz-*.log >>"$log" 2>/dev/null && rm -f fuzz-*.log; fi  # libFuzzer's job logs
+  # Summary: the last status line and the final stats.
+  echo "== $target"
+  grep -E '^#[0-9]+.*(DONE|pulse|NEW|REDUCE)' "$log" | tail -1 || true
+  grep -E '^stat::' "$log" || true
+  echo "corpus: $(ls "$corpus" | wc -l) inputs; log: $log"
+  found='ERROR: (AddressSanitizer|libFuzzer|UndefinedBehaviorSanitizer)|runtime error:'
+  if [[ $status -ne 0 ]] || grep -qE "$found" "$log"; then
+    echo "fuzz.sh: $target FAILED (status $status); inputs in $out/artifacts/:" >&2
+    ls "$out/artifacts" >&2 || true
+    grep -E 'ERROR:|runtime error:|SUMMARY' "$log" | head -20 >&2 || true
+    failed=1
+  fi
+done
+if [[ $failed -ne 0 ]]; then exit 1; fi
+echo "fuzz.sh: no crash in ${seconds}s per target ($targets)"

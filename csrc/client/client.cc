@@ -2,6 +2,7 @@
 
 #include "client/failover.h"
 #include "client/handshake.h"
+#include "client/reducer_frames.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -58,6 +59,11 @@ constexpr int kPeerLeftGraceMs = 200;
 // on every worker) whether they came back (with the probes the previous check started).
 constexpr RoundId kRejoinEvery = 32;
 
+// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
+// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
+// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
+constexpr int kMaxRecoverRestarts = 16;
+
 DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
 
 }  // namespace
@@ -91,15 +97,9 @@ struct Client::Round {
   Compression comp = Compression::None;  // comp != None: dtype is the 16-bit wire type, buf float32
   net::Segments buf;
   // Offsets and sizes below are wire bytes; in the buffer they are twice that when compressed.
-  struct Part {  // this round on one link: the link's share of its reducer's shard
+  struct Part : LinkShare {  // this round on one link: the link's share of its reducer's shard
     uint64_t shard_off = 0;    // of the shard in the buffer
-    uint64_t shard_bytes = 0;
-    uint64_t chunk = 0;        // chunk size of this round on this shard
-    uint64_t nchunks = 0;      // chunks of this shard (all streams)
-    uint64_t expected = 0;     // chunks of this stream
     uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
-    uint64_t written = 0;      // chunks of this stream completely written
-    uint64_t received = 0;     // results received (they arrive in chunk order)
     bool cleared = false;      // the reducer said CLEAR for this round (failover)
   };
   std::vector<Part> parts;     // by link
@@ -392,6 +392,7 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
   loss_pending_ = false;
   loss_why_.clear();
   peer_left_.clear();
+  recoveries_ = 0;
   // The session is out of step with the group now: drop it; the next start() reconnects.
   // Links at a frame boundary say goodbye, so groups that were idle on them do not report
   // this worker as lost (which could reach the others before the real cause).
@@ -572,6 +573,7 @@ void Client::settle(Round& r) {
   if (r.in_session) open_--;
   switch (r.role) {
     case Round::Role::User:
+      recoveries_ = 0;
       if (r.released) released_open_--;  // (counted in stats and left running_ when it was released)
       else {
         running_--;
@@ -654,9 +656,8 @@ void Client::advance_done(size_t li) {
 // CLEAR(n) on link li: every worker holds the results of the rounds below n on this link.
 void Client::apply_clear(size_t li, uint64_t upto) {
   Link& l = *links_[li];
-  if (!opts_.failover || upto > l.done_sent)
-    throw Error(ErrorKind::Protocol, l.peer + " cleared round " + std::to_string(upto) +
-                                         " before this worker said it had the results");
+  const std::string bad = check_clear(upto, l.done_sent, opts_.failover);
+  if (!bad.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + bad);
   const uint64_t from = std::max(l.cleared, session_.empty() ? wire_next_ : session_.front()->wire);
   for (uint64_t w = from; w < upto; ++w) {
     Round* r = by_wire(w);
@@ -833,26 +834,20 @@ bool Client::pump(const pollfd* ready) {
         if (Round* r = by_wire(token >> 1)) r->parts[li].written++;
       };
       auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
-        if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from reducer " + l.peer + ": " + err);
+        if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
         if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
         if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
         if (h.type != proto::FrameType::Result)
-          throw Error(ErrorKind::Protocol, "unexpected frame type from reducer " + l.peer);
+          throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
         Round* r = by_wire(h.round);
-        bool ok = r != nullptr && r->state == Round::State::Running;
-        if (ok) {
-          const Round::Part& p = r->parts[li];
-          const uint64_t chunk = p.chunk, idx = h.offset / chunk;
-          ok = h.dtype == uint8_t(r->dtype) && h.op == uint8_t(r->op) && h.shard_bytes == p.shard_bytes &&
-               h.total_bytes == r->nbytes && h.offset % chunk == 0 && idx < p.nchunks &&
-               h.length == std::min<uint64_t>(chunk, p.shard_bytes - h.offset) && p.received < p.expected &&
-               idx == uint64_t(l.stream) + p.received * uint64_t(S) &&  // results come in chunk order
-               p.received < p.written;                                // only chunks already sent
-        }
-        if (!ok)
-          throw Error(ErrorKind::Protocol, l.peer + " sent a result that does not belong to any round in flight " +
-                                               "(round " + std::to_string(h.round) + ", offset " +
-                                               std::to_string(h.offset) + ")");
+        if (r && r->state != Round::State::Running) r = nullptr;
+        const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
+        const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
+                                             uint64_t(l.stream), uint64_t(S));
+        if (!bad.empty())
+          throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
+                                               std::to_string(h.offset) + ", " + std::to_string(h.length) +
+                                               " bytes) this worker did not ask for: " + bad);
         l.reading = r;
         if (r->comp != Compression::None) return net::Sink::memory(l.rx.data());  // widened in on_frame
         // Whole elements only: after a failure each element is either the input or the result.
@@ -861,7 +856,7 @@ bool Client::pump(const pollfd* ready) {
       auto on_frame = [&](const proto::FrameHeader& h) -> bool {
         if (h.type == proto::FrameType::Error) {
           const auto code = proto::ErrorCode(h.flags);
-          const std::string msg = "reducer " + addrs_[l.reducer].str() + ": " + l.error_text;
+          const std::string msg = reducer_error_text(addrs_[l.reducer].str(), l.error_text);
           if (!opts_.failover) throw Error(kind_of(code), msg);
           l.closed = true;  // the reducer closes this connection after its error
           switch (code) {
@@ -1266,6 +1261,9 @@ void Client::recover() {
     if (r->state == Round::State::Running) pending.push_back(r);
   std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
   for (;;) {
+    if (++recoveries_ > kMaxRecoverRestarts + int(addrs_.size()))  // a reducer that keeps saying "failover"
+      throw Error(ErrorKind::PeerLost, "reducer failover: " + std::to_string(recoveries_ - 1) +
+                                           " failover sessions without a round finishing (last: " + loss_why_ + ")");
     // 1. Leave the session, telling the survivors why.
     say_failover_bye();
     for (Round* r : pending) {
@@ -1309,9 +1307,12 @@ void Client::recover() {
       continue;
     }
     timer_.progress();
-    // 3. The exchange: what every worker holds of every unfinished round.
-    std::vector<failover::Entry> entries;
-    for (Round* r : pending) failover::append_round(r->id, r->held, &entries);
+    // 3. The exchange: what every worker holds of every unfinished round. Every row that comes
+    // back is checked before anything is sized from it (failover::Limits).
+    failover::Limits lim;
+    lim.rank = opts_.rank;
+    for (Round* r : pending) lim.add_round(r->id, r->held, r->nbytes, dtype_size(r->dtype));
+    lim.finish(id_next_);
     const uint32_t W = opts_.world_size, me = opts_.rank;
     auto exchange = [&](size_t words) -> Round* {  // an all-gather: SUM of rows, each worker fills its own
       Round* x = new_internal(int(Round::Role::Exchange));
@@ -1323,24 +1324,16 @@ void Client::recover() {
       enqueue(x);
     };
     Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
-    int64_t* row = &x1->store[size_t(me) * failover::kSummaryWords];
-    row[0] = int64_t(pending.empty() ? id_next_ : pending.front()->id);
-    row[1] = int64_t(id_next_);
-    row[2] = int64_t(entries.size());
+    failover::put_summary(&x1->store, me, lim.own);
     launch(x1);
     if (!run_internal(nullptr, x1)) continue;
     const std::vector<int64_t> summaries = x1->store;
-    const uint64_t max_e = failover::Table::max_entries(W, summaries);
-    Round* x2 = exchange(size_t(W) * max_e * failover::kEntryWords);
-    for (size_t i = 0; i < entries.size(); ++i) {
-      int64_t* e = &x2->store[(size_t(me) * max_e + i) * failover::kEntryWords];
-      e[0] = entries[i].round;
-      e[1] = entries[i].begin;
-      e[2] = entries[i].end;
-    }
+    const uint64_t max_e = failover::check_summaries(W, summaries, lim);
+    Round* x2 = exchange(failover::table_words(W, max_e));
+    failover::put_entries(&x2->store, me, max_e, lim.mine);
     launch(x2);
     if (!run_internal(nullptr, x2)) continue;
-    failover::Table table(W, summaries, x2->store, max_e);
+    failover::Table table(W, summaries, x2->store, max_e, &lim);
     rejoin_from_ = table.max_next();
     // 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
     std::vector<Round*> parents;

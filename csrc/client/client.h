@@ -227,6 +227,7 @@ class Client {
   bool loss_pending_ = false;
   std::string loss_why_;
   bool recovering_ = false;
+  int recoveries_ = 0;          // failover sessions started since a user round last finished
   RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
   // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
   // by internal_ (null once recover() dropped it: the check is then over, without a rejoin;

@@ -1,5 +1,7 @@
 #include "client/handshake.h"
 
+#include "client/peer_text.h"
+
 #include <algorithm>
 #include <chrono>
 #include <thread>
@@ -13,7 +15,7 @@ namespace rs::client {
 namespace {
 
 [[noreturn]] void throw_reply(const std::string& peer, proto::Status st, const std::string& msg) {
-  std::string text = peer + " refused the connection (" + proto::status_name(st) + "): " + msg;
+  std::string text = peer + " refused the connection (" + proto::status_name(st) + "): " + msg;  // msg: quoted
   switch (st) {
     case proto::Status::AuthFailed: throw Error(ErrorKind::Auth, text);
     case proto::Status::BadVersion:
@@ -83,6 +85,11 @@ proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline) 
   if (!err.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + err);
   reply.message.assign(mlen, '\0');
   if (mlen) net::recv_all(l.fd.get(), &reply.message[0], mlen, deadline, l.peer);
+  return judge_reply(l, reply);
+}
+
+proto::Status judge_reply(const PendingLink& l, const proto::Reply& reply) {
+  std::string quoted = peer_text(reply.message);
   if (l.authenticated) {
     proto::Digest got;
     std::copy(reply.mac.begin(), reply.mac.end(), got.begin());
@@ -90,10 +97,10 @@ proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline) 
     if (!authentic && reply.status == proto::Status::Ok)
       throw Error(ErrorKind::Auth, "authentication failed: " + l.peer + " could not prove that it knows the secret (bad reply MAC): "
                                             "not a reducer of this job, or the reducer has another secret");
-    if (!authentic) reply.message += " [unauthenticated reply]";
+    if (!authentic) quoted += " [unauthenticated reply]";
   }
   if (reply.status == proto::Status::Ok || reply.status == proto::Status::RankTaken) return reply.status;
-  throw_reply(l.peer, reply.status, reply.message);
+  throw_reply(l.peer, reply.status, quoted);
 }
 
 void protect_link(const PendingLink& l, net::FrameWriter* out, net::FrameReader* in) {

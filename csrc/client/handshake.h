@@ -38,4 +38,8 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
 // for a reply that is not authentic, and at the deadline.
 proto::Status finish_handshake(PendingLink& link, net::Clock::time_point deadline);
 
+// Phase 2 without the socket: the verdict on a complete reply (its message is quoted through
+// peer_text() in the exception), as finish_handshake() gives it.
+proto::Status judge_reply(const PendingLink& link, const proto::Reply& reply);
+
 }  // namespace rs::client

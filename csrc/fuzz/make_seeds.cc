@@ -1,6 +1,7 @@
-// Writes the fuzzer's seed corpus: one valid message of each kind, made with the
-// reducer's own encoders (so the seeds follow the protocol version being fuzzed).
-// Usage: make_seeds DIR   (file names: <kind>-<n>; byte 0 selects the parser, see wire_fuzz.cc)
+// Writes a fuzzer's seed corpus: valid inputs of each kind, made with the project's own encoders
+// (so the seeds follow the protocol version being fuzzed).
+// Usage: make_seeds DIR [TARGET]   (TARGET: wire (default), failover or reducer_frames; file names:
+// <kind>-<n>; byte 0 selects what the target runs, see csrc/fuzz/<TARGET>_fuzz.cc)
 #include <cstdio>
 #include <cstdint>
 #include <string>
@@ -20,13 +21,83 @@ static bool write_seed(const std::string& dir, const std::string& name, char sel
   return std::fclose(f) == 0;
 }
 
+static std::string u64_bytes(uint64_t v) {
+  std::string b(8, '\0');
+  proto::put_u64(reinterpret_cast<uint8_t*>(&b[0]), v);
+  return b;
+}
+
+static std::string header_bytes(const proto::FrameHeader& h) {
+  std::string b(proto::kFrameHeaderBytes, '\0');
+  proto::encode(h, reinterpret_cast<uint8_t*>(&b[0]));
+  return b;
+}
+
+// csrc/fuzz/failover_fuzz.cc: an honest exchange of two workers (this worker: rounds 6 and 8
+// unfinished, 6 with bytes [0, 8) in; rank 1 reports the same rounds), and the unbounded form.
+static bool failover_seeds(const std::string& dir) {
+  const std::string honest = {
+      1, 0, 5, 2,           // world 2, rank 0, rounds from 5, two unfinished rounds:
+      0, 9, 1, 0, 1,        //   round 6 of 40 bytes, one span [0, 8)
+      1, 19, 0,             //   round 8 of 80 bytes, nothing in
+      1,                    // next round 10
+      0, 0, 0, 0,           // row 0 as sent; row 1: oldest, next and entries as this worker's
+      0,                    // this worker's entries as sent; rank 1's three:
+      0, 1,                 //   (6, -1, -1)
+      0, 0, 0, 0, 3, 0,     //   (6, 0, 16)
+      2, 1};                //   (8, -1, -1)
+  std::string raw = std::string(1, '\x01') + std::string(3, '\0');
+  for (int i = 0; i < 6; ++i) raw += '\x80' + u64_bytes(i == 5 ? (~uint64_t(0)) / 6 + 1 : uint64_t(i));
+  return write_seed(dir, "exchange-0", 0, honest) && write_seed(dir, "unbounded-0", 1, raw);
+}
+
+// csrc/fuzz/reducer_frames_fuzz.cc: a refusal, an authentic-looking Ok, frames for a round in
+// flight (RESULT, CLEAR, ERROR), and text to quote.
+static bool reducer_frame_seeds(const std::string& dir) {
+  proto::Reply reply;
+  reply.status = proto::Status::OverLimit;
+  reply.message = "over the memory budget\n\x1b[31m";
+  bool ok = write_seed(dir, "reply-0", 0, std::string(1, '\0') + proto::encode(reply));
+  reply.status = proto::Status::Ok;
+  reply.message = "";
+  ok &= write_seed(dir, "reply-1", 0, std::string(1, '\x01') + proto::encode(reply) + '\x01');
+  // chunk size 64, 1 stream, float32 round 7 of 1024 bytes (shard 1024, 16 chunks written),
+  // failover on, last DONE 5; then RESULT chunk 0, CLEAR 3 and an ERROR.
+  std::string f = u64_bytes(0) + std::string{0, 0, 0, 7, 0} + u64_bytes(255) + u64_bytes(255) +
+                  std::string{16, 1} + u64_bytes(5) + std::string(1, '\0');
+  proto::FrameHeader h;
+  h.type = proto::FrameType::Result;
+  h.round = 7;
+  h.total_bytes = h.shard_bytes = 1024;
+  h.length = 64;
+  f += header_bytes(h);
+  h = proto::FrameHeader{};
+  h.type = proto::FrameType::Clear;
+  h.round = 3;
+  f += header_bytes(h);
+  const std::string text = "reducer shutting down\r\n";
+  h.type = proto::FrameType::Error;
+  h.flags = 4;
+  h.length = uint32_t(text.size());
+  f += header_bytes(h) + text;
+  ok &= write_seed(dir, "frames-0", 1, f);
+  return ok && write_seed(dir, "text-0", 2, std::string("a\0b\x7f\xff\\\x1b[2J", 10) + std::string(300, 'x'));
+}
+
 int main(int argc, char** argv) {
-  if (argc != 2) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR\n", argv[0]);
+  if (argc != 2 && argc != 3) {
+    std::fprintf(stderr, "usage: %s CORPUS_DIR [wire|failover|reducer_frames]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
+  const std::string target = argc == 3 ? argv[2] : "wire";
   bool ok = true;
+  if (target == "failover") ok = failover_seeds(dir);
+  else if (target == "reducer_frames") ok = reducer_frame_seeds(dir);
+  if (target != "wire") {
+    if (!ok) std::fprintf(stderr, "make_seeds: cannot write into %s\n", dir.c_str());
+    return ok ? 0 : 1;
+  }
 
   proto::Challenge c;
   c.auth_required = 1;

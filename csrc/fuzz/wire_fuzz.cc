@@ -13,6 +13,7 @@
 #include <cstring>
 #include <string>
 
+#include "fuzz/fuzz_input.h"
 #include "kernels/kernels.h"
 #include "protocol/wire.h"
 #include "server/handshake.h"
@@ -20,13 +21,6 @@
 namespace {
 
 namespace proto = rs::proto;
-
-#define FUZZ_CHECK(cond)                                                             \
-  do {                                                                               \
-    if (!(cond)) {                                                                   \
-      __builtin_trap();                                                              \
-    }                                                                                \
-  } while (0)
 
 void fuzz_challenge(const uint8_t* p, size_t n) {
   if (n < proto::kChallengeBytes) return;

@@ -1,0 +1,34 @@
+#include "client/peer_text.h"
+
+namespace rs::client {
+
+namespace {
+
+// How one byte of peer text is quoted.
+std::string escaped(unsigned char ch) {
+  static const char hex[] = "0123456789abcdef";
+  switch (ch) {
+    case '\\': return "\\\\";
+    case '\n': return "\\n";
+    case '\r': return "\\r";
+    case '\t': return "\\t";
+    default: break;
+  }
+  if (ch >= 0x20 && ch < 0x7f) return std::string(1, char(ch));
+  return std::string("\\x") + hex[ch >> 4] + hex[ch & 15];
+}
+
+}  // namespace
+
+std::string peer_text(const std::string& raw, size_t max_chars) {
+  std::string out;
+  out.reserve(raw.size() < max_chars ? raw.size() : max_chars);
+  for (const char c : raw) {
+    const std::string piece = escaped(static_cast<unsigned char>(c));
+    if (out.size() + piece.size() > max_chars) return out + "... (" + std::to_string(raw.size()) + " bytes)";
+    out += piece;
+  }
+  return out;
+}
+
+}  // namespace rs::client

@@ -1,0 +1,152 @@
+"""A reducer played by the test, for the worker-side security tests (tests/test_worker_lies.py).
+
+`LyingReducer` speaks protocol version 2 (docs/protocol.md, from tests/attack_tools.py's
+independent encoder) to ONE real worker of a group whose other members are imaginary: it answers
+every hello with `reply` (Ok by default, without authentication), every DATA chunk with what
+`on_data` returns (by default the honest RESULT: the worker's own chunk, as if the other members
+contributed zeros) and every DONE with the CLEAR it asks for. A script decides where it lies.
+
+Every connection is served by a thread of its own; every socket wait has a timeout.
+"""
+from __future__ import annotations
+
+import os
+import select
+import socket
+import struct
+import threading
+from dataclasses import dataclass, replace
+from typing import Callable, List, Optional, Tuple
+
+from attack_tools import (BYE, DATA, ERROR, FRAME, HELLO, RESULT, Status, close_all, encode_challenge,
+                          encode_reply, recv_exact)
+
+DONE, CLEAR = 5, 6
+ERR_FAILOVER = 6                                   # ERROR code: another worker lost reducers (tag = mask)
+EXCHANGE_TAG = 0x5245564F4C494146                  # "FAILOVER": the tag of the failover exchange's rounds
+I64 = 5
+
+
+@dataclass(frozen=True)
+class Header:
+    """A frame header (48 bytes, little-endian; docs/protocol.md section 2)."""
+    type: int
+    dtype: int
+    op: int
+    flags: int
+    length: int
+    round: int
+    total: int
+    shard: int
+    offset: int
+    tag: int
+
+    @classmethod
+    def parse(cls, raw: bytes) -> "Header":
+        return cls(*FRAME.unpack(raw))
+
+    def pack(self) -> bytes:
+        return FRAME.pack(self.type, self.dtype, self.op, self.flags, self.length, self.round, self.total,
+                          self.shard, self.offset, self.tag)
+
+
+def result_for(h: Header, payload: bytes) -> bytes:
+    """The RESULT frame answering DATA `h` with `payload` (the header's length follows the payload)."""
+    return replace(h, type=RESULT, length=len(payload)).pack() + payload
+
+
+def error_frame(code: int, text: bytes, tag: int = 0) -> bytes:
+    return Header(ERROR, 0, 0, code, len(text), 0, 0, 0, 0, tag).pack() + text
+
+
+def clear_frame(round_: int) -> bytes:
+    return Header(CLEAR, 0, 0, 0, 0, round_, 0, 0, 0, 0).pack()
+
+
+# on_data(connection index, header, payload) -> bytes to send, or None for the honest result.
+OnData = Callable[[int, Header, bytes], Optional[bytes]]
+
+
+class LyingReducer:
+    """Listens on 127.0.0.1 (any free port); serves at most `max_conns` connections."""
+
+    def __init__(self, on_data: Optional[OnData] = None, reply: Tuple[int, bytes] = (Status.OK, b"welcome"),
+                 max_conns: int = 8, timeout: float = 20.0) -> None:
+        self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
+        self.data: List[Tuple[int, Header]] = []   # (connection, header) of every DATA frame received
+        self.errors: List[BaseException] = []      # unexpected failures of the script itself
+        self._lock = threading.Lock()
+        self._socks: List[socket.socket] = []
+        self._threads: List[threading.Thread] = []
+        self._stop = threading.Event()
+        self.listener = socket.socket()
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(16)
+        self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
+
+    def _next_connection(self) -> Optional[socket.socket]:
+        """The next connection, or None once stopped (or the listener is closed)."""
+        while not self._stop.is_set():
+            ready, _, _ = select.select([self.listener], [], [], 0.2)
+            if ready:
+                try:
+                    return self.listener.accept()[0]
+                except OSError:
+                    return None
+        return None
+
+    def _accept(self) -> None:
+        for index in range(self.max_conns):
+            conn = self._next_connection()
+            if conn is None:
+                return
+            conn.settimeout(self.timeout)
+            with self._lock:
+                self._socks.append(conn)
+            t = threading.Thread(target=self._serve, args=(conn, index), daemon=True)
+            t.start()
+            self._threads.append(t)
+
+    def _serve(self, conn: socket.socket, index: int) -> None:
+        try:
+            conn.sendall(encode_challenge(os.urandom(32), False))
+            fixed = recv_exact(conn, HELLO.size)
+            fields = HELLO.unpack(fixed)
+            recv_exact(conn, fields[8] + fields[9])
+            conn.sendall(encode_reply(self.reply[0], self.reply[1]))
+            if self.reply[0] != Status.OK:
+                return
+            while not self._stop.is_set():
+                h = Header.parse(recv_exact(conn, FRAME.size))
+                payload = recv_exact(conn, h.length)
+                if h.type == DATA:
+                    with self._lock:
+                        self.data.append((index, h))
+                    out = self.on_data(index, h, payload) if self.on_data else None
+                    conn.sendall(result_for(h, payload) if out is None else out)
+                elif h.type == DONE:
+                    conn.sendall(clear_frame(h.round))
+                elif h.type == BYE:
+                    return
+        except (OSError, ConnectionError, struct.error):
+            pass  # the worker left
+        except BaseException as exc:  # a broken script: reported to the test
+            self.errors.append(exc)
+
+    def __enter__(self) -> "LyingReducer":
+        t = threading.Thread(target=self._accept, daemon=True)
+        t.start()
+        self._threads.append(t)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        with self._lock:
+            socks = list(self._socks)
+        close_all(socks + [self.listener])
+        for t in self._threads:
+            t.join(10)
+
+
+__all__ = ["CLEAR", "DONE", "ERR_FAILOVER", "EXCHANGE_TAG", "Header", "I64", "LyingReducer",
+           "clear_frame", "error_frame", "result_for"]
