@@ -33,11 +33,19 @@ rm -f "$out"/src/reducer/_core*.so
 
 # 2. The sanitized build (ccache, if CC/CXX use it, keeps re-runs fast).
 san="-fsanitize=address,undefined -fno-sanitize-recover=undefined -fno-omit-frame-pointer -g"
-(cd "$out/src" && CFLAGS="$san" LDFLAGS="$san" python setup.py -q build_ext --inplace >"$out/build.log" 2>&1) || {
+# setuptools compiles C++ with CXXFLAGS (CFLAGS alone links the runtime but instruments nothing);
+# objects of an earlier build in the copy are dropped so that every one is built with the flags.
+rm -rf "$out/src/build"
+(cd "$out/src" && CFLAGS="$san" CXXFLAGS="$san" LDFLAGS="$san" python setup.py -q build_ext --inplace >"$out/build.log" 2>&1) || {
   tail -50 "$out/build.log" >&2
   echo "sanitize.sh: the sanitized build failed (log: $out/build.log)" >&2
   exit 1
 }
+# The build must really be instrumented: an ASan-compiled object calls __asan_report_* on a bad access.
+if ! nm -D "$out"/src/reducer/_core*.so | grep -q "__asan_report"; then
+  echo "sanitize.sh: the extension is not instrumented (no __asan_report_* references): check the compiler flags" >&2
+  exit 1
+fi
 
 # 3. The tests, with the sanitizer runtimes preloaded.
 gxx="${SANITIZE_CXX:-g++}"
