@@ -6,6 +6,9 @@
 #                   them (failover::check_summaries, Limits, Table, plan)
 #   reducer_frames  csrc/fuzz/reducer_frames_fuzz.cc: the worker's parsing of what a reducer sends
 #                   (handshake reply, RESULT, CLEAR, ERROR, BYE) and the quoting of reducer text
+#   plugin_env      csrc/fuzz/plugin_env_fuzz.cc: what the NCCL plugin parses from its environment
+#                   (its JSON reader, CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS discovery, RS_* and
+#                   NCCL_* settings): every malformed value an rs::Error(Config), nothing else
 #
 #   scripts/fuzz.sh [SECONDS] [libFuzzer flags...]     (default 60 s per target)
 #
@@ -15,7 +18,7 @@
 # by the project's own encoders, runs each target for SECONDS and exits non-zero if libFuzzer found
 # a crash, a sanitizer report or a broken invariant; the input that triggered it is kept in
 # build/fuzz/artifacts/<target>-*. Corpora are kept between runs. RS_FUZZ_DIR overrides build/fuzz;
-# RS_FUZZ_TARGETS picks targets (default "wire failover reducer_frames"); RS_FUZZ_JOBS runs that
+# RS_FUZZ_TARGETS picks targets (default "wire failover reducer_frames plugin_env"); RS_FUZZ_JOBS runs that
 # many fuzzing processes per target (default 1). Each target's summary starts with "== <target>".
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,7 +26,7 @@ seconds="${1:-60}"
 shift || true
 out="${RS_FUZZ_DIR:-build/fuzz}"
 jobs="${RS_FUZZ_JOBS:-1}"
-targets="${RS_FUZZ_TARGETS:-wire failover reducer_frames}"
+targets="${RS_FUZZ_TARGETS:-wire failover reducer_frames plugin_env}"
 
 CXX_FUZZ="${CXX_FUZZ:-$(command -v clang++ || command -v clang++-14 || true)}"
 if [[ -z "$CXX_FUZZ" ]]; then
@@ -58,7 +61,9 @@ build() {  # build TARGET: $out/TARGET_fuzz
                       csrc/client/reducer_frames.cc csrc/client/peer_text.cc csrc/client/handshake.cc \
                       csrc/net/frame_io.cc csrc/net/frame_auth.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" \
                       -lcrypto -o "$out/reducer_frames_fuzz" ;;
-    *) echo "fuzz.sh: unknown target $1 (wire, failover, reducer_frames)" >&2; exit 2 ;;
+    plugin_env) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/plugin_env_fuzz.cc csrc/nccl_plugin/plugin_env.cc \
+                  csrc/nccl_plugin/json.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" -o "$out/plugin_env_fuzz" ;;
+    *) echo "fuzz.sh: unknown target $1 (wire, failover, reducer_frames, plugin_env)" >&2; exit 2 ;;
   esac
 }
 

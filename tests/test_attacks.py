@@ -752,7 +752,7 @@ def test_bit_flip_mutations_of_valid_frames(quiet_core_log, monkeypatch):
 def test_fuzz_wire_parsers(tmp_path):
     """scripts/fuzz.sh for 10 s per target, libFuzzer + ASan/UBSan with invariants checked: the wire
     decoders (wire), the failover exchange's table as a worker checks it (failover), the worker's
-    parsing of what a reducer sends (reducer_frames)."""
+    parsing of what a reducer sends (reducer_frames), the NCCL plugin's environment (plugin_env)."""
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     env["RS_FUZZ_DIR"] = str(tmp_path / "fuzz")
     env.pop("RS_FUZZ_TARGETS", None)
@@ -761,7 +761,7 @@ def test_fuzz_wire_parsers(tmp_path):
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "no crash" in out.stdout
     sections = dict(re.findall(r"^== (\w+)\n(.*?)(?=^== |\Z)", out.stdout, re.S | re.M))
-    assert set(sections) == {"wire", "failover", "reducer_frames"}, out.stdout[-2000:]
+    assert set(sections) == {"wire", "failover", "reducer_frames", "plugin_env"}, out.stdout[-2000:]
     for target, text in sections.items():
         executed = re.search(r"stat::number_of_executed_units:\s+(\d+)", text)
         assert executed and int(executed.group(1)) > 10_000, (target, text[-1000:])

@@ -267,15 +267,17 @@ def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_p
         assert r["unloaded"]  # nothing of the failed connect stays behind
 
 
-def test_collnet_with_frame_integrity(pool, reducers, tmp_path):
+@pytest.mark.parametrize("mode", ["on", " Required "])
+def test_collnet_with_frame_integrity(pool, reducers, tmp_path, mode):
     # RS_INTEGRITY reaches the plugin's clients: a reducer that requires integrity serves them
-    # (without the flag it would refuse every hello with IntegrityMismatch).
+    # (without the flag it would refuse every hello with IntegrityMismatch). Read as the Python
+    # library reads it: trimmed, any case.
     secret = "plugin-integrity"
     servers = reducers(1, auth_token=secret, integrity="required")
     calls = [(7, 0, 1000), (4, 0, 3001), (9, 3, 40000)] * 2
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=calls,
-                        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": "on"})
+                        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": mode})
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []

@@ -84,9 +84,26 @@ static bool reducer_frame_seeds(const std::string& dir) {
   return ok && write_seed(dir, "text-0", 2, std::string("a\0b\x7f\xff\\\x1b[2J", 10) + std::string(300, 'x'));
 }
 
+// The plugin's environment (csrc/fuzz/plugin_env_fuzz.cc): selector = what is parsed.
+static bool plugin_env_seeds(const std::string& dir) {
+  const std::string spec =
+      R"({"cluster":{"workerpool0":["w0:2222"],"workerpool1":["w1:2222"],"workerpool2":["r0:2222","[::1]:2222"]},)"
+      R"("task":{"type":"workerpool0","index":0},"job":{"workerPoolSpecs":[]}})";
+  const std::string tf = R"({"cluster":{"chief":["c:1"],"ps":["p0:2222","p1:2222"]},"task":{"type":"chief","index":0}})";
+  const std::string nul(1, '\0');
+  bool ok = write_seed(dir, "json-0", 0, R"({"a":[1,2.5e3,-0.0,true,false,null,"\u00e9\n"],"b":{}})");
+  ok &= write_seed(dir, "cluster_spec-0", 1, spec);
+  ok &= write_seed(dir, "tf_config-0", 2, tf);
+  ok &= write_seed(dir, "rs_reducers-0", 3, "10.0.0.1:2222, [fe80::1]:2223,host:1");
+  ok &= write_seed(dir, "worker-0", 4, "30" + nul + "300" + nul + "4" + nul + "1M" + nul + "8" + nul + "False" + nul +
+                                           "4M" + nul + "secret" + nul + "Required");
+  ok &= write_seed(dir, "p2p-0", 5, "4" + nul + "2" + nul + "2" + nul + "10");
+  return ok;
+}
+
 int main(int argc, char** argv) {
   if (argc != 2 && argc != 3) {
-    std::fprintf(stderr, "usage: %s CORPUS_DIR [wire|failover|reducer_frames]\n", argv[0]);
+    std::fprintf(stderr, "usage: %s CORPUS_DIR [wire|failover|reducer_frames|plugin_env]\n", argv[0]);
     return 2;
   }
   const std::string dir = argv[1];
@@ -94,6 +111,7 @@ int main(int argc, char** argv) {
   bool ok = true;
   if (target == "failover") ok = failover_seeds(dir);
   else if (target == "reducer_frames") ok = reducer_frame_seeds(dir);
+  else if (target == "plugin_env") ok = plugin_env_seeds(dir);
   if (target != "wire") {
     if (!ok) std::fprintf(stderr, "make_seeds: cannot write into %s\n", dir.c_str());
     return ok ? 0 : 1;

@@ -8,6 +8,7 @@
 #include <cmath>
 #include <algorithm>
 #include <cstdlib>
+#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -34,6 +35,13 @@ namespace {
 std::string trim(const std::string& s) {
   size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
+}
+
+// As reducer/config.py reads booleans and modes: trimmed, case-insensitive.
+std::string lower_trim(const std::string& s) {
+  std::string t = trim(s);
+  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
+  return t;
 }
 
 [[noreturn]] void bad(const char* var, const std::string& raw, const std::string& why) {
@@ -186,7 +194,7 @@ client::ClientOptions client_options_from_env() {
     bad("RS_TCP_CONGESTION", cc, e.what());
   }
   if (auto v = getenv_str("RS_FAILOVER")) {
-    const std::string t = trim(*v);
+    const std::string t = lower_trim(*v);
     if (t == "1" || t == "true" || t == "yes" || t == "on") o.failover = true;
     else if (t == "0" || t == "false" || t == "no" || t == "off") o.failover = false;
     else if (!t.empty()) bad("RS_FAILOVER", *v, "expected true or false");
@@ -204,7 +212,7 @@ client::ClientOptions client_options_from_env() {
     o.auth_token = secret;
   }
   if (auto v = getenv_str("RS_INTEGRITY")) {
-    const std::string mode = trim(*v);
+    const std::string mode = lower_trim(*v);
     if (mode != "off" && mode != "on" && mode != "required") bad("RS_INTEGRITY", *v, "must be off, on or required");
     o.integrity = mode != "off";  // a worker that asks for it never falls back
   }

@@ -1,0 +1,98 @@
+// libFuzzer target: everything the NCCL plugin parses from its environment (csrc/nccl_plugin/
+// plugin_env.cc and json.cc). NCCL gives a plugin no other configuration, and a cluster
+// description comes from whoever wrote the job's CLUSTER_SPEC / TF_CONFIG: every malformed value
+// must be an rs::Error(Config), never another exception, a crash or a sanitizer report.
+//
+// Byte 0 picks what runs on the rest of the input:
+//   0  json::parse                       3  RS_REDUCERS (+ RS_JOB_ID) through discover_reducers
+//   1  CLUSTER_SPEC through discover_reducers   4  the worker settings (client_options_from_env)
+//   2  TF_CONFIG through discover_reducers      5  the point-to-point settings
+// For 4 and 5 the rest is split at NUL bytes into the variables' values, in order.
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "common/error.h"
+#include "fuzz/fuzz_input.h"
+#include "nccl_plugin/json.h"
+#include "nccl_plugin/plugin_env.h"
+
+namespace {
+
+const char* const kDiscovery[] = {"CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_JOB_ID", "CLOUD_ML_JOB_ID"};
+// Never from the input: a file path (it would read any file) and the process-wide congestion control.
+const char* const kWorker[] = {"RS_TIMEOUT", "RS_CONNECT_TIMEOUT", "RS_STREAMS", "RS_CHUNK_BYTES", "RS_WINDOW",
+                               "RS_FAILOVER", "RS_SOCKET_BUFFER", "RS_AUTH_TOKEN", "RS_INTEGRITY"};
+const char* const kP2p[] = {"RS_NCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "RS_HANDSHAKE_TIMEOUT"};
+
+template <size_t N>
+void clear(const char* const (&vars)[N]) {
+  for (const char* v : vars) unsetenv(v);
+}
+
+template <size_t N>
+void set_from(const char* const (&vars)[N], const std::string& rest) {
+  size_t at = 0;
+  for (const char* v : vars) {
+    if (at > rest.size()) break;
+    const size_t end = std::min(rest.find('\0', at), rest.size());
+    setenv(v, rest.substr(at, end - at).c_str(), 1);
+    at = end + 1;
+  }
+}
+
+void run(uint8_t mode, const std::string& rest) {
+  using namespace rs::nccl;
+  switch (mode % 6) {
+    case 0: {
+      const json::Value v = json::parse(rest, "input");
+      FUZZ_CHECK(v.type_name() != nullptr);
+      break;
+    }
+    case 1:
+    case 2:
+    case 3: {
+      const char* var = mode % 6 == 1 ? "CLUSTER_SPEC" : mode % 6 == 2 ? "TF_CONFIG" : "RS_REDUCERS";
+      if (rest.find('\0') != std::string::npos) return;  // an environment value has no NUL
+      setenv(var, rest.c_str(), 1);
+      if (mode % 6 == 3) setenv("RS_JOB_ID", "fuzz", 1);
+      const auto pool = discover_reducers();
+      FUZZ_CHECK(!pool || !pool->reducers.empty());
+      break;
+    }
+    case 4: {
+      set_from(kWorker, rest);
+      const rs::client::ClientOptions o = client_options_from_env();
+      FUZZ_CHECK(o.streams >= 1 && o.window >= 1 && o.timeout > 0);
+      break;
+    }
+    default: {
+      set_from(kP2p, rest);
+      const int socks = p2p_sockets_from_env(), threads = p2p_threads_from_env();
+      FUZZ_CHECK(socks >= 1 && socks <= 16 && threads >= 1 && threads <= 16);
+      FUZZ_CHECK(hello_timeout_from_env() > 0);
+      break;
+    }
+  }
+}
+
+}  // namespace
+
+extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
+  rs::fuzz::Input in{data, size};
+  const uint8_t mode = in.byte();
+  const std::string rest = in.bytes(size);
+  clear(kDiscovery);
+  clear(kWorker);
+  clear(kP2p);
+  unsetenv("RS_AUTH_TOKEN_FILE");
+  setenv("RS_TCP_CONGESTION", "default", 1);
+  try {
+    run(mode, rest);
+  } catch (const rs::Error&) {
+    // A malformed value, said as a Config error: what the plugin turns into an NCCL error.
+  } catch (...) {
+    FUZZ_CHECK(false);  // anything else would be a parser bug
+  }
+  return 0;
+}
