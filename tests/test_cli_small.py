@@ -90,3 +90,25 @@ def test_emulated_summary_keeps_the_link_theory() -> None:
     assert "limit: loopback" not in text and "# theory = 2(n-1)/n = 1.500" in text
     header = next(ln for ln in text.splitlines() if "size(B)" in ln).split()
     assert header[5:7] == ["theory", "theory@R"] and "cpu%" not in header, header
+
+
+def test_reducer_log_lines_count_in_the_singular(caplog):
+    """'with 1 thread', '1 stream', 'stopped after 1 round': not '1 threads' (issue 24 point 7)."""
+    import logging
+
+    import numpy as np
+
+    import reducer
+    from reducer.wording import plural
+
+    caplog.set_level(logging.INFO, logger="reducer.core")
+    with reducer.ReducerServer(host="127.0.0.1", port=0, threads=1).start() as srv:
+        comm = reducer.Communicator([f"127.0.0.1:{srv.port}"], rank=0, world_size=1, streams=1, group="plural")
+        x = np.ones(16, dtype=np.float32)
+        comm.allreduce(x)
+        comm.close()
+    text = "\n".join(r.getMessage() for r in caplog.records)
+    assert "with 1 thread," in text or text.count("with 1 thread") >= 1, text
+    assert "1 threads" not in text and "1 streams" not in text, text
+    assert "(world size 1, 1 stream, chunk" in text, text
+    assert plural(1, "round") == "1 round" and plural(0, "round") == "0 rounds"

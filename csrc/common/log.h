@@ -2,6 +2,7 @@
 // forwards to Python's `logging`; without one, lines go to stderr.
 #pragma once
 
+#include <cstdint>
 #include <string>
 
 namespace rs {
@@ -17,5 +18,10 @@ inline void log_info(const std::string& m) { log(LogLevel::Info, m); }
 inline void log_warn(const std::string& m) { log(LogLevel::Warning, m); }
 inline void log_error(const std::string& m) { log(LogLevel::Error, m); }
 inline void log_debug(const std::string& m) { log(LogLevel::Debug, m); }
+
+// "1 thread", "2 threads": a count and its noun for log lines.
+inline std::string count_of(uint64_t n, const std::string& noun) {
+  return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
+}
 
 }  // namespace rs

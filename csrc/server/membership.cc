@@ -45,7 +45,7 @@ void Membership::join(Conn* c) {
   const Group& g = *j.group;
   if (j.created) {
     log_info("group " + c->gkey.label() + " created by " + c->peer + " (world size " + std::to_string(g.world()) +
-             ", " + std::to_string(g.num_streams()) + " streams, chunk " + std::to_string(g.chunk()) + " bytes)");
+             ", " + count_of(uint64_t(g.num_streams()), "stream") + ", chunk " + std::to_string(g.chunk()) + " bytes)");
   }
   log_debug("worker " + c->peer + " joined group " + c->gkey.label() + " as rank " + std::to_string(c->rank) + " (" +
             std::to_string(g.joined()) + "/" + std::to_string(g.world()) + ")");

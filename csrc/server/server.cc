@@ -97,8 +97,7 @@ void Server::start() {
     Loop* lp = l.get();
     lp->thread = std::thread([lp] { lp->run(); });
   }
-  log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + std::to_string(threads) +
-           " threads" + (s.opts.auth_token.empty() ? "" : ", authentication required") +
+  log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + count_of(uint64_t(threads), "thread") + (s.opts.auth_token.empty() ? "" : ", authentication required") +
            (s.opts.integrity == IntegrityMode::Required ? ", frame integrity required"
             : s.opts.integrity == IntegrityMode::On    ? ", frame integrity offered"
                                                        : "") +

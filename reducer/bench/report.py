@@ -11,6 +11,8 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
+from ..wording import plural  # noqa: F401 (also re-exported: callers read report.plural)
+
 MIN_BOUND_SIZE = 1 << 20  # below this the tbf burst (256 KiB) lets a message pass faster than the rate
 TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 of the rate is payload
 
@@ -25,11 +27,6 @@ ALGO_TITLES = {
                  "copy back; the casts are timed)",
 }
 ALGO_ORDER = ("rs", "ring", "gloo", "gloo-bf16")
-
-
-def plural(n: int, word: str) -> str:
-    """'1 worker', '2 workers'."""
-    return f"{n} {word}" if n == 1 else f"{n} {word}s"
 
 
 def wire_fraction(row: Dict[str, Any]) -> float:

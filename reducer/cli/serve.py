@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from typing import Any, List, Mapping, Optional
 
 from reducer.errors import ConfigError, ReductionError
+from reducer.wording import plural
 
 log = logging.getLogger("reducer.serve")
 
@@ -377,7 +378,7 @@ def run(args: argparse.Namespace) -> int:
         if metrics is not None:
             metrics.stop()
         stats = server.stats()
-        log.info("stopped after %d rounds (%.1f MB received, %.1f MB sent)", stats.get("rounds_completed", 0),
+        log.info("stopped after %s (%.1f MB received, %.1f MB sent)", plural(stats.get("rounds_completed", 0), "round"),
                  stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)
         log.debug("final stats: %s", _format_stats(stats))
         return 0
