@@ -46,10 +46,16 @@ def test_group_rows_fold_streams_into_groups() -> None:
     out = [r.as_dict() for r in group_rows(rows)]
     assert out == [
         dict(job="j0", group="z", world_size=2, connected=1, complete=False, rounds=0, bytes_received=0,
-             bytes_sent=0, last_error="", age_s=0.25, streams=1),
+             bytes_sent=0, last_error="", age_s=0.25, streams=1, ended=False),
         dict(job="j1", group="g", world_size=4, connected=3, complete=False, rounds=7, bytes_received=151,
-             bytes_sent=132, last_error="lost rank 2", age_s=13.0, streams=3),
+             bytes_sent=132, last_error="lost rank 2", age_s=13.0, streams=3, ended=False),
     ]
+    # An ended group is a row of its own beside a live one of the same name, and a stream the reducer
+    # listed twice among the ended (it left, then failed) counts once, in its last state.
+    live, ended = group_rows([_row("j", "g", 0, bytes_received=5), _row("j", "g", 0, ended=True, bytes_received=7),
+                              _row("j", "g", 0, ended=True, bytes_received=9, last_error="failed")])
+    assert (live.ended, live.bytes_received) == (False, 5)
+    assert (ended.ended, ended.bytes_received, ended.last_error, ended.streams) == (True, 9, "failed", 1)
     # Stream 0's error comes first when it has one.
     (g,) = group_rows([_row("j", "g", 1, last_error="b"), _row("j", "g", 0, last_error="a")])
     assert g.last_error == "a"

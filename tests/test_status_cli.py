@@ -7,6 +7,7 @@ import os
 import pty
 import subprocess
 import sys
+import time
 from typing import Any, Dict, List
 
 import numpy as np
@@ -168,3 +169,27 @@ def test_once_in_a_terminal_prints_one_snapshot_and_exits(plane_with_an_ended_gr
     out = b"".join(chunks).decode(errors="replace")
     assert proc.returncode == 0, proc.stderr
     assert "reducers" in out and "local/finished" in out, out
+
+
+def test_reducer_marks_the_groups_that_ended() -> None:
+    """A group whose workers left is listed once, marked ended (not as a live 0/1 group beside it)."""
+    import numpy as np
+
+    import reducer
+
+    with reducer.ReducerServer(host="127.0.0.1", port=0).start() as srv:
+        comm = reducer.Communicator([f"127.0.0.1:{srv.port}"], rank=0, world_size=1, group="ends")
+        x = np.arange(8, dtype=np.int32)
+        comm.allreduce(x)
+        live = [g for g in srv.group_stats() if g["group"] == "ends"]
+        assert live and all(not g["ended"] for g in live), live
+        comm.close()
+        deadline = time.monotonic() + 10
+        rows = []
+        while time.monotonic() < deadline:
+            rows = [g for g in srv.group_stats() if g["group"] == "ends"]
+            if rows and all(g["ended"] for g in rows):
+                break
+            time.sleep(0.05)
+        assert rows and all(g["ended"] for g in rows), rows
+        assert rows[0]["rounds"] == 1

@@ -71,6 +71,7 @@ py::list server_group_stats(const rs::server::Server& s) {
     d["bytes_sent"] = g.bytes_sent;
     d["last_error"] = g.last_error;
     d["age_s"] = g.age_s;
+    d["ended"] = g.ended;
     out.append(d);
   }
   return out;

@@ -78,6 +78,7 @@ struct GroupStat {
   uint64_t bytes_sent = 0;
   std::string last_error;
   double age_s = 0;
+  bool ended = false;  // one of the last groups that ended (no round can run in it any more)
 };
 
 class Server {

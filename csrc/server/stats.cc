@@ -28,8 +28,10 @@ GroupStat GroupStatsBoard::stat_of(const Group& g) {
 }
 
 void GroupStatsBoard::record_ended(const Group& g) {
+  GroupStat s = stat_of(g);
+  s.ended = true;
   std::lock_guard<std::mutex> lock(mu_);
-  ended_.push_back(stat_of(g));
+  ended_.push_back(std::move(s));
   if (ended_.size() > kEndedGroupsKept) ended_.pop_front();
 }
 
@@ -37,7 +39,11 @@ void GroupStatsBoard::refresh(const GroupTable& table) {
   const uint64_t wanted = requested_.load();
   std::vector<GroupStat> rows;
   rows.reserve(table.size());
-  table.for_each([&](const Group& g) { rows.push_back(stat_of(g)); });
+  // A group that failed or that a member left is already listed among the ended ones
+  // (record_ended): listed once, as ended, while its last members drain away.
+  table.for_each([&](const Group& g) {
+    if (!g.failed() && g.left().empty()) rows.push_back(stat_of(g));
+  });
   {
     std::lock_guard<std::mutex> lock(mu_);
     snapshot_.swap(rows);

@@ -127,7 +127,8 @@ class ReducerCollector(Collector):
         age = GaugeMetricFamily(_name("group_age_seconds"), "Seconds since a group was created.", labels=labels)
         failed = GaugeMetricFamily(_name("group_failed"), "1 if a group has an error (see GetStats last_error).",
                                    labels=labels)
-        rows = group_rows(self.server.group_stats())
+        # One series per (job, group): a live group before an ended one of the same name.
+        rows = list({(r.job, r.group): r for r in reversed(group_rows(self.server.group_stats()))}.values())[::-1]
         shown = rows[:self.max_groups]
         omitted = GaugeMetricFamily(_name("group_series_omitted"),
                                     "Groups left out of the per-group series (RS_METRICS_GROUPS).",

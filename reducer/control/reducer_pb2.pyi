@@ -15,7 +15,7 @@ class GetStatsRequest(_message.Message):
     def __init__(self, nonce: _Optional[bytes] = ..., mac: _Optional[bytes] = ...) -> None: ...
 
 class GroupStats(_message.Message):
-    __slots__ = ("job", "group", "world_size", "connected", "complete", "rounds", "bytes_received", "bytes_sent", "last_error", "age_s", "streams")
+    __slots__ = ("job", "group", "world_size", "connected", "complete", "rounds", "bytes_received", "bytes_sent", "last_error", "age_s", "streams", "ended")
     JOB_FIELD_NUMBER: _ClassVar[int]
     GROUP_FIELD_NUMBER: _ClassVar[int]
     WORLD_SIZE_FIELD_NUMBER: _ClassVar[int]
@@ -27,6 +27,7 @@ class GroupStats(_message.Message):
     LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
     AGE_S_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
     job: str
     group: str
     world_size: int
@@ -38,7 +39,8 @@ class GroupStats(_message.Message):
     last_error: str
     age_s: float
     streams: int
-    def __init__(self, job: _Optional[str] = ..., group: _Optional[str] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., complete: _Optional[bool] = ..., rounds: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., last_error: _Optional[str] = ..., age_s: _Optional[float] = ..., streams: _Optional[int] = ...) -> None: ...
+    ended: bool
+    def __init__(self, job: _Optional[str] = ..., group: _Optional[str] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., complete: _Optional[bool] = ..., rounds: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., last_error: _Optional[str] = ..., age_s: _Optional[float] = ..., streams: _Optional[int] = ..., ended: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
     __slots__ = ("state", "counters", "values", "info", "groups", "data_address", "uptime_s", "version", "auth_required")

@@ -34,6 +34,7 @@ class GroupRow:
     last_error: str         # "" when none (stream 0's error first)
     age_s: float            # seconds since the oldest stream of the group was created
     streams: int            # stream rows seen for the group
+    ended: bool = False     # one of the last groups that ended (no round can run in it any more)
 
     def as_dict(self) -> Dict[str, Any]:
         return asdict(self)
@@ -43,17 +44,19 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
     """Fold ReducerServer.group_stats() (one dict per group *stream*) into one row per (job, group).
 
     Each dict has job, group, stream, world_size, connected, complete, rounds, bytes_received,
-    bytes_sent, last_error, age_s. World size, connected ranks, completeness and rounds come from
+    bytes_sent, last_error, age_s and ended; a live group and an ended one of the same name are
+    separate rows. World size, connected ranks, completeness and rounds come from
     stream 0 (the lowest stream present while a group is still forming); bytes are summed over the
     streams; the error is stream 0's, else the first other stream's; the age is the oldest stream's.
-    Rows come back sorted by (job, group).
+    Rows come back sorted by (job, group, ended).
     """
-    by_key: Dict[Tuple[str, str], List[Mapping[str, Any]]] = {}
+    by_key: Dict[Tuple[str, str, bool], List[Mapping[str, Any]]] = {}
     for row in rows:
-        by_key.setdefault((str(row["job"]), str(row["group"])), []).append(row)
+        by_key.setdefault((str(row["job"]), str(row["group"]), bool(row.get("ended", False))), []).append(row)
     out: List[GroupRow] = []
-    for (job, group), streams in sorted(by_key.items()):
-        streams = sorted(streams, key=lambda r: int(r["stream"]))
+    for (job, group, ended), listed in sorted(by_key.items()):
+        # A stream listed twice among the ended (it left, then failed): its last state counts once.
+        streams = sorted({int(r["stream"]): r for r in listed}.values(), key=lambda r: int(r["stream"]))
         first = streams[0]
         errors = [str(r["last_error"]) for r in streams if r["last_error"]]
         out.append(GroupRow(
@@ -68,6 +71,7 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
             last_error=errors[0] if errors else "",
             age_s=max(float(r["age_s"]) for r in streams),
             streams=len(streams),
+            ended=ended,
         ))
     return out
 
