@@ -137,13 +137,18 @@ class SelectorFront:
     def _run(self) -> None:
         try:
             while not self._stopping:
+                accept = False
                 for key, mask in self.sel.select(0.25):
                     if key.data == "accept":
-                        self._accept_some()
+                        accept = True
                     elif key.data == "wake":
                         self._drain_wake()
                     else:
                         self._event(key, mask)
+                # Accepts last: connections that closed in the same batch free their places first,
+                # so a newcomer is not refused (or made to evict) for slots already given back.
+                if accept:
+                    self._accept_some()
                 self._sweep(time.monotonic())
         except Exception:  # a bug here must not take the process down; the port stops answering
             log.exception("%s loop failed; the port no longer answers", self.kind)
