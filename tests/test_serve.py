@@ -128,7 +128,7 @@ def test_cluster_spec_workerpool2_binds_its_own_port(served):
     np.testing.assert_array_equal(_allreduce_one(f"127.0.0.1:{p1}"), np.arange(10, dtype=np.float32))
     assert s.stop(signal.SIGTERM) == 0
     assert "received SIGTERM: stopping (draining rounds in flight" in s.log
-    assert "stopped after 1 rounds" in s.log
+    assert "stopped after 1 round" in s.log
 
 
 def test_tf_config_ps_and_sigint(served):

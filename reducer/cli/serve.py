@@ -28,7 +28,7 @@ import signal
 import sys
 import time
 from dataclasses import dataclass
-from typing import Any, List, Mapping, Optional
+from typing import Any, Dict, List, Mapping, Optional
 
 from reducer.errors import ConfigError, ReductionError
 from reducer.wording import plural
@@ -284,6 +284,38 @@ def _warn_unauthenticated(plan: ListenPlan, server: Any, control: Any, metrics: 
                 "; ".join(ports))
 
 
+def _serve_until_signalled(args: argparse.Namespace, server: Any, control: Any, signals: Dict[str, Any]) -> None:
+    """Refresh the control plane's view (and log stats at DEBUG every --stats-interval) until a signal."""
+    interval = args.stats_interval if args.stats_interval and args.stats_interval > 0 else None
+    next_stats = time.monotonic() + interval if interval else None
+    while signals["count"] == 0:
+        time.sleep(0.25)
+        if control is not None:
+            control.refresh()
+        if next_stats is not None and interval is not None and time.monotonic() >= next_stats:
+            next_stats += interval
+            if log.isEnabledFor(logging.DEBUG):
+                log.debug("stats: %s", _format_stats(server.stats()))
+
+
+def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, metrics: Any, signal_name: str) -> None:
+    """Drain the rounds in flight (up to --drain-timeout), stop the side ports, log the totals."""
+    log.info("received %s: stopping (draining rounds in flight for up to %gs)", signal_name, args.drain_timeout)
+    # The drain blocks in C++ without the GIL in a thread of its own, so a second signal is still
+    # handled here; a Drain RPC may have started (or finished) it already.
+    lifecycle.drain(args.drain_timeout, reason=f"received {signal_name}")
+    while not lifecycle.wait(0.25):
+        pass
+    if control is not None:
+        control.stop()
+    if metrics is not None:
+        metrics.stop()
+    stats = server.stats()
+    log.info("stopped after %s (%.1f MB received, %.1f MB sent)", plural(stats.get("rounds_completed", 0), "round"),
+             stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)
+    log.debug("final stats: %s", _format_stats(stats))
+
+
 def run(args: argparse.Namespace) -> int:
     import math
 
@@ -355,32 +387,8 @@ def run(args: argparse.Namespace) -> int:
         log.info("listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",
                  plan.host, server.port, plan.origin, "on" if token else "off")
 
-        interval = args.stats_interval if args.stats_interval and args.stats_interval > 0 else None
-        next_stats = time.monotonic() + interval if interval else None
-        while signals["count"] == 0:
-            time.sleep(0.25)
-            if control is not None:
-                control.refresh()
-            if next_stats is not None and time.monotonic() >= next_stats:
-                next_stats += interval
-                if log.isEnabledFor(logging.DEBUG):
-                    log.debug("stats: %s", _format_stats(server.stats()))
-
-        log.info("received %s: stopping (draining rounds in flight for up to %gs)", signals["name"],
-                 args.drain_timeout)
-        # The drain blocks in C++ without the GIL in a thread of its own, so a second signal is still
-        # handled here; a Drain RPC may have started (or finished) it already.
-        lifecycle.drain(args.drain_timeout, reason=f"received {signals['name']}")
-        while not lifecycle.wait(0.25):
-            pass
-        if control is not None:
-            control.stop()
-        if metrics is not None:
-            metrics.stop()
-        stats = server.stats()
-        log.info("stopped after %s (%.1f MB received, %.1f MB sent)", plural(stats.get("rounds_completed", 0), "round"),
-                 stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)
-        log.debug("final stats: %s", _format_stats(stats))
+        _serve_until_signalled(args, server, control, signals)
+        _stop(args, server, lifecycle, control, metrics, signals["name"])
         return 0
     finally:
         for sig, handler in previous.items():
