@@ -122,14 +122,16 @@ def test_images_are_what_the_dockerfiles_say(engine, images):
     assert reducer["User"] == "10001:10001"
     worker = _image_config(engine, WORKER_IMAGE)
     assert worker["Cmd"] == ["python", "examples/allreduce_numpy.py"]
-    # The NCCL plugin, installed under NCCL's default name, enabled in /etc/nccl.conf, found by the
-    # dynamic loader (what NCCL's dlopen("libnccl-net.so") does) with its plugin symbols.
+    # The NCCL plugin, installed under both names NCCL releases look for (libnccl-net.so and
+    # libnccl-net-reduction-server.so), enabled by name in /etc/nccl.conf, found by the dynamic
+    # loader (what NCCL's dlopen does) with its plugin symbols.
     proc = engine("run", "--rm", *engine.run_flags, "--network", "none", WORKER_IMAGE, "sh", "-c",
                   "cat /etc/nccl.conf; python -c 'import ctypes, reducer._core, numpy; "
                   "lib = ctypes.CDLL(\"libnccl-net.so\"); lib.ncclNetPlugin_v8; lib.ncclCollNetPlugin_v8; "
+                  "named = ctypes.CDLL(\"libnccl-net-reduction-server.so\"); named.ncclCollNetPlugin_v11; "
                   "print(\"plugin symbols ok\", reducer.__file__)'")
     lines = proc.stdout.splitlines()
-    assert "NCCL_NET_PLUGIN=/usr/local/lib/reduction-server/libnccl-net.so" in lines, proc.stdout
+    assert "NCCL_NET_PLUGIN=reduction-server" in lines, proc.stdout
     assert "NCCL_COLLNET_ENABLE=1" in lines, proc.stdout
     assert "plugin symbols ok" in proc.stdout, proc.stdout
     assert "/site-packages/reducer/" in proc.stdout or "/dist-packages/reducer/" in proc.stdout, proc.stdout
