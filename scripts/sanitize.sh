@@ -42,7 +42,8 @@ rm -rf "$out/src/build"
   exit 1
 }
 # The build must really be instrumented: an ASan-compiled object calls __asan_report_* on a bad access.
-if ! nm -D "$out"/src/reducer/_core*.so | grep -q "__asan_report"; then
+# (grep reads all of nm's output: with -q it could exit first, and pipefail would count nm's SIGPIPE.)
+if ! nm -D "$out"/src/reducer/_core*.so | grep "__asan_report" >/dev/null; then
   echo "sanitize.sh: the extension is not instrumented (no __asan_report_* references): check the compiler flags" >&2
   exit 1
 fi
