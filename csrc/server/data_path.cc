@@ -74,7 +74,7 @@ net::Sink DataPath::on_header(Conn* c, const proto::FrameHeader& h, const std::s
     return net::Sink::stop();
   }
   Group& g = *c->group;
-  if (!g.left().empty() || g.failed()) {
+  if (g.ended()) {
     const std::string why = g.left().empty() ? g.last_error() : g.left();
     const proto::ErrorCode code = Membership::end_code(g);
     loop_.members.fail_group(c->group, code, why);

@@ -85,6 +85,8 @@ class Group {
   bool complete() const { return complete_; }
   bool failed() const { return failed_; }
   const std::string& left() const { return left_; }
+  // Failed, or a member left: no round can run in it any more (it is among the ended groups).
+  bool ended() const { return failed_ || !left_.empty(); }
   // `ip`: the member's address, charged for its part of the group's memory (MemoryBudget).
   void add_member(uint32_t rank, Conn* c, const std::string& ip);
   void remove_member(uint32_t rank);

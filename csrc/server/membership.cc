@@ -90,7 +90,7 @@ void Membership::leave(Conn* c) {
     if (c->gkey.stream == 0) srv->workers--;
     c->counted = false;
   }
-  const bool was_detached_before = g->failed() || !g->left().empty();
+  const bool was_detached_before = g->ended();
   if (c->bye_failover && !g->failed()) g->mark_failover(c->bye_lost);
   LeaveOutcome o = loop_.table->leave(g, c->rank, c->who() + " of group " + g->key().label(), c->said_bye, c->why);
   switch (o.kind) {

@@ -18,7 +18,7 @@ GroupStat GroupStatsBoard::stat_of(const Group& g) {
   s.stream = g.key().stream;
   s.world_size = g.world();
   s.connected = g.joined();
-  s.complete = g.complete() && !g.failed() && g.left().empty();
+  s.complete = g.complete() && !g.ended();
   s.rounds = g.rounds;
   s.bytes_received = g.bytes_received;
   s.bytes_sent = g.bytes_sent;
@@ -42,7 +42,7 @@ void GroupStatsBoard::refresh(const GroupTable& table) {
   // A group that failed or that a member left is already listed among the ended ones
   // (record_ended): listed once, as ended, while its last members drain away.
   table.for_each([&](const Group& g) {
-    if (!g.failed() && g.left().empty()) rows.push_back(stat_of(g));
+    if (!g.ended()) rows.push_back(stat_of(g));
   });
   {
     std::lock_guard<std::mutex> lock(mu_);

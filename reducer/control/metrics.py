@@ -127,8 +127,12 @@ class ReducerCollector(Collector):
         age = GaugeMetricFamily(_name("group_age_seconds"), "Seconds since a group was created.", labels=labels)
         failed = GaugeMetricFamily(_name("group_failed"), "1 if a group has an error (see GetStats last_error).",
                                    labels=labels)
-        # One series per (job, group): a live group before an ended one of the same name.
-        rows = list({(r.job, r.group): r for r in reversed(group_rows(self.server.group_stats()))}.values())[::-1]
+        # One series per (job, group): group_rows lists a live group before an ended one of the same name.
+        rows, seen = [], set()
+        for r in group_rows(self.server.group_stats()):
+            if (r.job, r.group) not in seen:
+                seen.add((r.job, r.group))
+                rows.append(r)
         shown = rows[:self.max_groups]
         omitted = GaugeMetricFamily(_name("group_series_omitted"),
                                     "Groups left out of the per-group series (RS_METRICS_GROUPS).",
