@@ -1,5 +1,12 @@
 """Every setting of reduction-server, its RS_* environment variable and default, in one table.
 
+The settings the C++ core reads (the worker client's, the NCCL plugin's, RS_HANDSHAKE_TIMEOUT) are
+defined once, in csrc/common/settings.h: their rows here are built from the bound copy
+(reducer._core.SETTINGS) and their text is parsed by the same C++ code (_core.parse_setting), so
+Python, the C++ client and the NCCL plugin cannot read a variable differently. The rows below are
+the settings only Python reads; their booleans, integers and sizes go through the same C++ rules
+(_core.parse_kind).
+
 Rule everywhere: an explicit argument wins, then the RS_* variable, then the default. A variable
 that is unset or blank (empty or only whitespace) counts as not set: the default applies.
 Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
@@ -8,11 +15,13 @@ they agree).
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Mapping, Optional, Union
+from typing import Any, Callable, Dict, List, Mapping, Optional, Union
 
+from . import _core
 from .errors import ConfigError
 
 
@@ -23,15 +32,16 @@ class Setting:
     default: Any
     parse: Callable[[str], Any]
     doc: str
+    native: bool = False  # defined by csrc/common/settings.h (parsed there too)
 
 
-def _bool(text: str) -> bool:
-    v = text.strip().lower()
-    if v in ("1", "true", "yes", "on"):
-        return True
-    if v in ("0", "false", "no", "off"):
-        return False
-    raise ValueError(f"not a boolean: {text!r}")
+def _kind(kind: str) -> Callable[[str], Any]:
+    """The C++ rule of `kind` (bool, int or size: csrc/common/settings.h) for a Python-only setting
+    (a ValueError saying why; get() names the variable)."""
+    return functools.partial(_core.parse_kind, kind)
+
+
+_bool, _int, _size = _kind("bool"), _kind("int"), _kind("size")
 
 
 OFF = -1   # control_port / metrics_port: the listener is disabled
@@ -50,69 +60,23 @@ def _port_or_off(text: str) -> Optional[int]:
     return port
 
 
-INTEGRITY_MODES = ("off", "on", "required")
-
-
-def _integrity(text: str) -> str:
-    """Frame integrity: 'off', 'on' or 'required' (see docs/security.md)."""
-    t = text.strip().lower()
-    if t not in INTEGRITY_MODES:
-        raise ValueError(f"not one of {', '.join(INTEGRITY_MODES)}: {text!r}")
-    return t
-
-
-def _size(text: str) -> int:
-    """Bytes, with an optional K/M/G suffix (powers of 1024): '64M', '4096'."""
-    t = text.strip().upper().rstrip("B").rstrip("I")
-    mult = 1
-    if t and t[-1] in "KMGT":
-        mult = 1024 ** ("KMGT".index(t[-1]) + 1)
-        t = t[:-1]
-    value = float(t) * mult
-    if value < 0 or value != int(value):
-        raise ValueError(f"not a size in bytes: {text!r}")
-    return int(value)
-
-
-_TABLE = [
+_PYTHON_ONLY = [
     # -- worker client ---------------------------------------------------------
     Setting("reducers", "RS_REDUCERS", None, lambda s: [a.strip() for a in s.split(",") if a.strip()],
             "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no CLUSTER_SPEC/TF_CONFIG is set."),
-    Setting("rank", "RS_RANK", None, int, "This worker's global rank (with RS_REDUCERS)."),
-    Setting("world_size", "RS_WORLD_SIZE", None, int, "Number of worker processes in the group (with RS_REDUCERS)."),
+    Setting("rank", "RS_RANK", None, _int, "This worker's global rank (with RS_REDUCERS)."),
+    Setting("world_size", "RS_WORLD_SIZE", None, _int, "Number of worker processes in the group (with RS_REDUCERS)."),
     Setting("group", "RS_GROUP", "default", str, "Group name: workers with the same job id and group reduce together."),
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
-    Setting("timeout", "RS_TIMEOUT", 30.0, float, "Seconds without progress before an operation fails (also bounds connect retries)."),
-    Setting("connect_timeout", "RS_CONNECT_TIMEOUT", 300.0, float,
-            "Seconds to wait for the reducers to accept and for every worker of the group to connect (a reducer still unreachable after 3 s is named once in a WARNING)."),
-    Setting("streams", "RS_STREAMS", 1, int, "TCP connections per reducer per worker (one TCP stream cannot fill a fast NIC)."),
-    Setting("chunk_bytes", "RS_CHUNK_BYTES", 1 << 20, _size,
-            "Largest pipeline chunk in bytes (all workers of a group must agree); a round uses about shard/64, at least 16 KiB (64 KiB for shards under 128 KiB; shard/128, at least 64 KiB, for shards over 4 MiB)."),
-    Setting("window", "RS_WINDOW", 4, int,
-            "Chunks a worker keeps in flight per reducer connection (sent, result not yet back)."),
-    Setting("max_rounds_in_flight", "RS_MAX_ROUNDS_IN_FLIGHT", 8, int,
-            "Unfinished all-reduce rounds a worker keeps in flight before starting another waits."),
-    Setting("failover", "RS_FAILOVER", True, _bool,
-            "Finish rounds on the surviving reducers when one is lost (every worker of a group must agree)."),
-    Setting("socket_buffer", "RS_SOCKET_BUFFER", None, _size,
-            "SO_SNDBUF/SO_RCVBUF of data connections in bytes (0: leave to the kernel's autotuning)."),
-    Setting("tcp_congestion", "RS_TCP_CONGESTION", "auto", str,
-            "TCP congestion control (TCP_CONGESTION) of every data connection of the process (workers, reducers, ring, NCCL plugin), e.g. 'cubic' or 'bbr'; 'auto': cubic where the process may use it, else the kernel's (measured: docs/performance.md); 'default': the kernel's."),
-    Setting("auth_token", "RS_AUTH_TOKEN", None, str, "Shared secret for HMAC-SHA256 authentication (workers and reducers)."),
-    Setting("auth_token_file", "RS_AUTH_TOKEN_FILE", None, str, "File holding the shared secret (alternative to RS_AUTH_TOKEN)."),
-    Setting("integrity", "RS_INTEGRITY", None, _integrity,
-            "Frame integrity (AES-GMAC tags on every frame; needs the auth token): 'off', 'on' or 'required'. "
-            "Worker: 'on'/'required' ask every reducer for it (default off). Reducer: 'on' offers it, 'required' "
-            "refuses workers that do not ask (default: on with a secret, else off)."),
     Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
     Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused buffers (cut points never depend on timing)."),
     Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
-    Setting("local_rank", "LOCAL_RANK", None, int, "Rank of this process on its node (set by torchrun / the launcher)."),
-    Setting("local_world_size", "LOCAL_WORLD_SIZE", None, int, "Processes per node (set by torchrun / the launcher)."),
+    Setting("local_rank", "LOCAL_RANK", None, _int, "Rank of this process on its node (set by torchrun / the launcher)."),
+    Setting("local_world_size", "LOCAL_WORLD_SIZE", None, _int, "Processes per node (set by torchrun / the launcher)."),
     # -- reducer node ----------------------------------------------------------
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
-    Setting("port", "RS_PORT", None, int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
-    Setting("threads", "RS_THREADS", None, int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
+    Setting("port", "RS_PORT", None, _int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
+    Setting("threads", "RS_THREADS", None, _int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
     Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _size,
             "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
     Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
@@ -125,49 +89,46 @@ _TABLE = [
     Setting("memory_idle_timeout", "RS_MEMORY_IDLE_TIMEOUT", None, float,
             "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
             "chunk (default 60; 0 = never)."),
-    Setting("group_slots", "RS_GROUP_SLOTS", None, int,
+    Setting("group_slots", "RS_GROUP_SLOTS", None, _int,
             "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
-    Setting("handshake_timeout", "RS_HANDSHAKE_TIMEOUT", None, float,
-            "Reducer and the NCCL plugin's point-to-point listener: seconds a new connection has to send its "
-            "hello (default 10)."),
     Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
             "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
-    Setting("max_connections", "RS_MAX_CONNECTIONS", None, int,
+    Setting("max_connections", "RS_MAX_CONNECTIONS", None, _int,
             "Reducer: open connections (default 4096, at most the descriptor limit minus 64)."),
-    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, int,
+    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, _int,
             "Reducer: open connections from one IP address, in any state (default 256)."),
-    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, int,
+    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, _int,
             "Reducer: live group streams created from one IP address (default 64)."),
-    # -- NCCL plugin (read by the C++ library NCCL loads; docs/nccl-plugin.md) --
-    Setting("nccl_socket_ifname", "RS_NCCL_SOCKET_IFNAME", None, str,
-            "NCCL plugin: interface of its point-to-point TCP net (NCCL's syntax: prefixes, '=exact', '^exclude'; "
-            "default NCCL_SOCKET_IFNAME, else the first non-loopback interface)."),
-    Setting("nccl_nsocks", "RS_NCCL_NSOCKS", 2, int,
-            "NCCL plugin: TCP sockets per point-to-point connection (1-16); messages are striped over them. Unset: NCCL_NSOCKS_PERTHREAD x NCCL_SOCKET_NTHREADS when either is set (at most 16), else 2."),
-    Setting("nccl_p2p_plugin", "RS_NCCL_P2P_PLUGIN", None, str,
-            "NCCL plugin: another NCCL net plugin (path or loader name: gIB, TCPX, aws-ofi-nccl) that carries all "
-            "point-to-point traffic while CollNet stays this project's; one that cannot serve: a WARN and the built-in TCP net."),
+    # -- reducer control plane -------------------------------------------------
     Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
             "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
     Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
             "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
     Setting("allow_unauthenticated_drain", "RS_ALLOW_UNAUTHENTICATED_DRAIN", False, _bool,
             "Reducer without a shared secret: let anyone who reaches the control port Drain it (default: refused)."),
-    Setting("control_max_connections", "RS_CONTROL_MAX_CONNECTIONS", 32, int,
+    Setting("control_max_connections", "RS_CONTROL_MAX_CONNECTIONS", 32, _int,
             "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
             "descriptors the data plane leaves free)."),
-    Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, int,
+    Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, _int,
             "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the metrics port."),
     Setting("control_rate", "RS_CONTROL_RATE", 50.0, float,
             "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
             "and to the metrics port, each with a burst as large; 0 = no limit."),
-    Setting("metrics_groups", "RS_METRICS_GROUPS", 100, int,
+    Setting("metrics_groups", "RS_METRICS_GROUPS", 100, _int,
             "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series."),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]
 
-SETTINGS: Dict[str, Setting] = {s.name: s for s in _TABLE}
+
+def _native_rows() -> List[Setting]:
+    """The rows of the settings the C++ core defines (csrc/common/settings.h), parsed there."""
+    return [Setting(row["name"], row["env"], row["default"], functools.partial(_core.parse_setting, row["name"]),
+                    row["doc"], native=True) for row in _core.SETTINGS]
+
+
+SETTINGS: Dict[str, Setting] = {s.name: s for s in _native_rows() + _PYTHON_ONLY}
+assert len(SETTINGS) == len(_core.SETTINGS) + len(_PYTHON_ONLY), "a setting is defined in C++ and in Python"
 
 
 def env_text(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
@@ -187,6 +148,8 @@ def get(name: str, override: Any = None, env: Optional[Mapping[str, str]] = None
         return setting.default
     try:
         return setting.parse(raw)
+    except ConfigError:
+        raise  # a C++-defined setting: its message already names the variable
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
 
@@ -200,9 +163,8 @@ def parse_size(text: str) -> int:
 
 
 def socket_buffer_arg(value: Optional[int] = None) -> int:
-    """The socket_buffer setting as the C++ core takes it: -1 keeps the core's default, 0 = kernel autotuning."""
-    v = get("socket_buffer", value)
-    return -1 if v is None else int(v)
+    """The socket_buffer setting in bytes (0 = kernel autotuning; the default is the C++ table's)."""
+    return int(get("socket_buffer", value))
 
 
 def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = None) -> Optional[str]:
@@ -238,8 +200,11 @@ def worker_integrity(value: Union[str, bool, None] = None) -> bool:
 
 def _parse_arg(name: str, value: Any) -> Any:
     """An explicit argument given as text, checked like its variable (ConfigError names the argument)."""
+    setting = SETTINGS[name]
+    if setting.native:
+        return _core.parse_setting(name, str(value), name)
     try:
-        return SETTINGS[name].parse(str(value))
+        return setting.parse(str(value))
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{name}={value!r} is not valid: {exc}") from None
 

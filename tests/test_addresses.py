@@ -131,7 +131,7 @@ def test_resolve_job_id_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> Non
     ("port", {"RS_PORT": ""}, None, None),
     ("port", {"RS_PORT": "3333"}, None, 3333),
     ("host", {"RS_HOST": " "}, None, "0.0.0.0"),
-    ("socket_buffer", {"RS_SOCKET_BUFFER": ""}, None, None),
+    ("socket_buffer", {"RS_SOCKET_BUFFER": ""}, None, 4 << 20),  # blank: the C++ default
     ("socket_buffer", {"RS_SOCKET_BUFFER": "4M"}, None, 4 << 20),
     ("reducers", {"RS_REDUCERS": "a:1, b:2"}, None, ["a:1", "b:2"]),
 ])

@@ -493,17 +493,6 @@ def test_every_setting_is_documented() -> None:
             f"docs/configuration.md: no row '| `{s.name}` | `{s.env}` |'"
 
 
-def test_transport_defaults_are_the_cores() -> None:
-    """config.py states the C++ defaults (csrc/common/defaults.h, exported as _core.DEFAULTS)."""
-    from reducer._native import core
-
-    for name in ("chunk_bytes", "window", "streams"):
-        assert config.SETTINGS[name].default == core.DEFAULTS[name], name
-    # socket_buffer unset: -1 tells the core to use its default
-    assert config.SETTINGS["socket_buffer"].default is None and config.socket_buffer_arg() == -1
-    assert core.DEFAULTS["socket_buffer"] == 4 << 20  # what docs/configuration.md says "unset" means
-
-
 def test_docs_cluster_spec_example_matches_discovery() -> None:
     text = DOCS.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)

@@ -9,11 +9,13 @@
 // 16-bit values (converted chunk by chunk in the client; see csrc/client/client.h).
 #include <sys/uio.h>
 
+#include <map>
 #include <optional>
 #include <tuple>
 
 #include "bindings/common.h"
 #include "client/client.h"
+#include "client/client_settings.h"
 
 namespace rs::py_bind {
 
@@ -78,9 +80,40 @@ void run(Client& c, const Round& r) {
   c.wait(c.start(r.segs.data(), r.segs.size(), r.dtype, r.op, r.tag, r.comp));
 }
 
+// The options a client was made with (or read_client_options gave), by setting name.
+py::dict options_dict(const ClientOptions& o) {
+  py::dict d;
+  d["reducers"] = o.reducers;
+  d["rank"] = o.rank;
+  d["world_size"] = o.world_size;
+  d["group"] = o.group;
+  d["job_id"] = o.job_id;
+  d["timeout"] = o.timeout;
+  d["connect_timeout"] = o.connect_timeout;
+  d["auth_token"] = o.auth_token;
+  d["streams"] = o.streams;
+  d["chunk_bytes"] = o.chunk_bytes;
+  d["window"] = o.window;
+  d["socket_buffer"] = o.socket_buffer;
+  d["failover"] = o.failover;
+  d["max_rounds_in_flight"] = o.max_rounds_in_flight;
+  d["integrity"] = o.integrity;
+  return d;
+}
+
 }  // namespace
 
 void bind_client(py::module_& m) {
+  m.def("read_client_options", [](const std::map<std::string, std::string>& env) {
+    ClientOptions o = rs::client::read_client_options([&env](const char* var) -> std::optional<std::string> {
+      auto it = env.find(var);
+      if (it == env.end()) return std::nullopt;
+      return it->second;
+    });
+    return options_dict(o);
+  }, py::arg("env"),
+     "The worker-client options the NCCL plugin reads from RS_* variables (client/client_settings.h), "
+     "from the mapping `env` instead of the process environment.");
   const ClientOptions defaults;
   py::class_<Client, GilFreeHolder<Client>>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
@@ -159,6 +192,8 @@ void bind_client(py::module_& m) {
       .def_property_readonly("in_flight", &Client::in_flight)
       .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("connected", &Client::connected)
+      .def("options", [](const Client& c) { return options_dict(c.options()); },
+           "The options this client runs with (ClientOptions), by setting name.")
       .def("stats", [](const Client& c) {
         rs::client::ClientStats st = c.stats();
         py::dict d;

@@ -2,12 +2,15 @@
 #include <Python.h>
 
 #include <algorithm>
+#include <optional>
+#include <variant>
 #include <string>
 
 #include "bindings/common.h"
 #include "common/defaults.h"
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "net/socket.h"
 #include "net/frame_auth.h"
 #include "protocol/auth.h"
@@ -66,6 +69,62 @@ void set_log_callback(py::object fn) {
   holder = std::move(fn);
   g_log_fn = &holder;
   rs::set_log_sink(holder.is_none() ? nullptr : &py_log_sink);
+}
+
+py::object setting_value(const std::optional<rs::settings::Value>& v) {
+  if (!v) return py::none();
+  return std::visit([](const auto& x) -> py::object { return py::cast(x); }, *v);
+}
+
+const rs::settings::Spec& setting_arg(const std::string& name) {
+  for (const auto& s : rs::settings::kTable)
+    if (name == s.name) return s;
+  throw py::key_error("no C++ setting named '" + name + "'");
+}
+
+// common/settings.h: the table as reducer._core.SETTINGS (one dict per row, in table order) and
+// its parser as reducer._core.parse_setting; reducer/config.py builds its rows from them.
+void bind_settings(py::module_& m) {
+  py::list rows;
+  for (const auto& s : rs::settings::kTable) {
+    py::dict row;
+    row["name"] = s.name;
+    row["env"] = s.env;
+    row["kind"] = rs::settings::kind_name(s.kind);
+    row["default"] = setting_value(rs::settings::default_value(s));
+    row["lo"] = s.lo;
+    row["hi"] = s.hi;
+    row["choices"] = s.choices ? py::cast(std::string(s.choices)) : py::none();
+    row["worker"] = bool(s.scope & rs::settings::kWorker);
+    row["process"] = bool(s.scope & rs::settings::kProcess);
+    row["plugin"] = bool(s.scope & rs::settings::kPlugin);
+    row["reducer"] = bool(s.scope & rs::settings::kReducer);
+    row["doc"] = s.doc;
+    rows.append(row);
+  }
+  m.attr("SETTINGS") = rows;
+  m.def("parse_setting", [](const std::string& name, const std::string& text, const std::string& what) {
+    return setting_value(rs::settings::parse(setting_arg(name), text, what));
+  }, py::arg("name"), py::arg("text"), py::arg("what") = "",
+     "The value of a setting's text by the C++ rule of its kind (None when blank); ConfigError names `what` "
+     "(default: the variable).");
+  m.def("parse_kind", [](const std::string& kind, const std::string& text, const std::string& what, double lo,
+                         double hi) {
+    rs::settings::Spec s{"", "", rs::settings::Kind::Text, false, 0, nullptr, lo, hi, nullptr, 0, ""};
+    if (kind == "bool") s.kind = rs::settings::Kind::Bool;
+    else if (kind == "int") s.kind = rs::settings::Kind::Int;
+    else if (kind == "size") s.kind = rs::settings::Kind::Size;
+    else throw py::value_error("parse_kind: kind must be bool, int or size");
+    try {
+      return setting_value(rs::settings::parse(s, text, what));
+    } catch (const rs::Error& e) {
+      if (!what.empty()) throw;
+      const std::string prefix = "='" + text + "' is not valid: ", msg = e.what();  // only the why: the caller names it
+      throw py::value_error(msg.compare(0, prefix.size(), prefix) == 0 ? msg.substr(prefix.size()) : msg);
+    }
+  }, py::arg("kind"), py::arg("text"), py::arg("what") = "", py::arg("lo") = -rs::settings::kNoLimit,
+     py::arg("hi") = rs::settings::kNoLimit,
+     "The text of a Python-only setting by the C++ rule of its kind (bool, int or size); None when blank.");
 }
 
 }  // namespace
@@ -159,12 +218,7 @@ void bind_common(py::module_& m) {
         "How many reducers a round of `nbytes` uses (protocol/plan.h): the count every worker derives.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
-  py::dict defaults;  // common/defaults.h: reducer/config.py states the same (a test checks)
-  defaults["chunk_bytes"] = rs::kDefaultChunkBytes;
-  defaults["socket_buffer"] = rs::kDefaultSocketBuffer;
-  defaults["window"] = rs::kDefaultWindow;
-  defaults["streams"] = rs::kDefaultStreams;
-  m.attr("DEFAULTS") = defaults;
+  bind_settings(m);
 
 }
 

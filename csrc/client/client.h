@@ -63,21 +63,22 @@ enum class Compression : uint8_t { None = 0, BF16 = 1, F16 = 2 };
 bool parse_compression(const std::string& s, Compression* out);
 const char* compression_name(Compression c);  // "none", "bf16", "fp16"
 
+// The defaults are the settings table's (common/settings.h); client_settings.h reads RS_* into one.
 struct ClientOptions {
   std::vector<std::string> reducers;  // "host:port" / "[v6]:port"
   uint32_t rank = 0;
   uint32_t world_size = 1;
   std::string group = "default";
   std::string job_id = "local";
-  double timeout = 30.0;           // seconds without progress before an all-reduce fails
-  double connect_timeout = 300.0;  // bound on connect retries + waiting for the whole group
+  double timeout = kDefaultTimeout;                // seconds without progress before an all-reduce fails
+  double connect_timeout = kDefaultConnectTimeout;  // bound on connect retries + waiting for the whole group
   std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
   int streams = kDefaultStreams;
   uint32_t chunk_bytes = kDefaultChunkBytes;  // the largest chunk; a round uses smaller ones for smaller shards
   int window = kDefaultWindow;        // chunks in flight per connection (sent, result not yet back), across rounds
   int socket_buffer = kDefaultSocketBuffer;
-  bool failover = true;             // finish rounds on the surviving reducers when one is lost
-  int max_rounds_in_flight = 8;     // unfinished rounds before start() waits / try_start() refuses
+  bool failover = kDefaultFailover;  // finish rounds on the surviving reducers when one is lost
+  int max_rounds_in_flight = kDefaultMaxRoundsInFlight;  // unfinished rounds before start() waits / try_start() refuses
   bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
 };
 

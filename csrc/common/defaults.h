@@ -1,7 +1,7 @@
-// Transport defaults shared by the worker client, the ring and the reducer, in one place.
-// reducer/config.py's settings table states the same values for RS_CHUNK_BYTES, RS_WINDOW and
-// RS_STREAMS (the bindings export these as reducer._core.DEFAULTS; a test keeps them equal);
-// RS_SOCKET_BUFFER unset means kDefaultSocketBuffer.
+// Transport defaults shared by the worker client, the ring, the reducer and the NCCL plugin, in
+// one place. The settings table (common/settings.h) states them as the defaults of RS_CHUNK_BYTES,
+// RS_WINDOW, RS_STREAMS, RS_SOCKET_BUFFER, ...; reducer/config.py reads that table
+// (reducer._core.SETTINGS), so Python states no default of its own for them.
 #pragma once
 
 #include <cstdint>
@@ -12,5 +12,16 @@ constexpr uint32_t kDefaultChunkBytes = 1u << 20;  // the largest pipeline chunk
 constexpr int kDefaultSocketBuffer = 4 << 20;      // SO_SNDBUF/SO_RCVBUF of data connections (RS_SOCKET_BUFFER)
 constexpr int kDefaultWindow = 4;                  // worker chunks in flight per reducer connection (RS_WINDOW)
 constexpr int kDefaultStreams = 1;                 // TCP connections per reducer per worker (RS_STREAMS)
+constexpr double kDefaultTimeout = 30.0;           // seconds without progress before a round fails (RS_TIMEOUT)
+constexpr double kDefaultConnectTimeout = 300.0;   // connect retries + waiting for the group (RS_CONNECT_TIMEOUT)
+constexpr int kDefaultMaxRoundsInFlight = 8;       // unfinished rounds before start() waits (RS_MAX_ROUNDS_IN_FLIGHT)
+constexpr bool kDefaultFailover = true;            // finish rounds on the surviving reducers (RS_FAILOVER)
+constexpr double kDefaultHandshakeTimeout = 10.0;  // seconds a new connection has for its hello (RS_HANDSHAKE_TIMEOUT)
+constexpr int kDefaultP2pSockets = 2;              // NCCL plugin: sockets per point-to-point connection (RS_NCCL_NSOCKS)
+
+// Bounds the client enforces (csrc/client/client.cc) and the settings table states.
+constexpr int kMaxWindow = 1024;
+constexpr int kMaxClientRoundsInFlight = 4096;
+constexpr int kMaxP2pSockets = 16;  // the NCCL handle has room for 16 socket ports
 
 }  // namespace rs

@@ -14,7 +14,9 @@
 #include <memory>
 #include <sstream>
 
+#include "client/client_settings.h"
 #include "common/error.h"
+#include "common/settings.h"
 #include "nccl_plugin/json.h"
 #include "net/socket.h"
 #include "protocol/plan.h"
@@ -37,13 +39,6 @@ std::string trim(const std::string& s) {
   return b == std::string::npos ? "" : s.substr(b, e - b + 1);
 }
 
-// As reducer/config.py reads booleans and modes: trimmed, case-insensitive.
-std::string lower_trim(const std::string& s) {
-  std::string t = trim(s);
-  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return t;
-}
-
 [[noreturn]] void bad(const char* var, const std::string& raw, const std::string& why) {
   throw Error(ErrorKind::Config, std::string(var) + "='" + raw + "' is not valid: " + why);
 }
@@ -56,33 +51,6 @@ long long parse_int(const char* var, const std::string& raw, long long lo, long 
   if (t.empty() || *end != '\0' || errno == ERANGE) bad(var, raw, "expected an integer");
   if (v < lo || v > hi) bad(var, raw, "out of range " + std::to_string(lo) + ".." + std::to_string(hi));
   return v;
-}
-
-double parse_seconds(const char* var, const std::string& raw) {
-  std::string t = trim(raw);
-  char* end = nullptr;
-  double v = std::strtod(t.c_str(), &end);
-  if (t.empty() || *end != '\0' || !std::isfinite(v) || v <= 0) bad(var, raw, "expected a positive number of seconds");
-  return v;
-}
-
-// Bytes with an optional K/M/G/T suffix (powers of 1024), as reducer/config.py reads sizes.
-uint64_t parse_size(const char* var, const std::string& raw) {
-  std::string t = trim(raw);
-  for (auto& c : t) c = char(std::toupper(static_cast<unsigned char>(c)));
-  if (!t.empty() && t.back() == 'B') t.pop_back();
-  if (!t.empty() && t.back() == 'I') t.pop_back();
-  double mult = 1;
-  if (!t.empty() && std::strchr("KMGT", t.back())) {
-    mult = std::pow(1024.0, double(std::strchr("KMGT", t.back()) - "KMGT" + 1));
-    t.pop_back();
-  }
-  char* end = nullptr;
-  double v = std::strtod(t.c_str(), &end);
-  if (t.empty() || *end != '\0' || !std::isfinite(v) || v < 0) bad(var, raw, "expected a size in bytes such as 4M");
-  double bytes = v * mult;
-  if (bytes != std::floor(bytes) || bytes > 9.0e18) bad(var, raw, "expected a whole number of bytes");
-  return uint64_t(bytes);
 }
 
 std::string read_file(const std::string& path) {
@@ -175,66 +143,41 @@ std::optional<ReducerPool> discover_reducers() {
 }
 
 client::ClientOptions client_options_from_env() {
-  client::ClientOptions o;
-  if (auto v = getenv_str("RS_TIMEOUT")) o.timeout = parse_seconds("RS_TIMEOUT", *v);
-  if (auto v = getenv_str("RS_CONNECT_TIMEOUT")) o.connect_timeout = parse_seconds("RS_CONNECT_TIMEOUT", *v);
-  if (auto v = getenv_str("RS_STREAMS")) o.streams = int(parse_int("RS_STREAMS", *v, 1, proto::kMaxStreams));
-  if (auto v = getenv_str("RS_CHUNK_BYTES")) {
-    uint64_t c = parse_size("RS_CHUNK_BYTES", *v);
-    std::string why = proto::check_chunk_bytes(c);  // the rule of the client, the ring and the hello check
-    if (!why.empty()) bad("RS_CHUNK_BYTES", *v, why);
-    o.chunk_bytes = uint32_t(c);
-  }
-  if (auto v = getenv_str("RS_WINDOW")) o.window = int(parse_int("RS_WINDOW", *v, 1, 1024));
+  const settings::EnvLookup env = settings::process_env();
+  client::ClientOptions o = client::read_client_options(env);
   // Process-wide, as in the worker library: every data connection the plugin opens from now on.
-  const std::string cc = trim(getenv_str("RS_TCP_CONGESTION").value_or("auto"));
+  const std::string cc = settings::read_text(settings::spec("tcp_congestion"), env).value_or("");
   try {
     net::set_tcp_congestion(cc);
   } catch (const Error& e) {
     bad("RS_TCP_CONGESTION", cc, e.what());
   }
-  if (auto v = getenv_str("RS_FAILOVER")) {
-    const std::string t = lower_trim(*v);
-    if (t == "1" || t == "true" || t == "yes" || t == "on") o.failover = true;
-    else if (t == "0" || t == "false" || t == "no" || t == "off") o.failover = false;
-    else if (!t.empty()) bad("RS_FAILOVER", *v, "expected true or false");
-  }
-  if (auto v = getenv_str("RS_SOCKET_BUFFER")) {
-    uint64_t b = parse_size("RS_SOCKET_BUFFER", *v);
-    if (b > uint64_t(INT_MAX)) bad("RS_SOCKET_BUFFER", *v, "larger than 2 GiB");
-    o.socket_buffer = int(b);
-  }
-  if (auto v = getenv_str("RS_AUTH_TOKEN")) {
-    o.auth_token = *v;
-  } else if (auto f = getenv_str("RS_AUTH_TOKEN_FILE")) {
-    std::string secret = trim(read_file(*f));
-    if (secret.empty()) bad("RS_AUTH_TOKEN_FILE", *f, "the file cannot be read or is empty");
-    o.auth_token = secret;
-  }
-  if (auto v = getenv_str("RS_INTEGRITY")) {
-    const std::string mode = lower_trim(*v);
-    if (mode != "off" && mode != "on" && mode != "required") bad("RS_INTEGRITY", *v, "must be off, on or required");
-    o.integrity = mode != "off";  // a worker that asks for it never falls back
-  }
   return o;
 }
 
-int p2p_threads_from_env() {
-  if (auto v = getenv_str("NCCL_SOCKET_NTHREADS")) return int(parse_int("NCCL_SOCKET_NTHREADS", *v, 1, 16));
-  return 1;
-}
+namespace {
+
+// NCCL's own socket-net variables, read by the same integer rule as the RS_* settings.
+constexpr settings::Spec kNcclThreads{"", "NCCL_SOCKET_NTHREADS", settings::Kind::Int, true, 1, nullptr, 1, 16,
+                                      nullptr, settings::kPlugin, "NCCL: progress threads per socket comm"};
+constexpr settings::Spec kNcclSocksPerThread{"", "NCCL_NSOCKS_PERTHREAD", settings::Kind::Int, true, 1, nullptr, 1,
+                                             16, nullptr, settings::kPlugin, "NCCL: sockets per progress thread"};
+
+}  // namespace
+
+int p2p_threads_from_env() { return int(settings::read_int(kNcclThreads, settings::process_env())); }
 
 int p2p_sockets_from_env() {
-  if (auto v = getenv_str("RS_NCCL_NSOCKS")) return int(parse_int("RS_NCCL_NSOCKS", *v, 1, 16));
-  auto per_thread = getenv_str("NCCL_NSOCKS_PERTHREAD");
-  if (!per_thread && !getenv_str("NCCL_SOCKET_NTHREADS")) return 2;
-  const int n = per_thread ? int(parse_int("NCCL_NSOCKS_PERTHREAD", *per_thread, 1, 16)) : 1;
-  return std::min(16, n * p2p_threads_from_env());  // NCCL's product, capped at the handle's 16
+  const settings::EnvLookup env = settings::process_env();
+  if (settings::read(settings::spec("nccl_nsocks"), env)) return int(settings::read_int(settings::spec("nccl_nsocks"), env));
+  const bool per_thread = settings::read(kNcclSocksPerThread, env).has_value();
+  if (!per_thread && !settings::read(kNcclThreads, env)) return kDefaultP2pSockets;
+  const int n = int(settings::read_int(kNcclSocksPerThread, env));
+  return std::min(kMaxP2pSockets, n * p2p_threads_from_env());  // NCCL's product, capped at the handle's 16
 }
 
 double hello_timeout_from_env() {
-  if (auto v = getenv_str("RS_HANDSHAKE_TIMEOUT")) return parse_seconds("RS_HANDSHAKE_TIMEOUT", *v);
-  return 10.0;
+  return settings::read_seconds(settings::spec("handshake_timeout"), settings::process_env());
 }
 
 namespace {
@@ -287,8 +230,9 @@ NetInterface describe(const ifaddrs* a) {
 }  // namespace
 
 NetInterface pick_interface() {
-  std::optional<std::string> filter = getenv_str("RS_NCCL_SOCKET_IFNAME");
-  const char* var = "RS_NCCL_SOCKET_IFNAME";
+  const settings::Spec& own = settings::spec("nccl_socket_ifname");
+  std::optional<std::string> filter = settings::read_text(own, settings::process_env());
+  const char* var = own.env;
   if (!filter) {
     filter = getenv_str("NCCL_SOCKET_IFNAME");
     var = "NCCL_SOCKET_IFNAME";

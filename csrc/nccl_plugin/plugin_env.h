@@ -25,9 +25,9 @@ struct ReducerPool {
 // nullopt when no source is set at all (CollNet then offers no device); throws on a malformed one.
 std::optional<ReducerPool> discover_reducers();
 
-// ClientOptions from RS_TIMEOUT, RS_CONNECT_TIMEOUT, RS_STREAMS, RS_CHUNK_BYTES, RS_WINDOW,
-// RS_SOCKET_BUFFER, RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE, RS_INTEGRITY (reducers, rank, world and group are the caller's);
-// also applies RS_TCP_CONGESTION (default auto) process-wide (net::set_tcp_congestion).
+// ClientOptions from the RS_* worker settings through the one reader (client/client_settings.h:
+// read_client_options over the process environment; reducers, rank, world and group are the
+// caller's); also applies RS_TCP_CONGESTION (default auto) process-wide (net::set_tcp_congestion).
 client::ClientOptions client_options_from_env();
 
 // Sockets per point-to-point connection: RS_NCCL_NSOCKS (1..16); else, when NCCL's own
@@ -39,7 +39,7 @@ int p2p_sockets_from_env();
 int p2p_threads_from_env();
 
 // Seconds an accepted point-to-point connection has to send its hello: RS_HANDSHAKE_TIMEOUT
-// (the reducer's setting of the same meaning), default 10.
+// (the reducer's setting of the same meaning), default 10 (common/settings.h).
 double hello_timeout_from_env();
 
 struct NetInterface {
