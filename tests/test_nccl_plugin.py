@@ -257,13 +257,13 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
 
 
 def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_path):
-    """RS_CHUNK_BYTES goes through the protocol's own chunk-size rule (protocol/plan.h)."""
+    """RS_CHUNK_BYTES goes through the settings table's chunk-size rule (the protocol's, common/settings.h)."""
     servers = reducers(1)
     results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
                         reducers=",".join(addresses(servers)), calls=[], extra_env={"RS_CHUNK_BYTES": "1001"})
     for r in results:
         assert r["connect_rc"] != H.SUCCESS
-        assert "RS_CHUNK_BYTES='1001' is not valid: chunk size 1001 must be a multiple of 8" in r["log"]
+        assert "RS_CHUNK_BYTES='1001' is not valid: not a multiple of 8" in r["log"]
         assert r["unloaded"]  # nothing of the failed connect stays behind
 
 

@@ -14,6 +14,8 @@ namespace {
 using settings::spec;
 
 static_assert(spec("streams").hi == proto::kMaxStreams, "RS_STREAMS' bound is the protocol's");
+static_assert(spec("chunk_bytes").lo == proto::kMinChunkBytes && spec("chunk_bytes").hi == proto::kMaxChunkBytes,
+              "RS_CHUNK_BYTES' bounds are the protocol's (protocol/plan.h: check_chunk_bytes)");
 
 // The shared secret of RS_AUTH_TOKEN_FILE (trimmed); an unreadable or empty file names the variable.
 std::string token_from_file(const std::string& path) {

@@ -33,6 +33,7 @@ std::string number_text(double v) {
 
 void check_range(const Spec& s, double v, const std::string& what, const std::string& raw) {
   if (v < s.lo || v > s.hi) bad(what, raw, "out of range " + number_text(s.lo) + ".." + number_text(s.hi));
+  if (s.step > 0 && std::fmod(v, s.step) != 0) bad(what, raw, "not a multiple of " + number_text(s.step));
 }
 
 bool parse_bool(const std::string& t, const std::string& what, const std::string& raw) {

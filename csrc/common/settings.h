@@ -6,8 +6,8 @@
 //
 // Text rules, one per kind: blank (empty or only whitespace) = unset; surrounding whitespace is
 // ignored; Bool: 1/true/yes/on, 0/false/no/off (any case); Int: a decimal integer within
-// [lo, hi]; Size: bytes with an optional K/M/G/T suffix (powers of 1024, "B"/"iB" allowed),
-// within [lo, hi]; Seconds: a finite number > 0; Enum: one of `choices` (any case, returned lower
+// [lo, hi] and a multiple of `step`; Size: bytes with an optional K/M/G/T suffix (powers of 1024, "B"/"iB" allowed),
+// within [lo, hi], a multiple of `step`; Seconds: a finite number > 0; Enum: one of `choices` (any case, returned lower
 // case); Text: as given (trimmed). A malformed value is an Error(Config) "VAR='text' is not
 // valid: why" naming the variable (or the argument the text came from).
 #pragma once
@@ -45,6 +45,7 @@ struct Spec {
   const char* choices;  // Enum: comma-separated, lower case
   uint8_t scope;
   const char* doc;
+  double step = 0;   // Int and Size: the value must be a multiple of it (0: any)
 };
 
 constexpr double kNoLimit = 9.0e18;  // below 2^63: every Size/Int fits an int64
@@ -58,9 +59,9 @@ inline constexpr Spec kTable[] = {
    "Seconds to wait for the reducers to accept and for every worker of the group to connect."},
   {"streams", "RS_STREAMS", Kind::Int, true, kDefaultStreams, nullptr, 1, 64, nullptr, kWorker | kPlugin,
    "TCP connections per reducer per worker (1-64)."},
-  {"chunk_bytes", "RS_CHUNK_BYTES", Kind::Size, true, kDefaultChunkBytes, nullptr, 0, kNoLimit, nullptr,
+  {"chunk_bytes", "RS_CHUNK_BYTES", Kind::Size, true, kDefaultChunkBytes, nullptr, 64, 64 << 20, nullptr,
    kWorker | kPlugin,
-   "Largest pipeline chunk in bytes (all workers of a group must agree; the protocol's chunk rule applies)."},
+   "Largest pipeline chunk in bytes, a multiple of 8 in 64 B..64 MiB (all workers of a group must agree).", 8},
   {"window", "RS_WINDOW", Kind::Int, true, kDefaultWindow, nullptr, 1, kMaxWindow, nullptr, kWorker | kPlugin,
    "Chunks a worker keeps in flight per reducer connection (1-1024; the plugin's default is its own)."},
   {"max_rounds_in_flight", "RS_MAX_ROUNDS_IN_FLIGHT", Kind::Int, true, kDefaultMaxRoundsInFlight, nullptr, 1,
