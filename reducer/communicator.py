@@ -99,11 +99,13 @@ class Communicator:
         self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
-        self._client = core.Client(self.reducers, self.rank, self.world_size, self.group, self.job_id,
-                                   self.timeout, self.connect_timeout, token or "", self.streams, self.chunk_bytes,
-                                   config.socket_buffer_arg(socket_buffer), int(config.get("window", window)),
-                                   int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
-                                   self.failover, integrity=self.integrity)
+        self._client = core.Client(
+            self.reducers, self.rank, self.world_size, group=self.group, job_id=self.job_id, timeout=self.timeout,
+            connect_timeout=self.connect_timeout, auth_token=token or "", streams=self.streams,
+            chunk_bytes=self.chunk_bytes, socket_buffer=config.socket_buffer_arg(socket_buffer),
+            window=int(config.get("window", window)),
+            max_rounds_in_flight=int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
+            failover=self.failover, integrity=self.integrity)
         lifetime.close_at_exit(self, lifetime.CONNECTIONS)  # a process that never calls close()
 
     # -- blocking all-reduce ------------------------------------------------------------------
@@ -209,9 +211,10 @@ class Communicator:
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
         import functools
 
-        return functools.partial(core.Client, list(reducers), self.rank, self.world_size, self.group + suffix,
-                                 self.job_id, self.timeout, min(self.connect_timeout, self.timeout), self._auth_token,
-                                 1, chunk_bytes, failover=self.failover, integrity=self.integrity)
+        return functools.partial(core.Client, list(reducers), self.rank, self.world_size, group=self.group + suffix,
+                                 job_id=self.job_id, timeout=self.timeout,
+                                 connect_timeout=min(self.connect_timeout, self.timeout), auth_token=self._auth_token,
+                                 streams=1, chunk_bytes=chunk_bytes, failover=self.failover, integrity=self.integrity)
 
     def _diagnostic_client_factory(self) -> Any:
         """Connections for the fusion fingerprint check (made when a round fails)."""

@@ -22,7 +22,8 @@ namespace {
 const char* const kDiscovery[] = {"CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_JOB_ID", "CLOUD_ML_JOB_ID"};
 // Never from the input: a file path (it would read any file) and the process-wide congestion control.
 const char* const kWorker[] = {"RS_TIMEOUT", "RS_CONNECT_TIMEOUT", "RS_STREAMS", "RS_CHUNK_BYTES", "RS_WINDOW",
-                               "RS_FAILOVER", "RS_SOCKET_BUFFER", "RS_AUTH_TOKEN", "RS_INTEGRITY"};
+                               "RS_FAILOVER", "RS_SOCKET_BUFFER", "RS_AUTH_TOKEN", "RS_INTEGRITY",
+                               "RS_MAX_ROUNDS_IN_FLIGHT"};
 const char* const kP2p[] = {"RS_NCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "RS_HANDSHAKE_TIMEOUT"};
 
 template <size_t N>
@@ -63,7 +64,7 @@ void run(uint8_t mode, const std::string& rest) {
     case 4: {
       set_from(kWorker, rest);
       const rs::client::ClientOptions o = client_options_from_env();
-      FUZZ_CHECK(o.streams >= 1 && o.window >= 1 && o.timeout > 0);
+      FUZZ_CHECK(o.streams >= 1 && o.window >= 1 && o.timeout > 0 && o.max_rounds_in_flight >= 1);
       break;
     }
     default: {
