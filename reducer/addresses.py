@@ -3,6 +3,9 @@ names a group on the reducers. Used by the worker library, the reducer node and 
 
 - An address is ``host:port``; an IPv6 host is written in brackets, ``[::1]:2222``.
 - A port someone connects to is 1-65535; a port to bind may also be 0 (any free port).
+- A reducer's data port defaults to DEFAULT_PORT (2222, the port Vertex AI gives every replica);
+  its gRPC control port defaults to the data port + 1 (control_port_for): the one home of both
+  rules (the reducer CLI, the status tool, the launcher and the Vertex AI specs follow them).
 - The job id is the argument, else ``RS_JOB_ID``, else ``CLOUD_ML_JOB_ID`` (Vertex AI), else
   ``local``.
 """
@@ -16,9 +19,10 @@ from . import config
 from .errors import ConfigError
 
 __all__ = ["parse_address", "format_address", "connect_host", "check_port", "is_ipv6", "resolve_job_id",
-           "MAX_PORT"]
+           "MAX_PORT", "DEFAULT_PORT", "control_port_for"]
 
 MAX_PORT = 65535
+DEFAULT_PORT = 2222  # a reducer's data port when nothing says otherwise
 _WILDCARD_HOSTS = ("0.0.0.0", "", "::")
 
 
@@ -45,6 +49,12 @@ def check_port(port: Any, what: str, *, any_port: bool = False) -> int:
     if isinstance(port, bool) or not isinstance(port, int) or not low <= port <= MAX_PORT:
         raise ConfigError(f"{what}={port!r} is not a port number ({low}-{MAX_PORT})")
     return port
+
+
+def control_port_for(data_port: int) -> Optional[int]:
+    """The default control port of a reducer whose data port is `data_port`: the next port, None
+    when there is none (the data port is 65535)."""
+    return data_port + 1 if data_port < MAX_PORT else None
 
 
 def parse_address(addr: str) -> Tuple[str, int]:

@@ -12,9 +12,8 @@ from . import config, lifetime
 from ._native import core
 from .addresses import resolve_job_id
 from .arrays import host_view
-from .dtypes import check_op, wire_name
+from .dtypes import check_op
 from .errors import ConfigError
-from .fusion import compression_dtype
 
 log = logging.getLogger(__name__)
 
@@ -95,8 +94,8 @@ class Communicator:
             raise ConfigError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         self.cycle_time_ms = float(config.get("cycle_time_ms", cycle_time_ms))
         self.compression: Optional[str] = config.get("compression", compression)
-        wire = compression_dtype(self.compression)  # validated now, not on the first all-reduce
-        self._float32_wire = "" if wire is None else wire_name(wire)  # the core's compression for float32
+        # Validated now, not on the first all-reduce: the core's compression for float32.
+        self._float32_wire = config.compression_wire(self.compression) or ""
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
                   ", ".join(self.reducers))
         self._client = core.Client(
@@ -153,8 +152,7 @@ class Communicator:
         (the core refuses it for anything but float32, with a ConfigError)."""
         if compression is None:
             return self._float32_wire if dtype == "float32" else ""
-        wire = compression_dtype(compression)
-        return "" if wire is None else wire_name(wire)
+        return config.compression_wire(compression) or ""
 
     # -- asynchronous all-reduce with tensor fusion (reducer.fusion) --------------------------
     def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:

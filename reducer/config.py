@@ -162,6 +162,13 @@ def parse_size(text: str) -> int:
         raise ConfigError(str(exc)) from None
 
 
+def compression_wire(compression: Optional[str]) -> Optional[str]:
+    """The wire dtype name ('bfloat16', 'float16') of a float32 round under `compression`, None for
+    none. The names (any case: 'bf16', 'bfloat16', 'fp16', 'float16', 'half', 'none', ...) are
+    csrc/common/compression.h's (reducer._core.COMPRESSIONS); ConfigError for any other."""
+    return None if compression is None else _core.compression_wire(str(compression))
+
+
 def socket_buffer_arg(value: Optional[int] = None) -> int:
     """The socket_buffer setting in bytes (0 = kernel autotuning; the default is the C++ table's)."""
     return int(get("socket_buffer", value))

@@ -7,7 +7,7 @@
 #include <string>
 
 #include "bindings/common.h"
-#include "common/defaults.h"
+#include "common/compression.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
@@ -110,7 +110,7 @@ void bind_settings(py::module_& m) {
      "(default: the variable).");
   m.def("parse_kind", [](const std::string& kind, const std::string& text, const std::string& what, double lo,
                          double hi) {
-    rs::settings::Spec s{"", "", rs::settings::Kind::Text, false, 0, nullptr, lo, hi, nullptr, 0, ""};
+    rs::settings::Spec s{"", "", rs::settings::Kind::Text, false, 0, nullptr, lo, hi, nullptr, 0, "", 0};
     if (kind == "bool") s.kind = rs::settings::Kind::Bool;
     else if (kind == "int") s.kind = rs::settings::Kind::Int;
     else if (kind == "size") s.kind = rs::settings::Kind::Size;
@@ -125,6 +125,22 @@ void bind_settings(py::module_& m) {
   }, py::arg("kind"), py::arg("text"), py::arg("what") = "", py::arg("lo") = -rs::settings::kNoLimit,
      py::arg("hi") = rs::settings::kNoLimit,
      "The text of a Python-only setting by the C++ rule of its kind (bool, int or size); None when blank.");
+}
+
+// common/compression.h: every name, and the wire dtype of a name.
+void bind_compression(py::module_& m) {
+  py::dict names;
+  for (const auto& n : rs::kCompressionNames) names[n.name] = rs::wire_compression_name(n.value);
+  m.attr("COMPRESSIONS") = names;
+  m.def("compression_wire", [](const std::string& name) -> py::object {
+    rs::WireCompression c;
+    if (!rs::parse_wire_compression(name, &c))
+      throw rs::Error(rs::ErrorKind::Config, "unknown compression '" + name + "'; use " + rs::kCompressionChoices);
+    if (c == rs::WireCompression::None) return py::none();
+    return py::str(rs::dtype_name(rs::wire_compression_dtype(c)));
+  }, py::arg("name"),
+     "The wire dtype name ('bfloat16', 'float16') of a compression name (any case), None for none; "
+     "ConfigError for an unknown name.");
 }
 
 }  // namespace
@@ -219,6 +235,7 @@ void bind_common(py::module_& m) {
   m.attr("NAME_RULE") = rs::proto::kNameRule;
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
   bind_settings(m);
+  bind_compression(m);
 
 }
 

@@ -7,20 +7,11 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace rs::settings {
 
 namespace {
-
-std::string trim(const std::string& s) {
-  const size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
-
-std::string lower(std::string t) {
-  for (char& c : t) c = char(std::tolower(static_cast<unsigned char>(c)));
-  return t;
-}
 
 [[noreturn]] void bad(const std::string& what, const std::string& raw, const std::string& why) {
   throw Error(ErrorKind::Config, what + "='" + raw + "' is not valid: " + why);
@@ -37,7 +28,7 @@ void check_range(const Spec& s, double v, const std::string& what, const std::st
 }
 
 bool parse_bool(const std::string& t, const std::string& what, const std::string& raw) {
-  const std::string v = lower(t);
+  const std::string v = to_lower(t);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
   if (v == "0" || v == "false" || v == "no" || v == "off") return false;
   bad(what, raw, "expected true or false (1/0, yes/no, on/off)");
@@ -79,7 +70,7 @@ double parse_seconds(const std::string& t, const std::string& what, const std::s
 }
 
 std::string parse_enum(const Spec& s, const std::string& t, const std::string& what, const std::string& raw) {
-  const std::string v = lower(t);
+  const std::string v = to_lower(t);
   const std::string choices = s.choices ? s.choices : "";
   size_t at = 0;
   while (at <= choices.size()) {

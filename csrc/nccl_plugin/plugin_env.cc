@@ -159,9 +159,9 @@ namespace {
 
 // NCCL's own socket-net variables, read by the same integer rule as the RS_* settings.
 constexpr settings::Spec kNcclThreads{"", "NCCL_SOCKET_NTHREADS", settings::Kind::Int, true, 1, nullptr, 1, 16,
-                                      nullptr, settings::kPlugin, "NCCL: progress threads per socket comm"};
+                                      nullptr, settings::kPlugin, "NCCL: progress threads per socket comm", 0};
 constexpr settings::Spec kNcclSocksPerThread{"", "NCCL_NSOCKS_PERTHREAD", settings::Kind::Int, true, 1, nullptr, 1,
-                                             16, nullptr, settings::kPlugin, "NCCL: sockets per progress thread"};
+                                             16, nullptr, settings::kPlugin, "NCCL: sockets per progress thread", 0};
 
 }  // namespace
 
