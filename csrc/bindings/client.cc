@@ -89,28 +89,16 @@ void run(Client& c, const Round& r) {
 
 // The options a client was made with (or read_client_options gave), by setting name.
 py::dict options_dict(const ClientOptions& o) {
-  py::dict d;
-  d["reducers"] = o.reducers;
-  d["rank"] = o.rank;
-  d["world_size"] = o.world_size;
-  d["group"] = o.group;
-  d["job_id"] = o.job_id;
-  d["timeout"] = o.timeout;
-  d["connect_timeout"] = o.connect_timeout;
-  d["auth_token"] = o.auth_token;
-  d["streams"] = o.streams;
-  d["chunk_bytes"] = o.chunk_bytes;
-  d["window"] = o.window;
-  d["socket_buffer"] = o.socket_buffer;
-  d["failover"] = o.failover;
-  d["max_rounds_in_flight"] = o.max_rounds_in_flight;
-  d["integrity"] = o.integrity;
-  return d;
+  using namespace pybind11::literals;
+  return py::dict("reducers"_a = o.reducers, "rank"_a = o.rank, "world_size"_a = o.world_size, "group"_a = o.group,
+                  "job_id"_a = o.job_id, "timeout"_a = o.timeout, "connect_timeout"_a = o.connect_timeout,
+                  "auth_token"_a = o.auth_token, "streams"_a = o.streams, "chunk_bytes"_a = o.chunk_bytes,
+                  "window"_a = o.window, "socket_buffer"_a = o.socket_buffer, "failover"_a = o.failover,
+                  "max_rounds_in_flight"_a = o.max_rounds_in_flight, "integrity"_a = o.integrity);
 }
 
-}  // namespace
-
-void bind_client(py::module_& m) {
+// client/client_settings.h over a mapping instead of the process environment (the plugin's reader).
+void bind_client_settings(py::module_& m) {
   m.def("read_client_options", [](const std::map<std::string, std::string>& env) {
     ClientOptions o = rs::client::read_client_options([&env](const char* var) -> std::optional<std::string> {
       auto it = env.find(var);
@@ -121,6 +109,12 @@ void bind_client(py::module_& m) {
   }, py::arg("env"),
      "The worker-client options the NCCL plugin reads from RS_* variables (client/client_settings.h), "
      "from the mapping `env` instead of the process environment.");
+}
+
+}  // namespace
+
+void bind_client(py::module_& m) {
+  bind_client_settings(m);
   const ClientOptions defaults;
   py::class_<Client, GilFreeHolder<Client>>(m, "Client")
       .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
