@@ -7,8 +7,9 @@ sum the shards of all workers and send the sums back.
     comm = reducer.init()                 # or reducer.Communicator(reducers=[...], rank=r, world_size=W)
     comm.allreduce(grad)                  # in place, sum over all workers
 
-The C++ core is loaded on first use, so the pure-Python parts (cluster discovery,
-deployment helpers) work without a compiler toolchain.
+The C++ core (reducer._core) is loaded on first use: `import reducer` alone does not load it.
+reducer.config, and everything that reads a setting, needs it: the settings the core reads are
+defined there (csrc/common/settings.h).
 """
 from __future__ import annotations
 
