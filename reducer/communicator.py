@@ -6,8 +6,6 @@ import logging
 import threading
 from typing import Any, List, Optional, Sequence, Set, Union
 
-import numpy as np
-
 from . import config, lifetime
 from ._native import core
 from .addresses import resolve_job_id
