@@ -12,17 +12,20 @@ A malformed value of every setting is a ConfigError naming the variable, on ever
 from __future__ import annotations
 
 import inspect
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any, Callable, Dict, Iterator, Optional, Tuple
 
+import nccl_harness as H
 import pytest
+from attack_tools import serve
 
 import reducer
 from reducer import _core, config
 from reducer.communicator import Communicator
 from reducer.errors import ConfigError
-
-from attack_tools import serve
 
 SECRET = "entry-point-secret"
 NATIVE = {row["name"]: row for row in _core.SETTINGS}
@@ -204,3 +207,36 @@ def test_blank_is_unset_everywhere() -> None:
     for name in NATIVE:
         assert config.get(name, env={config.SETTINGS[name].env: " "}) == config.SETTINGS[name].default
 
+
+
+# -- the plugin's point-to-point settings, through the built plugin itself ----------------------
+
+_PLUGIN_INIT = (
+    "import ctypes as C, nccl_harness as H\n"
+    "p = H.Plugin(); net = p.net(12); ctx = C.c_void_p()\n"
+    "rc = net.init(C.byref(ctx), 1, None, p.logger, None)\n"
+    "print(rc); print(p.log_text())\n"
+)
+
+
+def _plugin_init(env: Dict[str, str]) -> Tuple[int, str]:
+    """net.init of the NCCL plugin in a fresh process (it reads its settings once per load)."""
+    full = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("RS_NCCL")}
+    out = subprocess.run([sys.executable, "-c", _PLUGIN_INIT], capture_output=True, text=True, timeout=60,
+                         cwd=os.path.dirname(__file__), env={**full, **env}).stdout
+    rc, log = out.split("\n", 1)
+    return int(rc), log
+
+
+@pytest.mark.parametrize("env,expect", [
+    ({"RS_NCCL_SOCKET_IFNAME": " lo ", "RS_NCCL_NSOCKS": "3"}, "TCP on lo (127.0.0.1), 3 socket(s) per connection"),
+    ({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": " "}, "TCP on lo (127.0.0.1), 2 socket(s) per connection"),
+])
+def test_plugin_p2p_settings_reach_the_plugin(env: Dict[str, str], expect: str) -> None:
+    rc, log = _plugin_init(env)
+    assert rc == 0 and expect in log, log
+
+
+def test_plugin_refuses_a_malformed_p2p_setting_naming_it() -> None:
+    rc, log = _plugin_init({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": BAD["nccl_nsocks"] or ""})
+    assert rc != 0 and "RS_NCCL_NSOCKS='17' is not valid: out of range 1..16" in log, log

@@ -7,13 +7,12 @@ from typing import Iterator
 
 import numpy as np
 import pytest
+from attack_tools import serve
+from cpp_build import build_and_run
 
 from reducer import _core, addresses, config
 from reducer.communicator import Communicator
 from reducer.errors import ConfigError
-
-from attack_tools import serve
-from cpp_build import build_and_run
 
 
 def test_common_helpers_cpp(tmp_path: Path) -> None:
