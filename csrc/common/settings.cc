@@ -27,6 +27,9 @@ void check_range(const Spec& s, double v, const std::string& what, const std::st
   if (s.step > 0 && std::fmod(v, s.step) != 0) bad(what, raw, "not a multiple of " + number_text(s.step));
 }
 
+// Text strtod may read as a decimal number: not empty, no hexadecimal float ("0x10", "1p3").
+bool decimal(const std::string& t) { return !t.empty() && t.find_first_of("xXpP") == std::string::npos; }
+
 bool parse_bool(const std::string& t, const std::string& what, const std::string& raw) {
   const std::string v = to_lower(t);
   if (v == "1" || v == "true" || v == "yes" || v == "on") return true;
@@ -54,8 +57,8 @@ int64_t parse_size(const Spec& s, const std::string& t, const std::string& what,
     u.pop_back();
   }
   char* end = nullptr;
-  const double v = u.empty() ? NAN : std::strtod(u.c_str(), &end);
-  if (u.empty() || *end != '\0' || !std::isfinite(v) || v < 0) bad(what, raw, "expected a size in bytes such as 4M");
+  const double v = decimal(u) ? std::strtod(u.c_str(), &end) : NAN;
+  if (!decimal(u) || *end != '\0' || !std::isfinite(v) || v < 0) bad(what, raw, "expected a size in bytes such as 4M");
   const double bytes = v * mult;
   if (bytes != std::floor(bytes) || bytes > kNoLimit) bad(what, raw, "expected a whole number of bytes");
   check_range(s, bytes, what, raw);
@@ -64,8 +67,8 @@ int64_t parse_size(const Spec& s, const std::string& t, const std::string& what,
 
 double parse_seconds(const std::string& t, const std::string& what, const std::string& raw) {
   char* end = nullptr;
-  const double v = std::strtod(t.c_str(), &end);
-  if (*end != '\0' || !std::isfinite(v) || v <= 0) bad(what, raw, "expected a positive number of seconds");
+  const double v = decimal(t) ? std::strtod(t.c_str(), &end) : NAN;
+  if (!decimal(t) || *end != '\0' || !std::isfinite(v) || v <= 0) bad(what, raw, "expected a positive number of seconds");
   return v;
 }
 

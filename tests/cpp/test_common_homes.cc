@@ -40,6 +40,7 @@ void settings_kinds() {
   CHECK(refusal("socket_buffer", "-1").rfind("RS_SOCKET_BUFFER='-1'", 0) == 0);
   CHECK(refusal("integrity", "maybe") == "RS_INTEGRITY='maybe' is not valid: must be one of off/on/required");
   CHECK(refusal("failover", "2") != "");
+  CHECK(refusal("timeout", "0x10") != "" && refusal("chunk_bytes", "0x400") != "");  // decimal only
   CHECK(refusal("streams", "99999999999999999999") != "");  // out of int64: refused, not wrapped
   // A map stands in for the environment; unset and blank take the default.
   const rs::settings::EnvLookup env = [](const char* var) -> std::optional<std::string> {
