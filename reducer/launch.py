@@ -27,6 +27,7 @@ import ctypes.util
 import json
 import logging
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -36,7 +37,7 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 from .addresses import MAX_PORT, format_address, is_ipv6, parse_address
 from .errors import ConfigError
@@ -60,17 +61,59 @@ _POLL_INTERVAL = 0.1   # seconds between checks of the children (the loop sleeps
 # -- the cluster description ------------------------------------------------------------------------
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
-    """`count` distinct ports that are free on `host` right now (held open together, then released)."""
-    socks = []
+# Launcher ports come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range):
+# an outgoing connection of any process takes its local port from that range, so a free port
+# chosen there can be taken between now and the moment the child binds it (seen in CI: a
+# worker's TCPStore failed with EADDRINUSE). Below 10000 are the registered services.
+_LOW_PORT = 10000
+_EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def _ephemeral_range() -> Tuple[int, int]:
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM)
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _bind(host: str, port: int) -> Optional[socket.socket]:
+    s = socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
+    """`count` distinct ports that are free on `host` right now, each with the next port free too
+    (a reducer's control port is its data port + 1), outside the ephemeral range when the system
+    leaves room below it (else any free ports). They are held open together, then released."""
+    lo, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    socks: List[socket.socket] = []
+    ports: List[int] = []
+    try:
+        attempts = 0
+        while lo - _LOW_PORT >= 1000 and len(ports) < count and attempts < 200 * count:
+            attempts += 1
+            p = rng.randrange(_LOW_PORT, lo - 1)
+            if p in ports or p + 1 in ports or p - 1 in ports:
+                continue
+            pair = [_bind(host, p), _bind(host, p + 1)]
+            socks.extend(s for s in pair if s is not None)
+            if None not in pair:
+                ports.append(p)
+        while len(ports) < count:  # no room below the ephemeral range: the kernel picks
+            s = _bind(host, 0)
+            if s is None:
+                raise ConfigError(f"cannot find free ports on {host}")
             socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    except OSError as exc:
-        raise ConfigError(f"cannot find free ports on {host}: {exc.strerror or exc}") from None
+            ports.append(s.getsockname()[1])
+        return ports
     finally:
         for s in socks:
             s.close()

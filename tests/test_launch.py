@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -107,6 +108,22 @@ def test_build_cluster_is_vertex_shaped():
         launch.build_cluster(0, 1)
     with pytest.raises(ConfigError, match="--base-port"):
         launch.build_cluster(2, 2, base_port=65534)
+
+
+def test_free_ports_stay_out_of_the_ephemeral_range(monkeypatch):
+    """Ports an outgoing connection could take (the kernel's ephemeral range) are never handed out:
+    CI once lost a job to a worker's TCPStore port taken in between (EADDRINUSE)."""
+    lo, hi = launch._ephemeral_range()
+    ports = launch.free_ports(12)
+    assert len(set(ports)) == 12
+    for p in ports:
+        assert launch._LOW_PORT <= p and p + 1 < lo, (p, lo, hi)
+        for q in (p, p + 1):  # free, the control port (data + 1) too
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", q))
+    # a system that leaves no room below the range: any free ports, still distinct
+    monkeypatch.setattr(launch, "_ephemeral_range", lambda: (1024, 65535))
+    assert len(set(launch.free_ports(4))) == 4
 
 
 def test_worker_env_matches_discovery():
