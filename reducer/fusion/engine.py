@@ -122,15 +122,16 @@ class FusionEngine:
         results = Results(self._cv)
         self._sender = Sender(client, self._life, self._stats, results.report_locked)
         self._prober = Prober(probe_client, self._life, self._agreement, self._stats, results.report_locked)
-        self._cycle = FusionCycle(self._life, self._agreement, self._ledger, results, self._sender, self._prober,
-                                  self._stats, die=self._die, diagnose=self._diagnose)
+        self._fusion_cycle = FusionCycle(self._life, self._agreement, self._ledger, results, self._sender,
+                                         self._prober, self._stats, die=self._die, diagnose=self._diagnose)
         self._diagnosis: Optional[Diagnosis] = None
         if diag_client is not None:
             agreement = self._agreement
             self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
                                         history=self._ledger.history, count=lambda: agreement.count)
 
-        self._fusion_thread = threading.Thread(target=self._cycle.run, name=f"reducer-fusion-{rank}", daemon=True)
+        self._fusion_thread = threading.Thread(target=self._fusion_cycle.run, name=f"reducer-fusion-{rank}",
+                                               daemon=True)
         self._net_thread = threading.Thread(target=self._sender.run, name=f"reducer-net-{rank}", daemon=True)
         self._probe_thread = threading.Thread(target=self._prober.run, name=f"reducer-probe-{rank}", daemon=True)
         self._threads = (self._fusion_thread, self._net_thread, self._probe_thread)

@@ -13,7 +13,13 @@ Lock discipline of the whole engine (reducer.fusion.*), written down once here:
   ``release``) or a handle's completion, so no thread blocks on the network while holding it.
 * ``Ledger.completion`` is a second condition, only for callers waiting on handles; it is never
   acquired while the engine lock is held, nor the other way round.
-* The error is sticky: once set it never changes and every thread ends.
+* The error is sticky: once set it never changes and every thread ends. ``error`` and
+  ``closing`` may be read without the lock as a hint (the fusion thread does after each finished
+  round); whatever must not race re-reads them under it (``stopped_locked``, ``fail`` keeps the
+  first error).
+* Not under the engine lock: ``FusionStats.peaks`` (written by the network thread alone),
+  ``Sender.client`` (replaced only before the first round), a ``Handle``'s fields
+  (reducer.fusion.handle).
 """
 from __future__ import annotations
 

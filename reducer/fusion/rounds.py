@@ -23,8 +23,8 @@ from ..frameworks import Staged
 from .diagnosis import Described, Fingerprint, fingerprint, round_tag
 from .planner import Cut
 
-__all__ = ["PROBE", "PROBE_TAG", "CLIENT_ROUND_BYTES", "Entry", "new_entry", "Round", "describe", "probe_round", "round_of",
-           "prepare", "split", "segments", "client_failure"]
+__all__ = ["PROBE", "PROBE_TAG", "CLIENT_ROUND_BYTES", "Entry", "new_entry", "Round", "describe", "probe_round",
+           "round_of", "prepare", "split", "segments", "client_failure"]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
