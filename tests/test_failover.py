@@ -808,6 +808,58 @@ def test_a_worker_idle_after_a_released_round_holds_up_the_others_for_a_bounded_
         proxy.close()
 
 
+def test_a_worker_that_leaves_after_released_rounds_does_not_strand_the_others(reducers):
+    """Worker 0 releases both rounds early and closes its client at once (goodbye, its last DONE
+    possibly never written). Worker 1 (a pool of one copy, its first CLEAR delayed by a proxy) holds
+    its second round unreleased, waiting for a CLEAR that needs worker 0's DONE. The reducer, seeing
+    worker 0 leave between rounds, must clear worker 1 on worker 1's own DONE: worker 1 finishes with
+    the exact sums, not with a timeout (seen in CI as 'round 16 made no progress' in the fusion tests)."""
+    from mitm_proxy import TO_WORKER, Proxy
+
+    server = reducers(1)[0]
+    clear = 6  # frame type CLEAR
+    held: Dict[str, Any] = {"frame": None, "once": False}
+
+    def late_first_clear(d: str, _c: int, _i: int, f: bytes) -> List[bytes]:
+        if d != TO_WORKER:
+            return [f]
+        if f[0] == clear and not held["once"]:
+            held["frame"], held["once"] = f, True
+            return []
+        if held["frame"] is not None:
+            out, held["frame"] = [f, held["frame"]], None
+            return out
+        return [f]
+
+    proxy = Proxy(server.port, tags=False, tamper=late_first_clear)
+    world, limits = 2, [8, 1]
+    addrs = [[server.address], [proxy.address]]
+    clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-leave", "local", 5.0, 30.0, "", 1,
+                                               1 << 20, max_rounds_in_flight=limits[r]), world)
+    for c in clients:
+        assert not isinstance(c, BaseException), c
+
+    def worker(r: int) -> Any:
+        out: List[Any] = []
+        for k in range(2):
+            a = np.full(1024, float(10 * k + r), np.float32)
+            try:
+                clients[r].allreduce(a, "float32", "sum")
+                out.append(float(a[0]))
+            except Exception as exc:  # noqa: BLE001 - reported below
+                out.append(exc)
+        if r == 0:
+            clients[0].close()  # leaves between rounds, at once
+        return out
+
+    try:
+        res = on_threads(worker, world, timeout=60.0)
+        assert res == [[1.0, 21.0], [1.0, 21.0]], res
+        clients[1].close()
+    finally:
+        proxy.close()
+
+
 def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(reducers):
     """Adversarial: CLEARs never reach worker 0 (a proxy drops them). Released rounds wait for their
     CLEARs with a copy each; at most max_rounds_in_flight of them: the next round is not released
