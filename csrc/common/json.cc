@@ -65,44 +65,43 @@ class Parser {
     return true;
   }
 
+  // The items of an object or array, the opening bracket at pos_: item() reads one, then ',' or `close`.
+  template <typename ReadItem>
+  void sequence(char close, const ReadItem& item) {
+    ++pos_;
+    if (peek() == close) {
+      ++pos_;
+      return;
+    }
+    for (;;) {
+      item();
+      const char d = peek();
+      ++pos_;
+      if (d == close) return;
+      if (d != ',') fail(std::string("expected ',' or '") + close + "'");
+    }
+  }
+
   Value value(int depth) {
     if (depth > kMaxDepth) fail("nested too deeply");
     Value v;
     char c = peek();
     if (c == '{') {
       v.type = Value::Type::Object;
-      ++pos_;
-      if (peek() == '}') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
+      sequence('}', [&] {
         if (peek() != '"') fail("expected a member name");
         std::string key = string();
         expect(':');
         Value item = value(depth + 1);
         auto placed = v.members.insert_or_assign(std::move(key), std::move(item));
         if (placed.second) v.keys.push_back(placed.first->first);
-        char d = peek();
-        ++pos_;
-        if (d == '}') return v;
-        if (d != ',') fail("expected ',' or '}'");
-      }
+      });
+      return v;
     }
     if (c == '[') {
       v.type = Value::Type::Array;
-      ++pos_;
-      if (peek() == ']') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
-        v.items.push_back(value(depth + 1));
-        char d = peek();
-        ++pos_;
-        if (d == ']') return v;
-        if (d != ',') fail("expected ',' or ']'");
-      }
+      sequence(']', [&] { v.items.push_back(value(depth + 1)); });
+      return v;
     }
     if (c == '"') {
       v.type = Value::Type::String;
