@@ -1,7 +1,8 @@
 // libFuzzer target: everything the NCCL plugin parses from its environment (csrc/nccl_plugin/
-// plugin_env.cc, and csrc/cluster/ + csrc/common/json.cc, which the worker library shares). NCCL gives a plugin no other configuration, and a cluster
-// description comes from whoever wrote the job's CLUSTER_SPEC / TF_CONFIG: every malformed value
-// must be an rs::Error(Config), never another exception, a crash or a sanitizer report.
+// plugin_env.cc, with csrc/cluster/ and csrc/common/json.cc, the reader the worker library shares).
+// NCCL gives a plugin no other configuration, and a cluster description comes from whoever wrote
+// the job's CLUSTER_SPEC / TF_CONFIG: every malformed value must be an rs::Error(Config), never
+// another exception, a crash or a sanitizer report.
 //
 // Byte 0 picks what runs on the rest of the input:
 //   0  json::parse (+ py_repr)           3  RS_REDUCERS (+ RS_JOB_ID) through discover_reducers
