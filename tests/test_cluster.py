@@ -250,6 +250,9 @@ def test_json_of_wrong_shape(var: str) -> None:
         discover({var: json.dumps({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})})
     with pytest.raises(ConfigError, match=r"'task' has no 'type'"):
         discover({var: json.dumps({"cluster": {}, "task": {"index": 0}})})
+    # The shape of 'cluster' and 'task' first, then the pools.
+    with pytest.raises(ConfigError, match=f"{var} 'task' must be an object with 'type' and 'index', found 5"):
+        discover({var: json.dumps({"cluster": {"worker": "a:1"}, "task": 5})})
 
 
 def test_blank_cluster_spec_is_unset() -> None:
@@ -260,6 +263,7 @@ def test_blank_cluster_spec_is_unset() -> None:
 # -- the shared reader (csrc/cluster/spec.cc) on hostile input ----------------------------------
 
 
+@pytest.mark.sanitize
 def test_reader_returns_the_plain_structure() -> None:
     from reducer._native import core
 
@@ -292,6 +296,7 @@ HOSTILE = [
 ]
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("text, expect", HOSTILE, ids=range(len(HOSTILE)))
 def test_hostile_descriptions_are_config_errors(text: str, expect: str) -> None:
     """Bounded depth and size, strings valid UTF-8 (they become Python str), numbers as RFC 8259
@@ -302,6 +307,7 @@ def test_hostile_descriptions_are_config_errors(text: str, expect: str) -> None:
     assert len(str(exc.value)) < 600  # a long value is cut, not copied whole into the message
 
 
+@pytest.mark.sanitize
 def test_long_values_are_cut_in_messages() -> None:
     pool = [f"host-{i}.example:2222" for i in range(10_000)]
     with pytest.raises(ConfigError) as exc:

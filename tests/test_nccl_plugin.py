@@ -220,6 +220,7 @@ def _library_discovers(env: Dict[str, str]) -> Dict[str, Any]:
     return {"reducers": ",".join(info.reducers), "source": info.source, "job": info.job_id}
 
 
+@pytest.mark.sanitize
 @pytest.mark.parametrize("env, expect", DISCOVERY_CASES)
 def test_collnet_and_reducer_init_discover_the_same_reducers(plugin_env, env, expect):
     """The plugin and the worker library read CLUSTER_SPEC / TF_CONFIG with one implementation

@@ -84,9 +84,8 @@ Value load(const std::string& source, const std::string& text) {
   return doc;
 }
 
+// `cluster` is an object; `task` below too.
 void read_pools(const std::string& source, const Value& cluster, Spec* spec) {
-  if (cluster.type != Type::Object)
-    fail(source, "'cluster' must be an object of pool name -> address list, found " + py_repr(cluster));
   for (const auto& name : cluster.keys) {
     const Value& entries = cluster.members.at(name);
     std::vector<std::string> addrs;
@@ -126,8 +125,6 @@ const PoolKind* kind_of(const Source& src, const Value* type) {
 
 void read_task(const Source& src, const Value& task, Spec* spec) {
   const std::string source = src.name;
-  if (task.type != Type::Object)
-    fail(source, "'task' must be an object with 'type' and 'index', found " + py_repr(task));
   const Value* type = task.get("type");
   if (!type || type->type == Type::Null) fail(source, "'task' has no 'type': found " + py_repr(task));
   const PoolKind* kind = kind_of(src, type);
@@ -183,8 +180,14 @@ Spec parse_spec(const std::string& source, const std::string& text) {
   spec.source = source;
   spec.worker_pools = src.worker_pools;
   spec.reducer_pool = src.reducer_pool;
-  read_pools(source, *doc.get("cluster"), &spec);
-  read_task(src, *doc.get("task"), &spec);
+  const Value& cluster = *doc.get("cluster");
+  const Value& task = *doc.get("task");
+  if (cluster.type != Type::Object)
+    fail(source, "'cluster' must be an object of pool name -> address list, found " + py_repr(cluster));
+  if (task.type != Type::Object)
+    fail(source, "'task' must be an object with 'type' and 'index', found " + py_repr(task));
+  read_pools(source, cluster, &spec);
+  read_task(src, task, &spec);
   if (source == "TF_CONFIG" && !spec.pool("chief").empty() && !spec.pool("master").empty())
     fail(source, "has both a 'chief' and a 'master' pool: expected only one of them");
   return spec;
