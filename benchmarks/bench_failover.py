@@ -393,8 +393,8 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
         f"(limit {FAILOVER_LIMIT}x: {ok}); reducer {args.victim} killed "
         + (f"{1e3 * kill:.1f} ms into it" if kill is not None else "NOT (the round ended first)"),
         f"  following rounds (R={R - 1}) {1e3 * run['following_s']:8.1f} ms  = {run['following_ratio']:.3f}x "
-        f"the R={R - 1} bound {1e3 * run['bound_R1_s']:.1f} ms (limit {1 + FOLLOWING_LIMIT:.2f}x: {ok2}); each (slowest "
-        f"worker): {', '.join(f'{1e3 * t:.0f}' for t in run['following_rounds_s'])} ms",
+        f"the R={R - 1} bound {1e3 * run['bound_R1_s']:.1f} ms (limit {1 + FOLLOWING_LIMIT:.2f}x: {ok2}); "
+        f"each (slowest worker): {', '.join(f'{1e3 * t:.0f}' for t in run['following_rounds_s'])} ms",
         f"  fresh R={R - 1} session    {1e3 * run['fresh_s']:8.1f} ms  = {run['fresh_s'] / run['bound_R1_s']:.3f}x the "
         f"bound (interleaved with the following rounds; following / fresh = {run['following_over_fresh']:.3f}); each: "
         f"{', '.join(f'{1e3 * t:.0f}' for t in run['fresh_rounds_s'])} ms",
