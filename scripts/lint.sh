@@ -38,7 +38,7 @@ if [ ${#pins[@]} -ne 3 ]; then
 fi
 need=()
 for pin in "${pins[@]}"; do
-  have=$(python -m pip show "${pin%%==*}" 2>/dev/null | sed -n 's/^Version: //p')
+  have=$(python -m pip show "${pin%%==*}" 2>/dev/null | sed -n 's/^Version: //p' || true)  # empty: not installed
   [ "$have" = "${pin##*==}" ] || need+=("$pin")
 done
 if [ ${#need[@]} -gt 0 ]; then
