@@ -9,7 +9,8 @@
 #
 # The tools are pinned once, in the `lint` extra of pyproject.toml; whichever is missing from the
 # active virtual environment (else .venv, as scripts/test.sh makes it) or at another version is
-# installed there first with pip, saying so. Exit status: 0 when every check passes, else 1.
+# installed there first with pip, saying so. mypy checks against the installed dependencies
+# (numpy, torch, grpc...): run it in the test environment. Exit status: 0 when every check passes, else 1.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -17,7 +18,7 @@ fix=0
 case "${1:-}" in
   --fix) fix=1 ;;
   "") ;;
-  -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+  -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
   *) echo "usage: scripts/lint.sh [--fix]" >&2; exit 2 ;;
 esac
 
