@@ -15,8 +15,8 @@ import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 import pytest
 
@@ -34,13 +34,13 @@ _ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SI
              "RANK", "WORLD_SIZE")
 
 
-def _env() -> Dict[str, str]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def _launch_argv(*args: str) -> List[str]:
+def _launch_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "reducer.cli.main", "launch", "--grace-period", "3", *args]
 
 
@@ -49,12 +49,12 @@ def _run(args: Sequence[str], timeout: float = 45) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
-def _started_pids(text: str) -> Dict[str, int]:
+def _started_pids(text: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (\w+ [\d.]+) \(pid (\d+)\)", text)}
 
 
-def _printed_pids(text: str) -> List[int]:
-    pids: List[int] = []
+def _printed_pids(text: str) -> list[int]:
+    pids: list[int] = []
     for m in re.finditer(r"PIDS ([\d ]+)", text):
         pids.extend(int(p) for p in m.group(1).split())
     return pids
