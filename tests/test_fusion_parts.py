@@ -8,7 +8,7 @@ order and its stop after a failed round, against a fake client that takes one ro
 from __future__ import annotations
 
 import threading
-from typing import Any, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 import pytest
@@ -31,7 +31,7 @@ def _entry(n: int, dtype: Any = np.float32) -> Entry:
     return new_entry(stage(np.arange(n, dtype=dtype)), "sum", None, None)
 
 
-def _indices(rnd: Optional[Round]) -> List[int]:
+def _indices(rnd: Round | None) -> list[int]:
     assert rnd is not None
     return [e.index for e in rnd.entries]
 
@@ -97,18 +97,18 @@ class _OneAtATime:
 
     connected = True
 
-    def __init__(self, fail: Tuple[int, ...] = ()) -> None:
-        self.started: List[Tuple[int, int]] = []  # (tag, bytes)
+    def __init__(self, fail: tuple[int, ...] = ()) -> None:
+        self.started: list[tuple[int, int]] = []  # (tag, bytes)
         self.in_flight = 0
         self._fail = fail
 
-    def start_segments(self, segments: List[Tuple[int, int]], dtype: str, op: str, tag: int,
+    def start_segments(self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int,
                        compression: str = "") -> int:
         assert self.in_flight == 0
         return self._begin(segments, tag)
 
-    def try_start_segments(self, segments: List[Tuple[int, int]], dtype: str, op: str, tag: int,
-                           compression: str = "") -> Optional[int]:
+    def try_start_segments(self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int,
+                           compression: str = "") -> int | None:
         return None if self.in_flight else self._begin(segments, tag)
 
     def wait(self, rid: int) -> None:
@@ -116,19 +116,19 @@ class _OneAtATime:
         if rid in self._fail:
             raise ReductionError(f"round {rid} failed")
 
-    def _begin(self, segments: List[Tuple[int, int]], tag: int) -> int:
+    def _begin(self, segments: list[tuple[int, int]], tag: int) -> int:
         self.in_flight += 1
         self.started.append((tag, sum(n for _, n in segments)))
         return len(self.started) - 1
 
 
-def _send(rounds: List[Round], client: _OneAtATime) -> Tuple[List[Tuple[Round, Optional[BaseException]]], FusionStats]:
+def _send(rounds: list[Round], client: _OneAtATime) -> tuple[list[tuple[Round, BaseException | None]], FusionStats]:
     """Hand `rounds` to a Sender thread; the rounds it reports, once all are reported."""
     life, stats = Lifecycle(), FusionStats()
-    reported: List[Tuple[Round, Optional[BaseException]]] = []
+    reported: list[tuple[Round, BaseException | None]] = []
     all_in = threading.Event()
 
-    def report_locked(rnd: Round, err: Optional[BaseException]) -> None:
+    def report_locked(rnd: Round, err: BaseException | None) -> None:
         reported.append((rnd, err))
         if len(reported) == len(rounds):
             all_in.set()
@@ -145,7 +145,7 @@ def _send(rounds: List[Round], client: _OneAtATime) -> Tuple[List[Tuple[Round, O
     return reported, stats
 
 
-def _rounds(sizes: List[int]) -> List[Round]:
+def _rounds(sizes: list[int]) -> list[Round]:
     out = []
     for i, n in enumerate(sizes):
         e = _entry(n)
@@ -188,7 +188,7 @@ class _NoEngine:
     def request_flush(self, upto: int) -> None:
         raise AssertionError("not called")
 
-    def await_handles(self, handles: List[Handle], timeout: Optional[float]) -> bool:
+    def await_handles(self, handles: list[Handle], timeout: float | None) -> bool:
         raise AssertionError("not called")
 
 

@@ -19,7 +19,6 @@ rest. Every method here expects the engine lock held (reducer.fusion.lifecycle):
 from __future__ import annotations
 
 from collections import deque
-from typing import Deque, List, Optional, Tuple
 
 from ..errors import MismatchError
 from .planner import Cut, Planner
@@ -31,17 +30,17 @@ __all__ = ["Agreement"]
 class Agreement:
     """The submitted entries on their way to agreed, cut rounds (see the module docstring)."""
 
-    def __init__(self, threshold: int, cycle: Optional[float]) -> None:
+    def __init__(self, threshold: int, cycle: float | None) -> None:
         self.threshold = threshold
         self.fusion_off = threshold == 0  # no probes: every entry goes alone as soon as it is submitted
         self._cycle = cycle  # seconds after which a worker wants its oldest uncut entry flushed; None: never
-        self._submitted: Deque[Entry] = deque()  # not yet planned, in order
+        self._submitted: deque[Entry] = deque()  # not yet planned, in order
         self.count = 0  # entries ever submitted
         self._unagreed_bytes = 0
         self._flush_upto = 0  # a caller waits for entries below this index
         self._agreed = 0  # C of the last probe: entries below it are planned
         self._planner: Planner[Entry] = Planner(threshold)  # the fused buffers being filled
-        self._plan: Deque[Round] = deque()  # cut, not yet handed to the network thread
+        self._plan: deque[Round] = deque()  # cut, not yet handed to the network thread
         self._probe_out = False  # a probe is wanted or running (probe_started sets, the agreed cut clears)
 
     # -- caller threads ---------------------------------------------------------------------
@@ -66,7 +65,7 @@ class Agreement:
         return False
 
     # -- probe thread -----------------------------------------------------------------------
-    def probe_values_locked(self, now: float) -> Tuple[int, int]:
+    def probe_values_locked(self, now: float) -> tuple[int, int]:
         """This worker's probe values: [entries submitted, -(1 if it wants a flush)]."""
         return self.count, -1 if self.wants_flush_locked(now) else 0
 
@@ -92,7 +91,7 @@ class Agreement:
     def probe_started_locked(self) -> None:
         self._probe_out = True
 
-    def sleep_for_locked(self, now: float) -> Optional[float]:
+    def sleep_for_locked(self, now: float) -> float | None:
         """How long the fusion thread may sleep before the cycle timer asks for a probe (None: until woken)."""
         if self._cycle is None or self._probe_out or self._plan or self.fusion_off:
             return None
@@ -120,7 +119,7 @@ class Agreement:
             raise MismatchError(
                 f"fusion probes disagree: the workers agreed on {agreed} tensors but this worker has planned "
                 f"{self._agreed} and submitted {self.count} (was a worker restarted?)")
-        cuts: List[Cut[Entry]] = []
+        cuts: list[Cut[Entry]] = []
         for _ in range(agreed - self._agreed):
             e = self._submitted.popleft()
             self._unagreed_bytes -= e.nbytes
@@ -130,7 +129,7 @@ class Agreement:
             cuts += self._planner.flush()
         self._plan.extend(round_of(c) for c in cuts)
 
-    def take_cut_locked(self) -> Optional[Round]:
+    def take_cut_locked(self) -> Round | None:
         """The oldest cut round not yet handed to the network thread."""
         return self._plan.popleft() if self._plan else None
 
@@ -140,14 +139,14 @@ class Agreement:
         self._planner.clear()
         self._plan.clear()
 
-    def _uncut_heads(self) -> List[Entry]:
+    def _uncut_heads(self) -> list[Entry]:
         """The oldest entry not yet planned and the first entry of every buffer being filled."""
         heads = list(self._planner.heads())
         if self._submitted:
             heads.append(self._submitted[0])
         return heads
 
-    def _oldest(self) -> Optional[float]:
+    def _oldest(self) -> float | None:
         """Submission time of the oldest entry not yet cut."""
         return min((e.t for e in self._uncut_heads()), default=None)
 

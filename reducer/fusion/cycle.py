@@ -18,7 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
-from typing import Callable, Deque, List, Optional, Tuple
+from collections.abc import Callable
 
 from ..errors import ReductionError
 from .agreement import Agreement
@@ -39,16 +39,16 @@ class Results:
 
     def __init__(self, cv: threading.Condition) -> None:
         self._cv = cv
-        self._done: Deque[Tuple[Round, Optional[BaseException]]] = deque()
+        self._done: deque[tuple[Round, BaseException | None]] = deque()
 
-    def report_locked(self, rnd: Round, err: Optional[BaseException]) -> None:
+    def report_locked(self, rnd: Round, err: BaseException | None) -> None:
         self._done.append((rnd, err))
         self._cv.notify_all()
 
     def any_locked(self) -> bool:
         return bool(self._done)
 
-    def take_locked(self) -> List[Tuple[Round, Optional[BaseException]]]:
+    def take_locked(self) -> list[tuple[Round, BaseException | None]]:
         done = list(self._done)
         self._done.clear()
         return done
@@ -107,7 +107,7 @@ class FusionCycle:
     def _hand_over_cuts(self) -> None:
         """Turn the cut rounds into segments and hand them to the network thread, in order, together:
         the network thread starts all of them before it blocks on the oldest one."""
-        batch: List[Round] = []
+        batch: list[Round] = []
         while True:
             with self._cv:
                 rnd = self._agreement.take_cut_locked()
@@ -118,7 +118,7 @@ class FusionCycle:
             prepare(rnd)
             batch.append(rnd)
 
-    def _complete(self, rnd: Round, err: Optional[BaseException]) -> None:
+    def _complete(self, rnd: Round, err: BaseException | None) -> None:
         if err is not None:
             if self._life.error is None:
                 self._die(self._diagnose(err))

@@ -34,7 +34,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -58,7 +59,7 @@ log = logging.getLogger(__name__)
 __all__ = ["Handle", "FusionEngine", "compression_dtype", "PROBE_TAG", "CLIENT_ROUND_BYTES"]
 
 
-def compression_dtype(compression: Optional[str]) -> Optional[np.dtype]:
+def compression_dtype(compression: str | None) -> np.dtype | None:
     """The 16-bit wire dtype for float32 under `compression` (None, 'bf16', 'fp16')."""
     if compression is None:
         return None
@@ -92,11 +93,11 @@ class FusionEngine:
         *,
         threshold: int,
         cycle_time_ms: float,
-        compression: Optional[str] = None,
+        compression: str | None = None,
         rank: int = 0,
         timeout: float = 30.0,
-        probe_client: Optional[Callable[[], Any]] = None,
-        diag_client: Optional[Callable[[], Any]] = None,
+        probe_client: Callable[[], Any] | None = None,
+        diag_client: Callable[[], Any] | None = None,
     ) -> None:
         if threshold < 0:
             raise ConfigError(f"fusion threshold must be >= 0 bytes, got {threshold}")
@@ -124,7 +125,7 @@ class FusionEngine:
         self._prober = Prober(probe_client, self._life, self._agreement, self._stats, results.report_locked)
         self._fusion_cycle = FusionCycle(self._life, self._agreement, self._ledger, results, self._sender,
                                          self._prober, self._stats, die=self._die, diagnose=self._diagnose)
-        self._diagnosis: Optional[Diagnosis] = None
+        self._diagnosis: Diagnosis | None = None
         if diag_client is not None:
             agreement = self._agreement
             self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
@@ -148,7 +149,7 @@ class FusionEngine:
         self._sender.client = client
 
     # ================================================================ caller side
-    def submit(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Handle:
+    def submit(self, array: Any, op: str = "sum", name: str | None = None) -> Handle:
         op = check_op(op)
         if name is not None and not isinstance(name, str):
             name = str(name)
@@ -177,7 +178,7 @@ class FusionEngine:
             if self._agreement.request_flush_locked(upto):
                 self._cv.notify_all()
 
-    def synchronize(self, timeout: Optional[float] = None, raise_errors: bool = True) -> None:
+    def synchronize(self, timeout: float | None = None, raise_errors: bool = True) -> None:
         """Wait until everything submitted so far is reduced; raise the first error."""
         with self._cv:
             if raise_errors and self._life.error is not None:
@@ -200,11 +201,11 @@ class FusionEngine:
         if raise_errors and first_error is not None:
             raise copy_error(first_error)
 
-    def await_handles(self, handles: List[Handle], timeout: Optional[float]) -> bool:
+    def await_handles(self, handles: list[Handle], timeout: float | None) -> bool:
         """Wait until every handle is done; False if `timeout` seconds passed first."""
         return self._ledger.await_handles(handles, timeout)
 
-    def stop(self, join_timeout: Optional[float] = None) -> None:
+    def stop(self, join_timeout: float | None = None) -> None:
         """Stop the three threads; handles still pending fail. Idempotent."""
         self._life.close()
         self._prober.close_conn()

@@ -7,7 +7,7 @@ callers read ``_done`` under that condition or without a lock (a bool written on
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, List, Optional, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..errors import ReductionTimeout
 from .lifecycle import copy_error
@@ -23,7 +23,7 @@ class _Engine(Protocol):
 
     def request_flush(self, upto: int) -> None: ...
 
-    def await_handles(self, handles: List["Handle"], timeout: Optional[float]) -> bool: ...
+    def await_handles(self, handles: list[Handle], timeout: float | None) -> bool: ...
 
 
 class Handle:
@@ -37,24 +37,24 @@ class Handle:
 
     __slots__ = ("_engine", "_entry", "array", "name", "index", "_done", "_error", "_finished")
 
-    def __init__(self, engine: _Engine, entry: "Entry", array: Any, name: Optional[str]) -> None:
+    def __init__(self, engine: _Engine, entry: Entry, array: Any, name: str | None) -> None:
         self._engine = engine
-        self._entry: Optional[Entry] = entry
+        self._entry: Entry | None = entry
         self.array = array  # what wait() returns: the caller's own array, reduced in place
         self.name = name
         self.index = -1  # position in the submitted sequence (0-based, per communicator)
         self._done = False  # set once (then the ledger's completion is notified)
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
         self._finished = False
 
     def done(self) -> bool:
         return self._done
 
-    def exception(self) -> Optional[BaseException]:
+    def exception(self) -> BaseException | None:
         """The error of a finished, failed handle (None while pending or on success)."""
         return self._error if self._done else None
 
-    def wait(self, timeout: Optional[float] = None) -> Any:
+    def wait(self, timeout: float | None = None) -> Any:
         if not self._done:
             self._engine.request_flush(self.index + 1)
             if not self._engine.await_handles([self], timeout):
@@ -78,7 +78,7 @@ class Handle:
         entry = self._entry
         return entry.describe() if entry is not None else (repr(self.name) if self.name else "a tensor")
 
-    def _set(self, error: Optional[BaseException]) -> None:
+    def _set(self, error: BaseException | None) -> None:
         """Mark done (the caller then notifies the ledger's completion, once for many handles)."""
         self._error = error
         self._done = True

@@ -12,7 +12,6 @@ from __future__ import annotations
 import functools
 import threading
 import time
-from typing import Dict, List, Optional
 
 from .diagnosis import History
 from .handle import Handle
@@ -26,7 +25,7 @@ class Ledger:
 
     def __init__(self, lock: threading.Condition) -> None:
         self._lock = lock
-        self._pending: Dict[int, Entry] = {}  # submitted, not completed
+        self._pending: dict[int, Entry] = {}  # submitted, not completed
         self.history = History()  # fingerprints, for the diagnosis
         self.completion = threading.Condition(threading.Lock())  # handles done (waited on by callers)
 
@@ -40,11 +39,11 @@ class Ledger:
         """Index of the first entry not completed (`count`, the entries submitted, if none)."""
         return min(self._pending) if self._pending else count
 
-    def handles_locked(self) -> List[Handle]:
+    def handles_locked(self) -> list[Handle]:
         """The handles of every entry not completed, in submission order."""
         return [e.handle for e in self._pending.values()]
 
-    def complete(self, entries: List[Entry]) -> None:
+    def complete(self, entries: list[Entry]) -> None:
         """A data round succeeded: its results are in place; complete its handles."""
         for e in entries:
             e.staged.after_write()
@@ -55,13 +54,13 @@ class Ledger:
             e.handle._set(None)
         self._notify_done()
 
-    def take_all_locked(self) -> List[Entry]:
+    def take_all_locked(self) -> list[Entry]:
         """Stop tracking every entry not completed; the caller fails them (``fail``)."""
         entries = list(self._pending.values())
         self._pending.clear()
         return entries
 
-    def fail(self, entries: List[Entry], err: BaseException) -> None:
+    def fail(self, entries: list[Entry], err: BaseException) -> None:
         """Fail `entries` (taken with ``take_all_locked``) with `err`, releasing their staging."""
         for e in entries:
             try:
@@ -71,7 +70,7 @@ class Ledger:
             e.handle._set(err)
         self._notify_done()
 
-    def await_handles(self, handles: List[Handle], timeout: Optional[float]) -> bool:
+    def await_handles(self, handles: list[Handle], timeout: float | None) -> bool:
         """Wait until every handle is done; False if `timeout` seconds passed first."""
         deadline = None if timeout is None else time.monotonic() + timeout
         with self.completion:

@@ -24,7 +24,6 @@ Lock discipline of the whole engine (reducer.fusion.*), written down once here:
 from __future__ import annotations
 
 import threading
-from typing import Optional
 
 from ..errors import ReductionError
 
@@ -44,7 +43,7 @@ class Lifecycle:
 
     def __init__(self) -> None:
         self.cv = threading.Condition()
-        self.error: Optional[BaseException] = None  # sticky: the engine has stopped
+        self.error: BaseException | None = None  # sticky: the engine has stopped
         self.closing = False
 
     def stopped_locked(self) -> bool:

@@ -16,7 +16,8 @@ tests that spy on it). Finished rounds go back through ``report_locked``, in ord
 from __future__ import annotations
 
 from collections import deque
-from typing import Any, Callable, Deque, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
 from .lifecycle import Lifecycle
 from .rounds import Round, Segments, client_failure
@@ -25,8 +26,8 @@ from .stats import FusionStats
 __all__ = ["Sender"]
 
 # (round, client round id or None, error, whether it is the round's last piece)
-_Started = Deque[Tuple[Round, Optional[int], Optional[BaseException], bool]]
-Report = Callable[[Round, Optional[BaseException]], None]  # called with the engine lock held
+_Started = deque[tuple[Round, int | None, BaseException | None, bool]]
+Report = Callable[[Round, BaseException | None], None]  # called with the engine lock held
 
 
 class Sender:
@@ -36,10 +37,10 @@ class Sender:
         self._cv = life.cv
         self._stats = stats
         self._report_locked = report_locked
-        self._queue: Deque[Round] = deque()  # ready to start, in the agreed order
-        self._error: Optional[BaseException] = None  # the first round that failed: nothing more is sent
+        self._queue: deque[Round] = deque()  # ready to start, in the agreed order
+        self._error: BaseException | None = None  # the first round that failed: nothing more is sent
 
-    def hand_over_locked(self, batch: List[Round]) -> None:
+    def hand_over_locked(self, batch: list[Round]) -> None:
         """Rounds with their segments, in order: all of them are started before the thread blocks on the oldest."""
         self._queue.extend(batch)
         self._cv.notify_all()
@@ -50,7 +51,7 @@ class Sender:
     def run(self) -> None:
         """The thread's body: until the engine stops."""
         started: _Started = deque()
-        failed: Optional[Round] = None  # a round already reported failed (its later pieces are dropped)
+        failed: Round | None = None  # a round already reported failed (its later pieces are dropped)
         while True:
             with self._cv:
                 while not started and not self._queue and not self._life.stopped_locked():
@@ -116,7 +117,7 @@ class Sender:
             started.append((rnd, rid, None, last))
             self._stats.note_in_flight(int(self.client.in_flight))
 
-    def _start(self, rnd: Round, segments: Segments, block: bool) -> Optional[int]:
+    def _start(self, rnd: Round, segments: Segments, block: bool) -> int | None:
         """Start one client round of `rnd`: `segments`, sent and received in place; None if the
         client has no room (only when `block` is false). The one call that puts data on the wire.
 

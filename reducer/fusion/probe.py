@@ -14,7 +14,8 @@ client call itself runs without it. The result goes back through ``report_locked
 from __future__ import annotations
 
 import time
-from typing import Any, Callable, Optional
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -31,7 +32,7 @@ __all__ = ["Prober"]
 class Prober:
     """make_client: connects the probe client (on the first probe)."""
 
-    def __init__(self, make_client: Optional[Callable[[], Any]], life: Lifecycle, agreement: Agreement,
+    def __init__(self, make_client: Callable[[], Any] | None, life: Lifecycle, agreement: Agreement,
                  stats: FusionStats, report_locked: Report) -> None:
         self._make_client = make_client
         self._life = life
@@ -39,7 +40,7 @@ class Prober:
         self._agreement = agreement
         self._stats = stats
         self._report_locked = report_locked
-        self._next: Optional[Round] = None  # asked for, not yet taken by the probe thread
+        self._next: Round | None = None  # asked for, not yet taken by the probe thread
         self._conn: Any = None  # the probe thread's client, made on the first probe
         self._buf = np.zeros(2, np.int64)
 
@@ -58,7 +59,7 @@ class Prober:
                     return
                 rnd, self._next = self._next, None
             assert rnd is not None and rnd.values is not None  # set by ask_locked
-            err: Optional[BaseException] = None
+            err: BaseException | None = None
             try:
                 client = self._client()
                 if client is None:

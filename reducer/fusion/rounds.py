@@ -13,7 +13,7 @@ sent as bfloat16/float16) is the transport's: a compressed round passes its floa
 """
 from __future__ import annotations
 
-from typing import Any, Iterable, List, Optional, Tuple
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -21,6 +21,7 @@ from ..dtypes import wire_name
 from ..errors import ReductionError
 from ..frameworks import Staged
 from .diagnosis import Described, Fingerprint, fingerprint, round_tag
+from .handle import Handle
 from .planner import Cut
 
 __all__ = ["PROBE", "PROBE_TAG", "CLIENT_ROUND_BYTES", "Entry", "new_entry", "Round", "describe", "probe_round",
@@ -35,7 +36,7 @@ PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement p
 # slower than the same bytes as per-tensor rounds, and 8 MiB pieces as fast or faster.
 CLIENT_ROUND_BYTES = 8 << 20
 
-Segments = List[Tuple[int, int]]  # (address, length) pieces of memory, in order
+Segments = list[tuple[int, int]]  # (address, length) pieces of memory, in order
 
 
 class Entry:
@@ -52,11 +53,11 @@ class Entry:
     wire_dt: np.dtype
     op: str
     nbytes: int
-    name: Optional[str]
-    shape: Tuple[int, ...]
+    name: str | None
+    shape: tuple[int, ...]
     src: str
     staged: Staged
-    handle: Any  # its reducer.fusion.handle.Handle
+    handle: Handle
     t: float
     fp: Fingerprint
 
@@ -64,7 +65,7 @@ class Entry:
         return describe(self.index, self.name, self.src, self.shape, self.op, self.wire)
 
 
-def new_entry(staged: Staged, op: str, name: Optional[str], compression: Optional[np.dtype]) -> Entry:
+def new_entry(staged: Staged, op: str, name: str | None, compression: np.dtype | None) -> Entry:
     """The entry of a staged array (not numbered yet): float32 travels as `compression` if given."""
     host = staged.host
     src = wire_name(host.dtype)
@@ -85,7 +86,7 @@ def new_entry(staged: Staged, op: str, name: Optional[str], compression: Optiona
     return e
 
 
-def describe(index: int, name: Optional[str], src: str, shape: Tuple[int, ...], op: str, wire: str) -> str:
+def describe(index: int, name: str | None, src: str, shape: tuple[int, ...], op: str, wire: str) -> str:
     """How errors name a submitted tensor."""
     dims = "x".join(str(d) for d in shape) or "scalar"
     text = f"tensor #{index}"
@@ -103,7 +104,7 @@ class Round:
     __slots__ = ("kind", "entries", "src", "wire", "compression", "op", "nbytes", "tag", "pieces", "next_piece",
                  "values")
 
-    def __init__(self, kind: int, entries: List[Entry], src: str, wire: str, op: str, nbytes: int) -> None:
+    def __init__(self, kind: int, entries: list[Entry], src: str, wire: str, op: str, nbytes: int) -> None:
         self.kind = kind
         self.entries = entries
         self.src = src  # the dtype of the segments' memory (the client's dtype argument)
@@ -115,9 +116,9 @@ class Round:
         self.tag = 0
         # the client rounds this round is sent as: (address, length) segments, CLIENT_ROUND_BYTES at most
         # each on the wire
-        self.pieces: List[Segments] = []
+        self.pieces: list[Segments] = []
         self.next_piece = 0  # pieces started so far (network thread)
-        self.values: Optional[np.ndarray] = None  # the probe's two int64
+        self.values: np.ndarray | None = None  # the probe's two int64
 
 
 def probe_round(values: np.ndarray) -> Round:
@@ -150,10 +151,10 @@ def prepare(rnd: Round) -> None:
     rnd.pieces = split(segments(pieces), CLIENT_ROUND_BYTES * widen)
 
 
-def split(segs: Segments, limit: int) -> List[Segments]:
+def split(segs: Segments, limit: int) -> list[Segments]:
     """Segments cut into consecutive client rounds of at most `limit` bytes (a multiple of 8, so
     every cut falls between elements). Deterministic: the same round gives the same pieces."""
-    out: List[Segments] = [[]]
+    out: list[Segments] = [[]]
     room = limit
     for ptr, n in segs:
         while n:
@@ -166,7 +167,7 @@ def split(segs: Segments, limit: int) -> List[Segments]:
     return out if out[0] else []
 
 
-def segments(pieces: Iterable[Tuple[int, int]]) -> Segments:
+def segments(pieces: Iterable[tuple[int, int]]) -> Segments:
     """(address, length) pieces in order, empty ones dropped and adjacent ones merged."""
     out: Segments = []
     for ptr, n in pieces:

@@ -7,8 +7,6 @@ they are written by the network thread alone.
 """
 from __future__ import annotations
 
-from typing import Dict
-
 from .rounds import PROBE, Round
 
 __all__ = ["FusionStats"]
@@ -16,9 +14,9 @@ __all__ = ["FusionStats"]
 
 class FusionStats:
     def __init__(self) -> None:
-        self.counters: Dict[str, int] = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0,
+        self.counters: dict[str, int] = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0,
                                          "flushes": 0, "segments": 0, "compressed_tensors": 0}
-        self.peaks: Dict[str, int] = {"max_in_flight": 0}
+        self.peaks: dict[str, int] = {"max_in_flight": 0}
 
     def count_round_locked(self, rnd: Round) -> None:
         """Count a finished round."""
