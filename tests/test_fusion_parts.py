@@ -16,6 +16,7 @@ import pytest
 from reducer.errors import MismatchError, ReductionError
 from reducer.frameworks import Staged, stage
 from reducer.fusion.agreement import Agreement
+from reducer.fusion.engine import FusionEngine
 from reducer.fusion.handle import Handle
 from reducer.fusion.ledger import Ledger
 from reducer.fusion.lifecycle import Lifecycle
@@ -220,3 +221,44 @@ def test_ledger_completes_and_fails_handles():
     assert _Releases.released - before == 2
     assert ledger.await_handles([e0.handle, e2.handle], timeout=0)
     assert e0.handle.exception() is err and e2.handle.exception() is err
+
+
+# ---------------------------------------------------------------------------- FusionEngine
+class _BlockingProbe:
+    """A probe client whose all-reduce never completes until it is closed."""
+
+    def __init__(self) -> None:
+        self.closed = threading.Event()
+
+    def allreduce_ptr(self, *_args: Any) -> None:
+        self.closed.wait(30)
+        raise ReductionError("probe client closed")
+
+    def close(self) -> None:
+        self.closed.set()
+
+
+def test_synchronize_after_an_error_raises_only_once_every_handle_failed():
+    """The engine records its error, then (after closing the probe connection) fails the pending
+    handles. A synchronize() arriving in between must not raise while handles of the step are still
+    pending (seen 1 run in 10 in test_mismatch_shape_names_first_differing_tensor)."""
+    engine = FusionEngine(object(), threshold=1 << 20, cycle_time_ms=float("inf"),
+                          probe_client=_BlockingProbe)
+    handles = [engine.submit(np.ones(8, np.float32), name=f"t{i}") for i in range(3)]
+    real_close = engine._prober.close_conn
+    in_close = threading.Event()
+
+    def slow_close() -> None:  # widens the window between the error and the handles' failure
+        in_close.set()
+        threading.Event().wait(0.5)
+        real_close()
+
+    engine._prober.close_conn = slow_close  # type: ignore[method-assign]
+    killer = threading.Thread(target=engine._die, args=(ReductionError("boom"),))
+    killer.start()
+    assert in_close.wait(10)
+    with pytest.raises(ReductionError, match="boom"):
+        engine.synchronize()
+    assert all(h.done() for h in handles)
+    killer.join(10)
+    engine.stop(join_timeout=10)

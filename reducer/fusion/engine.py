@@ -58,6 +58,10 @@ log = logging.getLogger(__name__)
 
 __all__ = ["Handle", "FusionEngine", "compression_dtype", "PROBE_TAG", "CLIENT_ROUND_BYTES"]
 
+# Seconds synchronize() waits, after seeing the engine's error, for its clean-up to fail every
+# pending handle (it closes the probe connection first: normally milliseconds).
+_SETTLE_WAIT = 10.0
+
 
 def compression_dtype(compression: str | None) -> np.dtype | None:
     """The 16-bit wire dtype for float32 under `compression` (None, 'bf16', 'fp16')."""
@@ -181,8 +185,13 @@ class FusionEngine:
     def synchronize(self, timeout: float | None = None, raise_errors: bool = True) -> None:
         """Wait until everything submitted so far is reduced; raise the first error."""
         with self._cv:
-            if raise_errors and self._life.error is not None:
-                raise copy_error(self._life.error)  # the step is incomplete even if no handle is pending
+            err = self._life.error
+        if raise_errors and err is not None:
+            # The step is incomplete even if no handle is pending. Every handle of the step fails
+            # first (_die fails them just after recording the error), then this raises.
+            self._life.settled.wait(_SETTLE_WAIT if timeout is None else min(timeout, _SETTLE_WAIT))
+            raise copy_error(err)
+        with self._cv:
             if raise_errors and self._life.closing:
                 raise ReductionError("the communicator is closed")
             handles = self._ledger.handles_locked()
@@ -225,8 +234,11 @@ class FusionEngine:
     def _die(self, err: BaseException) -> None:
         """Stop the engine with `err` (the first error sticks) and fail every pending handle."""
         first = self._life.fail(err)
-        self._prober.close_conn()
-        self._fail_all(first)
+        try:
+            self._prober.close_conn()
+            self._fail_all(first)
+        finally:
+            self._life.settled.set()  # a synchronize() that saw the error may raise it now
 
     def _fail_all(self, err: BaseException) -> None:
         with self._cv:

@@ -45,6 +45,9 @@ class Lifecycle:
         self.cv = threading.Condition()
         self.error: BaseException | None = None  # sticky: the engine has stopped
         self.closing = False
+        # Set once an error's clean-up has failed every pending handle (callers that saw the
+        # error wait for it, so no handle of a failed step is still pending when they raise).
+        self.settled = threading.Event()
 
     def stopped_locked(self) -> bool:
         """The engine threads should end (closing, or an error)."""
