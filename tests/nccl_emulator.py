@@ -9,8 +9,13 @@ src/graph/tuning.cc, src/init.cc; the table in docs/nccl-plugin.md, "Versions"):
 - which ncclNetPlugin_vN / ncclCollNetPlugin_vN it looks up, newest first;
 - how often it calls CollNet init and devices, and what it does when they fail;
 - whether it holds our CollNet table as it is (its newest version) or its own adapter, whose
-  iallgather / ireducescatter are never NULL and call ours unconditionally; its tuner rules
-  CollNet out for all-gather / reduce-scatter only when the member it holds is NULL;
+  iallgather / ireducescatter are never NULL and call ours unconditionally (2.24-2.25:
+  src/net.cc ncclCollNet_v8_as_v9; 2.26-2.27: src/plugin/net/net_v9.cc and net_v8.cc); its tuner
+  (src/graph/tuning.cc) rules CollNet out for all-gather / reduce-scatter only when the member it
+  holds is NULL;
+- 2.26-2.27 only: loading a CollNet v10 table logs its name through the net v10 table pointer
+  (src/plugin/net/net_v10.cc, getNcclCollNet_v10: `ncclNet_v10->name`), a NULL dereference when
+  the library has ncclCollNetPlugin_v10 but no ncclNetPlugin_v10 (fixed in 2.28.3);
 - when it calls finalize: never (v7-v10), `if (collNetContext) comm->ncclCollNet->finalize` (2.28.3,
   through a NULL table when CollNet was disabled after init succeeded), or when CollNet is
   enabled (2.28.7+).
@@ -67,6 +72,7 @@ class Release:
     collnet_init: str  # PER_LOAD: init + devices once per load; PER_COMM: init per communicator
     devices_each_init: bool  # PER_COMM: devices() after every init (2.28.3) or only the first
     finalize: str  # "none", "if_context" (2.28.3), "if_enabled" (2.28.7+)
+    coll_v10_logs_net_v10: bool = False  # 2.26-2.27: CollNet v10 without net v10 is a NULL dereference
 
 
 _V5_7, _V5_8, _V5_9 = (7, 6, 5), (8, 7, 6, 5), (9, 8, 7, 6, 5)
@@ -76,9 +82,11 @@ RELEASES = [
     Release("v2.20.5-1", 22005, _V5_8, _V5_8, "prefixed", False, PER_LOAD, False, "none"),
     Release("v2.23.4-1", 22304, _V5_8, _V5_8, "both", False, PER_LOAD, False, "none"),
     Release("v2.24.3-1", 22403, _V5_9, _V5_9, "both", False, PER_LOAD, False, "none"),
-    Release("v2.26.6-1", 22606, _V6_10, _V6_10, "both", False, PER_LOAD, False, "none"),
-    Release("v2.27.3-1", 22703, _V6_10, _V6_10, "both", True, PER_LOAD, False, "none"),
-    Release("v2.27.7-1", 22707, _V6_10, _V6_10, "both_unless_path", True, PER_LOAD, False, "none"),
+    Release("v2.25.1-1", 22501, _V5_9, _V5_9, "both", False, PER_LOAD, False, "none"),
+    Release("v2.26.2-1", 22602, _V6_10, _V6_10, "both", False, PER_LOAD, False, "none", True),
+    Release("v2.26.6-1", 22606, _V6_10, _V6_10, "both", False, PER_LOAD, False, "none", True),
+    Release("v2.27.3-1", 22703, _V6_10, _V6_10, "both", True, PER_LOAD, False, "none", True),
+    Release("v2.27.7-1", 22707, _V6_10, _V6_10, "both_unless_path", True, PER_LOAD, False, "none", True),
     Release("v2.28.3-1", 22803, _V6_11, _V6_11, "both_unless_path", True, PER_COMM, True, "if_context"),
     Release("v2.28.9-1", 22809, _V6_11, _V6_11, "both_unless_path", True, PER_COMM, False, "if_enabled"),
     Release("v2.29.7-1", 22907, _V6_11, _V6_11, "both_unless_path", True, PER_COMM, False, "if_enabled"),
@@ -109,8 +117,9 @@ def file_names(rel: Release, value: Optional[str]) -> List[str]:
 class Loaded:
     """What rel found: the library (opened by `name`) and the tables it will use."""
 
-    def __init__(self, name: str, lib: C.CDLL, net_v: Optional[int], coll_v: Optional[int]) -> None:
-        self.name, self.lib, self.net_v, self.coll_v = name, lib, net_v, coll_v
+    def __init__(self, name: str, lib: C.CDLL, net_v: Optional[int], coll_v: Optional[int],
+                 crash: Optional[str] = None) -> None:
+        self.name, self.lib, self.net_v, self.coll_v, self.crash = name, lib, net_v, coll_v, crash
 
 
 def load(rel: Release, value: Optional[str]) -> Tuple[Optional[Loaded], List[str]]:
@@ -123,7 +132,10 @@ def load(rel: Release, value: Optional[str]) -> Tuple[Optional[Loaded], List[str
             continue
         net_v = next((v for v in rel.net if hasattr(lib, f"ncclNetPlugin_v{v}")), None)
         coll_v = next((v for v in rel.coll if hasattr(lib, f"ncclCollNetPlugin_v{v}")), None)
-        return Loaded(name, lib, net_v, coll_v), tried
+        crash = None
+        if rel.coll_v10_logs_net_v10 and net_v and coll_v == 10 and not hasattr(lib, "ncclNetPlugin_v10"):
+            crash = "ncclNet_v10->name in getNcclCollNet_v10's log line: ncclNet_v10 is NULL"
+        return Loaded(name, lib, net_v, coll_v, crash), tried
     return None, tried
 
 
@@ -163,8 +175,10 @@ class Nccl:
         comm: Dict[str, Any] = {"net_ctx": C.c_void_p(), "coll_ctx": C.c_void_p(), "collnet": None}
         per_comm = self.rel.collnet_init == PER_COMM
         if per_comm or not self.net_ready:
-            if self.found.net_v > 8:
+            if self.found.net_v >= 11:
                 rc = self.net.init(C.byref(comm["net_ctx"]), comm_hash, None, self.log.fn, None)
+            elif self.found.net_v == 10:
+                rc = self.net.init(self.log.fn, None)  # no profiler callback here
             else:
                 rc = self.net.init(self.log.fn)
             ndev = C.c_int()
@@ -172,7 +186,7 @@ class Nccl:
                 raise RuntimeError(f"{self.rel.tag}: the net plugin failed to initialize:\n" + "\n".join(self.log.lines))
             self.net_ready = True
         if self.coll and (self.coll_state == "init_ready" or (per_comm and self.coll_state == "enabled")):
-            if self.found.coll_v > 8:
+            if self.found.coll_v >= 11:
                 rc = self.coll.init(C.byref(comm["coll_ctx"]), comm_hash, self.log.fn)
             else:
                 rc = self.coll.init(self.log.fn)
@@ -217,7 +231,7 @@ class Nccl:
 
     def comm_destroy(self, comm: Dict[str, Any]) -> str:
         """"ok", or "crash" where rel would call finalize through a NULL table."""
-        if self.found.net_v > 8:
+        if self.found.net_v >= 11:
             self.net.finalize(comm["net_ctx"])
         if self.rel.finalize == "if_context" and comm["coll_ctx"].value:
             if comm["collnet"] is None:
@@ -237,8 +251,12 @@ def emulate(rel: Release, scenario: Dict[str, Any]) -> Dict[str, Any]:
     if not found or not found.net_v:
         out["net_v"] = None
         return out
-    out.update({"net_v": found.net_v, "coll_v": found.coll_v,
+    out.update({"net_v": found.net_v, "coll_v": found.coll_v, "load": found.crash and "crash" or "ok",
                 "path": _mapped_path(found.lib, f"ncclNetPlugin_v{found.net_v}")})
+    if found.crash:  # NCCL would have died while loading: nothing else happens
+        out["crash"] = found.crash
+    if found.crash or scenario.get("load_only"):
+        return out
     nccl = Nccl(rel, found, logger)
     comms = [nccl.comm_init(0x1000 + i) for i in range(scenario.get("comms", 2))]
     out["collnet"] = [c["collnet"] is not None for c in comms]

@@ -44,28 +44,44 @@ class PropsV8(C.Structure):
                 ("netDeviceVersion", C.c_int)]
 
 
-def _props_v11_v12(ndevs: int, rail: bool) -> List[Tuple[str, Any]]:
+def _props_v9_on(ndevs: int, multi: bool, rail: bool) -> List[Tuple[str, Any]]:
+    """v9/v10 (4 virtual devices, no maxMultiRequestSize), v11 (+ maxMultiRequestSize), v12 (8, + rail/plane)."""
     fields = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
               ("regIsGlobal", C.c_int), ("forceFlush", C.c_int), ("speed", C.c_int), ("port", C.c_int),
               ("latency", C.c_float), ("maxComms", C.c_int), ("maxRecvs", C.c_int), ("netDeviceType", C.c_int),
               ("netDeviceVersion", C.c_int), ("vNdevs", C.c_int), ("vDevs", C.c_int * ndevs),
-              ("maxP2pBytes", C.c_size_t), ("maxCollBytes", C.c_size_t), ("maxMultiRequestSize", C.c_int)]
+              ("maxP2pBytes", C.c_size_t), ("maxCollBytes", C.c_size_t)]
+    if multi:
+        fields += [("maxMultiRequestSize", C.c_int)]
     if rail:
         fields += [("railId", C.c_int16), ("planeId", C.c_int16)]
     return fields
 
 
+class PropsV10(C.Structure):  # v9 has the same layout
+    _fields_ = _props_v9_on(4, False, False)
+
+
 class PropsV11(C.Structure):
-    _fields_ = _props_v11_v12(4, False)
+    _fields_ = _props_v9_on(4, True, False)
 
 
 class PropsV12(C.Structure):
-    _fields_ = _props_v11_v12(8, True)
+    _fields_ = _props_v9_on(8, True, True)
 
 
-PROPS = {7: PropsV7, 8: PropsV8, 11: PropsV11, 12: PropsV12}
-assert (C.sizeof(PropsV7), C.sizeof(PropsV8), C.sizeof(PropsV11), C.sizeof(PropsV12)) == (56, 64, 112, 128)
-TABLE_VERSIONS = (7, 8, 11, 12)  # the versions the library exports
+PROPS = {7: PropsV7, 8: PropsV8, 9: PropsV10, 10: PropsV10, 11: PropsV11, 12: PropsV12}
+assert [C.sizeof(PROPS[v]) for v in (7, 8, 10, 11, 12)] == [56, 64, 104, 112, 128]
+# The versions the library exports (there is no net v9: NCCL 2.24-2.25 take net v8 through their adapter).
+NET_VERSIONS = (7, 8, 10, 11, 12)
+COLL_VERSIONS = (7, 8, 9, 10, 11, 12)
+# The net table NCCL holds next to each CollNet table (the newest net version it knows that the library has).
+NET_FOR_COLL = {7: 7, 8: 8, 9: 8, 10: 10, 11: 11, 12: 12}
+
+
+def has_ctx(v: int) -> bool:
+    """v11+: init makes a context, listen takes it, finalize frees it (net and CollNet alike)."""
+    return v >= 11
 
 
 def _fn(*args: Any) -> Any:
@@ -75,14 +91,16 @@ def _fn(*args: Any) -> Any:
 def _net_fields(v: int) -> List[Tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
     reg_size = C.c_int if v == 7 else C.c_size_t
+    listen = _fn(P, C.c_int, P, PP) if has_ctx(v) else _fn(C.c_int, P, PP)
     if v <= 8:
         init = _fn(LOGGER)
-        listen, connect = _fn(C.c_int, P, PP), _fn(C.c_int, P, PP, PP)
+        connect = _fn(C.c_int, P, PP, PP)
         isend = _fn(P, P, C.c_int, C.c_int, P, PP)
         irecv = _fn(P, C.c_int, PP, C.POINTER(C.c_int), C.POINTER(C.c_int), PP, PP)
     else:
-        init = _fn(PP, C.c_uint64, P, LOGGER, P)
-        listen, connect = _fn(P, C.c_int, P, PP), _fn(P, C.c_int, P, PP, PP)
+        # v10: init(logger, profiler), connect(dev, config, handle, ...); v11+: a context first.
+        init = _fn(PP, C.c_uint64, P, LOGGER, P) if has_ctx(v) else _fn(LOGGER, P)
+        connect = _fn(P, C.c_int, P, PP, PP) if has_ctx(v) else _fn(C.c_int, P, P, PP, PP)
         isend = _fn(P, P, C.c_size_t, C.c_int, P, P, PP)
         irecv = _fn(P, C.c_int, PP, C.POINTER(C.c_size_t), C.POINTER(C.c_int), PP, PP, PP)
     fields = [("name", C.c_char_p), ("init", init), ("devices", _fn(C.POINTER(C.c_int))),
@@ -93,18 +111,19 @@ def _net_fields(v: int) -> List[Tuple[str, Any]]:
               ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))), ("closeSend", _fn(P)),
               ("closeRecv", _fn(P)), ("closeListen", _fn(P)), ("getDeviceMr", P), ("irecvConsumed", P)]
     if v > 8:
-        fields += [("makeVDevice", P), ("finalize", _fn(P)), ("setNetAttr", P)]
+        fields += [("makeVDevice", P)]
+    if has_ctx(v):
+        fields += [("finalize", _fn(P)), ("setNetAttr", P)]
     return fields
 
 
 def _coll_fields(v: int) -> List[Tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
-    if v <= 8:
-        init, listen = _fn(LOGGER), _fn(C.c_int, P, PP)
-        iallreduce = _fn(P, P, P, C.c_int, C.c_int, C.c_int, P, P, PP)
-    else:
+    if has_ctx(v):
         init, listen = _fn(PP, C.c_uint64, LOGGER), _fn(P, C.c_int, P, PP)
-        iallreduce = _fn(P, P, P, C.c_size_t, C.c_int, C.c_int, P, P, PP)
+    else:
+        init, listen = _fn(LOGGER), _fn(C.c_int, P, PP)
+    iallreduce = _fn(P, P, P, C.c_int if v <= 8 else C.c_size_t, C.c_int, C.c_int, P, P, PP)
     fields = [("name", C.c_char_p), ("init", init), ("devices", _fn(C.POINTER(C.c_int))),
               ("getProperties", _fn(C.c_int, props)), ("listen", listen),
               ("connect", _fn(PP, C.c_int, C.c_int, P, PP)),
@@ -117,14 +136,16 @@ def _coll_fields(v: int) -> List[Tuple[str, Any]]:
     fields += [("iflush", _fn(P, P, C.c_int, P, PP)), ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
                ("closeColl", _fn(P)), ("closeListen", _fn(P))]
     if v > 8:
-        fields += [("makeVDevice", P), ("finalize", _fn(P))]
+        fields += [("makeVDevice", P)]
+    if has_ctx(v):
+        fields += [("finalize", _fn(P))]
     return fields
 
 
-NET_TABLES = {v: type(f"Net_v{v}", (C.Structure,), {"_fields_": _net_fields(v)}) for v in TABLE_VERSIONS}
-COLL_TABLES = {v: type(f"CollNet_v{v}", (C.Structure,), {"_fields_": _coll_fields(v)}) for v in TABLE_VERSIONS}
-assert [C.sizeof(NET_TABLES[v]) for v in TABLE_VERSIONS] == [19 * 8, 19 * 8, 22 * 8, 22 * 8]
-assert [C.sizeof(COLL_TABLES[v]) for v in TABLE_VERSIONS] == [15 * 8, 17 * 8, 19 * 8, 19 * 8]
+NET_TABLES = {v: type(f"Net_v{v}", (C.Structure,), {"_fields_": _net_fields(v)}) for v in NET_VERSIONS}
+COLL_TABLES = {v: type(f"CollNet_v{v}", (C.Structure,), {"_fields_": _coll_fields(v)}) for v in COLL_VERSIONS}
+assert [C.sizeof(NET_TABLES[v]) for v in NET_VERSIONS] == [19 * 8, 19 * 8, 20 * 8, 22 * 8, 22 * 8]
+assert [C.sizeof(COLL_TABLES[v]) for v in COLL_VERSIONS] == [15 * 8, 17 * 8, 18 * 8, 18 * 8, 19 * 8, 19 * 8]
 
 
 def library_path() -> str:
@@ -220,6 +241,8 @@ def init_net(plugin: Plugin, v: int) -> Any:
     net = plugin.net(v)
     if v <= 8:
         check(net.init(plugin.logger), "net init", plugin)
+    elif not has_ctx(v):
+        check(net.init(plugin.logger, None), "net init", plugin)
     else:
         ctx = C.c_void_p()
         check(net.init(C.byref(ctx), 0x1234, None, plugin.logger, None), "net init", plugin)
@@ -229,7 +252,7 @@ def init_net(plugin: Plugin, v: int) -> Any:
 def init_coll(plugin: Plugin, v: int, comm_id: int) -> Tuple[Any, C.c_void_p]:
     coll = plugin.coll(v)
     ctx = C.c_void_p()
-    if v <= 8:
+    if not has_ctx(v):
         check(coll.init(plugin.logger), "collnet init", plugin)
     else:
         check(coll.init(C.byref(ctx), comm_id, plugin.logger), "collnet init", plugin)
@@ -240,7 +263,7 @@ def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) 
     """listen() of a net or CollNet table: (the 128-byte handle buffer, the listen comm)."""
     handle = C.create_string_buffer(HANDLE_BYTES)
     lcomm = C.c_void_p()
-    if version <= 8:
+    if not has_ctx(version):
         check(table.listen(0, handle, C.byref(lcomm)), "listen", plugin)
     else:
         check(table.listen(ctx, 0, handle, C.byref(lcomm)), "listen", plugin)
@@ -312,6 +335,8 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
             calls["connect"] += 1
             if version <= 8:
                 check(net.connect(0, peer_handle, C.byref(scomm), None), "connect", plugin)
+            elif not has_ctx(version):
+                check(net.connect(0, None, peer_handle, C.byref(scomm), None), "connect", plugin)
             else:
                 check(net.connect(None, 0, peer_handle, C.byref(scomm), None), "connect", plugin)
         if not rcomm.value:
@@ -399,7 +424,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     check(net.deregMr(rcomm, mh), "deregMr", plugin)
     check(net.closeSend(scomm), "closeSend", plugin)
     check(net.closeRecv(rcomm), "closeRecv", plugin)
-    if version > 8:
+    if has_ctx(version):
         check(net.finalize(None), "finalize", plugin)
     name = props.name.decode() if props.name else ""
     result = {
@@ -501,7 +526,7 @@ def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: st
     """NCCL's CollNet set-up on one head: init (after the net), devices, properties, reduceSupport
     table, listen, handle exchange through `rdv`, connect. (table, ctx, collComm, facts); the
     collComm is NULL if connect failed (facts["connect_rc"])."""
-    init_net(plugin, version)  # NCCL loads the point-to-point net first
+    init_net(plugin, NET_FOR_COLL[version])  # NCCL loads the point-to-point net first
     coll, ctx = init_coll(plugin, version, comm_id)
     ndev = C.c_int()
     check(coll.devices(C.byref(ndev)), "collnet devices", plugin)
@@ -532,7 +557,7 @@ def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccom
     for mh in mhs:
         check(coll.deregMr(ccomm, mh), "deregMr", plugin)
     check(coll.closeColl(ccomm), "closeColl", plugin)
-    if version > 8:
+    if has_ctx(version):
         check(coll.finalize(ctx), "collnet finalize", plugin)
     out: Dict[str, Any] = {"log": plugin.log_text()}
     path = plugin.path
@@ -548,7 +573,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
         # finalize and unload as after a run: this pool process runs the next test's heads too
-        if version > 8:
+        if has_ctx(version):
             check(coll.finalize(ctx), "collnet finalize", plugin)
         result["log"] = plugin.log_text()
         path = plugin.path

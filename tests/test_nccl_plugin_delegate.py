@@ -37,7 +37,7 @@ def delegate_lib(tmp_path_factory) -> str:
     return str(out)
 
 
-@pytest.mark.parametrize("version", H.TABLE_VERSIONS)
+@pytest.mark.parametrize("version", H.NET_VERSIONS)
 def test_p2p_calls_reach_the_delegate_and_data_arrives_exactly(pool, tmp_path, delegate_lib, version):
     results = run_ranks(pool, H.p2p_peer, 2, rdv=str(tmp_path), version=version, sizes=SIZES, nsocks=2,
                         env={"RS_NCCL_P2P_PLUGIN": delegate_lib}, check_unloaded=[delegate_lib])

@@ -23,12 +23,15 @@ TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
 
 # (net, CollNet) table each release takes from the library: its newest that the library exports.
-TABLES = {"v2.19.4-1": (7, 7), "v2.20.5-1": (8, 8), "v2.23.4-1": (8, 8), "v2.24.3-1": (8, 8),
-          "v2.26.6-1": (8, 8), "v2.27.3-1": (8, 8), "v2.27.7-1": (8, 8), "v2.28.3-1": (11, 11),
-          "v2.28.9-1": (11, 11), "v2.29.7-1": (11, 11), "v2.30.7-1": (12, 12)}
-# 2.24-2.27 hold their own adapter around our v8 table (never NULL): the best the plugin can do
-# there is a refusal NCCL reports. Everywhere else NCCL holds our table and sees NULL.
-ADAPTED = {"v2.24.3-1", "v2.26.6-1", "v2.27.3-1", "v2.27.7-1"}
+# 2.24-2.25 know net v9, which the library does not export: they take net v8 through their own
+# adapter (point-to-point only; the CollNet table is searched on its own).
+TABLES = {"v2.19.4-1": (7, 7), "v2.20.5-1": (8, 8), "v2.23.4-1": (8, 8), "v2.24.3-1": (8, 9),
+          "v2.25.1-1": (8, 9), "v2.26.2-1": (10, 10), "v2.26.6-1": (10, 10), "v2.27.3-1": (10, 10),
+          "v2.27.7-1": (10, 10), "v2.28.3-1": (11, 11), "v2.28.9-1": (11, 11), "v2.29.7-1": (11, 11),
+          "v2.30.7-1": (12, 12)}
+# Every release holds the CollNet table it takes as it is (its own newest version), so its tuner
+# sees NULL iallgather / ireducescatter and never picks CollNet for them: none is "adapted".
+# (With a v8 table only, 2.24-2.27 wrapped it in adapters that call those members unconditionally.)
 
 
 def test_every_release_is_emulated():
@@ -86,19 +89,17 @@ def test_no_reducers_every_release_tears_down_cleanly(stub):
         assert r["unloaded"], tag
 
 
-def expected_gather(tag: str) -> str:
-    return "error" if tag in ADAPTED else "ruled_out"
-
-
-def test_with_reducers_each_release_gets_the_all_gather_members_it_needs(stub):
-    """NULL where NCCL holds our table (its tuner then never picks CollNet for all-gather /
-    reduce-scatter); a refusal behind 2.24-2.27's adapter (never a jump to NULL). The version
-    comes from the stub ncclGetVersion in the global scope."""
+def test_with_reducers_no_release_ever_picks_collnet_for_all_gather(stub):
+    """Every release holds our table as it is and sees NULL members, so its tuner never picks
+    CollNet for all-gather / reduce-scatter (2.24-2.27 included: they used to wrap v8 in an
+    adapter, pick CollNet on NVSwitch nodes and fail with ncclInternalError). The version comes
+    from the stub ncclGetVersion in the global scope."""
     res = emulate({"stub": stub}, reducers="127.0.0.1:9")
     for tag, r in res.items():
         assert (r["net_v"], r["coll_v"]) == TABLES[tag], (tag, r)
+        assert r["load"] == "ok", (tag, r)
         assert r["collnet"] == [True, True], (tag, r["log"])
-        assert r["iallgather"] == r["ireducescatter"] == [expected_gather(tag)] * 2, (tag, r["log"])
+        assert r["iallgather"] == r["ireducescatter"] == ["ruled_out"] * 2, (tag, r["log"])
         assert r["destroy"] == ["ok", "ok"]
         code = E.BY_TAG[tag].code
         version = f"{code // 10000}.{code // 100 % 100}.{code % 100}"
@@ -111,21 +112,55 @@ def test_with_reducers_each_release_gets_the_all_gather_members_it_needs(stub):
 def test_version_from_the_library_that_holds_nccls_logger(stub):
     """NCCL loaded RTLD_LOCAL (as PyTorch loads it) is not in the global scope: the plugin finds
     ncclGetVersion in the object that holds the logger NCCL passed to init."""
-    tags = ["v2.23.4-1", "v2.26.6-1", "v2.30.7-1"]
+    tags = ["v2.23.4-1", "v2.24.3-1", "v2.26.6-1", "v2.30.7-1"]
     res = emulate({"stub": stub, "version_via": "logger", "releases": tags}, reducers="127.0.0.1:9")
     for tag, r in res.items():
-        assert r["iallgather"] == r["ireducescatter"] == [expected_gather(tag)] * 2, (tag, r["log"])
+        assert r["iallgather"] == r["ireducescatter"] == ["ruled_out"] * 2, (tag, r["log"])
         assert f"loaded by NCCL {tag[1:5]}" in r["log"], (tag, r["log"])
 
 
 def test_unknown_version_refuses_and_never_jumps_to_null(stub):
-    """No ncclGetVersion anywhere (a static NCCL that hides it): every table but v11 (only ever
-    used as it is) assumes an adapter, so all-gather / reduce-scatter can fail but never crash."""
+    """No ncclGetVersion anywhere (a static NCCL that hides it): v7-v11 are only ever found by a
+    release whose newest they are (it uses them as they are), so they carry NULL; v12 assumes an
+    adapter (an NCCL newer than 2.30 may wrap it), so all-gather / reduce-scatter can fail there
+    but never crash."""
     res = emulate({"version_via": "none"}, reducers="127.0.0.1:9")
     for tag, r in res.items():
-        want = "ruled_out" if TABLES[tag][1] in (7, 11) else "error"
+        want = "error" if TABLES[tag][1] == 12 else "ruled_out"
         assert r["iallgather"] == r["ireducescatter"] == [want] * 2, (tag, r["log"])
         assert "NCCL unknown" in r["log"] and r["destroy"] == ["ok", "ok"]
+
+
+def _tables_only_library(tmp_path: Path, name: str, symbols: Dict[str, int]) -> Path:
+    """A library that only exports tables of zeros (symbol -> pointers): enough for a loader."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    assert cc, "a C compiler is needed (the package itself is built with one)"
+    d = tmp_path / name
+    d.mkdir()
+    src = d / "tables.c"
+    src.write_text("".join(f"void* {sym}[{n}];\n" for sym, n in symbols.items()))
+    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libnccl-net-reduction-server.so"), str(src)],
+                   check=True, timeout=120)
+    return d
+
+
+def test_collnet_v10_without_net_v10_would_crash_2_26_and_2_27(stub, tmp_path):
+    """Why the library exports ncclNetPlugin_v10 next to ncclCollNetPlugin_v10: 2.26-2.27 log the
+    CollNet v10 table's name through their net v10 pointer, a NULL dereference while they load a
+    library without net v10; 2.24-2.25 (no v10) and 2.28+ (newer tables first) load it. The
+    library itself exports both (TABLES)."""
+    tags = ["v2.24.3-1", "v2.26.2-1", "v2.27.7-1", "v2.28.9-1"]
+    without = _tables_only_library(tmp_path, "without", {"ncclNetPlugin_v8": 19, "ncclCollNetPlugin_v10": 18,
+                                                         "ncclNetPlugin_v11": 22, "ncclCollNetPlugin_v11": 19})
+    env = {"LD_LIBRARY_PATH": str(without), "NCCL_NET_PLUGIN": "reduction-server"}
+    res = emulate({"stub": stub, "releases": tags, "load_only": True}, reducers=None, env=env)
+    assert {t: r.get("load") for t, r in res.items()} == {
+        "v2.24.3-1": "ok", "v2.26.2-1": "crash", "v2.27.7-1": "crash", "v2.28.9-1": "ok"}, res
+    assert (res["v2.26.2-1"]["net_v"], res["v2.26.2-1"]["coll_v"]) == (8, 10)
+    with_net = _tables_only_library(tmp_path, "with", {"ncclNetPlugin_v10": 20, "ncclCollNetPlugin_v10": 18})
+    env["LD_LIBRARY_PATH"] = str(with_net)
+    res = emulate({"stub": stub, "releases": tags[1:3], "load_only": True}, reducers=None, env=env)
+    assert all(r["load"] == "ok" and (r["net_v"], r["coll_v"]) == (10, 10) for r in res.values()), res
 
 
 def _cli(capsys, *args: str) -> str:

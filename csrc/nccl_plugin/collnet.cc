@@ -2,13 +2,13 @@
 
 #include <unistd.h>
 
-#include <cstring>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 
 #include "common/error.h"
+#include "nccl_plugin/collnet_handle.h"
 #include "nccl_plugin/collnet_rounds.h"
 #include "nccl_plugin/mem_region.h"
 #include "nccl_plugin/plugin_env.h"
@@ -18,53 +18,59 @@
 
 namespace rs::nccl::collnet {
 
-using proto::get_u16;
-using proto::get_u32;
-using proto::get_u64;
-using proto::put_u16;
-using proto::put_u32;
-using proto::put_u64;
-
 namespace {
-
-// ---- the CollNet listen handle (128 bytes, little-endian) ----------------------------------
-// [0,4) magic  [4,6) version  [8,24) nonce  [24,32) NCCL communicator id
-// [32,40) fingerprint of (job id, reducer list)  [40,44) number of reducers  [44,108) host name
-constexpr uint32_t kHandleMagic = 0x48434e52u;  // "RNCH"
-constexpr uint16_t kVersion = 1;
-constexpr size_t kNonceBytes = 16;
-constexpr size_t kHostBytes = 64;
 
 std::mutex g_mu;
 std::optional<ReducerPool> g_pool;
 std::string g_pool_error;  // why there is no pool ("" when none is configured)
 bool g_discovered = false;  // init() ran at least once in this load of the library
 
+// The objects NCCL holds for us as void*: each starts with its own magic, checked by ours<T>()
+// whenever one comes back, and cleared when it is freed.
 struct Context {
   static constexpr uint32_t kMagic = 0x58434e52u;  // "RNCX"
+  static constexpr const char* kWhat = "context";
   uint32_t magic = kMagic;
   uint64_t comm_id = 0;
 };
 
 struct ListenComm {
   static constexpr uint32_t kMagic = 0x4c434352u;  // "RCCL"
+  static constexpr const char* kWhat = "listen comm";
   uint32_t magic = kMagic;
-  uint8_t handle[NCCL_NET_HANDLE_MAXSIZE];
+  Handle own;  // what listen() gave NCCL
   ReducerPool pool;
 };
 
 struct CollComm {
   static constexpr uint32_t kMagic = 0x43434352u;  // "RCCC"
+  static constexpr const char* kWhat = "CollNet communicator";
   uint32_t magic = kMagic;
   std::string group;
   std::unique_ptr<CollNetRounds> rounds;
 };
 
+template <class T>
+T* ours(void* p, const char* call) {
+  auto* t = static_cast<T*>(p);
+  if (!t || t->magic != T::kMagic)
+    throw Error(ErrorKind::Internal, std::string(call) + ": not a " + T::kWhat + " of this plugin");
+  return t;
+}
+
+// Takes ownership of one of ours and clears its magic (a second free is caught by ours<T>()).
+template <class T>
+std::unique_ptr<T> release(void* p, const char* call) {
+  std::unique_ptr<T> owned(ours<T>(p, call));
+  owned->magic = 0;
+  return owned;
+}
+
 uint64_t fingerprint(const ReducerPool& p) {
   std::string text = p.job_id + "\n";
   for (const auto& r : p.reducers) text += r + ",";
   proto::Digest d = proto::sha256(text.data(), text.size());
-  return get_u64(d.data());
+  return proto::get_u64(d.data());
 }
 
 std::string hex(const uint8_t* p, size_t n) {
@@ -77,11 +83,6 @@ std::string hex(const uint8_t* p, size_t n) {
   return s;
 }
 
-std::string host_in(const uint8_t* h) {
-  const char* p = reinterpret_cast<const char*>(h + 44);
-  return std::string(p, strnlen(p, kHostBytes));
-}
-
 ReducerPool current_pool() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pool) {
@@ -90,12 +91,6 @@ ReducerPool current_pool() {
                                        : g_pool_error);
   }
   return *g_pool;
-}
-
-CollComm* coll_of(void* c) {
-  auto* cc = static_cast<CollComm*>(c);
-  if (!cc || cc->magic != CollComm::kMagic) throw Error(ErrorKind::Internal, "not a CollNet communicator of this plugin");
-  return cc;
 }
 
 const char* nccl_dtype_name(int t) {
@@ -173,66 +168,51 @@ void* make_context(uint64_t comm_id) {
 }
 
 void free_context(void* ctx) {
-  if (!ctx) return;
-  auto* c = static_cast<Context*>(ctx);
-  if (c->magic != Context::kMagic) throw Error(ErrorKind::Internal, "finalize: not a context of this plugin");
-  std::unique_ptr<Context> owned(c);
-  owned->magic = 0;
+  if (ctx) release<Context>(ctx, "finalize");
 }
 
 void listen(void* ctx, void* handle, void** listen_comm) {
-  uint64_t comm_id = 0;
-  if (ctx) {
-    auto* c = static_cast<Context*>(ctx);
-    if (c->magic != Context::kMagic) throw Error(ErrorKind::Internal, "listen: not a context of this plugin");
-    comm_id = c->comm_id;
-  }
   auto lc = std::make_unique<ListenComm>();
   lc->pool = current_pool();
-  uint8_t* h = lc->handle;
-  std::memset(h, 0, sizeof lc->handle);
-  put_u32(h, kHandleMagic);
-  put_u16(h + 4, kVersion);
-  proto::random_bytes(h + 8, kNonceBytes);
-  put_u64(h + 24, comm_id);
-  put_u64(h + 32, fingerprint(lc->pool));
-  put_u32(h + 40, uint32_t(lc->pool.reducers.size()));
-  char host[kHostBytes + 1] = {};
-  gethostname(host, kHostBytes);
-  std::memcpy(h + 44, host, strnlen(host, kHostBytes));
-  std::memcpy(handle, h, NCCL_NET_HANDLE_MAXSIZE);
+  Handle& h = lc->own;
+  proto::random_bytes(h.nonce.data(), h.nonce.size());
+  h.comm_id = ctx ? ours<Context>(ctx, "listen")->comm_id : 0;  // v8-v10 have no context
+  h.pool_fingerprint = fingerprint(lc->pool);
+  h.reducers = uint32_t(lc->pool.reducers.size());
+  char host[kHandleHostBytes + 1] = {};
+  gethostname(host, kHandleHostBytes);
+  h.host = host;
+  encode_handle(h, static_cast<uint8_t*>(handle), kHandleBytes);  // NCCL's buffer: 128 bytes
   *listen_comm = lc.release();
 }
 
 void connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
   *coll_comm = nullptr;
-  auto* lc = static_cast<ListenComm*>(listen_comm);
-  if (!lc || lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "connect: not a listen comm of this plugin");
+  ListenComm* lc = ours<ListenComm>(listen_comm, "connect");
   if (nranks < 1 || rank < 0 || rank >= nranks)
     throw Error(ErrorKind::Config, "connect: rank " + std::to_string(rank) + " of " + std::to_string(nranks));
   // Every check below depends only on the handles, which every head has the same copy of:
   // all heads take the same decision (NCCL needs all or none to fail).
-  std::vector<const uint8_t*> h(static_cast<size_t>(nranks));
-  for (int i = 0; i < nranks; ++i) {
-    h[size_t(i)] = static_cast<const uint8_t*>(handles[i]);
-    if (!h[size_t(i)] || get_u32(h[size_t(i)]) != kHandleMagic || get_u16(h[size_t(i)] + 4) != kVersion)
-      throw Error(ErrorKind::Protocol, "connect: the handle of head " + std::to_string(i) +
-                                           " is not from this plugin version (mixed plugin versions in one job?)");
-  }
-  for (int i = 1; i < nranks; ++i) {
-    if (get_u64(h[size_t(i)] + 32) != get_u64(h[0] + 32) || get_u32(h[size_t(i)] + 40) != get_u32(h[0] + 40))
-      throw Error(ErrorKind::Config, "connect: head " + std::to_string(i) + " (" + host_in(h[size_t(i)]) +
-                                         ") has a different reducer pool or job id than head 0 (" + host_in(h[0]) +
+  std::vector<Handle> h;
+  h.reserve(size_t(nranks));
+  for (int i = 0; i < nranks; ++i)
+    h.push_back(decode_handle(static_cast<const uint8_t*>(handles[i]), kHandleBytes,
+                              "connect: the handle of head " + std::to_string(i)));
+  for (size_t i = 1; i < h.size(); ++i) {
+    if (h[i].pool_fingerprint != h[0].pool_fingerprint || h[i].reducers != h[0].reducers)
+      throw Error(ErrorKind::Config, "connect: head " + std::to_string(i) + " (" + h[i].host +
+                                         ") has a different reducer pool or job id than head 0 (" + h[0].host +
                                          "): every node must see the same CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS and job id");
-    if (get_u64(h[size_t(i)] + 24) != get_u64(h[0] + 24))
+    if (h[i].comm_id != h[0].comm_id)
       throw Error(ErrorKind::Protocol, "connect: head " + std::to_string(i) + " belongs to another NCCL communicator");
   }
-  if (std::memcmp(h[size_t(rank)] + 8, lc->handle + 8, kNonceBytes) != 0)
+  if (h[size_t(rank)].nonce != lc->own.nonce)
     throw Error(ErrorKind::Internal, "connect: handle " + std::to_string(rank) + " is not this head's own listen handle");
-  // The group: communicator id and every head's nonce, in rank order.
-  std::string ident;
-  ident.append(reinterpret_cast<const char*>(h[0] + 24), 8);
-  for (const uint8_t* x : h) ident.append(reinterpret_cast<const char*>(x + 8), kNonceBytes);
+  // The group: communicator id (little-endian) and every head's nonce, in rank order.
+  uint8_t comm_id[8];
+  proto::put_u64(comm_id, h[0].comm_id);
+  std::string ident(reinterpret_cast<const char*>(comm_id), sizeof comm_id);
+  for (const Handle& x : h) ident.append(reinterpret_cast<const char*>(x.nonce.data()), x.nonce.size());
   proto::Digest d = proto::sha256(ident.data(), ident.size());
 
   auto cc = std::make_unique<CollComm>();
@@ -260,7 +240,7 @@ int reduce_support(int nccl_dtype, int nccl_op) {
 void iallreduce(void* coll_comm, void* send, void* recv, size_t count, int nccl_dtype, int nccl_op, void* send_mh,
                 void* recv_mh, void** request) {
   *request = nullptr;
-  CollComm* cc = coll_of(coll_comm);
+  CollComm* cc = ours<CollComm>(coll_comm, "iallreduce");
   DType t;
   Op o;
   if (!to_rs_dtype(nccl_dtype, &t) || !to_rs_op(nccl_op, &o))
@@ -286,17 +266,11 @@ void test(void* request, int* done, int* size) {
 }
 
 void close_coll(void* coll_comm) {
-  if (!coll_comm) return;
-  std::unique_ptr<CollComm> cc(coll_of(coll_comm));
-  cc->magic = 0;
+  if (coll_comm) release<CollComm>(coll_comm, "closeColl");
 }
 
 void close_listen(void* listen_comm) {
-  if (!listen_comm) return;
-  auto* lc = static_cast<ListenComm*>(listen_comm);
-  if (lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "closeListen: not a listen comm of this plugin");
-  std::unique_ptr<ListenComm> owned(lc);
-  owned->magic = 0;
+  if (listen_comm) release<ListenComm>(listen_comm, "closeListen");
 }
 
 }  // namespace rs::nccl::collnet

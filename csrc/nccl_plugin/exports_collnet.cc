@@ -1,6 +1,11 @@
-// The CollNet tables NCCL looks up: ncclCollNetPlugin_v{7,8,11,12}. v12 is the implementation;
-// v11, v8 and v7 are thin adapters. Every entry point goes through (run_)guarded(): no exception
-// reaches NCCL.
+// The CollNet tables NCCL looks up: ncclCollNetPlugin_v{7,8,9,10,11,12}. v12 is the
+// implementation; the others are thin adapters. Every entry point goes through (run_)guarded():
+// no exception reaches NCCL.
+//
+// One table per CollNet version any release searches first: each NCCL from 2.19 to 2.30 then
+// finds its own newest and holds our table as it is (no NCCL adapter in between), so its tuner
+// sees NULL iallgather / ireducescatter and never picks CollNet for all-gather / reduce-scatter.
+// (With v8 alone, 2.24-2.27 wrapped it in adapters that call those members unconditionally.)
 //
 // init fails (and leaves no context) whenever devices() would answer 0: every NCCL release then
 // disables CollNet for the process (2.19-2.27) or the communicator (2.28+) and never calls
@@ -18,8 +23,6 @@
 
 extern "C" {
 extern ncclCollNet_v12_t ncclCollNetPlugin_v12;
-extern ncclCollNet_v11_t ncclCollNetPlugin_v11;
-extern ncclCollNet_v8_t ncclCollNetPlugin_v8;
 }
 
 namespace rs::nccl {
@@ -42,23 +45,6 @@ ncclResult_t coll_ireducescatter(void*, int, ncclNetSGE_t*, void*, size_t, size_
   *request = nullptr;
   return coll_unsupported("ireducescatter");
 }
-ncclResult_t coll_iallgather_v8(void*, void*, int, ncclNetSGE_v8_t*, size_t, size_t, size_t, void*, void** request) {
-  *request = nullptr;
-  return coll_unsupported("iallgather");
-}
-ncclResult_t coll_ireducescatter_v8(void*, int, ncclNetSGE_v8_t*, void*, size_t, size_t, size_t, ncclDataType_t,
-                                    ncclRedOp_t, void*, void** request) {
-  *request = nullptr;
-  return coll_unsupported("ireducescatter");
-}
-
-template <class Table, class AllGather, class ReduceScatter>
-void set_gather_members(Table& t, bool direct, AllGather ag, ReduceScatter rs) {
-  // NCCL reads these members only after a successful init; the stores are atomic anyway
-  // (another communicator's init may run on another thread).
-  __atomic_store_n(&t.iallgather, direct ? nullptr : ag, __ATOMIC_RELEASE);
-  __atomic_store_n(&t.ireducescatter, direct ? nullptr : rs, __ATOMIC_RELEASE);
-}
 
 std::string gather_mode_text(int table, int code, bool direct) {
   const std::string by = "CollNet v" + std::to_string(table) + " loaded by NCCL " + nccl_version_text(code);
@@ -72,13 +58,18 @@ std::string gather_mode_text(int table, int code, bool direct) {
          ": iallgather/ireducescatter refuse with ncclInternalError if NCCL ever picks CollNet for them";
 }
 
-// Chooses the members for the NCCL that is loading this table; logs the choice once per load.
+// Chooses the members for the NCCL that is loading this table (only v12 has a choice: the older
+// tables are only ever held as they are, and carry NULL statically); logs the choice once per load.
 void configure_gather_members(int table, ncclDebugLogger_t logger) {
   const int code = loading_nccl_version(logger);
   const bool direct = collnet_table_used_directly(table, code);
-  if (table == 12) set_gather_members(ncclCollNetPlugin_v12, direct, coll_iallgather, coll_ireducescatter);
-  if (table == 11) set_gather_members(ncclCollNetPlugin_v11, direct, coll_iallgather, coll_ireducescatter);
-  if (table == 8) set_gather_members(ncclCollNetPlugin_v8, direct, coll_iallgather_v8, coll_ireducescatter_v8);
+  if (table == kNewestCollNetExported) {
+    // NCCL reads these members only after a successful init; the stores are atomic anyway
+    // (another communicator's init may run on another thread).
+    auto& t = ncclCollNetPlugin_v12;
+    __atomic_store_n(&t.iallgather, direct ? nullptr : coll_iallgather, __ATOMIC_RELEASE);
+    __atomic_store_n(&t.ireducescatter, direct ? nullptr : coll_ireducescatter, __ATOMIC_RELEASE);
+  }
   static std::atomic<int> logged{0};
   const int key = table * 100000 + code % 100000;
   if (logged.exchange(key) != key) log_info(gather_mode_text(table, code, direct));
@@ -100,6 +91,8 @@ ncclResult_t coll_init_common(ncclDebugLogger_t logger, int version, void** ctx,
 }
 ncclResult_t coll_init_v12(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 12, ctx, comm_id); }
 ncclResult_t coll_init_v11(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 11, ctx, comm_id); }
+ncclResult_t coll_init_v10(ncclDebugLogger_t logger) { return coll_init_common(logger, 10, nullptr, 0); }
+ncclResult_t coll_init_v9(ncclDebugLogger_t logger) { return coll_init_common(logger, 9, nullptr, 0); }
 ncclResult_t coll_init_v8(ncclDebugLogger_t logger) { return coll_init_common(logger, 8, nullptr, 0); }
 ncclResult_t coll_init_v7(ncclDebugLogger_t logger) { return coll_init_common(logger, 7, nullptr, 0); }
 
@@ -192,15 +185,29 @@ RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = {
     coll_ireducescatter, coll_iflush, coll_test, coll_close, coll_close_listen, nullptr /* makeVDevice */,
     coll_finalize};
 
+// v11 down to v8: only ever held as they are (NCCL 2.28-2.29, 2.26-2.27, 2.24-2.25, 2.20-2.23),
+// so iallgather / ireducescatter are NULL: NCCL's tuner never picks CollNet for them.
 RS_EXPORT ncclCollNet_v11_t ncclCollNetPlugin_v11 = {
     kPluginName, coll_init_v11, coll_devices, coll_get_properties<ncclNetProperties_v11_t>, coll_listen_v12,
     coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
     coll_iflush, coll_test, coll_close, coll_close_listen, nullptr, coll_finalize};
 
+// v10 and v9 share one layout. NCCL 2.26-2.27 log the CollNet v10 table's name through their
+// ncclNetPlugin_v10 pointer (NULL unless the net v10 table is exported too: exports_net.cc).
+RS_EXPORT ncclCollNet_v10_t ncclCollNetPlugin_v10 = {
+    kPluginName, coll_init_v10, coll_devices, coll_get_properties<ncclNetProperties_v10_t>, coll_listen_v8,
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
+    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr /* makeVDevice */};
+
+RS_EXPORT ncclCollNet_v9_t ncclCollNetPlugin_v9 = {
+    kPluginName, coll_init_v9, coll_devices, coll_get_properties<ncclNetProperties_v9_t>, coll_listen_v8,
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
+    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr};
+
 RS_EXPORT ncclCollNet_v8_t ncclCollNetPlugin_v8 = {
     kPluginName, coll_init_v8, coll_devices, coll_get_properties<ncclNetProperties_v8_t>, coll_listen_v8,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, coll_iallgather_v8,
-    coll_ireducescatter_v8, coll_iflush, coll_test, coll_close, coll_close_listen};
+    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, nullptr, nullptr,
+    coll_iflush, coll_test, coll_close, coll_close_listen};
 
 // NCCL 2.19 (the newest it knows).
 RS_EXPORT ncclCollNet_v7_t ncclCollNetPlugin_v7 = {

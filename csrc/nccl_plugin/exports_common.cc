@@ -62,7 +62,11 @@ void copy_common(const ncclNetProperties_v12_t& a, P* p) {
 
 }  // namespace
 
-void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
+namespace {
+
+// v9 to v11: the v7 members, the flags, four virtual-device slots and the size limits.
+template <class P>
+void copy_v9_on(const ncclNetProperties_v12_t& a, P* p) {
   copy_common(a, p);
   p->regIsGlobal = a.regIsGlobal;
   p->forceFlush = a.forceFlush;
@@ -70,8 +74,16 @@ void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
   for (int i = 0; i < a.vProps.ndevs && i < 4; ++i) p->vProps.devs[i] = a.vProps.devs[i];
   p->maxP2pBytes = a.maxP2pBytes;
   p->maxCollBytes = a.maxCollBytes;
+}
+
+}  // namespace
+
+void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p) {
+  copy_v9_on(a, p);
   p->maxMultiRequestSize = a.maxMultiRequestSize;
 }
+
+void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v10_t* p) { copy_v9_on(a, p); }
 
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v8_t* p) {
   copy_common(a, p);
@@ -91,6 +103,7 @@ ncclResult_t get_properties(Side side, int dev, Props* props) noexcept {
 
 template ncclResult_t get_properties(Side, int, ncclNetProperties_v12_t*) noexcept;
 template ncclResult_t get_properties(Side, int, ncclNetProperties_v11_t*) noexcept;
+template ncclResult_t get_properties(Side, int, ncclNetProperties_v10_t*) noexcept;
 template ncclResult_t get_properties(Side, int, ncclNetProperties_v8_t*) noexcept;
 template ncclResult_t get_properties(Side, int, ncclNetProperties_v7_t*) noexcept;
 

@@ -21,6 +21,7 @@ void fill_properties(Side side, int dev, ncclNetProperties_v12_t* p);
 
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v12_t* p);
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v11_t* p);
+void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v10_t* p);  // v9 too: the same layout
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v8_t* p);
 void convert(const ncclNetProperties_v12_t& a, ncclNetProperties_v7_t* p);
 
@@ -36,6 +37,7 @@ ncclResult_t dereg_mr(void* comm, void* mhandle) noexcept;
 
 extern template ncclResult_t get_properties(Side, int, ncclNetProperties_v12_t*) noexcept;
 extern template ncclResult_t get_properties(Side, int, ncclNetProperties_v11_t*) noexcept;
+extern template ncclResult_t get_properties(Side, int, ncclNetProperties_v10_t*) noexcept;
 extern template ncclResult_t get_properties(Side, int, ncclNetProperties_v8_t*) noexcept;
 extern template ncclResult_t get_properties(Side, int, ncclNetProperties_v7_t*) noexcept;
 

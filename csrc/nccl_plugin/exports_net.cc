@@ -1,5 +1,7 @@
-// The point-to-point net tables NCCL looks up: ncclNetPlugin_v{7,8,11,12}. v12 is the
-// implementation; v11, v8 and v7 are thin adapters (properties layout, int sizes, no context).
+// The point-to-point net tables NCCL looks up: ncclNetPlugin_v{7,8,10,11,12}. v12 is the
+// implementation; the others are thin adapters (properties layout, int sizes, no context). v10
+// is there for NCCL 2.26-2.27, which log the CollNet v10 table's name through their net v10
+// pointer (exports_collnet.cc); 2.24-2.25 take v8 through their adapter (there is no v9 here).
 // Every entry point goes through (run_)guarded(): no exception reaches NCCL.
 // With RS_NCCL_P2P_PLUGIN set (p2p_delegate.h), every member forwards to the delegate's table
 // of the same version instead (Fwd below); init decides, once per process.
@@ -17,6 +19,7 @@
 extern "C" {
 extern ncclNet_v12_t ncclNetPlugin_v12;
 extern ncclNet_v11_t ncclNetPlugin_v11;
+extern ncclNet_v10_t ncclNetPlugin_v10;
 extern ncclNet_v8_t ncclNetPlugin_v8;
 extern ncclNet_v7_t ncclNetPlugin_v7;
 }
@@ -41,6 +44,12 @@ struct Fwd<Member, Builtin> {
   }
 };
 
+// Which optional members a table version has beyond getDeviceMr / irecvConsumed.
+template <class T>
+constexpr bool kHasNetAttr = std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>;
+template <class T>
+constexpr bool kHasVDevice = kHasNetAttr<T> || std::is_same_v<T, ncclNet_v10_t>;
+
 // The optional members (NCCL tests them for NULL) become the delegate's own, once.
 template <class T>
 void adopt_optional(T* own, const T* d) {
@@ -48,10 +57,8 @@ void adopt_optional(T* own, const T* d) {
   std::call_once(once, [&] {
     own->getDeviceMr = d->getDeviceMr;
     own->irecvConsumed = d->irecvConsumed;
-    if constexpr (std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>) {
-      own->makeVDevice = d->makeVDevice;
-      own->setNetAttr = d->setNetAttr;
-    }
+    if constexpr (kHasVDevice<T>) own->makeVDevice = d->makeVDevice;
+    if constexpr (kHasNetAttr<T>) own->setNetAttr = d->setNetAttr;
   });
 }
 
@@ -79,10 +86,8 @@ bool delegate_init_ok(T* own, ncclResult_t rc) {
   delegate::drop<T>();
   own->getDeviceMr = nullptr;
   own->irecvConsumed = nullptr;
-  if constexpr (std::is_same_v<T, ncclNet_v11_t> || std::is_same_v<T, ncclNet_v12_t>) {
-    own->makeVDevice = nullptr;
-    own->setNetAttr = nullptr;
-  }
+  if constexpr (kHasVDevice<T>) own->makeVDevice = nullptr;
+  if constexpr (kHasNetAttr<T>) own->setNetAttr = nullptr;
   return false;
 }
 
@@ -124,15 +129,19 @@ ncclResult_t net_init_v11(void** ctx, uint64_t id, ncclNetCommConfig_t* cfg, ncc
                           ncclProfilerCallback_t prof) {
   return net_init_ctx(&ncclNetPlugin_v11, 11, ctx, id, cfg, logger, prof);
 }
-template <class T>
-ncclResult_t net_init_logger(T* own, int version, ncclDebugLogger_t logger) {
+// v7-v10: no context; v10 also passes NCCL's profiler callback (`extra`) on to a delegate.
+template <class T, class... Extra>
+ncclResult_t net_init_logger(T* own, int version, ncclDebugLogger_t logger, Extra... extra) {
   return guarded("init", [&] {
     if (const T* d = delegate_for(own, logger)) {
-      const ncclResult_t rc = d->init(logger);
+      const ncclResult_t rc = d->init(logger, extra...);
       if (delegate_init_ok(own, rc)) return rc;
     }
     return net_init_common(logger, version);
   });
+}
+ncclResult_t net_init_v10(ncclDebugLogger_t logger, ncclProfilerCallback_t prof) {
+  return net_init_logger(&ncclNetPlugin_v10, 10, logger, prof);
 }
 ncclResult_t net_init_v8(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v8, 8, logger); }
 ncclResult_t net_init_v7(ncclDebugLogger_t logger) { return net_init_logger(&ncclNetPlugin_v7, 7, logger); }
@@ -165,6 +174,10 @@ ncclResult_t net_connect_v12(void*, int dev, void* handle, void** send_comm, ncc
     if (dev_comm) *dev_comm = nullptr;  // no device offload
     p2p::connect(handle, send_comm);
   });
+}
+ncclResult_t net_connect_v10(int dev, ncclNetCommConfig_t*, void* handle, void** send_comm,
+                             ncclNetDeviceHandle_t** dev_comm) {
+  return net_connect_v12(nullptr, dev, handle, send_comm, dev_comm);
 }
 ncclResult_t net_connect_v8(int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t** dev_comm) {
   return net_connect_v12(nullptr, dev, handle, send_comm, dev_comm);
@@ -257,6 +270,12 @@ RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
     RS_NET_TABLE_COMMON(v11, ncclNetProperties_v11_t, net_listen_v12, net_connect_v12, reg_mr, net_isend_v12,
                         net_irecv_v12),
     nullptr, RS_FWD(ncclNet_v11_t, finalize, net_finalize), nullptr};
+
+// NCCL 2.26-2.27 (their newest; no context, no finalize).
+RS_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
+    RS_NET_TABLE_COMMON(v10, ncclNetProperties_v10_t, net_listen_v8, net_connect_v10, reg_mr, net_isend_v12,
+                        net_irecv_v12),
+    nullptr /* makeVDevice */};
 
 RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {RS_NET_TABLE_COMMON(v8, ncclNetProperties_v8_t, net_listen_v8,
                                                                net_connect_v8, reg_mr, net_isend_v8, net_irecv_v8)};

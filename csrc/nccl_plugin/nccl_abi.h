@@ -1,5 +1,5 @@
 /* The NCCL external network plugin ABI (point-to-point "net" and collective "CollNet"),
- * versions 7, 8, 11 and 12, written for this project from NCCL's published plugin API.
+ * versions 7, 8, 9 (CollNet), 10, 11 and 12, written for this project from NCCL's published plugin API.
  * Only what the reduction-server plugin needs; every layout is pinned by static asserts
  * (x86-64 / aarch64 LP64), so a wrong member order fails the build instead of a job.
  *
@@ -109,30 +109,39 @@ typedef struct {
   int devs[8];
 } ncclNetVDeviceProps_v12_t;
 
-/* v11 and v12 properties share everything up to maxMultiRequestSize (v12 adds rail/plane ids). */
-#define RS_NCCL_PROPS_V11_V12(VPROPS) \
-  RS_NCCL_PROPS_IDENTITY              \
-  int regIsGlobal;                    \
-  int forceFlush;                     \
-  RS_NCCL_PROPS_LINK                  \
-  VPROPS vProps;                      \
-  size_t maxP2pBytes;                 \
-  size_t maxCollBytes;                \
-  int maxMultiRequestSize;
+/* v9 to v12 properties share everything up to maxCollBytes; v11 adds maxMultiRequestSize, v12 the
+ * rail/plane ids and 8 virtual-device slots. v9 and v10 are the same layout (NCCL 2.24-2.27). */
+#define RS_NCCL_PROPS_V9_ON(VPROPS) \
+  RS_NCCL_PROPS_IDENTITY           \
+  int regIsGlobal;                 \
+  int forceFlush;                  \
+  RS_NCCL_PROPS_LINK               \
+  VPROPS vProps;                   \
+  size_t maxP2pBytes;              \
+  size_t maxCollBytes;
+
+typedef ncclNetVDeviceProps_v11_t ncclNetVDeviceProps_v10_t; /* devs[4] in v9, v10 and v11 */
 
 typedef struct {
-  RS_NCCL_PROPS_V11_V12(ncclNetVDeviceProps_v11_t)
+  RS_NCCL_PROPS_V9_ON(ncclNetVDeviceProps_v10_t)
+} ncclNetProperties_v10_t;
+typedef ncclNetProperties_v10_t ncclNetProperties_v9_t;
+
+typedef struct {
+  RS_NCCL_PROPS_V9_ON(ncclNetVDeviceProps_v11_t)
+  int maxMultiRequestSize;
 } ncclNetProperties_v11_t;
 
 typedef struct {
-  RS_NCCL_PROPS_V11_V12(ncclNetVDeviceProps_v12_t)
+  RS_NCCL_PROPS_V9_ON(ncclNetVDeviceProps_v12_t)
+  int maxMultiRequestSize;
   int16_t railId;
   int16_t planeId;
 } ncclNetProperties_v12_t;
 
 typedef struct {
   int trafficClass;
-} ncclNetCommConfig_t; /* v11 and v12 */
+} ncclNetCommConfig_t; /* v10, v11 and v12 */
 
 typedef struct {
   int32_t maxConcurrentPeers;
@@ -159,7 +168,7 @@ typedef struct {
   void* mhandle;
   void* address;
   size_t size;
-} ncclNetSGE_t; /* v11 and v12 */
+} ncclNetSGE_t; /* v9 to v12 */
 
 /* ---- point-to-point net ------------------------------------------------------------------- */
 /* The first members of v7 and v8 tables, net and CollNet alike. */
@@ -201,6 +210,29 @@ typedef struct {
 typedef struct {
   RS_NCCL_NET_V7_V8(ncclNetProperties_v8_t, size_t)
 } ncclNet_v8_t;
+
+/* v10 (NCCL 2.26-2.27): no context yet; init takes the profiler callback, connect a comm config,
+ * isend / irecv carry profiler handles; makeVDevice is the last member. */
+typedef struct {
+  const char* name;
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction, ncclProfilerCallback_t profFunction);
+  ncclResult_t (*devices)(int* ndev);
+  ncclResult_t (*getProperties)(int dev, ncclNetProperties_v10_t* props);
+  ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
+  ncclResult_t (*connect)(int dev, ncclNetCommConfig_t* config, void* handle, void** sendComm,
+                          ncclNetDeviceHandle_t** sendDevComm);
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
+                              void** mhandle);
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+                        void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
+                        void** phandles, void** request);
+  RS_NCCL_NET_FROM_IFLUSH
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v10_t* props);
+} ncclNet_v10_t;
 
 /* v11 and v12 differ only in the properties and virtual-device structs. */
 #define RS_NCCL_NET_V11_V12(PROPS, VPROPS)                                                                      \
@@ -268,12 +300,8 @@ typedef struct {
   RS_NCCL_COLLNET_V7_V8_TAIL
 } ncclCollNet_v8_t;
 
-#define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                                                 \
-  const char* name;                                                                                          \
-  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);                          \
-  ncclResult_t (*devices)(int* ndev);                                                                        \
-  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
-  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);                               \
+/* connect to closeListen: the same in v9 to v12 (size_t counts and SGE sizes). */
+#define RS_NCCL_COLLNET_FROM_CONNECT                                                                         \
   ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);          \
   ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                 \
   ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);                  \
@@ -292,7 +320,23 @@ typedef struct {
   ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);               \
   ncclResult_t (*test)(void* request, int* done, int* size);                                                 \
   ncclResult_t (*closeColl)(void* collComm);                                                                 \
-  ncclResult_t (*closeListen)(void* listenComm);                                                             \
+  ncclResult_t (*closeListen)(void* listenComm);
+
+/* v9 (NCCL 2.24-2.25) and v10 (2.26-2.27): no context, no finalize; the same layout. */
+typedef struct {
+  RS_NCCL_V7_V8_OPENING(ncclNetProperties_v10_t)
+  RS_NCCL_COLLNET_FROM_CONNECT
+  ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v10_t* props);
+} ncclCollNet_v10_t;
+typedef ncclCollNet_v10_t ncclCollNet_v9_t;
+
+#define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                                                 \
+  const char* name;                                                                                          \
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);                          \
+  ncclResult_t (*devices)(int* ndev);                                                                        \
+  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);                               \
+  RS_NCCL_COLLNET_FROM_CONNECT                                                                               \
   ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                        \
   ncclResult_t (*finalize)(void* ctx);
 
@@ -320,6 +364,13 @@ static_assert(sizeof(ncclNetProperties_v8_t) == 64, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, ptrSupport) == 24, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, speed) == 32, "v8 properties");
 static_assert(offsetof(ncclNetProperties_v8_t, netDeviceVersion) == 56, "v8 properties");
+static_assert(sizeof(ncclNetProperties_v10_t) == 104, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, forceFlush) == 32, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, speed) == 36, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, netDeviceVersion) == 60, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, vProps) == 64, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, maxP2pBytes) == 88, "v9/v10 properties");
+static_assert(offsetof(ncclNetProperties_v10_t, maxCollBytes) == 96, "v9/v10 properties");
 static_assert(sizeof(ncclNetProperties_v11_t) == 112, "v11 properties");
 static_assert(offsetof(ncclNetProperties_v11_t, speed) == 36, "v11 properties");
 static_assert(offsetof(ncclNetProperties_v11_t, vProps) == 64, "v11 properties");
@@ -342,6 +393,12 @@ static_assert(sizeof(ncclNet_v8_t) == RS_PTR(19), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, isend) == RS_PTR(10), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, test) == RS_PTR(13), "v8 net table");
 static_assert(offsetof(ncclNet_v8_t, irecvConsumed) == RS_PTR(18), "v8 net table");
+static_assert(sizeof(ncclNet_v10_t) == RS_PTR(20), "v10 net table");
+static_assert(offsetof(ncclNet_v10_t, connect) == RS_PTR(5) && offsetof(ncclNet_v10_t, isend) == RS_PTR(10),
+              "v10 net table");
+static_assert(offsetof(ncclNet_v10_t, test) == RS_PTR(13), "v10 net table");
+static_assert(offsetof(ncclNet_v10_t, irecvConsumed) == RS_PTR(18), "v10 net table");
+static_assert(offsetof(ncclNet_v10_t, makeVDevice) == RS_PTR(19), "v10 net table");
 static_assert(sizeof(ncclNet_v11_t) == RS_PTR(22) && sizeof(ncclNet_v12_t) == RS_PTR(22), "v11/v12 net table");
 static_assert(offsetof(ncclNet_v12_t, test) == RS_PTR(13), "v12 net table");
 static_assert(offsetof(ncclNet_v12_t, makeVDevice) == RS_PTR(19), "v12 net table");
@@ -353,6 +410,14 @@ static_assert(offsetof(ncclCollNet_v7_t, closeListen) == RS_PTR(14), "v7 collnet
 static_assert(sizeof(ncclCollNet_v8_t) == RS_PTR(17), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, iallreduce) == RS_PTR(10), "v8 collnet table");
 static_assert(offsetof(ncclCollNet_v8_t, test) == RS_PTR(14), "v8 collnet table");
+static_assert(sizeof(ncclCollNet_v10_t) == RS_PTR(18), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, connect) == RS_PTR(5), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, iallreduce) == RS_PTR(10), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, iallgather) == RS_PTR(11), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, ireducescatter) == RS_PTR(12), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, test) == RS_PTR(14), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, closeListen) == RS_PTR(16), "v9/v10 collnet table");
+static_assert(offsetof(ncclCollNet_v10_t, makeVDevice) == RS_PTR(17), "v9/v10 collnet table");
 static_assert(sizeof(ncclCollNet_v11_t) == RS_PTR(19) && sizeof(ncclCollNet_v12_t) == RS_PTR(19), "collnet table");
 static_assert(offsetof(ncclCollNet_v12_t, iallreduce) == RS_PTR(10), "v12 collnet table");
 static_assert(offsetof(ncclCollNet_v12_t, test) == RS_PTR(14), "v12 collnet table");

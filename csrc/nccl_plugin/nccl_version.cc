@@ -50,9 +50,12 @@ int newest_collnet_version(int code) {
 }
 
 bool collnet_table_used_directly(int table, int code) {
-  // v11 is only ever loaded by an NCCL whose newest version is 11 (2.28-2.29): every NCCL that
-  // knows v12 finds ncclCollNetPlugin_v12 first.
-  if (table == 11) return true;
+  // Every NCCL searches the CollNet versions it knows newest first, knows a contiguous range of
+  // them, and uses its newest as it is. This library exports v7-v12, so an NCCL that finds our
+  // v8, v9, v10 or v11 does not know the next one up: that table is its newest (v8: 2.20-2.23,
+  // v9: 2.24-2.25, v10: 2.26-2.27, v11: 2.28-2.29). Only v12, our newest, may meet an NCCL
+  // that knows more and wraps it.
+  if (table >= 7 && table < kNewestCollNetExported) return true;
   const int newest = newest_collnet_version(code);
   // Unknown or newer NCCL: assume an adapter. A refusal is an error NCCL reports; a NULL member
   // behind an adapter would be a jump to address 0.

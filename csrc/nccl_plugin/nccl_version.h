@@ -6,6 +6,8 @@
 // all-gather / reduce-scatter only when the member it holds is NULL, while every adapter sets
 // its own member and calls the plugin's unconditionally. So a table NCCL uses as it is must
 // carry NULL there, and a table behind an adapter a function that refuses (docs/nccl-plugin.md).
+// Exporting every version from v7 to v12 makes each release up to 2.30 find its own newest, which
+// it uses as it is: only v12 can meet an adapter (an NCCL newer than 2.30).
 #pragma once
 
 #include <string>
@@ -24,6 +26,9 @@ std::string nccl_version_text(int code);  // "2.28.3", "unknown"
 // The newest CollNet table version NCCL `code` searches; 0 for an unknown or unreleased NCCL
 // (newer than 2.30, the newest this plugin was checked against).
 int newest_collnet_version(int code);
+
+// The newest CollNet (and net) table version this library exports.
+constexpr int kNewestCollNetExported = 12;
 
 // Whether NCCL `code` uses our CollNet table of version `table` as it is (true: iallgather /
 // ireducescatter must be NULL) or behind an adapter (false: they must be callable).

@@ -113,6 +113,7 @@ std::string exported_versions(void* handle) {
 
 const ncclNet_v7_t* resolve(const ncclNet_v7_t* self) noexcept { return resolve_impl(7, self); }
 const ncclNet_v8_t* resolve(const ncclNet_v8_t* self) noexcept { return resolve_impl(8, self); }
+const ncclNet_v10_t* resolve(const ncclNet_v10_t* self) noexcept { return resolve_impl(10, self); }
 const ncclNet_v11_t* resolve(const ncclNet_v11_t* self) noexcept { return resolve_impl(11, self); }
 const ncclNet_v12_t* resolve(const ncclNet_v12_t* self) noexcept { return resolve_impl(12, self); }
 

@@ -43,6 +43,7 @@ void drop() noexcept {
 // that version (a delegate that resolves to it is refused). Never throws.
 const ncclNet_v7_t* resolve(const ncclNet_v7_t* self) noexcept;
 const ncclNet_v8_t* resolve(const ncclNet_v8_t* self) noexcept;
+const ncclNet_v10_t* resolve(const ncclNet_v10_t* self) noexcept;
 const ncclNet_v11_t* resolve(const ncclNet_v11_t* self) noexcept;
 const ncclNet_v12_t* resolve(const ncclNet_v12_t* self) noexcept;
 
