@@ -13,6 +13,7 @@ defined there (csrc/common/settings.h).
 """
 from __future__ import annotations
 
+import importlib
 from typing import Any
 
 from .errors import (
@@ -39,8 +40,6 @@ _LAZY = {
 
 def __getattr__(name: str) -> Any:
     if name in _LAZY:
-        import importlib
-
         module, attr = _LAZY[name]
         value = getattr(importlib.import_module(module), attr)
         globals()[name] = value

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import ipaddress
 import os
-from typing import Any, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
 
 from . import config
 from .errors import ConfigError
@@ -51,13 +52,13 @@ def check_port(port: Any, what: str, *, any_port: bool = False) -> int:
     return port
 
 
-def control_port_for(data_port: int) -> Optional[int]:
+def control_port_for(data_port: int) -> int | None:
     """The default control port of a reducer whose data port is `data_port`: the next port, None
     when there is none (the data port is 65535)."""
     return data_port + 1 if data_port < MAX_PORT else None
 
 
-def parse_address(addr: str) -> Tuple[str, int]:
+def parse_address(addr: str) -> tuple[str, int]:
     """Split ``"host:port"``, ``"1.2.3.4:5"`` or ``"[::1]:5"`` into ``(host, port)``.
 
     IPv6 hosts come back without brackets. Raises ConfigError on anything else.
@@ -104,7 +105,7 @@ def parse_address(addr: str) -> Tuple[str, int]:
     return host, port
 
 
-def resolve_job_id(explicit: Optional[str] = None, env: Optional[Mapping[str, str]] = None) -> str:
+def resolve_job_id(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
     """The job id: `explicit` if given (not empty), else RS_JOB_ID, else CLOUD_ML_JOB_ID, else 'local'.
 
     `env` defaults to os.environ; blank variables count as unset (reducer.config)."""

@@ -1,17 +1,21 @@
 """Communicator: the worker side of the reduction server (blocking all-reduce)."""
 from __future__ import annotations
 
+import functools
 import inspect
 import logging
 import threading
-from typing import Any, List, Optional, Sequence, Set, Union
+from collections.abc import Sequence
+from typing import Any
 
 from . import config, lifetime
 from ._native import core
 from .addresses import resolve_job_id
 from .arrays import host_view
+from .cluster import discover_worker
 from .dtypes import check_op
-from .errors import ConfigError
+from .errors import ConfigError, ReductionError
+from .fusion import FusionEngine
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +49,21 @@ class Communicator:
         reducers: Sequence[str],
         rank: int,
         world_size: int,
-        group: Optional[str] = None,
-        job_id: Optional[str] = None,
-        timeout: Optional[float] = None,
-        auth_token: Optional[str] = None,
-        streams: Optional[int] = None,
-        chunk_bytes: Optional[int] = None,
-        connect_timeout: Optional[float] = None,
-        fusion_threshold: Union[int, str, None] = None,
-        cycle_time_ms: Optional[float] = None,
-        compression: Optional[str] = None,
-        socket_buffer: Optional[int] = None,
-        window: Optional[int] = None,
-        max_rounds_in_flight: Optional[int] = None,
-        failover: Optional[bool] = None,
-        integrity: Optional[str] = None,
+        group: str | None = None,
+        job_id: str | None = None,
+        timeout: float | None = None,
+        auth_token: str | None = None,
+        streams: int | None = None,
+        chunk_bytes: int | None = None,
+        connect_timeout: float | None = None,
+        fusion_threshold: int | str | None = None,
+        cycle_time_ms: float | None = None,
+        compression: str | None = None,
+        socket_buffer: int | None = None,
+        window: int | None = None,
+        max_rounds_in_flight: int | None = None,
+        failover: bool | None = None,
+        integrity: str | None = None,
     ) -> None:
         # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
         self._closed = False
@@ -68,7 +72,7 @@ class Communicator:
         self._engine_lock = threading.Lock()
         if isinstance(reducers, str):
             reducers = [a.strip() for a in reducers.split(",") if a.strip()]
-        self.reducers: List[str] = list(reducers)
+        self.reducers: list[str] = list(reducers)
         if not self.reducers:
             raise ConfigError("no reducer addresses given")
         self.rank = int(rank)
@@ -91,7 +95,7 @@ class Communicator:
         if self.fusion_threshold < 0:
             raise ConfigError(f"fusion_threshold must be >= 0 bytes, got {self.fusion_threshold}")
         self.cycle_time_ms = float(config.get("cycle_time_ms", cycle_time_ms))
-        self.compression: Optional[str] = config.get("compression", compression)
+        self.compression: str | None = config.get("compression", compression)
         # Validated now, not on the first all-reduce: the core's compression for float32.
         self._float32_wire = config.compression_wire(self.compression) or ""
         log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
@@ -106,7 +110,7 @@ class Communicator:
         lifetime.close_at_exit(self, lifetime.CONNECTIONS)  # a process that never calls close()
 
     # -- blocking all-reduce ------------------------------------------------------------------
-    def allreduce(self, array: Any, op: str = "sum", compression: Optional[str] = None) -> Any:
+    def allreduce(self, array: Any, op: str = "sum", compression: str | None = None) -> Any:
         """Reduce `array` in place across the group and return it.
 
         Accepts numpy arrays (float32/64, float16, ml_dtypes.bfloat16, int32/64) and
@@ -120,14 +124,14 @@ class Communicator:
         return array
 
     def allreduce_raw(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
-                      compression: Optional[str] = None) -> None:
+                      compression: str | None = None) -> None:
         """All-reduce `nbytes` of wire dtype `dtype` at address `ptr` (host memory), in place.
 
         compression: as in allreduce (an explicit 'bf16' / 'fp16' needs dtype float32)."""
         self._client.wait(self._start(ptr, nbytes, dtype, op, tag, compression))
 
     def allreduce_raw_async(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
-                            compression: Optional[str] = None) -> "RawRound":
+                            compression: str | None = None) -> RawRound:
         """Start allreduce_raw and return at once: a RawRound (.wait(), .done()).
 
         One round, no fusion; the memory must stay valid and untouched until the round is done.
@@ -135,7 +139,7 @@ class Communicator:
         submitted earlier), so every worker must start the same rounds in the same order."""
         return RawRound(self._client, self._start(ptr, nbytes, dtype, op, tag, compression))
 
-    def _start(self, ptr: int, nbytes: int, dtype: str, op: str, tag: int, compression: Optional[str]) -> int:
+    def _start(self, ptr: int, nbytes: int, dtype: str, op: str, tag: int, compression: str | None) -> int:
         wire = self._compression_for(dtype, compression)
         if self._engine is not None:
             # Rounds go to the reducers in program order: finish what allreduce_async queued first.
@@ -143,7 +147,7 @@ class Communicator:
         return int(self._client.start_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1),
                                           compression=wire))
 
-    def _compression_for(self, dtype: str, compression: Optional[str]) -> str:
+    def _compression_for(self, dtype: str, compression: str | None) -> str:
         """The core's compression argument ('' or a 16-bit wire name) for a round of `dtype`.
 
         The setting (compression=None) applies to float32 only; an explicit one to any dtype
@@ -153,7 +157,7 @@ class Communicator:
         return config.compression_wire(compression) or ""
 
     # -- asynchronous all-reduce with tensor fusion (reducer.fusion) --------------------------
-    def allreduce_async(self, array: Any, op: str = "sum", name: Optional[str] = None) -> Any:
+    def allreduce_async(self, array: Any, op: str = "sum", name: str | None = None) -> Any:
         """Start reducing `array` in place; returns a reducer.Handle (.wait(), .done()).
 
         Small arrays are fused per (dtype, op) and sent together as one round straight from
@@ -164,7 +168,7 @@ class Communicator:
         """
         return self._fusion().submit(array, op, name)
 
-    def synchronize(self, timeout: Optional[float] = None) -> None:
+    def synchronize(self, timeout: float | None = None) -> None:
         """Wait for every allreduce_async submitted so far; raises the first error."""
         if self._engine is not None:
             self._engine.synchronize(timeout)
@@ -188,11 +192,7 @@ class Communicator:
                 engine = self._engine
                 if engine is None:
                     if self._closed:
-                        from .errors import ReductionError
-
                         raise ReductionError("the communicator is closed")
-                    from .fusion import FusionEngine
-
                     engine = self._engine = FusionEngine(
                         self._client, threshold=self.fusion_threshold, cycle_time_ms=self.cycle_time_ms,
                         compression=self.compression, rank=self.rank, timeout=self.timeout,
@@ -205,8 +205,6 @@ class Communicator:
         connection per reducer, connect bounded by the timeout.
 
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
-        import functools
-
         return functools.partial(core.Client, list(reducers), self.rank, self.world_size, group=self.group + suffix,
                                  job_id=self.job_id, timeout=self.timeout,
                                  connect_timeout=min(self.connect_timeout, self.timeout), auth_token=self._auth_token,
@@ -239,7 +237,7 @@ class Communicator:
         still in flight gets EXIT_GRACE seconds, then fails."""
         self._shutdown(grace=EXIT_GRACE)
 
-    def _shutdown(self, grace: Optional[float]) -> None:
+    def _shutdown(self, grace: float | None) -> None:
         self._closed = True
         with self._engine_lock:
             engine, self._engine = self._engine, None
@@ -251,7 +249,7 @@ class Communicator:
             engine.join(lifetime.EXIT_JOIN_TIMEOUT)
         lifetime.forget(self)
 
-    def __enter__(self) -> "Communicator":
+    def __enter__(self) -> Communicator:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -280,7 +278,7 @@ class RawRound:
         self._id = round_id
         self._lock = threading.Lock()
         self._finished = False
-        self._error: Optional[BaseException] = None
+        self._error: BaseException | None = None
 
     def done(self) -> bool:
         return self._settle(block=False)
@@ -308,7 +306,7 @@ class RawRound:
         return f"<reducer.RawRound {self._id} {state}>"
 
 
-def _communicator_options() -> Set[str]:
+def _communicator_options() -> set[str]:
     """Communicator's keyword options, read off its signature (init() accepts exactly these)."""
     params = inspect.signature(Communicator.__init__).parameters
     return set(params) - {"self", "reducers", "rank", "world_size", "job_id"}
@@ -321,8 +319,6 @@ def init(**overrides: Any) -> Communicator:
     local_rank, local_world_size, reducer_port, job_id) and take every keyword option of
     Communicator (group, timeout, failover, ...: its signature is the one list).
     """
-    from .cluster import discover_worker
-
     discovery_keys = ("reducers", "rank", "world_size", "local_rank", "local_world_size", "reducer_port", "job_id")
     disc = {k: overrides.pop(k) for k in discovery_keys if k in overrides}
     info = discover_worker(**disc)

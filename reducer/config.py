@@ -18,8 +18,9 @@ from __future__ import annotations
 import functools
 import logging
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Mapping, Optional, Union
+from typing import Any
 
 from . import _core
 from .errors import ConfigError
@@ -47,7 +48,7 @@ _bool, _int, _size = _kind("bool"), _kind("int"), _kind("size")
 OFF = -1   # control_port / metrics_port: the listener is disabled
 
 
-def _port_or_off(text: str) -> Optional[int]:
+def _port_or_off(text: str) -> int | None:
     """A port 0-65535 (0 = any free port), 'off' (or -1) = disabled, '' = unset (the default)."""
     t = text.strip().lower()
     if t == "":
@@ -63,22 +64,28 @@ def _port_or_off(text: str) -> Optional[int]:
 _PYTHON_ONLY = [
     # -- worker client ---------------------------------------------------------
     Setting("reducers", "RS_REDUCERS", None, lambda s: [a.strip() for a in s.split(",") if a.strip()],
-            "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no CLUSTER_SPEC/TF_CONFIG is set."),
+            "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no "
+            "CLUSTER_SPEC/TF_CONFIG is set."),
     Setting("rank", "RS_RANK", None, _int, "This worker's global rank (with RS_REDUCERS)."),
     Setting("world_size", "RS_WORLD_SIZE", None, _int, "Number of worker processes in the group (with RS_REDUCERS)."),
     Setting("group", "RS_GROUP", "default", str, "Group name: workers with the same job id and group reduce together."),
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
-    Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size, "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
-    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float, "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused buffers (cut points never depend on timing)."),
+    Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size,
+            "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
+    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float,
+            "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused "
+            "buffers (cut points never depend on timing)."),
     Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
-    Setting("local_rank", "LOCAL_RANK", None, _int, "Rank of this process on its node (set by torchrun / the launcher)."),
+    Setting("local_rank", "LOCAL_RANK", None, _int,
+            "Rank of this process on its node (set by torchrun / the launcher)."),
     Setting("local_world_size", "LOCAL_WORLD_SIZE", None, _int, "Processes per node (set by torchrun / the launcher)."),
     # -- reducer node ----------------------------------------------------------
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
     Setting("port", "RS_PORT", None, _int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
     Setting("threads", "RS_THREADS", None, _int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
     Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _size,
-            "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused."),
+            "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more "
+            "is refused."),
     Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
             "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
     Setting("max_memory_per_job", "RS_MAX_MEMORY_PER_JOB", None, _size,
@@ -90,7 +97,8 @@ _PYTHON_ONLY = [
             "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
             "chunk (default 60; 0 = never)."),
     Setting("group_slots", "RS_GROUP_SLOTS", None, _int,
-            "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk."),
+            "Reducer: chunk slots per group stream (default 4); memory per group stream = "
+            "slots x (world + 2) x chunk."),
     Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
             "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
     Setting("max_connections", "RS_MAX_CONNECTIONS", None, _int,
@@ -101,7 +109,8 @@ _PYTHON_ONLY = [
             "Reducer: live group streams created from one IP address (default 64)."),
     # -- reducer control plane -------------------------------------------------
     Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
-            "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none (default: data port + 1)."),
+            "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none "
+            "(default: data port + 1)."),
     Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
             "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
     Setting("allow_unauthenticated_drain", "RS_ALLOW_UNAUTHENTICATED_DRAIN", False, _bool,
@@ -110,7 +119,8 @@ _PYTHON_ONLY = [
             "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
             "descriptors the data plane leaves free)."),
     Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, _int,
-            "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the metrics port."),
+            "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the "
+            "metrics port."),
     Setting("control_rate", "RS_CONTROL_RATE", 50.0, float,
             "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
             "and to the metrics port, each with a burst as large; 0 = no limit."),
@@ -121,23 +131,23 @@ _PYTHON_ONLY = [
 ]
 
 
-def _native_rows() -> List[Setting]:
+def _native_rows() -> list[Setting]:
     """The rows of the settings the C++ core defines (csrc/common/settings.h), parsed there."""
     return [Setting(row["name"], row["env"], row["default"], functools.partial(_core.parse_setting, row["name"]),
                     row["doc"], native=True) for row in _core.SETTINGS]
 
 
-SETTINGS: Dict[str, Setting] = {s.name: s for s in _native_rows() + _PYTHON_ONLY}
+SETTINGS: dict[str, Setting] = {s.name: s for s in _native_rows() + _PYTHON_ONLY}
 assert len(SETTINGS) == len(_core.SETTINGS) + len(_PYTHON_ONLY), "a setting is defined in C++ and in Python"
 
 
-def env_text(name: str, env: Optional[Mapping[str, str]] = None) -> Optional[str]:
+def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:
     """The text of a setting's variable in `env` (default os.environ); None when unset or blank."""
     raw = (os.environ if env is None else env).get(SETTINGS[name].env)
     return None if raw is None or raw.strip() == "" else raw
 
 
-def get(name: str, override: Any = None, env: Optional[Mapping[str, str]] = None) -> Any:
+def get(name: str, override: Any = None, env: Mapping[str, str] | None = None) -> Any:
     """Value of a setting: `override` if not None, else its variable in `env` (default os.environ),
     parsed, else (unset or blank) the default. ConfigError names the variable if it does not parse."""
     setting = SETTINGS[name]
@@ -162,19 +172,19 @@ def parse_size(text: str) -> int:
         raise ConfigError(str(exc)) from None
 
 
-def compression_wire(compression: Optional[str]) -> Optional[str]:
+def compression_wire(compression: str | None) -> str | None:
     """The wire dtype name ('bfloat16', 'float16') of a float32 round under `compression`, None for
     none. The names (any case: 'bf16', 'bfloat16', 'fp16', 'float16', 'half', 'none', ...) are
     csrc/common/compression.h's (reducer._core.COMPRESSIONS); ConfigError for any other."""
     return None if compression is None else _core.compression_wire(str(compression))
 
 
-def socket_buffer_arg(value: Optional[int] = None) -> int:
+def socket_buffer_arg(value: int | None = None) -> int:
     """The socket_buffer setting in bytes (0 = kernel autotuning; the default is the C++ table's)."""
     return int(get("socket_buffer", value))
 
 
-def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = None) -> Optional[str]:
+def resolve_auth_token(token: str | None = None, token_file: str | None = None) -> str | None:
     """The shared secret: an explicit token, a token file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE, else None."""
     if token is not None:
         return token
@@ -187,7 +197,7 @@ def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = 
     if path is None:
         return None
     try:
-        with open(path, "r", encoding="utf-8") as fh:
+        with open(path, encoding="utf-8") as fh:
             secret = fh.read().strip()
     except OSError as exc:
         raise ConfigError(f"cannot read auth token file {path!r}: {exc.strerror}") from None
@@ -196,7 +206,7 @@ def resolve_auth_token(token: Optional[str] = None, token_file: Optional[str] = 
     return secret
 
 
-def worker_integrity(value: Union[str, bool, None] = None) -> bool:
+def worker_integrity(value: str | bool | None = None) -> bool:
     """The integrity setting as a worker uses it: 'on' and 'required' both ask for it (a worker
     that asks never falls back)."""
     if isinstance(value, bool):
@@ -216,7 +226,7 @@ def _parse_arg(name: str, value: Any) -> Any:
         raise ConfigError(f"{name}={value!r} is not valid: {exc}") from None
 
 
-def reducer_integrity(value: Optional[str] = None, auth_token: Optional[str] = None) -> str:
+def reducer_integrity(value: str | None = None, auth_token: str | None = None) -> str:
     """The integrity setting as the reducer core takes it: 'off', 'on', 'required', or 'auto'
     (unset: on with a shared secret, else off). ConfigError for on/required without a secret."""
     mode = get("integrity", None if value is None else _parse_arg("integrity", value))
@@ -226,7 +236,7 @@ def reducer_integrity(value: Optional[str] = None, auth_token: Optional[str] = N
     return "auto" if mode is None else mode
 
 
-def setup_logging(level: Optional[str] = None) -> None:
+def setup_logging(level: str | None = None) -> None:
     """Configure the root logger for command-line use (the library itself never calls this)."""
     name = (level or get("log_level")).upper()
     numeric = getattr(logging, name, None)

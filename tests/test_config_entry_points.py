@@ -15,8 +15,9 @@ import inspect
 import os
 import subprocess
 import sys
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any, Callable, Dict, Iterator, Optional, Tuple
+from typing import Any
 
 import nccl_harness as H
 import pytest
@@ -40,7 +41,7 @@ def _opt(field: str) -> Effect:
     return lambda comm: comm._client.options()[field]
 
 
-CASES: Dict[str, Tuple[str, Any, Effect]] = {
+CASES: dict[str, tuple[str, Any, Effect]] = {
     "timeout": ("12.5", 12.5, _opt("timeout")),
     "connect_timeout": (" 45 ", 45.0, _opt("connect_timeout")),
     "streams": ("2", 2, _opt("streams")),
@@ -58,7 +59,7 @@ CASES: Dict[str, Tuple[str, Any, Effect]] = {
 }
 
 # A malformed text for every setting (None: any text is valid, e.g. a name or a path).
-BAD: Dict[str, Optional[str]] = {
+BAD: dict[str, str | None] = {
     "timeout": "0", "connect_timeout": "-3", "streams": "0", "chunk_bytes": "1001", "window": "2000",
     "max_rounds_in_flight": "0", "failover": "maybe", "socket_buffer": "3G", "tcp_congestion": None,
     "auth_token": None, "auth_token_file": None, "integrity": "sometimes", "handshake_timeout": "nan",
@@ -133,7 +134,7 @@ def test_documented_settings_are_the_table() -> None:
 
 def _connect(address: str, entry: str, name: str, monkeypatch: pytest.MonkeyPatch) -> Communicator:
     text, value, _ = CASES[name]
-    kwargs: Dict[str, Any] = {} if name == "auth_token" else {"auth_token": SECRET}
+    kwargs: dict[str, Any] = {} if name == "auth_token" else {"auth_token": SECRET}
     if name == "chunk_bytes":
         kwargs["fusion_threshold"] = 0  # below the fused buffer's size: irrelevant here
     if entry == "env":
@@ -219,7 +220,7 @@ _PLUGIN_INIT = (
 )
 
 
-def _plugin_init(env: Dict[str, str]) -> Tuple[int, str]:
+def _plugin_init(env: dict[str, str]) -> tuple[int, str]:
     """net.init of the NCCL plugin in a fresh process (it reads its settings once per load)."""
     full = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("RS_NCCL")}
     out = subprocess.run([sys.executable, "-c", _PLUGIN_INIT], capture_output=True, text=True, timeout=60,
@@ -232,7 +233,7 @@ def _plugin_init(env: Dict[str, str]) -> Tuple[int, str]:
     ({"RS_NCCL_SOCKET_IFNAME": " lo ", "RS_NCCL_NSOCKS": "3"}, "TCP on lo (127.0.0.1), 3 socket(s) per connection"),
     ({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": " "}, "TCP on lo (127.0.0.1), 2 socket(s) per connection"),
 ])
-def test_plugin_p2p_settings_reach_the_plugin(env: Dict[str, str], expect: str) -> None:
+def test_plugin_p2p_settings_reach_the_plugin(env: dict[str, str], expect: str) -> None:
     rc, log = _plugin_init(env)
     assert rc == 0 and expect in log, log
 

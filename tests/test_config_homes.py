@@ -2,8 +2,8 @@
 hexadecimal, and the settings parser's kinds (C++ unit test tests/cpp/test_common_homes.cc)."""
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 import pytest
