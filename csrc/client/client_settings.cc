@@ -39,17 +39,15 @@ ClientOptions read_client_options(const settings::EnvLookup& env) {
   const int64_t chunk = settings::read_int(spec("chunk_bytes"), env);
   const std::string why = proto::check_chunk_bytes(uint64_t(chunk));  // the client's, the ring's and the hello's rule
   if (!why.empty())
-    throw Error(ErrorKind::Config, std::string(spec("chunk_bytes").env) + "='" + env(spec("chunk_bytes").env).value_or("") +
-                                       "' is not valid: " + why);
+    throw Error(ErrorKind::Config, std::string(spec("chunk_bytes").env) + "='" +
+                                       env(spec("chunk_bytes").env).value_or("") + "' is not valid: " + why);
   o.chunk_bytes = uint32_t(chunk);
   o.window = int(settings::read_int(spec("window"), env));
   o.max_rounds_in_flight = int(settings::read_int(spec("max_rounds_in_flight"), env));
   o.failover = settings::read_bool(spec("failover"), env);
   o.socket_buffer = int(settings::read_int(spec("socket_buffer"), env));
-  if (auto token = settings::read_text(spec("auth_token"), env))
-    o.auth_token = *token;
-  else if (auto file = settings::read_text(spec("auth_token_file"), env))
-    o.auth_token = token_from_file(*file);
+  if (auto token = settings::read_text(spec("auth_token"), env)) o.auth_token = *token;
+  else if (auto file = settings::read_text(spec("auth_token_file"), env)) o.auth_token = token_from_file(*file);
   const std::optional<std::string> integrity = settings::read_text(spec("integrity"), env);
   o.integrity = integrity && *integrity != "off";  // a worker that asks for it never falls back
   return o;

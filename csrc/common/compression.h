@@ -20,8 +20,8 @@ struct CompressionName {
 // Every accepted name (lower case): "" and none/off/no/0/false -> None, bf16/bfloat16 -> BF16,
 // fp16/float16/half -> F16.
 inline constexpr CompressionName kCompressionNames[] = {
-    {"", WireCompression::None},       {"none", WireCompression::None},    {"off", WireCompression::None},
-    {"no", WireCompression::None},     {"0", WireCompression::None},       {"false", WireCompression::None},
+    {"", WireCompression::None},       {"none", WireCompression::None},     {"off", WireCompression::None},
+    {"no", WireCompression::None},     {"0", WireCompression::None},        {"false", WireCompression::None},
     {"bf16", WireCompression::BF16},   {"bfloat16", WireCompression::BF16}, {"fp16", WireCompression::F16},
     {"float16", WireCompression::F16}, {"half", WireCompression::F16},
 };

@@ -68,7 +68,8 @@ int64_t parse_size(const Spec& s, const std::string& t, const std::string& what,
 double parse_seconds(const std::string& t, const std::string& what, const std::string& raw) {
   char* end = nullptr;
   const double v = decimal(t) ? std::strtod(t.c_str(), &end) : NAN;
-  if (!decimal(t) || *end != '\0' || !std::isfinite(v) || v <= 0) bad(what, raw, "expected a positive number of seconds");
+  if (!decimal(t) || *end != '\0' || !std::isfinite(v) || v <= 0)
+    bad(what, raw, "expected a positive number of seconds");
   return v;
 }
 

@@ -39,13 +39,13 @@ struct Spec {
   const char* env;   // the environment variable
   Kind kind;
   bool has_default;
-  double number;     // the default of Bool (0/1), Int, Size, Seconds
-  const char* text;  // the default of Enum / Text; Enum: its choices follow in `choices`
-  double lo, hi;     // Int and Size bounds (inclusive)
+  double number;        // the default of Bool (0/1), Int, Size, Seconds
+  const char* text;     // the default of Enum / Text; Enum: its choices follow in `choices`
+  double lo, hi;        // Int and Size bounds (inclusive)
   const char* choices;  // Enum: comma-separated, lower case
   uint8_t scope;
   const char* doc;
-  double step = 0;   // Int and Size: the value must be a multiple of it (0: any)
+  double step = 0;  // Int and Size: the value must be a multiple of it (0: any)
 };
 
 constexpr double kNoLimit = 9.0e18;  // below 2^63: every Size/Int fits an int64
