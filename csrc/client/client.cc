@@ -365,6 +365,8 @@ void Client::disconnect(bool say_bye) {
 }
 
 void Client::fail_all(ErrorKind kind, const std::string& why) {
+  dropped_kind_ = kind;
+  dropped_why_ = why;
   auto fail = [&](Round* r) {
     if (r->role != Round::Role::User) return;
     if (r->collected) {
@@ -439,7 +441,8 @@ RoundId Client::start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint6
   std::unique_lock<std::mutex> lk(mu_);
   Driving driving(this);
   RoundId id = 0;
-  start_locked(lk, segs, nsegs, dtype, op, tag, comp, true, &id);
+  if (!start_locked(lk, segs, nsegs, dtype, op, tag, comp, true, &id))
+    throw Error(ErrorKind::Internal, "start() returned without starting the round");  // never: it waits
   return id;
 }
 
@@ -1136,10 +1139,14 @@ bool Client::check_due() const {
 
 bool Client::try_rejoin(bool may_wait) {
   if (!check_open_) {
-    if (!drain(may_wait)) return false;
-    if (!links_.empty() && !check_due()) return true;  // a failover while draining moved the boundary
+    if (!drain(may_wait)) {
+      // The session failed while draining: its error may have reached no caller (rounds released
+      // early are their callers' already), so this call raises it; the next start reconnects.
+      if (links_.empty()) throw Error(dropped_kind_, dropped_why_);
+      return false;
+    }
+    if (!check_due()) return true;  // a failover while draining moved the boundary
     rejoin_checked_ = id_next_;
-    if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
     open_check();
   }
   try {

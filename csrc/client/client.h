@@ -238,6 +238,8 @@ class Client {
   // The connects to lost reducers started at the last rejoin check, by reducer; the next check
   // reads them. Closed when links_ is dropped (close, error, failover, rejoin).
   std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
+  ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
+  std::string dropped_why_;
   std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
