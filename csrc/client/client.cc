@@ -3,6 +3,8 @@
 #include "client/failover.h"
 #include "client/handshake.h"
 #include "client/reducer_frames.h"
+#include "client/round.h"
+#include "client/staging.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -28,21 +30,10 @@ namespace {
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
 
-// Narrowed chunks one link may have queued and not yet written (its staging ring), at most.
-constexpr size_t kMaxStagingSlots = 4;
-
 // A frame's token in the link's writer: the round number, and whether the payload sits in a
 // staging slot (which the write frees); kDoneToken for a DONE frame.
 uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
 constexpr uint64_t kDoneToken = ~uint64_t(0);
-
-// With failover, a round of at most this many buffer bytes is handed back as soon as its
-// results are in, before the reducers' CLEAR (one more worker -> reducer -> worker trip, which
-// cost 64 KiB rounds 30-40%): its results are copied aside first, and until the CLEARs the copy
-// stands in for the caller's buffer (a failover repairs from it), so the caller may reuse its
-// memory at once. Larger rounds wait for the CLEAR: the trip is a small share of their time, and
-// the copy would cost memory (docs/protocol.md section 6, "Early release of small rounds").
-constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
 
 // The fingerprint of the failover exchange rounds (all workers send the same).
 constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
@@ -64,94 +55,7 @@ constexpr RoundId kRejoinEvery = 32;
 // them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
 constexpr int kMaxRecoverRestarts = 16;
 
-DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
-
 }  // namespace
-
-bool parse_compression(const std::string& s, Compression* out) {
-  if (s.empty() || s == "none") *out = Compression::None;
-  else if (s == "bf16" || s == "bfloat16") *out = Compression::BF16;
-  else if (s == "fp16" || s == "float16" || s == "half") *out = Compression::F16;
-  else return false;
-  return true;
-}
-
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::BF16: return "bf16";
-    case Compression::F16: return "fp16";
-    default: return "none";
-  }
-}
-
-// A round: its buffer, and its progress on every link.
-struct Client::Round {
-  enum class Role : uint8_t { User, Repair, Exchange };
-  Role role = Role::User;
-  RoundId id = 0;
-  uint64_t wire = 0;  // round number on the wire (per session)
-  DType dtype = DType::F32;
-  Op op = Op::Sum;
-  uint64_t tag = 0;
-  uint64_t nbytes = 0;        // on the wire (compressed: half the buffer's)
-  Compression comp = Compression::None;  // comp != None: dtype is the 16-bit wire type, buf float32
-  net::Segments buf;
-  // Offsets and sizes below are wire bytes; in the buffer they are twice that when compressed.
-  struct Part : LinkShare {  // this round on one link: the link's share of its reducer's shard
-    uint64_t shard_off = 0;    // of the shard in the buffer
-    uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
-    bool cleared = false;      // the reducer said CLEAR for this round (failover)
-  };
-  std::vector<Part> parts;     // by link
-  size_t parts_left = 0;       // parts still waiting for results
-  size_t clears_left = 0;      // parts still waiting for CLEAR (failover)
-  bool in_session = false;     // in session_, planned on the current links
-  enum class State { Running, Done, Failed } state = State::Running;
-  bool collected = false;      // done (or released) and reported, freed when it leaves session_
-  // Released (failover, small rounds): every result is in, the CLEARs are not. The caller has it
-  // back (test() true); `buf` points at `copy`, a copy of the results, until the round is done.
-  bool released = false;
-  std::vector<uint8_t> copy;
-  ErrorKind kind = ErrorKind::Internal;
-  std::string error;
-  // Failover (client/failover.h).
-  failover::Intervals held;    // User: wire bytes known to hold results (as of the last failover)
-  size_t children = 0;         // User: repair rounds not yet done
-  Round* parent = nullptr;     // Repair: the user round whose bytes it completes
-  struct Span {
-    uint64_t at, pos, len;     // Repair: its wire bytes [at, at + len) are the parent's [pos, pos + len)
-  };
-  std::vector<Span> map;
-  std::vector<int64_t> store;  // Exchange: the table being all-reduced
-  uint64_t scale() const { return comp != Compression::None ? 2 : 1; }  // buffer bytes per wire byte
-};
-
-struct Client::Link {
-  net::Fd fd;
-  std::string peer;  // "reducer host:port (stream s)"
-  size_t reducer = 0;
-  int stream = 0;
-  net::FrameWriter out;
-  net::FrameReader in;
-  uint64_t send_wire = 0;   // the round whose chunks this link queues next
-  uint64_t in_flight = 0;   // chunks queued or sent whose result is not back (all rounds)
-  Round* reading = nullptr; // the round of the result frame being read
-  std::string error_text;   // payload of an Error frame being read
-  bool closed = false;      // lost, or the reducer sent an error: nothing more is read or written
-  // Releases (failover): DONE sent, CLEAR received.
-  uint64_t done_next = 0;   // rounds below this one are complete on this link
-  uint64_t done_sent = 0;
-  bool done_owed = false;   // a round with a part on this link completed since the last DONE
-  bool done_queued = false; // a DONE is in `out`, not yet written (one at a time: they are cumulative)
-  bool cork = false;        // `out` holds only a DONE that may wait in the kernel (fill())
-  bool corked = false;      // a DONE written with MSG_MORE may still wait there
-  uint64_t cleared = 0;     // rounds below this one are cleared on this link
-  // Compressed rounds' staging, allocated at the session's first compressed round on this link:
-  std::vector<uint8_t> tx;  // staging_slots() chunks: narrowed payloads queued, not yet written
-  uint64_t tx_pushed = 0;   // narrowed frames queued (slot = tx_pushed % slots)
-  uint64_t tx_written = 0;  // narrowed frames written (they free their slots in order)
-  std::vector<uint8_t> rx;  // one chunk: the 16-bit result being read, widened into place when complete
-};
 
 namespace {
 
@@ -164,33 +68,6 @@ ErrorKind kind_of(proto::ErrorCode code) {
     case proto::ErrorCode::Shutdown: return ErrorKind::PeerLost;
     default: return ErrorKind::Internal;
   }
-}
-
-// Calls f(piece) for each contiguous piece of bytes [off, off + len) of `buf`, in order.
-template <class F>
-void for_each_piece(const net::Segments& buf, uint64_t off, uint64_t len, F&& f) {
-  constexpr int kPieces = 16;
-  while (len > 0) {
-    iovec piece[kPieces];
-    int n = 0;
-    const uint64_t got = buf.gather(off, len, piece, &n, kPieces);
-    for (int i = 0; i < n; ++i) f(piece[i]);
-    off += got;
-    len -= got;
-  }
-}
-
-// Converts between the 16-bit wire chunk `wire` and bytes [2 off, 2 (off + len)) of a compressed
-// round's float32 buffer (off, len: wire bytes): narrow (buffer -> wire) or widen (wire -> buffer).
-// Segments hold whole floats (start_locked checks it), so every piece gather() returns does too.
-void convert(const net::Segments& buf, DType wire, uint64_t off, uint64_t len, uint8_t* chunk, bool narrow) {
-  for_each_piece(buf, off * 2, len * 2, [&](const iovec& piece) {
-    const size_t elems = piece.iov_len / sizeof(float);
-    float* f = static_cast<float*>(piece.iov_base);
-    if (narrow) kernels::narrow(wire, chunk, f, elems);
-    else kernels::widen(wire, f, chunk, elems);
-    chunk += elems * 2;
-  });
 }
 
 // Writes the identity of a sum over wire bytes [2 off or off, ...) of a round's buffer: -0.0 for
@@ -604,10 +481,9 @@ void Client::settle(Round& r) {
 // Every result of user round `r` is in, a CLEAR is still owed: hands it back now if it is small
 // (kEarlyReleaseBytes). Its results are copied aside and `buf` points at the copy from here on,
 // so a failover before the CLEARs repairs from the copy, never from memory the caller has back.
-bool Client::small_user_round(const Round& r) { return r.role == Round::Role::User && r.buf.size() <= kEarlyReleaseBytes; }
 
 void Client::release_early(Round& r) {
-  if (r.released || !small_user_round(r) || released_open_ >= size_t(opts_.max_rounds_in_flight)) return;
+  if (r.released || !r.small_user() || released_open_ >= size_t(opts_.max_rounds_in_flight)) return;
   if (!spare_copies_.empty()) {
     r.copy = std::move(spare_copies_.back());
     spare_copies_.pop_back();
@@ -698,7 +574,7 @@ void Client::retire() {
   }
 }
 
-Client::Round* Client::by_wire(uint64_t wire) const {
+Round* Client::by_wire(uint64_t wire) const {
   if (session_.empty() || wire < session_.front()->wire) return nullptr;
   uint64_t i = wire - session_.front()->wire;
   return i < session_.size() ? session_[size_t(i)] : nullptr;
@@ -728,11 +604,10 @@ void Client::fill(size_t li) {
       continue;
     }
     const bool staged = r->comp != Compression::None;
-    if (staged && l.tx.empty()) {  // the staging of compressed rounds: once per session and link
-      l.tx.resize(staging_slots() * opts_.chunk_bytes);
-      l.rx.resize(opts_.chunk_bytes);
+    if (staged) {
+      l.staging.ensure(staging_slots(), opts_.chunk_bytes);  // once per session and link
+      if (l.staging.full()) break;  // every slot waits to be written
     }
-    if (staged && l.tx_pushed - l.tx_written >= staging_slots()) break;  // every slot waits to be written
     const uint64_t off = p.next_send * p.chunk;
     const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
     proto::FrameHeader h;
@@ -749,8 +624,7 @@ void Client::fill(size_t li) {
     uint8_t hdr[proto::kFrameHeaderBytes];
     proto::encode(h, hdr);
     if (staged) {
-      uint8_t* slot = l.tx.data() + (l.tx_pushed++ % staging_slots()) * opts_.chunk_bytes;
-      convert(r->buf, r->dtype, p.shard_off + off, len, slot, true);
+      const uint8_t* slot = l.staging.narrow_next(r->buf, r->dtype, p.shard_off + off, len);
       l.out.push(hdr, sizeof hdr, net::Payload::bytes(slot, len), frame_token(r->wire, true));
     } else {
       l.out.push(hdr, sizeof hdr, net::Payload::range(r->buf, p.shard_off + off, len), frame_token(r->wire, false));
@@ -790,7 +664,7 @@ bool Client::done_urgent(size_t li) const {
   const Link& l = *links_[li];
   for (uint64_t w = l.done_sent; w < l.done_next; ++w) {
     const Round* r = by_wire(w);
-    if (r && r->parts[li].expected > 0 && r->state == Round::State::Running && !r->released && !small_user_round(*r))
+    if (r && r->parts[li].expected > 0 && r->state == Round::State::Running && !r->released && !r->small_user())
       return true;
   }
   return false;
@@ -833,7 +707,7 @@ bool Client::pump(const pollfd* ready) {
           l.done_queued = false;
           return;
         }
-        if (token & 1) l.tx_written++;
+        if (token & 1) l.staging.written();
         if (Round* r = by_wire(token >> 1)) r->parts[li].written++;
       };
       auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
@@ -852,7 +726,7 @@ bool Client::pump(const pollfd* ready) {
                                                std::to_string(h.offset) + ", " + std::to_string(h.length) +
                                                " bytes) this worker did not ask for: " + bad);
         l.reading = r;
-        if (r->comp != Compression::None) return net::Sink::memory(l.rx.data());  // widened in on_frame
+        if (r->comp != Compression::None) return net::Sink::memory(l.staging.result_chunk());  // widened in on_frame
         // Whole elements only: after a failure each element is either the input or the result.
         return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
       };
@@ -888,7 +762,7 @@ bool Client::pump(const pollfd* ready) {
         }
         Round& r = *l.reading;
         Round::Part& p = r.parts[li];
-        if (r.comp != Compression::None) convert(r.buf, r.dtype, p.shard_off + h.offset, h.length, l.rx.data(), false);
+        if (r.comp != Compression::None) l.staging.widen(r.buf, r.dtype, p.shard_off + h.offset, h.length);
         p.received++;
         l.in_flight--;
         if (p.received == p.expected) finish_part(li, r);
@@ -1094,7 +968,7 @@ void Client::seal_exchange(Round* x, Op op) {
   x->wire = wire_next_++;
 }
 
-Client::Round* Client::new_internal(int kind) {
+Round* Client::new_internal(int kind) {
   internal_.push_back(std::make_unique<Round>());
   Round* r = internal_.back().get();
   r->role = Round::Role(kind);

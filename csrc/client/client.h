@@ -98,6 +98,9 @@ struct ClientStats {
 // the session reconnects).
 using RoundId = uint64_t;
 
+struct Link;   // client/round.h
+struct Round;
+
 class Client {
  public:
   explicit Client(ClientOptions opts);  // connects and waits until the whole group is there
@@ -154,8 +157,6 @@ class Client {
   // so it is dropped (links at a frame boundary say goodbye) and the next start() reconnects.
 
  private:
-  struct Link;
-  struct Round;
   // Connects every link of the current reducer set (active_). With `lost` (failover) a reducer
   // that refuses the connection is reported there instead of failing the call.
   void connect_all(std::vector<size_t>* lost = nullptr);
@@ -196,7 +197,6 @@ class Client {
   bool pump(const pollfd* ready = nullptr);
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li
-  static bool small_user_round(const Round& r);   // released early when its results are in (pool permitting)
   bool done_urgent(size_t li) const;              // a DONE owed on li is waited for: it may not wait in the kernel
   bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
   size_t staging_slots() const;                   // narrowed chunks a link may have queued, unwritten
