@@ -4,6 +4,7 @@
 #include "client/handshake.h"
 #include "client/reducer_frames.h"
 #include "client/round.h"
+#include "client/schedule.h"
 #include "client/staging.h"
 
 #include <poll.h>
@@ -29,11 +30,6 @@ namespace {
 
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
-
-// A frame's token in the link's writer: the round number, and whether the payload sits in a
-// staging slot (which the write frees); kDoneToken for a DONE frame.
-uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
-constexpr uint64_t kDoneToken = ~uint64_t(0);
 
 // The fingerprint of the failover exchange rounds (all workers send the same).
 constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
@@ -89,7 +85,8 @@ void fill_identity(const net::Segments& buf, DType buf_dtype, uint64_t off, uint
 
 }  // namespace
 
-Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeout) {
+Client::Client(ClientOptions opts)
+    : opts_(std::move(opts)), sched_(std::make_unique<Schedule>(opts_)), timer_(opts_.timeout) {
   if (opts_.reducers.empty()) throw Error(ErrorKind::Config, "no reducers given");
   if (opts_.world_size < 1) throw Error(ErrorKind::Config, "world_size must be at least 1");
   if (opts_.rank >= opts_.world_size)
@@ -188,7 +185,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
     l->in.set_max_payload(opts_.chunk_bytes);
   }
   links_ = std::move(links);
-  wire_next_ = 0;
+  sched_->next_wire = 0;
   session_gen_++;
 }
 
@@ -257,9 +254,9 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
       r->error = why;
     }
   };
-  for (Round* r : session_) fail(r);
+  for (Round* r : sched_->rounds) fail(r);
   for (Round* r : parents_) fail(r);
-  session_.clear();
+  sched_->rounds.clear();
   parents_.clear();
   internal_.clear();
   check_ = nullptr;  // a rejoin check under way is over (the boundary is not checked again)
@@ -376,14 +373,14 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
-  r.wire = wire_next_++;
+  r.wire = sched_->next_wire++;
   r.dtype = wire;
   r.op = op;
   r.tag = tag;
   r.nbytes = elems * wes;
   r.comp = comp;
   r.buf.assign(segs, nsegs);
-  plan(r);
+  sched_->plan(r, links_, active_.size());
   if (r.parts_left == 0) {
     r.state = Round::State::Done;  // an empty buffer: nothing to send
     stats_.rounds++;
@@ -392,7 +389,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     running_++;
     open_++;
   }
-  session_.push_back(&r);
+  sched_->rounds.push_back(&r);
   rounds_.emplace(r.id, std::move(owned));
   *out = r.id;
   pump();  // start streaming now
@@ -400,42 +397,10 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   return true;
 }
 
-// Splits a round over the current links: one contiguous shard per reducer of active_, in
-// chunks dealt round-robin to its streams.
-void Client::plan(Round& r) {
-  const size_t wes = dtype_size(r.dtype);
-  const uint64_t es = wes * r.scale();  // bytes per element in the buffer
-  const uint64_t S = uint64_t(opts_.streams);
-  proto::ShardPlan sp = proto::plan_round(r.nbytes / wes, wes, active_.size(), opts_.world_size, r.wire);
-  r.parts.assign(links_.size(), Round::Part{});
-  r.parts_left = 0;
-  r.clears_left = 0;
-  for (size_t li = 0; li < links_.size(); ++li) {
-    const Link& l = *links_[li];
-    const size_t pos = li / size_t(S);  // the reducer's place in active_
-    Round::Part& p = r.parts[li];
-    p.shard_off = sp.offset[pos] * wes;
-    p.shard_bytes = sp.count[pos] * wes;
-    // Chunks as large on the wire as the uncompressed round's (chunk_for of the shard's buffer
-    // bytes, so 32 per shard instead of 64): a reducer holds a few chunks per stream at once, so
-    // the chunk size bounds the bytes in flight per link (measured: half-size chunks reached 40%
-    // of a 1 Gbit/s link instead of 70-90%).
-    p.chunk = proto::chunk_for(p.shard_bytes / wes * es, opts_.chunk_bytes);
-    p.nchunks = (p.shard_bytes + p.chunk - 1) / p.chunk;
-    p.next_send = uint64_t(l.stream);
-    p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
-    if (p.expected > 0) {
-      r.parts_left++;
-      if (opts_.failover) r.clears_left++;
-    }
-  }
-  r.in_session = true;
-}
-
 // Plans an internal or re-planned round on the current links and appends it to the session.
 void Client::enqueue(Round* r) {
-  plan(*r);
-  session_.push_back(r);
+  sched_->plan(*r, links_, active_.size());
+  sched_->rounds.push_back(r);
   open_++;
   settle(*r);  // an empty one (nothing on any link) is done at once
 }
@@ -460,7 +425,7 @@ void Client::settle(Round& r) {
         stats_.rounds++;
       }
       // A repaired round leaves parents_ now: once collected it is freed (collect()). One the
-      // caller collected when it was released is in neither parents_ nor session_ any more:
+      // caller collected when it was released is in neither parents_ nor sched_->rounds any more:
       // nothing else frees it.
       parents_.erase(std::remove(parents_.begin(), parents_.end(), &r), parents_.end());
       if (r.collected && !r.in_session) rounds_.erase(r.id);  // (r is gone)
@@ -512,24 +477,8 @@ void Client::recycle_copy(Round& r) {
 
 void Client::finish_part(size_t li, Round& r) {
   r.parts_left--;
-  advance_done(li);
+  sched_->advance_done(*links_[li], li);
   settle(r);
-}
-
-// DONE(n): this worker holds the results of every round below n on this link (fill() sends it).
-// Only a round with a part on the link makes one owed: the reducer knows nothing of the others
-// (a small round uses some of the reducers), and a DONE for them would cost both ends a frame
-// and a wake-up, and the reducer a CLEAR to every worker, for nothing.
-void Client::advance_done(size_t li) {
-  if (!opts_.failover) return;
-  Link& l = *links_[li];
-  if (!session_.empty()) l.done_next = std::max(l.done_next, session_.front()->wire);
-  while (Round* r = by_wire(l.done_next)) {
-    const Round::Part& p = r->parts[li];
-    if (p.received < p.expected) break;
-    if (p.expected) l.done_owed = true;
-    l.done_next++;
-  }
 }
 
 // CLEAR(n) on link li: every worker holds the results of the rounds below n on this link.
@@ -537,9 +486,9 @@ void Client::apply_clear(size_t li, uint64_t upto) {
   Link& l = *links_[li];
   const std::string bad = check_clear(upto, l.done_sent, opts_.failover);
   if (!bad.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + bad);
-  const uint64_t from = std::max(l.cleared, session_.empty() ? wire_next_ : session_.front()->wire);
+  const uint64_t from = std::max(l.cleared, sched_->oldest_wire());
   for (uint64_t w = from; w < upto; ++w) {
-    Round* r = by_wire(w);
+    Round* r = sched_->by_wire(w);
     if (!r) continue;
     Round::Part& p = r->parts[li];
     if (p.expected == 0 || p.cleared) continue;
@@ -561,9 +510,9 @@ Client::Driving::~Driving() {
 }
 
 void Client::retire() {
-  while (!session_.empty() && session_.front()->state != Round::State::Running) {
-    Round* r = session_.front();
-    session_.pop_front();
+  while (!sched_->rounds.empty() && sched_->rounds.front()->state != Round::State::Running) {
+    Round* r = sched_->rounds.front();
+    sched_->rounds.pop_front();
     r->in_session = false;
     if (r->role == Round::Role::User) {
       if (r->collected) rounds_.erase(r->id);
@@ -574,100 +523,10 @@ void Client::retire() {
   }
 }
 
-Round* Client::by_wire(uint64_t wire) const {
-  if (session_.empty() || wire < session_.front()->wire) return nullptr;
-  uint64_t i = wire - session_.front()->wire;
-  return i < session_.size() ? session_[size_t(i)] : nullptr;
-}
-
-size_t Client::staging_slots() const { return std::min(size_t(opts_.window), kMaxStagingSlots); }
-
-void Client::fill(size_t li) {
-  Link& l = *links_[li];
-  if (l.closed) return;
-  const uint64_t S = uint64_t(opts_.streams);
-  // With fewer reducers than workers (as after a failover from R = W) each reducer's link is
-  // oversubscribed W/R times: half the window keeps the bytes queued toward it within a switch
-  // queue's reach (measured, docs/performance.md "Reducer failover": 1.04x the R = W - 1 bound
-  // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
-  const uint64_t window = active_.size() < size_t(opts_.world_size) && opts_.window > 1
-                              ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
-  // Rounds before the oldest unfinished one are complete, so this link sent all of them.
-  if (session_.empty()) l.send_wire = wire_next_;
-  else l.send_wire = std::max(l.send_wire, session_.front()->wire);
-  while (l.in_flight < window && !l.out.full()) {
-    Round* r = by_wire(l.send_wire);
-    if (!r) break;
-    Round::Part& p = r->parts[li];
-    if (p.next_send >= p.nchunks) {
-      l.send_wire++;  // this round's chunks on this link are all queued: the next round's follow
-      continue;
-    }
-    const bool staged = r->comp != Compression::None;
-    if (staged) {
-      l.staging.ensure(staging_slots(), opts_.chunk_bytes);  // once per session and link
-      if (l.staging.full()) break;  // every slot waits to be written
-    }
-    const uint64_t off = p.next_send * p.chunk;
-    const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
-    proto::FrameHeader h;
-    h.type = proto::FrameType::Data;
-    h.dtype = uint8_t(r->dtype);
-    h.op = uint8_t(r->op);
-    h.flags = (p.next_send + S >= p.nchunks) ? proto::kLastInStream : 0;
-    h.length = uint32_t(len);
-    h.round = r->wire;
-    h.total_bytes = r->nbytes;
-    h.shard_bytes = p.shard_bytes;
-    h.offset = off;
-    h.tag = r->tag;
-    uint8_t hdr[proto::kFrameHeaderBytes];
-    proto::encode(h, hdr);
-    if (staged) {
-      const uint8_t* slot = l.staging.narrow_next(r->buf, r->dtype, p.shard_off + off, len);
-      l.out.push(hdr, sizeof hdr, net::Payload::bytes(slot, len), frame_token(r->wire, true));
-    } else {
-      l.out.push(hdr, sizeof hdr, net::Payload::range(r->buf, p.shard_off + off, len), frame_token(r->wire, false));
-    }
-    p.next_send += S;
-    l.in_flight++;
-    l.cork = false;
-  }
-  // The DONE goes out with what this link writes anyway. Alone, when only rounds released early
-  // wait for it (their copies do, no caller), it is written with MSG_MORE: the kernel keeps it
-  // for the link's next write (the next round on this reducer, usually within a round or two),
-  // about 200 ms at most. That spares the reducer a wake-up per DONE, and its CLEARs then leave
-  // with that round's results. A round this worker cannot hand back before the CLEAR
-  // (done_urgent), a drain or a pool of copies (nearly) full (copies_short) send it at once.
-  if (!l.done_queued && l.done_owed && l.done_sent < l.done_next && !l.out.full()) {
-    l.cork = l.out.empty() && l.in_flight == 0 && !copies_short() && !done_urgent(li);
-    proto::FrameHeader h;
-    h.type = proto::FrameType::Done;
-    h.round = l.done_next;
-    uint8_t hdr[proto::kFrameHeaderBytes];
-    proto::encode(h, hdr);
-    l.out.push(hdr, sizeof hdr, net::Payload::none(), kDoneToken);
-    l.done_queued = true;
-    l.done_owed = false;
-    l.done_sent = l.done_next;
-  }
-}
+void Client::fill(size_t li) { sched_->fill(*links_[li], li, active_.size(), copies_short()); }
 
 bool Client::copies_short() const {
   return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight);
-}
-
-// True if a round the DONE owed on link li covers will wait for its CLEAR in its caller's hands
-// (not released early): an internal round or a large one. (A small one the pool of copies has no
-// room for waits too; then copies_short() holds, which sends every DONE at once anyway.)
-bool Client::done_urgent(size_t li) const {
-  const Link& l = *links_[li];
-  for (uint64_t w = l.done_sent; w < l.done_next; ++w) {
-    const Round* r = by_wire(w);
-    if (r && r->parts[li].expected > 0 && r->state == Round::State::Running && !r->released && !r->small_user())
-      return true;
-  }
-  return false;
 }
 
 void Client::watch(std::vector<pollfd>* pfds) {
@@ -708,7 +567,7 @@ bool Client::pump(const pollfd* ready) {
           return;
         }
         if (token & 1) l.staging.written();
-        if (Round* r = by_wire(token >> 1)) r->parts[li].written++;
+        if (Round* r = sched_->by_wire(token >> 1)) r->parts[li].written++;
       };
       auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
         if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
@@ -716,7 +575,7 @@ bool Client::pump(const pollfd* ready) {
         if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
         if (h.type != proto::FrameType::Result)
           throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
-        Round* r = by_wire(h.round);
+        Round* r = sched_->by_wire(h.round);
         if (r && r->state != Round::State::Running) r = nullptr;
         const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
         const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
@@ -835,7 +694,7 @@ bool Client::pump(const pollfd* ready) {
 }
 
 std::string Client::describe_stall() const {
-  const Round& r = *session_.front();
+  const Round& r = *sched_->rounds.front();
   std::string waiting;
   for (size_t li = 0; li < links_.size(); ++li) {
     const Round::Part& p = r.parts[li];
@@ -866,7 +725,7 @@ void Client::note_lost(size_t reducer, const std::string& why) {
 bool Client::stall_is_one_reducer(size_t* reducer) const {
   if (active_.size() < 2) return false;
   std::vector<uint8_t> owing(addrs_.size(), 0);
-  for (const Round* r : session_) {
+  for (const Round* r : sched_->rounds) {
     if (r->state != Round::State::Running) continue;
     for (size_t li = 0; li < links_.size(); ++li) {
       const Round::Part& p = r->parts[li];
@@ -885,7 +744,7 @@ bool Client::stall_is_one_reducer(size_t* reducer) const {
 // Adds what this session's rounds received to their user rounds' `held` (wire bytes).
 void Client::collect_held() {
   const uint64_t S = uint64_t(opts_.streams);
-  for (Round* r : session_) {
+  for (Round* r : sched_->rounds) {
     if (r->state != Round::State::Running || r->role == Round::Role::Exchange) continue;
     failover::Intervals got;
     for (size_t li = 0; li < links_.size(); ++li) {
@@ -965,7 +824,7 @@ void Client::seal_exchange(Round* x, Op op) {
   x->tag = kExchangeTag;
   x->nbytes = x->store.size() * sizeof(int64_t);
   x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-  x->wire = wire_next_++;
+  x->wire = sched_->next_wire++;
 }
 
 Round* Client::new_internal(int kind) {
@@ -1136,7 +995,7 @@ void Client::recover() {
   // Rounds not finished here, by RoundId: their progress so far goes into `held`.
   collect_held();
   std::vector<Round*> pending;
-  for (Round* r : session_)
+  for (Round* r : sched_->rounds)
     if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
   for (Round* r : parents_)
     if (r->state == Round::State::Running) pending.push_back(r);
@@ -1153,7 +1012,7 @@ void Client::recover() {
       r->parts_left = r->clears_left = r->children = 0;
     }
     parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
-    session_.clear();
+    sched_->rounds.clear();
     internal_.clear();
     check_ = nullptr;  // a rejoin check under way is abandoned: try_rejoin() sees it
     open_ = 0;
@@ -1223,7 +1082,7 @@ void Client::recover() {
         if (!r->held.empty())
           throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
                                                " has results here but was not started on every worker");
-        r->wire = wire_next_++;
+        r->wire = sched_->next_wire++;
         enqueue(r);
         continue;
       }
@@ -1252,7 +1111,7 @@ void Client::recover() {
         }
         if (!c) continue;
         c->buf.assign(segs.data(), segs.size());
-        c->wire = wire_next_++;
+        c->wire = sched_->next_wire++;
         enqueue(c);
         r->children++;
       }
@@ -1321,15 +1180,15 @@ bool Client::collect(RoundId id) {
   if (r.collected)
     throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
   if (r.state == Round::State::Running && !r.released) return false;
-  if (r.state == Round::State::Failed) {  // failed rounds are no longer in session_
+  if (r.state == Round::State::Failed) {  // failed rounds are no longer in sched_->rounds
     Error e(r.kind, r.error);
     rounds_.erase(it);
     throw e;
   }
-  // A finished round may still sit in session_ behind an unfinished older one, and a released
-  // one waits for its CLEARs in session_ (or for its repair in parents_): each is freed when it
+  // A finished round may still sit in sched_->rounds behind an unfinished older one, and a released
+  // one waits for its CLEARs in sched_->rounds (or for its repair in parents_): each is freed when it
   // leaves them (retire, settle, fail_all).
-  if (r.state == Round::State::Running || by_wire(r.wire) == &r) r.collected = true;
+  if (r.state == Round::State::Running || sched_->by_wire(r.wire) == &r) r.collected = true;
   else rounds_.erase(it);
   return true;
 }

@@ -100,6 +100,7 @@ using RoundId = uint64_t;
 
 struct Link;   // client/round.h
 struct Round;
+class Schedule;  // client/schedule.h
 
 class Client {
  public:
@@ -162,13 +163,11 @@ class Client {
   void connect_all(std::vector<size_t>* lost = nullptr);
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;             // the group name of this reducer set
-  void plan(Round& r);                            // splits a round over the current links
   void enqueue(Round* r);                         // plan() and append to session_
   void settle(Round& r);                          // Done once its results are in and cleared
   void release_early(Round& r);                   // a small round's results are in: back to the caller
   void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
   void finish_part(size_t li, Round& r);          // a link's share of a round is complete
-  void advance_done(size_t li);                   // DONE: rounds complete on this link
   void apply_clear(size_t li, uint64_t upto);
   // Failover (client/failover.h): note a lost reducer; recover() moves the session.
   void note_lost(size_t reducer, const std::string& why);
@@ -196,13 +195,10 @@ class Client {
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
-  void fill(size_t li);                           // queue the frames the window allows on link li
-  bool done_urgent(size_t li) const;              // a DONE owed on li is waited for: it may not wait in the kernel
+  void fill(size_t li);                           // queue the frames the window allows on link li (Schedule)
   bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
-  size_t staging_slots() const;                   // narrowed chunks a link may have queued, unwritten
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
-  Round* by_wire(uint64_t wire) const;            // a round of this session by round number
   bool collect(RoundId id);                       // true (and forgets it) if done; rethrows its error
   void retire();                                  // drops finished rounds from the front of session_
   std::string describe_stall() const;
@@ -213,12 +209,11 @@ class Client {
   proto::Credential credential_;
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[i * streams + s], i indexes active_
   std::vector<size_t> active_;                // reducers (indices into addrs_) of the current session
-  uint64_t wire_next_ = 0;                    // round number of the next round of this session
   RoundId id_next_ = 0;
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
-  std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
-  size_t open_ = 0;             // rounds in session_ not finished (user, repair, exchange)
-  size_t running_ = 0;          // user rounds not finished (in session_ or being repaired), not released
+  std::unique_ptr<Schedule> sched_;  // this session's rounds, in round order, and how they go on the links
+  size_t open_ = 0;             // rounds in the session not finished (user, repair, exchange)
+  size_t running_ = 0;          // user rounds not finished (in the session or being repaired), not released
   size_t released_open_ = 0;    // user rounds released (release_early), not yet done: at most max_rounds_in_flight
   std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
   std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
