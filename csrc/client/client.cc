@@ -4,6 +4,7 @@
 #include "client/handshake.h"
 #include "client/reducer_frames.h"
 #include "client/round.h"
+#include "client/recovery.h"
 #include "client/schedule.h"
 #include "client/staging.h"
 
@@ -31,57 +32,9 @@ namespace {
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
 
-// The fingerprint of the failover exchange rounds (all workers send the same).
-constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
-
-// How long a worker that is leaving for a failover waits to finish a frame it is half-way
-// through writing, so that its goodbye is read as one (the others then learn it is a failover).
-constexpr int kByeFinishMs = 1000;
-
-// After a reducer reports that another worker left, how long this worker waits for a reducer
-// loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
-constexpr int kPeerLeftGraceMs = 200;
-
-// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
-// on every worker) whether they came back (with the probes the previous check started).
-constexpr RoundId kRejoinEvery = 32;
-
-// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
-// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
-// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
-constexpr int kMaxRecoverRestarts = 16;
-
 }  // namespace
 
 namespace {
-
-ErrorKind kind_of(proto::ErrorCode code) {
-  switch (code) {
-    case proto::ErrorCode::Mismatch: return ErrorKind::Mismatch;
-    case proto::ErrorCode::Protocol: return ErrorKind::Protocol;
-    case proto::ErrorCode::PeerLost:
-    case proto::ErrorCode::Failover:
-    case proto::ErrorCode::Shutdown: return ErrorKind::PeerLost;
-    default: return ErrorKind::Internal;
-  }
-}
-
-// Writes the identity of a sum over wire bytes [2 off or off, ...) of a round's buffer: -0.0 for
-// floats (x + -0.0 == x bit for bit, also for x = +0.0), 0 for integers. `buf_dtype` is the
-// buffer's type (float32 for compressed rounds).
-void fill_identity(const net::Segments& buf, DType buf_dtype, uint64_t off, uint64_t len) {
-  const size_t es = dtype_size(buf_dtype);
-  uint64_t at = off;  // elements start at multiples of es in the round's buffer
-  for_each_piece(buf, off, len, [&](const iovec& piece) {
-    uint8_t* p = static_cast<uint8_t*>(piece.iov_base);
-    std::memset(p, 0, piece.iov_len);
-    if (buf_dtype != DType::I32 && buf_dtype != DType::I64) {
-      // Little-endian: the sign bit is the top bit of each element's last byte.
-      for (size_t b = size_t(es - 1 - at % es); b < piece.iov_len; b += es) p[b] = 0x80;
-    }
-    at += piece.iov_len;
-  });
-}
 
 }  // namespace
 
@@ -105,7 +58,7 @@ Client::Client(ClientOptions opts)
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
-  lost_.assign(addrs_.size(), 0);
+  recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   connect_all();
@@ -234,7 +187,7 @@ void Client::disconnect(bool say_bye) {
     }
   }
   links_.clear();
-  probes_.clear();
+  recovery_->drop_probes();
   session_gen_++;
 }
 
@@ -259,16 +212,10 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
   sched_->rounds.clear();
   parents_.clear();
   internal_.clear();
-  check_ = nullptr;  // a rejoin check under way is over (the boundary is not checked again)
-  check_open_ = false;
+  recovery_->reset();  // a rejoin check under way is over too (the boundary is not checked again)
   open_ = 0;
   running_ = 0;
   released_open_ = 0;
-  std::fill(lost_.begin(), lost_.end(), 0);
-  loss_pending_ = false;
-  loss_why_.clear();
-  peer_left_.clear();
-  recoveries_ = 0;
   // The session is out of step with the group now: drop it; the next start() reconnects.
   // Links at a frame boundary say goodbye, so groups that were idle on them do not report
   // this worker as lost (which could reach the others before the real cause).
@@ -280,7 +227,7 @@ void Client::close() {
   std::lock_guard<std::mutex> lock(mu_);
   // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
   // Released rounds still waiting for their CLEARs leave with the session (their callers have them).
-  if (running_ > 0 || released_open_ > 0 || check_open_)
+  if (running_ > 0 || released_open_ > 0 || recovery_->check_open())
     fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
 }
@@ -355,7 +302,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   const size_t wes = dtype_size(wire);
   const uint64_t elems = nbytes / es;
   const size_t max_rounds = size_t(opts_.max_rounds_in_flight);
-  check_probes();
+  recovery_->check_probes();
   if (running_ >= max_rounds) pump();
   if (running_ >= max_rounds) {
     if (!may_wait) return false;
@@ -369,7 +316,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   // (A worker that started this round before the failover did not check: only rounds that no
   // worker had started then are checked, so every worker checks at the same ones. A check that
   // try_start() left under way holds every start until it is over.)
-  if ((check_open_ || check_due()) && !try_rejoin(may_wait)) return false;
+  if (!recovery_->before_start(may_wait)) return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
@@ -418,7 +365,7 @@ void Client::settle(Round& r) {
   if (r.in_session) open_--;
   switch (r.role) {
     case Round::Role::User:
-      recoveries_ = 0;
+      recovery_->round_finished();
       if (r.released) released_open_--;  // (counted in stats and left running_ when it was released)
       else {
         running_--;
@@ -591,29 +538,9 @@ bool Client::pump(const pollfd* ready) {
       };
       auto on_frame = [&](const proto::FrameHeader& h) -> bool {
         if (h.type == proto::FrameType::Error) {
-          const auto code = proto::ErrorCode(h.flags);
-          const std::string msg = reducer_error_text(addrs_[l.reducer].str(), l.error_text);
-          if (!opts_.failover) throw Error(kind_of(code), msg);
-          l.closed = true;  // the reducer closes this connection after its error
-          switch (code) {
-            case proto::ErrorCode::Shutdown:
-              note_lost(l.reducer, msg);
-              return false;
-            case proto::ErrorCode::Failover:  // another worker lost reducers: the tag says which
-              for (size_t i = 0; i < addrs_.size() && i < 64; ++i)
-                if (h.tag >> i & 1) note_lost(i, "another worker of the group lost it (" + msg + ")");
-              loss_pending_ = true;  // (beyond 64 reducers the mask is empty: connecting finds them)
-              if (loss_why_.empty()) loss_why_ = msg;
-              return false;
-            case proto::ErrorCode::PeerLost:  // a worker left: fatal unless a reducer loss explains it
-              if (peer_left_.empty()) {
-                peer_left_ = msg;
-                peer_left_until_ = Clock::now() + std::chrono::milliseconds(kPeerLeftGraceMs);
-              }
-              return false;
-            default:
-              throw Error(kind_of(code), msg);
-          }
+          recovery_->on_reducer_error(l, proto::ErrorCode(h.flags), h.tag,
+                                      reducer_error_text(addrs_[l.reducer].str(), l.error_text));
+          return false;
         }
         if (h.type == proto::FrameType::Clear) {
           apply_clear(li, h.round);
@@ -658,7 +585,7 @@ bool Client::pump(const pollfd* ready) {
         // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
         if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
         l.closed = true;
-        note_lost(l.reducer, e.what());
+        recovery_->note_lost(l.reducer, e.what());
       }
       stats_.bytes_sent += sent;
       stats_.bytes_received += got;
@@ -668,24 +595,9 @@ bool Client::pump(const pollfd* ready) {
       }
     }
     retire();
-    if (loss_pending_) {
-      if (!recovering_) recover();
-      wake_waiters();
-      return true;
-    }
-    if (!peer_left_.empty() && Clock::now() >= peer_left_until_) throw Error(ErrorKind::PeerLost, peer_left_);
-    if (open_ > 0 && timer_.expired()) {
-      size_t k = 0;
-      if (opts_.failover && stall_is_one_reducer(&k)) {
-        note_lost(k, "no progress from it for " + std::to_string(opts_.timeout) + " s while the others finished");
-        if (!recovering_) recover();
-        wake_waiters();
-        return true;
-      }
-      throw Error(ErrorKind::Timeout, describe_stall());
-    }
+    if (recovery_->after_pass()) return true;  // a loss moved the session
   } catch (const Error& e) {
-    if (recovering_) throw;  // recover() unwinds, then the outer pump fails the rounds
+    if (recovery_->recovering()) throw;  // recover() unwinds, then the outer pump fails the rounds
     fail_all(e.kind(), e.what());
     return true;
   }
@@ -708,424 +620,11 @@ std::string Client::describe_stall() const {
          " s (a worker of the group may be missing or slow): " + waiting + more;
 }
 
-// ---- reducer failover ------------------------------------------------------------------
-
-void Client::note_lost(size_t reducer, const std::string& why) {
-  if (reducer >= lost_.size()) return;
-  if (!lost_[reducer] && std::find(active_.begin(), active_.end(), reducer) != active_.end())
-    log_warn("reducer " + addrs_[reducer].str() + " lost (rank " + std::to_string(opts_.rank) + ", group " +
-             opts_.group + "): " + why);
-  lost_[reducer] = 1;
-  loss_pending_ = true;
-  if (loss_why_.empty()) loss_why_ = addrs_[reducer].str() + ": " + why;
-}
-
-// No progress for `timeout`: a lost reducer if it alone still owes this worker results or
-// clears (a slow or missing worker would hold up every reducer).
-bool Client::stall_is_one_reducer(size_t* reducer) const {
-  if (active_.size() < 2) return false;
-  std::vector<uint8_t> owing(addrs_.size(), 0);
-  for (const Round* r : sched_->rounds) {
-    if (r->state != Round::State::Running) continue;
-    for (size_t li = 0; li < links_.size(); ++li) {
-      const Round::Part& p = r->parts[li];
-      if (p.received < p.expected || (p.expected > 0 && opts_.failover && !p.cleared)) owing[links_[li]->reducer] = 1;
-    }
-  }
-  size_t n = 0;
-  for (size_t i = 0; i < owing.size(); ++i)
-    if (owing[i]) {
-      n++;
-      *reducer = i;
-    }
-  return n == 1;
-}
-
-// Adds what this session's rounds received to their user rounds' `held` (wire bytes).
-void Client::collect_held() {
-  const uint64_t S = uint64_t(opts_.streams);
-  for (Round* r : sched_->rounds) {
-    if (r->state != Round::State::Running || r->role == Round::Role::Exchange) continue;
-    failover::Intervals got;
-    for (size_t li = 0; li < links_.size(); ++li) {
-      const Round::Part& p = r->parts[li];
-      const Link& l = *links_[li];
-      for (uint64_t k = 0; k < p.received; ++k) {
-        const uint64_t off = (uint64_t(l.stream) + k * S) * p.chunk;
-        got.add(p.shard_off + off, p.shard_off + std::min(off + p.chunk, p.shard_bytes));
-      }
-      // A result being read: its first whole elements are in place (compressed rounds widen
-      // only complete frames, so nothing of theirs is).
-      if (l.reading == r && l.in.reading_payload() && l.in.header().type == proto::FrameType::Result &&
-          r->comp == Compression::None) {
-        if (l.in.torn())
-          throw Error(ErrorKind::Internal, "reducer failover: a result from " + l.peer +
-                                               " ended inside an element; the round cannot be repaired");
-        const uint64_t off = p.shard_off + l.in.header().offset;
-        got.add(off, off + l.in.payload_in_place());
-      }
-    }
-    if (r->role == Round::Role::User) {
-      for (const auto& sp : got.spans()) r->held.add(sp.first, sp.second);
-      continue;
-    }
-    for (const auto& sp : got.spans())  // Repair: its bytes map onto the parent's
-      for (const Round::Span& m : r->map) {
-        const uint64_t a = std::max(sp.first, m.at), b = std::min(sp.second, m.at + m.len);
-        if (a < b) r->parent->held.add(m.pos + (a - m.at), m.pos + (b - m.at));
-      }
-  }
-}
-
-// Tells every surviving reducer that this worker leaves for a failover and which reducers were
-// lost (BYE with kByeFailover, tag = mask): each fails the group's session with
-// ErrorCode::Failover, so the other workers learn it even if they have not noticed the loss.
-void Client::say_failover_bye() {
-  uint64_t mask = 0;
-  bool any = false;
-  for (size_t i = 0; i < lost_.size(); ++i) {
-    if (!lost_[i]) continue;
-    any = true;
-    if (i < 64) mask |= uint64_t(1) << i;
-  }
-  proto::FrameHeader h;
-  h.type = proto::FrameType::Bye;
-  h.flags = any ? proto::kByeFailover : 0;  // a rejoin leaves between rounds: an ordinary goodbye
-  h.tag = mask;
-  uint8_t bye[proto::kFrameHeaderBytes];
-  proto::encode(h, bye);
-  const auto until = Clock::now() + std::chrono::milliseconds(kByeFinishMs);
-  for (auto& lp : links_) {
-    Link& l = *lp;
-    if (l.closed || lost_[l.reducer]) continue;
-    try {
-      // Frames queued are written first (a half-written one would swallow the goodbye, and with
-      // frame integrity every queued frame has taken its place in the sequence).
-      while (!l.out.empty() && Clock::now() < until) {
-        pollfd p{l.fd.get(), POLLOUT, 0};
-        if (::poll(&p, 1, net::ms_until(until, 50)) <= 0) continue;
-        l.out.flush(l.fd.get(), l.peer, nullptr, [](uint64_t) {});
-      }
-      l.out.send_now(l.fd.get(), l.peer, bye, sizeof bye);
-    } catch (const Error&) {
-      // gone too: its own loss shows when connecting the survivors
-    }
-    ::shutdown(l.fd.get(), SHUT_WR);
-  }
-  links_.clear();
-  probes_.clear();  // the next check only starts probes (for the set the new session leaves out)
-  session_gen_++;
-}
-
-// An exchange round over its own table (x->store, int64), with the next round number.
-void Client::seal_exchange(Round* x, Op op) {
-  x->dtype = DType::I64;
-  x->op = op;
-  x->tag = kExchangeTag;
-  x->nbytes = x->store.size() * sizeof(int64_t);
-  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-  x->wire = sched_->next_wire++;
-}
-
-Round* Client::new_internal(int kind) {
-  internal_.push_back(std::make_unique<Round>());
-  Round* r = internal_.back().get();
-  r->role = Round::Role(kind);
-  r->id = ~RoundId(0);  // never in rounds_
-  return r;
-}
-
-// Finishes every round in flight (with the lock held). False if it would have to wait and
-// `may_wait` is false, or if the session failed meanwhile.
-bool Client::drain(bool may_wait) {
-  std::vector<pollfd> pfds;
-  Raised force(force_dones_);  // every round must end: no DONE may wait in the kernel meanwhile
-  while (open_ > 0 && !links_.empty()) {
-    if (!may_wait) {
-      pump();
-      if (open_ > 0) return false;
-      break;
-    }
-    watch(&pfds);
-    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
-    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    pump(pr > 0 ? pfds.data() : nullptr);
-  }
-  return !links_.empty();
-}
-
-// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
-// kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
-// every worker reached with the probe it started at the previous check, move the session to
-// the larger set if there are any, and start the probes the next check reads. Nothing here
-// waits for a connect: a probe still under way counts as not reached (so the first check
-// after a failover only starts probes, and a reducer that is back rejoins one check later).
-// False: try_start() (`may_wait` false) would have had to wait, for the drain or for the other
-// workers to reach the check; the check then stays open (check_open_) and every later start
-// comes back here, so nothing else starts before it is over. try_start() never waits for the
-// MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
-// (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
-bool Client::check_due() const {
-  return opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ && id_next_ > 0 &&
-         id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_;
-}
-
-bool Client::try_rejoin(bool may_wait) {
-  if (!check_open_) {
-    if (!drain(may_wait)) {
-      // The session failed while draining: its error may have reached no caller (rounds released
-      // early are their callers' already), so this call raises it; the next start reconnects.
-      if (links_.empty()) throw Error(dropped_kind_, dropped_why_);
-      return false;
-    }
-    if (!check_due()) return true;  // a failover while draining moved the boundary
-    rejoin_checked_ = id_next_;
-    open_check();
-  }
-  try {
-    bool agreed = false;
-    if (check_) {  // else a failover in an earlier call dropped it: that call recovered already
-      Raised flag(recovering_);  // a loss during the check is handled below (recover() frees the round)
-      if (may_wait) {
-        agreed = run_internal(nullptr, check_);
-      } else {
-        pump();
-        if (check_->state == Round::State::Running && !loss_pending_) return false;  // not every worker is there
-        agreed = !loss_pending_;
-      }
-    }
-    Round* x = check_;
-    check_ = nullptr;  // (still owned by internal_: the next check frees it)
-    check_open_ = false;
-    if (!agreed) {
-      if (x) recover();
-      // A failover abandoned the check. Whether a worker had opened it before the loss differs
-      // between workers (another may have noticed the loss while draining, then opened the
-      // check in the new session), so every worker decides again from agreed values only
-      // (rejoin_from_, id_next_): the check is redone in the new session if still due.
-      rejoin_checked_ = 0;
-      if (!links_.empty() && check_due()) return try_rejoin(may_wait);
-      start_probes();
-      return true;
-    }
-    const size_t R = addrs_.size();
-    std::vector<size_t> back;
-    for (size_t i = 0; i < R; ++i)
-      if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
-    if (!back.empty()) {
-      std::string names;
-      for (size_t i : back) {
-        names += (names.empty() ? "" : ", ") + addrs_[i].str();
-        active_.push_back(i);
-      }
-      std::sort(active_.begin(), active_.end());
-      stats_.reducer_rejoins += back.size();
-      log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
-               "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
-      recover();  // no round in flight: a new session on the larger set
-    }
-    start_probes();
-    return true;
-  } catch (const Error& e) {
-    // Out of step with the group (the check's round is left half done): drop the session, as
-    // pump() does for any error; the next start reconnects.
-    fail_all(e.kind(), e.what());
-    throw;
-  }
-}
-
-// Enqueues the check's MIN all-reduce (every round in flight is done): 1 for each reducer of
-// the session and each lost one whose probe connected.
-void Client::open_check() {
-  const size_t R = addrs_.size();
-  internal_.erase(std::remove_if(internal_.begin(), internal_.end(),  // earlier checks' rounds
-                                 [](const auto& p) { return p->role == Round::Role::Exchange && !p->in_session; }),
-                  internal_.end());
-  Round* x = new_internal(int(Round::Role::Exchange));
-  x->store.assign(R, 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
-  for (size_t i : active_) x->store[i] = 1;
-  for (auto& [i, probe] : probes_)  // connected (the reducer logs the close at debug level)
-    if (probe.check() == net::ConnectProbe::State::Reached) x->store[i] = 1;
-  probes_.clear();
-  seal_exchange(x, Op::Min);
-  timer_.progress();  // the no-progress clock starts with the round, as for a user round
-  enqueue(x);
-  check_ = x;
-  check_open_ = true;
-}
-
-// Starts a connect to every reducer the session leaves out, for the next rejoin check.
-void Client::start_probes() {
-  probes_.clear();
-  if (links_.empty()) return;
-  for (size_t i = 0; i < addrs_.size(); ++i) {
-    if (std::find(active_.begin(), active_.end(), i) != active_.end()) continue;
-    probes_.emplace_back(i, net::ConnectProbe(addrs_[i]));
-    stats_.rejoin_probes++;
-  }
-}
-
-// Closes the probes whose connect is over, at each round start and test() (so a reducer sees a
-// probe's connection closed soon, normally long before its handshake timeout); their outcome
-// stays for the next check.
-void Client::check_probes() {
-  for (auto& p : probes_) p.second.check();
-}
-
-// Drives the session until internal round `r` is done, with the lock held (other threads
-// wait: nothing else may start while the workers agree). False if a reducer was lost meanwhile.
-bool Client::run_internal(std::unique_lock<std::mutex>*, Round* r) {
-  std::vector<pollfd> pfds;
-  while (r->state == Round::State::Running) {
-    if (loss_pending_) return false;
-    if (links_.empty()) throw Error(ErrorKind::PeerLost, "reducer failover: the new session was dropped");
-    watch(&pfds);
-    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
-    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    pump(pr > 0 ? pfds.data() : nullptr);
-  }
-  return !loss_pending_;
-}
-
-// Moves the session to the surviving reducers and sets up the repair of every unfinished round
-// (see client/failover.h and docs/protocol.md, "Reducer failover"). Blocks until the workers
-// have agreed (two small all-reduces); the repairs then run like any round.
-void Client::recover() {
-  Raised flag(recovering_);
-  // Rounds not finished here, by RoundId: their progress so far goes into `held`.
-  collect_held();
-  std::vector<Round*> pending;
-  for (Round* r : sched_->rounds)
-    if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
-  for (Round* r : parents_)
-    if (r->state == Round::State::Running) pending.push_back(r);
-  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
-  for (;;) {
-    if (++recoveries_ > kMaxRecoverRestarts + int(addrs_.size()))  // a reducer that keeps saying "failover"
-      throw Error(ErrorKind::PeerLost, "reducer failover: " + std::to_string(recoveries_ - 1) +
-                                           " failover sessions without a round finishing (last: " + loss_why_ + ")");
-    // 1. Leave the session, telling the survivors why.
-    say_failover_bye();
-    for (Round* r : pending) {
-      r->parts.clear();
-      r->in_session = false;
-      r->parts_left = r->clears_left = r->children = 0;
-    }
-    parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
-    sched_->rounds.clear();
-    internal_.clear();
-    check_ = nullptr;  // a rejoin check under way is abandoned: try_rejoin() sees it
-    open_ = 0;
-    std::vector<size_t> next;
-    std::string lost_names;
-    for (size_t i : active_) {
-      if (!lost_[i]) next.push_back(i);
-      else lost_names += (lost_names.empty() ? "" : ", ") + addrs_[i].str();
-    }
-    const std::string why = loss_why_;
-    std::fill(lost_.begin(), lost_.end(), 0);
-    loss_pending_ = false;
-    loss_why_.clear();
-    peer_left_.clear();
-    if (next.empty()) throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
-    const bool changed = next.size() != active_.size();
-    active_ = next;
-    if (changed) stats_.reducer_failovers++;
-    const std::string line = "(rank " + std::to_string(opts_.rank) + ", group " + opts_.group + "): " +
-                             (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
-                             "; continuing on " + std::to_string(active_.size()) + " of " +
-                             std::to_string(addrs_.size()) + " reducers with " + std::to_string(pending.size()) +
-                             " round(s) to finish";
-    if (why.empty()) log_info("new session on " + std::to_string(active_.size()) + " reducers (rank " +
-                              std::to_string(opts_.rank) + ", group " + opts_.group + ")");  // a rejoin
-    else log_warn("reducer failover " + line);
-    // 2. A session on the survivors (a reducer that refuses it is lost too: start again).
-    std::vector<size_t> refused;
-    connect_all(&refused);
-    if (!refused.empty()) {
-      for (size_t i : refused) note_lost(i, "it refused the failover session");
-      continue;
-    }
-    timer_.progress();
-    // 3. The exchange: what every worker holds of every unfinished round. Every row that comes
-    // back is checked before anything is sized from it (failover::Limits).
-    failover::Limits lim;
-    lim.rank = opts_.rank;
-    for (Round* r : pending) lim.add_round(r->id, r->held, r->nbytes, dtype_size(r->dtype));
-    lim.finish(id_next_);
-    const uint32_t W = opts_.world_size, me = opts_.rank;
-    auto exchange = [&](size_t words) -> Round* {  // an all-gather: SUM of rows, each worker fills its own
-      Round* x = new_internal(int(Round::Role::Exchange));
-      x->store.assign(words, 0);
-      return x;
-    };
-    auto launch = [&](Round* x) {
-      seal_exchange(x, Op::Sum);
-      enqueue(x);
-    };
-    Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
-    failover::put_summary(&x1->store, me, lim.own);
-    launch(x1);
-    if (!run_internal(nullptr, x1)) continue;
-    const std::vector<int64_t> summaries = x1->store;
-    const uint64_t max_e = failover::check_summaries(W, summaries, lim);
-    Round* x2 = exchange(failover::table_words(W, max_e));
-    failover::put_entries(&x2->store, me, max_e, lim.mine);
-    launch(x2);
-    if (!run_internal(nullptr, x2)) continue;
-    failover::Table table(W, summaries, x2->store, max_e, &lim);
-    rejoin_from_ = table.max_next();
-    // 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
-    std::vector<Round*> parents;
-    for (Round* r : pending) {
-      if (r->id >= table.hi()) {
-        if (!r->held.empty())
-          throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
-                                               " has results here but was not started on every worker");
-        r->wire = sched_->next_wire++;
-        enqueue(r);
-        continue;
-      }
-      const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
-      const DType buf_dtype = r->comp != Compression::None ? DType::F32 : r->dtype;
-      for (int pass = 0; pass < 2; ++pass) {  // copies first, then reductions
-        const bool copy = pass == 0;
-        Round* c = nullptr;
-        std::vector<iovec> segs;
-        for (const auto& pc : pieces) {
-          if ((pc.holder >= 0) != copy) continue;
-          if (!c) {
-            c = new_internal(int(Round::Role::Repair));
-            c->parent = r;
-            c->dtype = r->dtype;
-            c->op = copy ? Op::Sum : r->op;
-            c->tag = r->tag;
-            c->comp = r->comp;
-          }
-          const uint64_t len = pc.end - pc.begin;
-          c->map.push_back({c->nbytes, pc.begin, len});
-          c->nbytes += len;
-          if (copy && pc.holder != int64_t(me)) fill_identity(r->buf, buf_dtype, pc.begin * r->scale(), len * r->scale());
-          for_each_piece(r->buf, pc.begin * r->scale(), len * r->scale(),
-                         [&](const iovec& piece) { segs.push_back(piece); });
-        }
-        if (!c) continue;
-        c->buf.assign(segs.data(), segs.size());
-        c->wire = sched_->next_wire++;
-        enqueue(c);
-        r->children++;
-      }
-      if (r->children > 0) parents.push_back(r);
-      else {
-        r->held.clear();
-        settle(*r);  // every worker holds all of it
-      }
-    }
-    parents_ = parents;
-    timer_.progress();
-    wake_waiters();
-    return;
-  }
+void Client::poll_and_pump(std::vector<pollfd>* pfds, int ms) {
+  watch(pfds);
+  int pr = ::poll(pfds->data(), pfds->size(), ms);
+  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+  pump(pr > 0 ? pfds->data() : nullptr);
 }
 
 void Client::wake_waiters() {
@@ -1150,7 +649,7 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
     watch(&pfds);
     pfds.push_back({wake_.get(), POLLIN, 0});
     const uint64_t gen = session_gen_;
-    const int ms = timer_.poll_ms(peer_left_.empty() ? 200 : 20);
+    const int ms = recovery_->poll_ms();
     pollers_++;
     lk.unlock();
     int pr = ::poll(pfds.data(), pfds.size(), ms);
@@ -1197,7 +696,7 @@ bool Client::test(RoundId id) {
   std::unique_lock<std::mutex> lk(mu_);
   Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
-  check_probes();
+  recovery_->check_probes();
   pump();
   return collect(id);
 }

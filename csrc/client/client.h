@@ -101,6 +101,7 @@ using RoundId = uint64_t;
 struct Link;   // client/round.h
 struct Round;
 class Schedule;  // client/schedule.h
+class Recovery;  // client/recovery.h
 
 class Client {
  public:
@@ -169,31 +170,13 @@ class Client {
   void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
   void finish_part(size_t li, Round& r);          // a link's share of a round is complete
   void apply_clear(size_t li, uint64_t upto);
-  // Failover (client/failover.h): note a lost reducer; recover() moves the session.
-  void note_lost(size_t reducer, const std::string& why);
-  void recover();
-  bool stall_is_one_reducer(size_t* reducer) const;
-  void collect_held();
-  void say_failover_bye();
-  // While reducers are lost: every kRejoinEvery rounds the workers drain, agree (a MIN
-  // all-reduce) on the lost reducers every worker reached with the probe started at the
-  // previous check (never waited for), take those back, and start the next probes.
-  // With `may_wait` false it never waits for the other workers: false until the check is over.
-  bool try_rejoin(bool may_wait);
-  bool check_due() const;                         // a rejoin check is due at the next RoundId
-  void open_check();                              // enqueues the check's MIN all-reduce (check_)
-  void start_probes();                            // a probe per reducer not in active_
-  void check_probes();                            // notes probes that finished (never waits)
-  bool drain(bool may_wait);                      // every round in flight done (false: would block)
-  bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
-  Round* new_internal(int kind);
-  void seal_exchange(Round* x, Op op);
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
+  void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li (Schedule)
   bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
@@ -218,25 +201,11 @@ class Client {
   std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
   std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
   std::vector<Round*> parents_; // user rounds waiting for their repair rounds
-  std::vector<uint8_t> lost_;   // by reducer: lost and not yet handled
-  bool loss_pending_ = false;
-  std::string loss_why_;
-  bool recovering_ = false;
-  int recoveries_ = 0;          // failover sessions started since a user round last finished
-  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
-  // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
-  // by internal_ (null once recover() dropped it: the check is then over, without a rejoin;
-  // fail_all() closes the check).
-  bool check_open_ = false;
-  Round* check_ = nullptr;
-  RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
-  // The connects to lost reducers started at the last rejoin check, by reducer; the next check
-  // reads them. Closed when links_ is dropped (close, error, failover, rejoin).
-  std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
+  // Reducer failover and rejoin checks (client/recovery.h); it works on this client's state.
+  friend class Recovery;
+  std::unique_ptr<Recovery> recovery_;
   ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
   std::string dropped_why_;
-  std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
-  net::Clock::time_point peer_left_until_{};
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
   bool force_dones_ = false;    // drain(): every round must end, so no DONE waits in the kernel (fill())
   struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
