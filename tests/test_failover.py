@@ -849,6 +849,7 @@ def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(redu
         proxy.close()
 
 
+@pytest.mark.sanitize
 def test_a_session_lost_while_draining_for_a_rejoin_check_raises_its_own_error():
     """The session fails inside start() while it drains for a rejoin check, and every round in
     flight was released early (its caller has it, nobody else hears the error): start() raises

@@ -2,9 +2,9 @@
 
 #include "client/failover.h"
 #include "client/handshake.h"
+#include "client/recovery.h"
 #include "client/reducer_frames.h"
 #include "client/round.h"
-#include "client/recovery.h"
 #include "client/schedule.h"
 #include "client/staging.h"
 
@@ -19,7 +19,6 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "common/raised.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 
@@ -31,10 +30,6 @@ namespace {
 
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
-
-}  // namespace
-
-namespace {
 
 }  // namespace
 
@@ -490,110 +485,16 @@ void Client::watch(std::vector<pollfd>* pfds) {
   }
 }
 
+// One non-blocking pass over the links: each link that can move bytes takes its turn
+// (pump_link), then finished rounds retire and the recovery coordinator looks at losses and
+// stalls. Any error that is not a reducer's loss fails every round in flight.
 bool Client::pump(const pollfd* ready) {
   if (links_.empty() || open_ == 0) return false;
-  const int S = opts_.streams;
   bool moved = false;
   try {
-    // A poll says which links can move bytes; only those are touched (no syscalls that
-    // would only report EAGAIN).
-    if (!ready) {
-      watch(&pfds_);
-      int pr = ::poll(pfds_.data(), pfds_.size(), 0);
-      if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-      if (pr < 0) for (pollfd& p : pfds_) p.revents = 0;
-      ready = pfds_.data();
-    }
-    for (size_t li = 0; li < links_.size(); ++li) {
-      if (ready[li].revents == 0) continue;
-      Link& l = *links_[li];
-      if (l.closed) continue;
-      auto written = [&](uint64_t token) {
-        if (token == kDoneToken) {
-          l.done_queued = false;
-          return;
-        }
-        if (token & 1) l.staging.written();
-        if (Round* r = sched_->by_wire(token >> 1)) r->parts[li].written++;
-      };
-      auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
-        if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
-        if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
-        if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
-        if (h.type != proto::FrameType::Result)
-          throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
-        Round* r = sched_->by_wire(h.round);
-        if (r && r->state != Round::State::Running) r = nullptr;
-        const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
-        const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
-                                             uint64_t(l.stream), uint64_t(S));
-        if (!bad.empty())
-          throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
-                                               std::to_string(h.offset) + ", " + std::to_string(h.length) +
-                                               " bytes) this worker did not ask for: " + bad);
-        l.reading = r;
-        if (r->comp != Compression::None) return net::Sink::memory(l.staging.result_chunk());  // widened in on_frame
-        // Whole elements only: after a failure each element is either the input or the result.
-        return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
-      };
-      auto on_frame = [&](const proto::FrameHeader& h) -> bool {
-        if (h.type == proto::FrameType::Error) {
-          recovery_->on_reducer_error(l, proto::ErrorCode(h.flags), h.tag,
-                                      reducer_error_text(addrs_[l.reducer].str(), l.error_text));
-          return false;
-        }
-        if (h.type == proto::FrameType::Clear) {
-          apply_clear(li, h.round);
-          return true;
-        }
-        Round& r = *l.reading;
-        Round::Part& p = r.parts[li];
-        if (r.comp != Compression::None) l.staging.widen(r.buf, r.dtype, p.shard_off + h.offset, h.length);
-        p.received++;
-        l.in_flight--;
-        if (p.received == p.expected) finish_part(li, r);
-        return true;
-      };
-      net::IoBudget budget(kLinkBudget);
-      uint64_t sent = 0, got = 0;
-      auto write_out = [&] {  // (a write without MSG_MORE takes along whatever waited in the kernel)
-        net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written, l.cork);
-        if (wr.bytes) l.corked = l.cork;
-        return wr;
-      };
-      const short rev = ready[li].revents;
-      try {
-        if (rev & POLLOUT) {
-          net::IoResult wr = write_out();
-          sent += wr.bytes;
-          // Written frames free staging slots: queue (narrow) and write the next ones now.
-          if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
-            fill(li);
-            sent += write_out().bytes;
-          }
-        }
-        if (rev & (POLLIN | POLLHUP | POLLERR)) {
-          net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
-          got += rd.bytes;
-          // Results free window slots: queue and write more before the next link's turn.
-          if (rd.frames > 0 && !budget.spent() && !l.closed) {
-            fill(li);
-            sent += write_out().bytes;
-          }
-        }
-      } catch (const Error& e) {
-        // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
-        if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
-        l.closed = true;
-        recovery_->note_lost(l.reducer, e.what());
-      }
-      stats_.bytes_sent += sent;
-      stats_.bytes_received += got;
-      if (sent || got) {
-        moved = true;
-        timer_.progress();
-      }
-    }
+    if (!ready) ready = poll_links();
+    for (size_t li = 0; li < links_.size(); ++li)
+      if (ready[li].revents != 0 && !links_[li]->closed && pump_link(li, ready[li].revents)) moved = true;
     retire();
     if (recovery_->after_pass()) return true;  // a loss moved the session
   } catch (const Error& e) {
@@ -603,6 +504,129 @@ bool Client::pump(const pollfd* ready) {
   }
   if (moved) wake_waiters();
   return moved;
+}
+
+// A poll without waiting says which links can move bytes; only those are touched (no syscalls
+// that would only report EAGAIN).
+const pollfd* Client::poll_links() {
+  watch(&pfds_);
+  int pr = ::poll(pfds_.data(), pfds_.size(), 0);
+  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+  if (pr < 0)
+    for (pollfd& p : pfds_) p.revents = 0;
+  return pfds_.data();
+}
+
+// Link li's turn (poll said `rev`), up to kLinkBudget bytes: it writes, then reads; frames
+// written or results read make room, so it queues and writes more before the next link's turn.
+// True if bytes moved.
+bool Client::pump_link(size_t li, short rev) {
+  Link& l = *links_[li];
+  net::IoBudget budget(kLinkBudget);
+  uint64_t sent = 0, got = 0;
+  try {
+    if (rev & POLLOUT) {
+      net::IoResult wr = write_link(li, &budget);
+      sent += wr.bytes;
+      // Written frames free staging slots: queue (narrow) and write the next ones now.
+      if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
+        fill(li);
+        sent += write_link(li, &budget).bytes;
+      }
+    }
+    if (rev & (POLLIN | POLLHUP | POLLERR)) {
+      net::IoResult rd = l.in.pump(
+          l.fd.get(), l.peer, &budget,
+          [&](const proto::FrameHeader& h, const std::string& err) { return on_header(li, h, err); },
+          [&](const proto::FrameHeader& h) { return on_frame(li, h); });
+      got += rd.bytes;
+      // Results free window slots: queue and write more before the next link's turn.
+      if (rd.frames > 0 && !budget.spent() && !l.closed) {
+        fill(li);
+        sent += write_link(li, &budget).bytes;
+      }
+    }
+  } catch (const Error& e) {
+    // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
+    if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
+    l.closed = true;
+    recovery_->note_lost(l.reducer, e.what());
+  }
+  return count_io(sent, got);
+}
+
+// Writes link li's queued frames (a write without MSG_MORE takes along whatever waited in the kernel).
+net::IoResult Client::write_link(size_t li, net::IoBudget* budget) {
+  Link& l = *links_[li];
+  net::IoResult wr = l.out.flush(l.fd.get(), l.peer, budget, [&](uint64_t token) { on_written(li, token); }, l.cork);
+  if (wr.bytes) l.corked = l.cork;
+  return wr;
+}
+
+// The frame with `token` (schedule.h) is written on link li.
+void Client::on_written(size_t li, uint64_t token) {
+  Link& l = *links_[li];
+  if (token == kDoneToken) {
+    l.done_queued = false;
+    return;
+  }
+  if (token & 1) l.staging.written();
+  if (Round* r = sched_->by_wire(token >> 1)) r->parts[li].written++;
+}
+
+// Where the payload of a frame from link li goes: an ERROR's text, nothing for a CLEAR, and a
+// RESULT (checked against what this worker sent) straight into its round's buffer, or into the
+// link's staging chunk for a compressed round.
+net::Sink Client::on_header(size_t li, const proto::FrameHeader& h, const std::string& err) {
+  Link& l = *links_[li];
+  if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
+  if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
+  if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
+  if (h.type != proto::FrameType::Result)
+    throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
+  Round* r = sched_->by_wire(h.round);
+  if (r && r->state != Round::State::Running) r = nullptr;
+  const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
+  const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
+                                       uint64_t(l.stream), uint64_t(opts_.streams));
+  if (!bad.empty())
+    throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
+                                         std::to_string(h.offset) + ", " + std::to_string(h.length) +
+                                         " bytes) this worker did not ask for: " + bad);
+  l.reading = r;
+  if (r->comp != Compression::None) return net::Sink::memory(l.staging.result_chunk());  // widened in on_frame
+  // Whole elements only: after a failure each element is either the input or the result.
+  return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
+}
+
+// A complete frame from link li. False: nothing more is read from it (an ERROR).
+bool Client::on_frame(size_t li, const proto::FrameHeader& h) {
+  Link& l = *links_[li];
+  if (h.type == proto::FrameType::Error) {
+    recovery_->on_reducer_error(l, proto::ErrorCode(h.flags), h.tag,
+                                reducer_error_text(addrs_[l.reducer].str(), l.error_text));
+    return false;
+  }
+  if (h.type == proto::FrameType::Clear) {
+    apply_clear(li, h.round);
+    return true;
+  }
+  Round& r = *l.reading;
+  Round::Part& p = r.parts[li];
+  if (r.comp != Compression::None) l.staging.widen(r.buf, r.dtype, p.shard_off + h.offset, h.length);
+  p.received++;
+  l.in_flight--;
+  if (p.received == p.expected) finish_part(li, r);
+  return true;
+}
+
+// The bytes a link's turn moved: counted, and progress for the no-progress timer. True if any.
+bool Client::count_io(uint64_t sent, uint64_t got) {
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += got;
+  if (!sent && !got) return false;
+  timer_.progress();
+  return true;
 }
 
 std::string Client::describe_stall() const {

@@ -7,8 +7,10 @@
 // round n drains). On each connection a round's chunks follow the previous round's, and
 // every worker starts the same rounds in the same order, so the reducer (which keys chunks
 // by their sequence number on the stream) pairs them up; results are matched back to rounds
-// by round number and offset. The byte moving is csrc/net/frame_io.h; this file keeps only
-// the schedule (which chunk goes next on which connection) and the checks on results.
+// by round number and offset. The byte moving is csrc/net/frame_io.h. The implementation is in
+// parts: client.cc (rounds, links, the pump over them), schedule.{h,cc} (which chunk goes next on
+// which connection), staging.{h,cc} (compression), recovery.{h,cc} (failover and rejoin; its
+// pure decisions are failover.{h,cc}), round.h (the state they share).
 //
 // Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
 // buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
@@ -164,7 +166,7 @@ class Client {
   void connect_all(std::vector<size_t>* lost = nullptr);
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;             // the group name of this reducer set
-  void enqueue(Round* r);                         // plan() and append to session_
+  void enqueue(Round* r);                         // plan and append to the session's rounds
   void settle(Round& r);                          // Done once its results are in and cleared
   void release_early(Round& r);                   // a small round's results are in: back to the caller
   void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
@@ -177,13 +179,21 @@ class Client {
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
   void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
+  // pump()'s handlers, in the order a pass meets them:
+  const pollfd* poll_links();                     // which links can move bytes now (poll, no wait)
+  bool pump_link(size_t li, short rev);           // link li's turn: write, read, queue more
+  net::IoResult write_link(size_t li, net::IoBudget* budget);
+  void on_written(size_t li, uint64_t token);     // a frame is written: its staging slot is free
+  net::Sink on_header(size_t li, const proto::FrameHeader& h, const std::string& err);  // where a payload goes
+  bool on_frame(size_t li, const proto::FrameHeader& h);  // a complete ERROR, CLEAR or RESULT
+  bool count_io(uint64_t sent, uint64_t got);     // stats and the no-progress timer
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
   void fill(size_t li);                           // queue the frames the window allows on link li (Schedule)
   bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
   bool collect(RoundId id);                       // true (and forgets it) if done; rethrows its error
-  void retire();                                  // drops finished rounds from the front of session_
+  void retire();                                  // drops finished rounds from the front of the session's
   std::string describe_stall() const;
   void wake_waiters();
 
@@ -207,7 +217,7 @@ class Client {
   ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
   std::string dropped_why_;
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
-  bool force_dones_ = false;    // drain(): every round must end, so no DONE waits in the kernel (fill())
+  bool force_dones_ = false;    // Recovery::drain(): every round must end, so no DONE waits in the kernel (Schedule::fill)
   struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
     explicit Driving(Client* c);
     ~Driving();

@@ -18,26 +18,6 @@ using net::Clock;
 
 namespace {
 
-// The fingerprint of the failover exchange rounds (all workers send the same).
-constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
-
-// How long a worker that is leaving for a failover waits to finish a frame it is half-way
-// through writing, so that its goodbye is read as one (the others then learn it is a failover).
-constexpr int kByeFinishMs = 1000;
-
-// After a reducer reports that another worker left, how long this worker waits for a reducer
-// loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
-constexpr int kPeerLeftGraceMs = 200;
-
-// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
-// on every worker) whether they came back (with the probes the previous check started).
-constexpr RoundId kRejoinEvery = 32;
-
-// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
-// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
-// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
-constexpr int kMaxRecoverRestarts = 16;
-
 ErrorKind kind_of(proto::ErrorCode code) {
   switch (code) {
     case proto::ErrorCode::Mismatch: return ErrorKind::Mismatch;
@@ -95,6 +75,10 @@ void Recovery::note_lost(size_t reducer, const std::string& why) {
   loss_pending_ = true;
   if (loss_why_.empty()) loss_why_ = c_.addrs_[reducer].str() + ": " + why;
 }
+
+// After a reducer reports that another worker left, how long this worker waits for a reducer
+// loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
+constexpr int kPeerLeftGraceMs = 200;
 
 void Recovery::on_reducer_error(Link& l, proto::ErrorCode code, uint64_t tag, const std::string& msg) {
   if (!c_.opts_.failover) throw Error(kind_of(code), msg);
@@ -200,6 +184,10 @@ void Recovery::collect_held() {
   }
 }
 
+// How long a worker that is leaving for a failover waits to finish a frame it is half-way
+// through writing, so that its goodbye is read as one (the others then learn it is a failover).
+constexpr int kByeFinishMs = 1000;
+
 // Tells every surviving reducer that this worker leaves for a failover and which reducers were
 // lost (BYE with kByeFailover, tag = mask): each fails the group's session with
 // ErrorCode::Failover, so the other workers learn it even if they have not noticed the loss.
@@ -250,6 +238,11 @@ std::vector<Round*> Recovery::unfinished_rounds() {
   std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
   return pending;
 }
+
+// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
+// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
+// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
+constexpr int kMaxRecoverRestarts = 16;
 
 // Moves the session to the surviving reducers and sets up the repair of every unfinished round
 // (see client/failover.h and docs/protocol.md, "Reducer failover"). Blocks until the workers
@@ -409,6 +402,9 @@ void Recovery::repair(Round* r, const failover::Table& table) {
 
 // ---- internal rounds ---------------------------------------------------------------------
 
+// The fingerprint of the failover exchange rounds (all workers send the same).
+constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
+
 // An exchange round over its own table (x->store, int64), with the next round number.
 void Recovery::seal_exchange(Round* x, Op op) {
   x->dtype = DType::I64;
@@ -456,6 +452,10 @@ bool Recovery::drain(bool may_wait) {
 }
 
 // ---- rejoin checks -----------------------------------------------------------------------
+
+// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
+// on every worker) whether they came back (with the probes the previous check started).
+constexpr RoundId kRejoinEvery = 32;
 
 // A rejoin check at this round boundary (start() of a RoundId that is a multiple of
 // kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
