@@ -20,7 +20,7 @@ ParallelCompile("RS_BUILD_JOBS").install()
 PLUGIN_DIR = os.path.join("csrc", "nccl_plugin")
 PLUGIN_NAME = "libnccl-net-reduction-server.so"
 # The parts of the core the plugin links (the reducer, ring and Python bindings stay out).
-PLUGIN_CORE_DIRS = ["common", "client", "net", "protocol", "kernels"]
+PLUGIN_CORE_DIRS = ["common", "cluster", "client", "net", "protocol", "kernels"]
 
 CXX_FLAGS = ["-O3", "-fvisibility=hidden", "-Wall", "-Wextra"]
 

@@ -23,23 +23,24 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List
 
 import numpy as np
+
+import reducer
+from reducer._native import core
+from reducer.config import parse_size
 
 MODES = ("serial", "inflight")
 
 
-def _worker(rank: int, world: int, addrs: List[str], rounds: int, nbytes: int, steps: int, max_in_flight: int,
-            queue: "mp.Queue") -> None:
-    from reducer._native import core
-
+def _worker(rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, steps: int, max_in_flight: int,
+            queue: mp.Queue) -> None:
     try:
         client = core.Client(addrs, rank, world, "bench-async", "local", 60.0, 60.0, "", 1,
                              max_rounds_in_flight=max_in_flight)
         bufs = [np.empty(nbytes // 4, np.float32) for _ in range(rounds)]
         ptrs = [(b.ctypes.data, b.nbytes) for b in bufs]
-        times: Dict[str, List[float]] = {m: [] for m in MODES}
+        times: dict[str, list[float]] = {m: [] for m in MODES}
         expect = sum(1.0 + r for r in range(world))
         ok = True
         for step in range(steps + 1):  # step 0 warms up (page faults, connections)
@@ -66,9 +67,7 @@ def _worker(rank: int, world: int, addrs: List[str], rounds: int, nbytes: int, s
         raise
 
 
-def main(argv: List[str] = None) -> int:
-    from reducer.config import parse_size
-
+def main(argv: list[str] = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reducers", type=int, default=2)
@@ -77,8 +76,6 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--steps", type=int, default=7, help="timed steps per mode (after one warm-up)")
     ap.add_argument("--max-in-flight", type=int, default=8, help="the client's max_rounds_in_flight")
     args = ap.parse_args(argv)
-
-    import reducer
 
     nbytes = parse_size(args.size)
     if nbytes <= 0 or nbytes % 4:

@@ -21,7 +21,7 @@ import os
 import statistics
 import sys
 import time
-from typing import Callable, Dict, List, Optional
+from collections.abc import Callable
 
 import numpy as np
 
@@ -36,7 +36,7 @@ def per_call_us(fn: Callable[[], None], calls: int) -> float:
     return (time.perf_counter() - t0) / calls * 1e6
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--nbytes", type=parse_size, default=64 * 1024, help="buffer size (default 64K)")
     ap.add_argument("--calls", type=int, default=3000, help="calls per timing (default 3000)")
@@ -47,12 +47,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         comm = reducer.Communicator([f"127.0.0.1:{srv.port}"], rank=0, world_size=1, group="call-overhead")
         try:
             client, ptr, nbytes = comm._client, int(x.ctypes.data), int(x.nbytes)
-            ways: Dict[str, Callable[[], None]] = {
+            ways: dict[str, Callable[[], None]] = {
                 "core": lambda: client.wait(client.start_ptr(ptr, nbytes, "float32", "sum", 0, compression="")),
                 "raw": lambda: comm.allreduce_raw(ptr, nbytes, "float32"),
                 "allreduce": lambda: comm.allreduce(x),
             }
-            times: Dict[str, List[float]] = {k: [] for k in ways}
+            times: dict[str, list[float]] = {k: [] for k in ways}
             for fn in ways.values():  # warm-up
                 per_call_us(fn, max(1, a.calls // 10))
             for _ in range(a.repeat):

@@ -30,8 +30,8 @@ x sum |x|); every later round, the failover round included, must equal it bit fo
 survivors fold in rank order as the lost reducer did). Any difference fails the run (exit 1).
 
 Printed: the ratios failover round / normal round, following rounds / R-1 bound and following
-rounds / fresh R-1 session, with the verdicts against issue 13's targets (<= 1.6x, within 5%), and the release A/B ratio on/off. The
-load average is printed before and after; above 2 the numbers are marked PRELIMINARY.
+rounds / fresh R-1 session, with the verdicts against issue 13's targets (<= 1.6x, within 5%), and the
+release A/B ratio on/off. The load average is printed before and after; above 2 the numbers are marked PRELIMINARY.
 """
 from __future__ import annotations
 
@@ -46,13 +46,16 @@ import threading
 import time
 import traceback
 import uuid
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
 from reducer import config as rs_config
 from reducer.addresses import format_address
 from reducer.bench import emulate, report, runner
+from reducer.bench.rank import _read_json_line, cpu_seconds, emit
+from reducer.communicator import Communicator
 
 LOAD_LIMIT = 2.0          # above this load average the numbers are preliminary
 FAILOVER_LIMIT = 1.6      # issue 13: the failover round takes at most 1.6x a normal round
@@ -67,7 +70,7 @@ def random_input(rank: int, count: int, seed: int = SEED) -> np.ndarray:
     return np.random.default_rng((seed, rank)).standard_normal(count, dtype=np.float32)
 
 
-def float64_reference(world: int, count: int, seed: int = SEED) -> Tuple[np.ndarray, np.ndarray]:
+def float64_reference(world: int, count: int, seed: int = SEED) -> tuple[np.ndarray, np.ndarray]:
     """(float64 sum of every rank's random_input, absolute tolerance per element). A float32 sum of
     `world` values in any order is within (world - 1) x eps32 x sum |x| of the exact sum; the
     tolerance is world x eps32 x sum |x| (and at least one eps32)."""
@@ -99,7 +102,7 @@ def slowest(samples_by_rank: Sequence[Sequence[float]]) -> float:
     return max(statistics.median(s) for s in samples_by_rank)
 
 
-def verdicts(normal_s: float, failover_s: float, following_s: float, bound_s: float) -> Dict[str, Any]:
+def verdicts(normal_s: float, failover_s: float, following_s: float, bound_s: float) -> dict[str, Any]:
     """Issue 13's two targets: failover round / normal round <= 1.6, following / R-1 bound <= 1.05."""
     fo = failover_s / normal_s
     fl = following_s / bound_s
@@ -125,7 +128,7 @@ class _Checker:
 
     def __init__(self, world: int, count: int) -> None:
         self.world, self.count = world, count
-        self.first: Optional[np.ndarray] = None
+        self.first: np.ndarray | None = None
         self.wrong = 0    # elements outside the float64 tolerance (first result)
         self.differ = 0   # elements whose bits differ from the first result (later ones)
 
@@ -140,15 +143,12 @@ class _Checker:
         return d
 
 
-def _sigkill_at(pid: int, t_start: List[float], record: Dict[str, float]) -> None:
+def _sigkill_at(pid: int, t_start: list[float], record: dict[str, float]) -> None:
     record["killed_after_s"] = time.perf_counter() - t_start[0]
     os.kill(pid, signal.SIGKILL)
 
 
-def _worker(job: Dict[str, Any]) -> None:
-    from reducer.bench.rank import _read_json_line, cpu_seconds, emit
-    from reducer.communicator import Communicator
-
+def _worker(job: dict[str, Any]) -> None:
     rank, world = job["rank"], job["world"]
 
     def connect(failover: bool) -> Communicator:
@@ -165,7 +165,7 @@ def _worker(job: Dict[str, Any]) -> None:
         count = size // 4
         inp, buf = random_input(rank, count), np.empty(count, np.float32)
         chk = _Checker(world, count)
-        samples: Dict[str, List[float]] = {"off": [], "on": []}
+        samples: dict[str, list[float]] = {"off": [], "on": []}
         for it in range(1 + job["ab_rounds"]):  # iteration 0 warms up
             for mode in (("off", "on") if it % 2 == 0 else ("on", "off")):
                 dt = _timed(comms[mode], buf, inp, tiny)
@@ -191,7 +191,7 @@ def _worker(job: Dict[str, Any]) -> None:
     # 3. the failover round: rank 0 kills the victim `after_s` into it
     go = _read_json_line()
     kill = go.get("kill")
-    record: Dict[str, float] = {}
+    record: dict[str, float] = {}
     t_start = [0.0]
     timer = None
     if kill:
@@ -218,8 +218,8 @@ def _worker(job: Dict[str, Any]) -> None:
                          job_id="bench-failover", timeout=job["timeout"], connect_timeout=job["connect_timeout"])
     _timed(fresh, buf, inp, tiny)  # its first round warms it up (connections, buffers), as for the normal rounds
     differ = chk.check(buf)
-    following: List[float] = []
-    baseline: List[float] = []
+    following: list[float] = []
+    baseline: list[float] = []
     for it in range(job["rounds"]):
         for which in (("following", "fresh") if it % 2 == 0 else ("fresh", "following")):
             if which == "following":
@@ -240,8 +240,6 @@ def _worker(job: Dict[str, Any]) -> None:
 
 
 def _worker_main() -> int:
-    from reducer.bench.rank import _read_json_line, emit
-
     job = _read_json_line()
     try:
         _worker(job)
@@ -270,14 +268,14 @@ class _Inbox:
     while an earlier one is awaited (a fast worker) is kept for its own wait, not dropped. Every
     event name is used once per process."""
 
-    def __init__(self, events: "queue.Queue", procs: List[Any], timeout: float) -> None:
+    def __init__(self, events: queue.Queue, procs: list[Any], timeout: float) -> None:
         self.events, self.procs, self.timeout = events, procs, timeout
-        self.kept: Dict[Tuple[Any, str], Dict[str, Any]] = {}
+        self.kept: dict[tuple[Any, str], dict[str, Any]] = {}
 
-    def _keep(self, proc: Any, msg: Dict[str, Any]) -> None:
+    def _keep(self, proc: Any, msg: dict[str, Any]) -> None:
         self.kept[(proc, msg.get("event", ""))] = msg
 
-    def wait(self, procs: List[Any], event: str) -> List[Dict[str, Any]]:
+    def wait(self, procs: list[Any], event: str) -> list[dict[str, Any]]:
         """Each of `procs`' message `event`, in the order of `procs`."""
         got = {p: self.kept.pop((p, event)) for p in procs if (p, event) in self.kept}
         rest = [p for p in procs if p not in got]
@@ -287,10 +285,10 @@ class _Inbox:
         return [got[p] for p in procs]
 
 
-def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
+def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
     W, R = args.workers, args.reducers
-    events: "queue.Queue" = queue.Queue()
-    procs: List[Any] = []
+    events: queue.Queue = queue.Queue()
+    procs: list[Any] = []
     phase_timeout = args.timeout
     load_before = os.getloadavg()[0]
     try:
@@ -372,13 +370,13 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
             p.kill()
 
 
-def _stat(stats: List[Dict[str, Any]], key: str) -> str:
+def _stat(stats: list[dict[str, Any]], key: str) -> str:
     vals = sorted({s.get(key) for s in stats}, key=str)
     return "/".join(str(v) for v in vals)
 
 
-def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
-    W, R = args.workers, args.reducers
+def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
+    R = args.reducers
     lb, la = run["load"]
     ok = "PASS" if run["failover_ok"] else "FAIL"
     ok2 = "PASS" if run["following_ok"] else "FAIL"
@@ -394,9 +392,9 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
         f"  failover round         {1e3 * run['failover_s']:8.1f} ms  = {run['failover_ratio']:.2f}x normal "
         f"(limit {FAILOVER_LIMIT}x: {ok}); reducer {args.victim} killed "
         + (f"{1e3 * kill:.1f} ms into it" if kill is not None else "NOT (the round ended first)"),
-        f"  following rounds (R={R - 1}) {1e3 * run['following_s']:8.1f} ms  = {run['following_ratio']:.3f}x the R={R - 1} "
-        f"bound {1e3 * run['bound_R1_s']:.1f} ms (limit {1 + FOLLOWING_LIMIT:.2f}x: {ok2}); each (slowest "
-        f"worker): {', '.join(f'{1e3 * t:.0f}' for t in run['following_rounds_s'])} ms",
+        f"  following rounds (R={R - 1}) {1e3 * run['following_s']:8.1f} ms  = {run['following_ratio']:.3f}x "
+        f"the R={R - 1} bound {1e3 * run['bound_R1_s']:.1f} ms (limit {1 + FOLLOWING_LIMIT:.2f}x: {ok2}); "
+        f"each (slowest worker): {', '.join(f'{1e3 * t:.0f}' for t in run['following_rounds_s'])} ms",
         f"  fresh R={R - 1} session    {1e3 * run['fresh_s']:8.1f} ms  = {run['fresh_s'] / run['bound_R1_s']:.3f}x the "
         f"bound (interleaved with the following rounds; following / fresh = {run['following_over_fresh']:.3f}); each: "
         f"{', '.join(f'{1e3 * t:.0f}' for t in run['fresh_rounds_s'])} ms",
@@ -413,19 +411,19 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def _parse_sizes(text: str) -> List[int]:
+def _parse_sizes(text: str) -> list[int]:
     """runner.parse_sizes, whole float32 elements; '' = none."""
     return [s - s % 4 for s in runner.parse_sizes(text)] if text.strip() else []
 
 
-def _run_and_print(args: argparse.Namespace, hosts: Any, k: int) -> Dict[str, Any]:
+def _run_and_print(args: argparse.Namespace, hosts: Any, k: int) -> dict[str, Any]:
     run = run_once(args, hosts)
     print(f"# run {k + 1}/{args.repeat}")
     print(format_run(run, args), flush=True)
     return run
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--gbps", type=float, default=1.0, help="emulated link rate (1)")

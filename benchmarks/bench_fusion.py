@@ -35,24 +35,22 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
 
 import numpy as np
 
+import reducer
 from reducer.bench.models import Shapes, parameters
 
 # Not a model: 1,000 tensors of 256 float32 (1 KiB each), where per-round latency dominates (the
 # case tensor fusion exists for, like the biases and norm weights of a large model).
 SMALL1000: Shapes = [(f"small.{i}", (256,)) for i in range(1000)]
 
-MODELS: Dict[str, Shapes] = {"resnet50": parameters("resnet50"), "bert-base": parameters("bert-base"),
+MODELS: dict[str, Shapes] = {"resnet50": parameters("resnet50"), "bert-base": parameters("bert-base"),
                              "small1000": SMALL1000}
 
 
-def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: List[str], steps: int,
-            compression: Optional[str], queue: "mp.Queue") -> None:
-    import reducer
-
+def _worker(rank: int, world: int, addrs: list[str], models: list[str], modes: list[str], steps: int,
+            compression: str | None, queue: mp.Queue) -> None:
     try:
         for model in models:
             shapes = MODELS[model]
@@ -62,9 +60,9 @@ def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: L
                 threshold = 0 if mode == "off" else mode
                 comms[mode] = reducer.Communicator(addrs, rank, world, group=f"bench-{model}-{mode}",
                                                    fusion_threshold=threshold, compression=compression)
-            times: Dict[str, List[float]] = {m: [] for m in modes}
-            cpu: Dict[str, List[float]] = {m: [] for m in modes}
-            rounds: Dict[str, List[int]] = {m: [] for m in modes}
+            times: dict[str, list[float]] = {m: [] for m in modes}
+            cpu: dict[str, list[float]] = {m: [] for m in modes}
+            rounds: dict[str, list[int]] = {m: [] for m in modes}
             ok = True
             for step in range(steps + 1):  # step 0 warms up (page faults, fusion buffers)
                 # interleave the modes, rotating their order, so load drift hits them alike
@@ -95,7 +93,7 @@ def _worker(rank: int, world: int, addrs: List[str], models: List[str], modes: L
         raise
 
 
-def main(argv: List[str] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", default="resnet50,bert-base,small1000", help="comma-separated: " + ", ".join(MODELS))
     ap.add_argument("--workers", type=int, default=2)
@@ -106,8 +104,6 @@ def main(argv: List[str] = None) -> int:
     ap.add_argument("--compression", default=None, choices=("bf16", "fp16", "none"),
                     help="wire compression of the float32 gradients (default: RS_COMPRESSION, else none)")
     args = ap.parse_args(argv)
-
-    import reducer
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
     for m in models:
@@ -128,7 +124,7 @@ def main(argv: List[str] = None) -> int:
     t_start = time.time()
     for p in procs:
         p.start()
-    results: Dict[str, list] = {}
+    results: dict[str, list] = {}
     try:
         for _ in range(len(models) * args.workers):
             rank, model, times, rounds, ok, fstats, cpu = queue.get(timeout=1800)

@@ -26,23 +26,25 @@ import os
 import statistics
 import sys
 import time
-from typing import Dict, List, Optional
 
 import numpy as np
+
+import reducer
+from benchmarks.bench_reducer_cpu import measure
+from reducer._native import core
+from reducer.config import parse_size
 
 MODES = ("off", "on")
 SECRET = "bench-integrity-secret"
 
 
-def _worker(rank: int, world: int, addrs: List[str], rounds: int, nbytes: int, steps: int, queue: "mp.Queue") -> None:
-    from reducer._native import core
-
+def _worker(rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, steps: int, queue: mp.Queue) -> None:
     try:
         clients = {m: core.Client(addrs, rank, world, f"bench-integrity-{m}", "bench", 120.0, 120.0, SECRET, 1,
                                   integrity=(m == "on")) for m in MODES}
         buf = np.empty(nbytes // 4, np.float32)
         expect = float(sum(1 + r for r in range(world)))
-        times: Dict[str, List[float]] = {m: [] for m in MODES}
+        times: dict[str, list[float]] = {m: [] for m in MODES}
         ok = True
         for step in range(steps + 1):  # step 0 warms up (page faults, connections)
             for mode in (MODES if step % 2 == 0 else MODES[::-1]):
@@ -60,9 +62,7 @@ def _worker(rank: int, world: int, addrs: List[str], rounds: int, nbytes: int, s
         queue.put((rank, {}, False, repr(exc)))
 
 
-def allreduce_ratio(workers: int, reducers: int, rounds: int, nbytes: int, steps: int, threads: int) -> Dict[str, float]:
-    import reducer
-
+def allreduce_ratio(workers: int, reducers: int, rounds: int, nbytes: int, steps: int, threads: int) -> dict[str, float]:
     servers = [reducer.ReducerServer(host="127.0.0.1", port=0, threads=threads, auth_token=SECRET, integrity="on").start()
                for _ in range(reducers)]
     try:
@@ -84,7 +84,7 @@ def allreduce_ratio(workers: int, reducers: int, rounds: int, nbytes: int, steps
         raise RuntimeError("; ".join(errors))
     if not all(ok for _, _, ok, _ in results):
         raise RuntimeError("wrong all-reduce result")
-    out: Dict[str, float] = {}
+    out: dict[str, float] = {}
     for mode in MODES:
         # Per step, the slowest worker decides; the median over steps.
         per_step = [max(times[mode][i] for _, times, _, _ in results) for i in range(steps)]
@@ -92,9 +92,7 @@ def allreduce_ratio(workers: int, reducers: int, rounds: int, nbytes: int, steps
     return out
 
 
-def gmac_vs_memcpy(nbytes: int, repeat: int) -> Dict[str, float]:
-    from reducer._native import core
-
+def gmac_vs_memcpy(nbytes: int, repeat: int) -> dict[str, float]:
     payload = np.random.default_rng(1).integers(0, 256, nbytes, dtype=np.uint8)
     dst = np.empty_like(payload)
     key, header = bytes(range(32)), bytes(48)
@@ -113,9 +111,7 @@ def gmac_vs_memcpy(nbytes: int, repeat: int) -> Dict[str, float]:
     return {k: nbytes / v / 1e9 for k, v in best.items()}
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from reducer.config import parse_size
-
+def main(argv: list[str] | None = None) -> int:
     load = os.getloadavg()
     print(f"load average before: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
 
@@ -137,8 +133,6 @@ def main(argv: Optional[List[str]] = None) -> int:
     g = gmac_vs_memcpy(gsize, args.repeat)
     print(f"one core, {gsize >> 20} MiB: GMAC (header tag + trailer) {g['gmac']:.2f} GB/s, "
           f"memcpy {g['memcpy']:.2f} GB/s, GMAC/memcpy {g['gmac'] / g['memcpy']:.2f}")
-
-    from benchmarks.bench_reducer_cpu import measure
 
     cpu = {m: measure("float32", args.workers, args.cpu_nbytes, args.cpu_iters, SECRET, m == "on") for m in MODES}
     print(f"reducer CPU per byte, W={args.workers}, {args.cpu_nbytes >> 20} MiB x {args.cpu_iters}, 1 thread:")

@@ -21,6 +21,7 @@ Every received message is checked (its first and last 8 bytes carry the message 
 from __future__ import annotations
 
 import argparse
+import ctypes as C
 import json
 import os
 import socket
@@ -29,7 +30,11 @@ import sys
 import tempfile
 import threading
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
+
+import numpy as np
+
+from reducer.bench import emulate
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")  # the ranks import tests/nccl_harness.py (their PYTHONPATH, below)
@@ -40,7 +45,7 @@ TCP_PAYLOAD = 0.956  # TCP payload share of tbf's rate (reducer/bench/emulate.py
 # -- per-thread CPU ----------------------------------------------------------------------------
 
 
-def thread_cpu(tids: List[int]) -> float:
+def thread_cpu(tids: list[int]) -> float:
     """CPU seconds (user + system) of these threads of this process."""
     tick = os.sysconf("SC_CLK_TCK")
     total = 0
@@ -54,7 +59,7 @@ def thread_cpu(tids: List[int]) -> float:
     return total / tick
 
 
-def tasks() -> List[int]:
+def tasks() -> list[int]:
     return [int(t) for t in os.listdir("/proc/self/task")]
 
 
@@ -70,12 +75,8 @@ def stamped(buf: Any, i: int) -> bool:
 # -- the plugin -----------------------------------------------------------------------------------
 
 
-def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> Dict[str, Any]:
-    import ctypes as C
-
-    import numpy as np
-
-    import nccl_harness as H
+def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> dict[str, Any]:
+    import nccl_harness as H  # noqa: PLC0415 (tests/nccl_harness.py: on the ranks' PYTHONPATH only, not the parent's)
 
     before = set(tasks())
     plugin = H.Plugin()
@@ -93,7 +94,7 @@ def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> Dict[
                 or bool(comm.value), "connect", 120)
     data_tids = [t for t in tasks() if t not in before]
     bufs = [np.zeros(size, dtype=np.uint8) for _ in range(depth)]
-    inflight: List[tuple] = []
+    inflight: list[tuple] = []
     done_flag, got = C.c_int(), C.c_int()
     bad, nxt, finished = 0, 0, 0
     cpu0, t_cpu0, t0 = os.times(), thread_cpu(data_tids), time.perf_counter()
@@ -134,13 +135,13 @@ def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> Dict[
 # -- plain multi-stream TCP -------------------------------------------------------------------------
 
 
-def stripes(size: int, n: int) -> List[tuple]:
+def stripes(size: int, n: int) -> list[tuple]:
     chunk = -(-size // n)
     return [(min(size, s * chunk), min(size, (s + 1) * chunk) - min(size, s * chunk)) for s in range(n)]
 
 
-def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str) -> Dict[str, Any]:
-    socks: List[socket.socket] = []
+def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str) -> dict[str, Any]:
+    socks: list[socket.socket] = []
     if role == "recv":
         lst = socket.create_server((host, 0), backlog=nsocks)
         H_publish(rdv, "port", str(lst.getsockname()[1]).encode())
@@ -159,7 +160,7 @@ def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str)
     buf = bytearray(size)
     view = memoryview(buf)
     parts = stripes(size, nsocks)
-    cpu: List[float] = []
+    cpu: list[float] = []
     bad = [0]
     barrier = threading.Barrier(nsocks)
 
@@ -199,13 +200,13 @@ def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str)
 
 
 def H_publish(rdv: str, name: str, data: bytes) -> None:
-    import nccl_harness as H
+    import nccl_harness as H  # noqa: PLC0415 (tests/nccl_harness.py: on the ranks' PYTHONPATH only, not the parent's)
 
     H.publish(rdv, name, data)
 
 
 def H_gather(rdv: str, name: str) -> bytes:
-    import nccl_harness as H
+    import nccl_harness as H  # noqa: PLC0415 (tests/nccl_harness.py: on the ranks' PYTHONPATH only, not the parent's)
 
     return H.gather(rdv, [name], 120)[0]
 
@@ -223,7 +224,7 @@ def side_main(args: argparse.Namespace) -> int:
     return 0
 
 
-def result_of(kind: str, out: str, err: str, returncode: int) -> Dict[str, Any]:
+def result_of(kind: str, out: str, err: str, returncode: int) -> dict[str, Any]:
     """The JSON a side printed after "RESULT "."""
     found = [x[len("RESULT "):] for x in out.splitlines() if x.startswith("RESULT ")]
     if returncode != 0 or not found:
@@ -231,7 +232,7 @@ def result_of(kind: str, out: str, err: str, returncode: int) -> Dict[str, Any]:
     return json.loads(found[0])
 
 
-def run_pair(kind: str, args: argparse.Namespace, hosts: Optional[Any]) -> Dict[str, Any]:
+def run_pair(kind: str, args: argparse.Namespace, hosts: Any | None) -> dict[str, Any]:
     """One sender + one receiver of `kind`; the receiver's result with the sender's CPU added."""
     with tempfile.TemporaryDirectory(prefix="rs-p2p-bench-") as rdv:
         procs = []
@@ -250,10 +251,10 @@ def run_pair(kind: str, args: argparse.Namespace, hosts: Optional[Any]) -> Dict[
                                               stderr=subprocess.PIPE, text=True))
         try:
             outputs = [(p.communicate(timeout=args.timeout), p.returncode) for p in procs]
-        except subprocess.TimeoutExpired:
+        except subprocess.TimeoutExpired as exc:
             for q in procs:
                 q.kill()
-            raise RuntimeError(f"{kind}: no result within {args.timeout} s")
+            raise RuntimeError(f"{kind}: no result within {args.timeout} s") from exc
     recv, send = (result_of(kind, out, err, rc) for (out, err), rc in outputs)
     return {"gbps": args.size * args.count * 8 / recv["wall_s"] / 1e9, "bad": recv["bad"] + send["bad"],
             "data_cpu_s": recv["data_cpu_s"] + send["data_cpu_s"],
@@ -262,7 +263,7 @@ def run_pair(kind: str, args: argparse.Namespace, hosts: Optional[Any]) -> Dict[
             "data_threads": recv["data_threads"]}
 
 
-def measure(args: argparse.Namespace, hosts: Optional[Any]) -> List[Dict[str, Any]]:
+def measure(args: argparse.Namespace, hosts: Any | None) -> list[dict[str, Any]]:
     rows = []
     for rep in range(args.reps):
         load = os.getloadavg()[0]
@@ -281,20 +282,23 @@ def measure(args: argparse.Namespace, hosts: Optional[Any]) -> List[Dict[str, An
     return rows
 
 
-def fmt_row(r: Dict[str, Any], args: argparse.Namespace) -> str:
+def fmt_row(r: dict[str, Any], args: argparse.Namespace) -> str:
     p, t = r["plugin"], r["tcp"]
-    text = (f"rep {r['rep']}: plugin {p['gbps']:.3f} Gbit/s ({p['bytes_per_cpu_s'] / 2**30:.2f} GiB per data-CPU-s, "
-            f"data CPU {p['data_cpu_s']:.2f} s, process CPU {p['proc_cpu_s']:.2f} s, {p['data_threads']} thread(s)) | "
+    text = (f"rep {r['rep']}: plugin {p['gbps']:.3f} Gbit/s ({p['bytes_per_cpu_s'] / 2**30:.2f} GiB per "
+            f"data-CPU-s, data CPU {p['data_cpu_s']:.2f} s, process CPU {p['proc_cpu_s']:.2f} s, "
+            f"{p['data_threads']} thread(s)) | "
             f"tcp {t['gbps']:.3f} Gbit/s ({t['bytes_per_cpu_s'] / 2**30:.2f} GiB per data-CPU-s, data CPU "
             f"{t['data_cpu_s']:.2f} s) | plugin/tcp throughput {r['throughput_ratio']:.3f}, bytes/CPU-s "
-            f"{r['bytes_per_cpu_ratio']:.3f} | load {r['load_before']}->{r['load_after']} | wrong {p['bad'] + t['bad']}")
+            f"{r['bytes_per_cpu_ratio']:.3f} | load {r['load_before']}->{r['load_after']} | "
+            f"wrong {p['bad'] + t['bad']}")
     if args.emulate_gbps:
         text += (f" | plugin {100 * r['plugin_of_link']:.1f}% of the {args.emulate_gbps:g} Gbit/s link "
-                 f"({100 * r['plugin_of_tcp_bound']:.1f}% of its TCP payload bound), tcp {100 * r['tcp_of_link']:.1f}%")
+                 f"({100 * r['plugin_of_tcp_bound']:.1f}% of its TCP payload bound), "
+                 f"tcp {100 * r['tcp_of_link']:.1f}%")
     return text
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--size", type=int, default=4 << 20, help="bytes per message (default 4 MiB)")
     ap.add_argument("--count", type=int, default=200, help="messages per run")
@@ -315,8 +319,6 @@ def main(argv: Optional[List[str]] = None) -> int:
           f"{args.threads} thread(s), depth {args.depth}, {os.cpu_count()} CPUs, "
           + (f"emulated {args.emulate_gbps:g} Gbit/s" if args.emulate_gbps else "loopback"), flush=True)
     if args.emulate_gbps:
-        from reducer.bench import emulate
-
         reason = emulate.unavailable_reason()
         if reason:
             print(f"emulated hosts unavailable: {reason}", file=sys.stderr)

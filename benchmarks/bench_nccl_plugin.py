@@ -33,21 +33,21 @@ import sys
 import tempfile
 import time
 import uuid
-from typing import Any, Dict, List, Optional
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TESTS = os.path.join(ROOT, "tests")  # the heads import tests/nccl_harness.py (their PYTHONPATH, below)
+from typing import Any
 
 from reducer import config as rs_config
 from reducer.addresses import format_address
 from reducer.bench import emulate, report, runner
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TESTS = os.path.join(ROOT, "tests")  # the heads import tests/nccl_harness.py (their PYTHONPATH, below)
 
 LOAD_LIMIT = 2.0  # above this load average the numbers are preliminary
 
 
 def _head_main(job_json: str) -> int:
     """Inside an emulated host: one head (see tests/nccl_harness.py collnet_stream)."""
-    import nccl_harness as H
+    import nccl_harness as H  # noqa: PLC0415 (tests/nccl_harness.py: on the heads' PYTHONPATH only)
 
     job = json.loads(job_json)
     out = H.collnet_stream(**job)
@@ -57,10 +57,10 @@ def _head_main(job_json: str) -> int:
 
 
 def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, passes: int,
-               head_env: Dict[str, str], reducer_env: Dict[str, str], timeout: float,
-               idle_sleep: float) -> List[Dict[str, Any]]:
+               head_env: dict[str, str], reducer_env: dict[str, str], timeout: float,
+               idle_sleep: float) -> list[dict[str, Any]]:
     """Reducer processes on hosts W..W+R-1, heads on hosts 0..W-1; each head's collnet_stream result."""
-    events: "queue.Queue" = queue.Queue()
+    events: queue.Queue = queue.Queue()
     rprocs = []
     try:
         for k in range(reducers):
@@ -77,17 +77,17 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
                        "call_bytes": call, "passes": passes, "ifname": "eth0", "extra_env": head_env,
                        "idle_sleep": idle_sleep}
                 env = {"PYTHONPATH": os.pathsep.join([ROOT, TESTS]), "OMP_NUM_THREADS": "1"}
-                heads.append(hosts.popen(i, [sys.executable, "-m", "benchmarks.bench_nccl_plugin", "--head", json.dumps(job)],
-                                         env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
+                argv = [sys.executable, "-m", "benchmarks.bench_nccl_plugin", "--head", json.dumps(job)]
+                heads.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             results = []
             deadline = time.monotonic() + timeout
             for i, p in enumerate(heads):
                 try:
                     out, err = p.communicate(timeout=max(1.0, deadline - time.monotonic()))
-                except subprocess.TimeoutExpired:
+                except subprocess.TimeoutExpired as exc:
                     for q in heads:
                         q.kill()
-                    raise RuntimeError(f"plugin head {i} did not finish within {timeout:.0f} s")
+                    raise RuntimeError(f"plugin head {i} did not finish within {timeout:.0f} s") from exc
                 line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
                 if p.returncode != 0 or line is None:
                     raise RuntimeError(f"plugin head {i} failed (exit {p.returncode}):\n{err[-3000:]}")
@@ -107,7 +107,7 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
 bound_seconds = report.rs_bound_seconds  # the bytes one worker link carries at tbf's TCP payload rate
 
 
-def plugin_row(results: List[Dict[str, Any]], warmup: int, args: argparse.Namespace) -> Dict[str, Any]:
+def plugin_row(results: list[dict[str, Any]], warmup: int, args: argparse.Namespace) -> dict[str, Any]:
     samples = [[t * 1e6 for t in r["times"][warmup:]] for r in results]
     row = report.make_row("plugin", args.size, args.size // 4, "float32", "sum", args.workers, args.reducers,
                           samples, sum(r["wrong"] for r in results), emulate_gbps=args.gbps, call_bytes=args.call,
@@ -120,15 +120,15 @@ def plugin_row(results: List[Dict[str, Any]], warmup: int, args: argparse.Namesp
     return row
 
 
-def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
+def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
     head_env = {k: v for k, v in (("RS_WINDOW", args.window), ("RS_STREAMS", args.streams),
                                   ("RS_CHUNK_BYTES", args.chunk)) if v}
     reducer_env = {"RS_GROUP_SLOTS": args.group_slots} if args.group_slots else {}
     passes = args.warmup + args.iters
     load_before = os.getloadavg()[0]
-    rows: Dict[str, Dict[str, Any]] = {}
-    results = run_plugin(hosts, args.workers, args.reducers, args.size, args.call, passes, head_env, reducer_env, args.timeout,
-                         args.idle_sleep)
+    rows: dict[str, dict[str, Any]] = {}
+    results = run_plugin(hosts, args.workers, args.reducers, args.size, args.call, passes, head_env, reducer_env,
+                         args.timeout, args.idle_sleep)
     rows["plugin"] = plugin_row(results, args.warmup, args)
     cfg = runner.BenchConfig(workers=args.workers, reducers=args.reducers, sizes=[args.size], iters=args.iters,
                              warmup=args.warmup, emulate_gbps=args.gbps, progress=False)
@@ -142,7 +142,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> Dict[str, Any]:
     return {"rows": rows, "load": (load_before, load_after)}
 
 
-def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
+def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
     bound = bound_seconds(args.size, args.workers, args.reducers, args.gbps)
     rows = run["rows"]
     lb, la = run["load"]
@@ -162,7 +162,7 @@ def format_run(run: Dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--gbps", type=float, default=1.0)

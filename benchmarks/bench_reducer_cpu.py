@@ -24,11 +24,14 @@ import os
 import resource
 import sys
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import numpy as np
 
+import reducer
+from reducer import ReducerServer, _core
 from reducer.config import parse_size
+from reducer.dtypes import numpy_dtype
 
 BARRIER_TIMEOUT = 300.0
 
@@ -40,9 +43,6 @@ def _cpu_seconds() -> float:
 
 def _worker(rank: int, world: int, addr: str, dtype: str, nbytes: int, iters: int,
             barrier: Any, out: Any, auth_token: str = "", integrity: bool = False) -> None:
-    import reducer
-    from reducer.dtypes import numpy_dtype
-
     try:
         dt = numpy_dtype(dtype)
         a = np.ones(nbytes // dt.itemsize, dt)
@@ -64,9 +64,6 @@ def _worker(rank: int, world: int, addr: str, dtype: str, nbytes: int, iters: in
 
 def kernel_gbps(dtype: str, nbytes: int, rounds: int = 5) -> float:
     """Bare kernels_accumulate throughput (input bytes per second, one core, best of `rounds`)."""
-    from reducer import _core
-    from reducer.dtypes import numpy_dtype
-
     dt = numpy_dtype(dtype)
     n = nbytes // dt.itemsize
     acc = np.ones(n, np.float32 if dt.itemsize == 2 else dt)
@@ -81,10 +78,8 @@ def kernel_gbps(dtype: str, nbytes: int, rounds: int = 5) -> float:
 
 
 def measure(dtype: str, workers: int, nbytes: int, iters: int, auth_token: str = "",
-            integrity: bool = False) -> Dict[str, float]:
+            integrity: bool = False) -> dict[str, float]:
     """One run; with `integrity` (needs `auth_token`) every frame carries its GMAC tags."""
-    from reducer import ReducerServer
-
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     out = ctx.Queue()
@@ -115,7 +110,7 @@ def measure(dtype: str, workers: int, nbytes: int, iters: int, auth_token: str =
             "core_GBps": received / cpu / 1e9, "wall_GBps": received / wall / 1e9}
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--workers", type=int, default=2, help="worker processes (default 2)")
     ap.add_argument("--nbytes", type=parse_size, default=64 << 20, help="buffer per worker (default 64M)")
@@ -125,7 +120,7 @@ def main(argv: List[str]) -> int:
     load = os.getloadavg()
     print(f"reducer CPU per byte: W={args.workers}, {args.nbytes} B per worker, {args.iters} iterations, "
           f"1 reducer thread; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
-    rows: List[Tuple[str, Dict[str, float], float]] = []
+    rows: list[tuple[str, dict[str, float], float]] = []
     for dtype in args.dtypes.split(","):
         r = measure(dtype, args.workers, args.nbytes, args.iters)
         rows.append((dtype, r, kernel_gbps(dtype, args.nbytes)))

@@ -33,15 +33,20 @@ import random
 import sys
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
 
+import ml_dtypes
 import numpy as np
+
+import reducer
+from reducer.dtypes import numpy_dtype
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
 OPS = ("sum", "avg", "min", "max")
 
 
-def spec(seed: int, i: int, max_elems: int) -> Tuple[str, str, int, str]:
+def spec(seed: int, i: int, max_elems: int) -> tuple[str, str, int, str]:
     """Round i: (dtype, op, elements, compression), the same on every worker."""
     rng = random.Random(seed * 1_000_003 + i)
     dtype = rng.choice(DTYPES)
@@ -52,8 +57,6 @@ def spec(seed: int, i: int, max_elems: int) -> Tuple[str, str, int, str]:
 
 
 def data(seed: int, i: int, rank: int, dtype: str, n: int) -> np.ndarray:
-    from reducer.dtypes import numpy_dtype
-
     rng = np.random.default_rng([seed, i, rank])
     if dtype.startswith("int"):
         return rng.integers(-(2 ** 20), 2 ** 20, size=n).astype(numpy_dtype(dtype))
@@ -63,10 +66,6 @@ def data(seed: int, i: int, rank: int, dtype: str, n: int) -> np.ndarray:
 def expected(seed: int, i: int, world: int, dtype: str, op: str, n: int, comp: str) -> np.ndarray:
     """The reducers' arithmetic: inputs on the wire type, folded in rank order (16-bit types in
     float32), rounded once."""
-    import ml_dtypes
-
-    from reducer.dtypes import numpy_dtype
-
     wire = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}.get(comp)
     xs = [data(seed, i, r, dtype, n) for r in range(world)]
     if wire is not None:
@@ -82,7 +81,7 @@ def expected(seed: int, i: int, world: int, dtype: str, op: str, n: int, comp: s
     return acc.astype(out_type).astype(numpy_dtype(dtype))
 
 
-def wrong(got: np.ndarray, want: np.ndarray, op: str, dtype: str) -> Optional[str]:
+def wrong(got: np.ndarray, want: np.ndarray, op: str, dtype: str) -> str | None:
     if op == "avg" and not dtype.startswith("int"):
         ok = np.allclose(got.astype(np.float64), want.astype(np.float64), rtol=2e-2, atol=2e-2)
     elif op == "avg":
@@ -96,8 +95,6 @@ def wrong(got: np.ndarray, want: np.ndarray, op: str, dtype: str) -> Optional[st
 
 
 def serve(port_file: str, port: int) -> None:
-    import reducer
-
     srv = reducer.ReducerServer(host="127.0.0.1", port=port).start()
     with open(port_file + ".tmp", "w") as fh:
         fh.write(str(srv.port))
@@ -106,12 +103,10 @@ def serve(port_file: str, port: int) -> None:
         time.sleep(3600)
 
 
-def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first: int, last: int,
-           max_elems: int, timeouts: Tuple[float, float], events: Any) -> None:
+def worker(rank: int, world: int, addrs: list[str], group: str, seed: int, first: int, last: int,
+           max_elems: int, timeouts: tuple[float, float], events: Any) -> None:
     """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...),
     on `events`: the write end of this worker's own pipe (see the module's docstring)."""
-    import reducer
-
     try:
         comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeouts[0],
                                      connect_timeout=timeouts[1])
@@ -133,7 +128,7 @@ def worker(rank: int, world: int, addrs: List[str], group: str, seed: int, first
     comm.close()
 
 
-def drain(conns: Dict[Any, int], handle: Callable[..., None], timeout: float = 0.2, budget: int = 1000) -> int:
+def drain(conns: dict[Any, int], handle: Callable[..., None], timeout: float = 0.2, budget: int = 1000) -> int:
     """Waits up to `timeout` for the workers' read ends in `conns`, then passes up to `budget` of
     the messages ready to handle(kind, rank, round, payload). A pipe at EOF (its worker ended, or
     was killed, perhaps mid-message) leaves `conns`. Returns the messages handled."""
@@ -189,7 +184,7 @@ class Reducer:
             self.proc.join(10)
 
 
-def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--rounds", type=int, default=10_000)
     p.add_argument("--workers", type=int, default=4)
@@ -216,11 +211,11 @@ class Epoch:
     """One start of every worker, from round `first` (the last round they all finished): the
     rounds each has finished since, who has ended, and the rounds at which to kill next."""
 
-    def __init__(self, first: int, procs: List[Any], conns: List[Any], rng: random.Random,
+    def __init__(self, first: int, procs: list[Any], conns: list[Any], rng: random.Random,
                  args: argparse.Namespace) -> None:
         self.first, self.procs = first, procs
-        self.conns: Dict[Any, int] = {c: w for w, c in enumerate(conns)}  # read ends still open -> rank
-        self.done_by_rank: Dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
+        self.conns: dict[Any, int] = {c: w for w, c in enumerate(conns)}  # read ends still open -> rank
+        self.done_by_rank: dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
         self.ended: set = set()
         self.last_progress = time.monotonic()
         self.next_reducer_kill = first + max(1, int(rng.expovariate(1 / args.reducer_kill_every)))
@@ -240,11 +235,11 @@ class Soak:
             r.start()
         self.addrs = [f"127.0.0.1:{r.port}" for r in self.reducers]
         self.finished = 0                          # rounds every worker finished
-        self.wrong_results: List[str] = []
+        self.wrong_results: list[str] = []
         self.errors: collections.Counter = collections.Counter()
         self.failovers = self.rejoins = self.epochs = self.hangs = self.reducer_kills = self.worker_kills = 0
         self.crashes = 0                           # workers that exited on an error of their own
-        self.restarts: List[Tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
+        self.restarts: list[tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
         self.t0 = time.monotonic()
 
     def run(self) -> int:
@@ -255,7 +250,7 @@ class Soak:
             self.run_epoch()
             if self.hangs or self.crashes:
                 break
-            for when, r in list(self.restarts):  # the next epoch starts with every reducer up
+            for _when, r in list(self.restarts):  # the next epoch starts with every reducer up
                 r.start()
             self.restarts.clear()
         for r in self.reducers:
@@ -369,7 +364,7 @@ class Soak:
         return 1 if self.wrong_results or self.hangs or self.crashes else 0
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     return Soak(parse_args(argv)).run()
 
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import atexit
 import logging
-from typing import Optional
 
 from . import config
 
@@ -30,7 +29,7 @@ atexit.register(_core.set_log_callback, None)
 core = _core
 
 
-def set_tcp_congestion(name: Optional[str] = None) -> str:
+def set_tcp_congestion(name: str | None = None) -> str:
     """Set the TCP congestion control of every data connection this process opens or accepts from
     now on (workers, reducers, ring): `name` (e.g. 'cubic', 'bbr'; 'auto': cubic where this process
     may use it, else the kernel's; '' or 'default': the kernel's), else RS_TCP_CONGESTION (default

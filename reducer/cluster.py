@@ -10,6 +10,10 @@ Sources, first match wins (docs/configuration.md, "Cluster discovery"):
 3. ``RS_REDUCERS`` + ``RS_RANK`` + ``RS_WORLD_SIZE`` (or the matching arguments). Here the rank
    and world size are already *global* (per process, not per node).
 
+The text of CLUSTER_SPEC / TF_CONFIG is read, checked and mapped to roles by the C++ reader the
+NCCL plugin uses too (``reducer._core.cluster``, csrc/cluster/spec.h): one implementation, the same
+answers and messages from both. This module adds what follows from it: ranks, ports, reducers.
+
 Several processes per node: with (1) and (2) the global rank is
 ``node_rank * local_world_size + local_rank`` where ``LOCAL_RANK`` / ``LOCAL_WORLD_SIZE`` come
 from torchrun (or the arguments). An explicit argument always wins over the environment.
@@ -18,13 +22,13 @@ reducers bind), else the port of the pool-2 / ``ps`` entries.
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 from . import config
+from ._native import core
 from .addresses import check_port, format_address, parse_address, resolve_job_id
 from .errors import ConfigError
 
@@ -40,33 +44,6 @@ __all__ = [
 WORKER = "worker"
 REDUCER = "reducer"
 EVALUATOR = "evaluator"
-
-_VERTEX_ROLES = {
-    "workerpool0": WORKER,
-    "workerpool1": WORKER,
-    "workerpool2": REDUCER,
-    "workerpool3": EVALUATOR,
-}
-_VERTEX_POOL_NAMES = {
-    "workerpool0": "primary",
-    "workerpool1": "workers",
-    "workerpool2": "reducers",
-    "workerpool3": "evaluators",
-}
-_TF_POOL_NAMES = {
-    "chief": "primary",
-    "master": "primary",
-    "worker": "workers",
-    "ps": "reducers",
-    "evaluator": "evaluators",
-}
-_TF_ROLES = {
-    "chief": WORKER,
-    "master": WORKER,
-    "worker": WORKER,
-    "ps": REDUCER,
-    "evaluator": EVALUATOR,
-}
 
 _NO_CLUSTER = (
     "no cluster found: set CLUSTER_SPEC (Vertex AI), TF_CONFIG, or RS_REDUCERS with RS_RANK and "
@@ -163,100 +140,17 @@ def _with_port(addrs: List[str], port: Optional[int], where: str) -> List[str]:
     return out
 
 
-# -- parsing of CLUSTER_SPEC / TF_CONFIG --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Spec:
-    source: str
-    task_type: str
-    index: int
-    pools: Dict[str, List[str]]
-
-
-def _load_json(source: str, text: str) -> Dict[str, Any]:
-    try:
-        data = json.loads(text)
-    except json.JSONDecodeError as exc:
-        snippet = text.strip()[:80]
-        raise ConfigError(f"{source} is not valid JSON ({exc.msg} at position {exc.pos}): {snippet!r}") from None
-    if not isinstance(data, dict):
-        raise ConfigError(f"{source} must be a JSON object with 'cluster' and 'task', found {type(data).__name__}")
-    return data
-
-
-def _parse_spec(source: str, text: str, known: Mapping[str, str]) -> _Spec:
-    data = _load_json(source, text)
-    missing = [k for k in ("cluster", "task") if k not in data]
-    if missing:
-        raise ConfigError(
-            f"{source} has no {' or '.join(repr(k) for k in missing)} key: found keys "
-            f"{', '.join(sorted(data)) or '(none)'}"
-        )
-    cluster = data["cluster"]
-    task = data["task"]
-    if not isinstance(cluster, dict):
-        raise ConfigError(f"{source} 'cluster' must be an object of pool name -> address list, found {cluster!r}")
-    if not isinstance(task, dict):
-        raise ConfigError(f"{source} 'task' must be an object with 'type' and 'index', found {task!r}")
-    pools: Dict[str, List[str]] = {}
-    for name, addrs in cluster.items():
-        if addrs is None:
-            addrs = []
-        if not isinstance(addrs, list) or not all(isinstance(a, str) for a in addrs):
-            raise ConfigError(f"{source} pool {name!r} must be a list of 'host:port' strings, found {addrs!r}")
-        pools[name] = list(addrs)
-    task_type = task.get("type")
-    if task_type is None:
-        raise ConfigError(f"{source} 'task' has no 'type': found {task!r}")
-    if task_type not in known:
-        expected = ", ".join(f"{k} ({v})" for k, v in known.items())
-        raise ConfigError(f"{source} task type {task_type!r} is unknown: expected one of {expected}")
-    index = task.get("index", 0)
-    if isinstance(index, str) and index.strip().isdigit():
-        index = int(index)
-    if isinstance(index, bool) or not isinstance(index, int) or index < 0:
-        raise ConfigError(f"{source} task index {index!r} is not a non-negative integer")
-    own = pools.get(task_type)
-    # TF_CONFIG never lists evaluators in its cluster; Vertex may omit them too.
-    if known[task_type] != "evaluators" or own:
-        if not own:
-            raise ConfigError(
-                f"{source} task type is {task_type!r} but the cluster has no {task_type!r} pool: found "
-                f"pools {_pool_list(pools)}"
-            )
-        if index >= len(own):
-            raise ConfigError(
-                f"{source} task index {index} is out of range: pool {task_type!r} has {len(own)} "
-                f"entr{'y' if len(own) == 1 else 'ies'}"
-            )
-    return _Spec(source=source, task_type=task_type, index=index, pools=pools)
-
-
-def _pool_list(pools: Mapping[str, List[str]]) -> str:
-    names = [n for n, a in pools.items() if a]
-    return ", ".join(sorted(names)) if names else "(none)"
-
-
 # -- discovery ----------------------------------------------------------------------------------
 
 
-def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank: Optional[int],
+def _from_spec(spec: Any, *, env: Mapping[str, str], reducers: Reducers, rank: Optional[int],
                world_size: Optional[int], local_rank: Optional[int], local_world_size: Optional[int],
                reducer_port: Optional[int], job_id: Optional[str]) -> ClusterInfo:
-    pools = spec.pools
+    """ClusterInfo from `spec`, a parsed description (reducer._core.cluster.Spec)."""
+    pools: Dict[str, List[str]] = {name: list(addrs) for name, addrs in spec.pools}
     src = spec.source
-    if src == "CLUSTER_SPEC":
-        roles = _VERTEX_ROLES
-        worker_pools = ["workerpool0", "workerpool1"]
-        reducer_pool = "workerpool2"
-    else:
-        roles = _TF_ROLES
-        if pools.get("chief") and pools.get("master"):
-            raise ConfigError("TF_CONFIG has both a 'chief' and a 'master' pool: expected only one of them")
-        worker_pools = ["chief", "master", "worker"]
-        reducer_pool = "ps"
-    role = roles[spec.task_type]
+    worker_pools: List[str] = list(spec.worker_pools)
+    role = spec.role
 
     workers: List[str] = []
     for p in worker_pools:
@@ -267,7 +161,7 @@ def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank:
         port = check_port(port, "reducer_port" if reducer_port is not None else config.SETTINGS["port"].env)
 
     explicit = _explicit_reducers(reducers)
-    pool2 = pools.get(reducer_pool, [])
+    pool2 = pools.get(spec.reducer_pool, [])
     where = src
     if explicit is not None:
         if reducer_port is not None:
@@ -275,22 +169,14 @@ def _from_spec(spec: _Spec, *, env: Mapping[str, str], reducers: Reducers, rank:
         reducer_addrs = _check_reducers(explicit, "reducers argument")
     else:
         if role == WORKER and not pool2:
-            if src == "CLUSTER_SPEC":
-                raise ConfigError(
-                    f"CLUSTER_SPEC has no workerpool2 (reducers): found pools {_pool_list(pools)}; add a "
-                    f"reduction-server pool as workerPoolSpecs[2] (or pass reducers=)"
-                )
-            raise ConfigError(
-                f"TF_CONFIG has no 'ps' pool (reducers): found pools {_pool_list(pools)}; add "
-                f"reduction-server replicas as parameter servers (or pass reducers=)"
-            )
+            raise ConfigError(f"{spec.missing_reducers()} (or pass reducers=)")
         reducer_addrs = _check_reducers(_with_port(pool2, port, where), where) if pool2 else []
 
     bind_port: Optional[int] = None
     if role == WORKER:
         if src == "CLUSTER_SPEC" and not pools.get("workerpool0"):
             raise ConfigError(
-                f"CLUSTER_SPEC has no workerpool0 (primary): found pools {_pool_list(pools)}; every "
+                f"CLUSTER_SPEC has no workerpool0 (primary): found pools {spec.pool_list()}; every "
                 f"Vertex AI job needs workerPoolSpecs[0] with exactly one replica"
             )
         offset = 0
@@ -398,16 +284,8 @@ def discover(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = No
     env = os.environ if env is None else env
     kwargs: Dict[str, Any] = dict(reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
                                   local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
-    info: Optional[ClusterInfo] = None
-    text = env.get("CLUSTER_SPEC", "")
-    if text.strip():
-        info = _from_spec(_parse_spec("CLUSTER_SPEC", text, _VERTEX_POOL_NAMES), env=env, **kwargs)
-    else:
-        text = env.get("TF_CONFIG", "")
-        if text.strip():
-            info = _from_spec(_parse_spec("TF_CONFIG", text, _TF_POOL_NAMES), env=env, **kwargs)
-        else:
-            info = _from_rs(env, **kwargs)
+    spec = core.cluster.spec_from_env(env.get)
+    info = _from_spec(spec, env=env, **kwargs) if spec is not None else _from_rs(env, **kwargs)
     if info is None:
         raise ConfigError(_NO_CLUSTER)
     logger.debug(
@@ -441,7 +319,7 @@ def discover_worker(env: Optional[Mapping[str, str]] = None, *, reducers: Reduce
 def discover_reducer(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
     """For `reduction-server serve` without flags: this process must be workerpool2 (Vertex) or ps."""
     env = os.environ if env is None else env
-    if not env.get("CLUSTER_SPEC", "").strip() and not env.get("TF_CONFIG", "").strip():
+    if core.cluster.spec_from_env(env.get) is None:
         raise ConfigError(
             "no cluster description found for a reducer: CLUSTER_SPEC (Vertex AI) and TF_CONFIG are "
             "not set; pass the listening port explicitly (--port / RS_PORT)"

@@ -7,7 +7,7 @@ bfloat16, so torch and numpy meet through the bits (int16): ``tensor_as_numpy`` 
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Tuple
+from typing import Any
 
 import ml_dtypes
 import numpy as np
@@ -17,7 +17,7 @@ from .errors import ConfigError
 BFLOAT16 = np.dtype(ml_dtypes.bfloat16)
 
 # Wire name -> numpy dtype, in the core's DType order. The wire name is also torch's dtype name.
-_BY_NAME: Dict[str, np.dtype] = {
+_BY_NAME: dict[str, np.dtype] = {
     "float32": np.dtype(np.float32),
     "float64": np.dtype(np.float64),
     "float16": np.dtype(np.float16),
@@ -25,13 +25,13 @@ _BY_NAME: Dict[str, np.dtype] = {
     "int32": np.dtype(np.int32),
     "int64": np.dtype(np.int64),
 }
-_BY_NUMPY: Dict[np.dtype, str] = {v: k for k, v in _BY_NAME.items()}
+_BY_NUMPY: dict[np.dtype, str] = {v: k for k, v in _BY_NAME.items()}
 
-SUPPORTED: Tuple[str, ...] = tuple(_BY_NAME)
-OPS: Tuple[str, ...] = ("sum", "avg", "min", "max")
+SUPPORTED: tuple[str, ...] = tuple(_BY_NAME)
+OPS: tuple[str, ...] = ("sum", "avg", "min", "max")
 
 
-def wire_name(dtype: "np.dtype | str") -> str:
+def wire_name(dtype: np.dtype | str) -> str:
     """Wire name of a numpy dtype ('float32', ..., 'bfloat16'); ConfigError if unsupported."""
     dt = np.dtype(dtype)
     try:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import sys
 import threading
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -45,7 +45,7 @@ class Staged:
 
     __slots__ = ("array", "host", "shape")
 
-    def __init__(self, array: Any, host: np.ndarray, shape: Optional[Tuple[int, ...]] = None) -> None:
+    def __init__(self, array: Any, host: np.ndarray, shape: tuple[int, ...] | None = None) -> None:
         self.array = array
         self.host = host
         self.shape = tuple(int(d) for d in host.shape) if shape is None else shape
@@ -78,7 +78,7 @@ def _torch_cpu_numpy(t: Any) -> np.ndarray:
         raise ConfigError(f"cannot all-reduce a torch tensor of dtype {t.dtype}: {exc}") from None
 
 
-def _dlpack_device(obj: Any) -> Optional[int]:
+def _dlpack_device(obj: Any) -> int | None:
     fn = getattr(obj, "__dlpack_device__", None)
     if fn is None or not hasattr(obj, "__dlpack__"):
         return None
@@ -86,7 +86,7 @@ def _dlpack_device(obj: Any) -> Optional[int]:
     return int(dev[0])
 
 
-def host_array(obj: Any) -> Optional[np.ndarray]:
+def host_array(obj: Any) -> np.ndarray | None:
     """A zero-copy numpy view of `obj` if its memory is on the host; None for device arrays.
 
     Accepts numpy arrays, torch CPU tensors, objects with __dlpack__ on the CPU and anything with
@@ -162,9 +162,9 @@ class PinnedPool:
     that event has completed, so the next D2H copy never overwrites data still being copied.
     """
 
-    def __init__(self, backend: "DeviceBackend") -> None:
+    def __init__(self, backend: DeviceBackend) -> None:
         self._backend = backend
-        self._free: Dict[int, List[Tuple[np.ndarray, Any]]] = {}
+        self._free: dict[int, list[tuple[np.ndarray, Any]]] = {}
         self._lock = threading.Lock()
         self.allocated = 0
 
@@ -197,14 +197,15 @@ class DeviceBackend:
 
     def __init__(self) -> None:
         self.pool = PinnedPool(self)
-        self._streams: Dict[Any, Any] = {}
+        self._streams: dict[Any, Any] = {}
         self._lock = threading.Lock()
 
     # -- what a framework implements -------------------------------------------------------
-    def matches(self, obj: Any) -> bool:
+    @staticmethod
+    def matches(obj: Any) -> bool:
         raise NotImplementedError
 
-    def describe(self, obj: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+    def describe(self, obj: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
         """(numpy dtype, shape, is contiguous) of a device array."""
         raise NotImplementedError
 
@@ -257,7 +258,7 @@ class DeviceStaged(Staged):
         buf = backend.pool.take(nbytes)
         super().__init__(obj, buf[:nbytes].view(dtype), tuple(int(d) for d in shape))
         self.backend = backend
-        self._buf: Optional[np.ndarray] = buf
+        self._buf: np.ndarray | None = buf
         self._stream = backend.side_stream(obj)
         self._d2h = backend.copy_to_host(obj, self.host, self._stream)
         self._h2d: Any = None
@@ -294,7 +295,7 @@ class TorchCudaBackend(DeviceBackend):
         torch = sys.modules.get("torch")
         return torch is not None and isinstance(obj, torch.Tensor) and obj.device.type == "cuda"
 
-    def describe(self, t: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+    def describe(self, t: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
         return torch_numpy_dtype(t.dtype), tuple(t.shape), bool(t.is_contiguous())
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
@@ -307,7 +308,7 @@ class TorchCudaBackend(DeviceBackend):
         return self.torch.cuda.Stream(device=t.device)
 
     @staticmethod
-    def _pair(t: Any, host: np.ndarray) -> Tuple[Any, Any]:
+    def _pair(t: Any, host: np.ndarray) -> tuple[Any, Any]:
         """The device tensor and the pinned host buffer as two flat tensors of one dtype."""
         return t.reshape(-1), numpy_as_tensor(host)
 
@@ -353,7 +354,7 @@ class CupyBackend(DeviceBackend):
         cupy = sys.modules.get("cupy")
         return cupy is not None and isinstance(obj, cupy.ndarray)
 
-    def describe(self, a: Any) -> Tuple[np.dtype, Tuple[int, ...], bool]:
+    def describe(self, a: Any) -> tuple[np.dtype, tuple[int, ...], bool]:
         return np.dtype(a.dtype), tuple(a.shape), bool(a.flags.c_contiguous)
 
     def alloc_pinned(self, nbytes: int) -> np.ndarray:
@@ -390,9 +391,9 @@ class CupyBackend(DeviceBackend):
 
 
 # ---------------------------------------------------------------------- registry
-_BACKEND_TYPES: List[Tuple[str, type]] = [("torch", TorchCudaBackend), ("cupy", CupyBackend)]
-_BACKENDS: Dict[str, DeviceBackend] = {}
-_EXTRA: List[DeviceBackend] = []
+_BACKEND_TYPES: list[tuple[str, type[DeviceBackend]]] = [("torch", TorchCudaBackend), ("cupy", CupyBackend)]
+_BACKENDS: dict[str, DeviceBackend] = {}
+_EXTRA: list[DeviceBackend] = []
 _REG_LOCK = threading.Lock()
 
 
@@ -408,10 +409,10 @@ def unregister_backend(backend: DeviceBackend) -> None:
             _EXTRA.remove(backend)
 
 
-def _find_backend(obj: Any) -> Optional[DeviceBackend]:
-    for b in list(_EXTRA):
-        if b.matches(obj):
-            return b
+def _find_backend(obj: Any) -> DeviceBackend | None:
+    for extra in list(_EXTRA):
+        if extra.matches(obj):
+            return extra
     for module, cls in _BACKEND_TYPES:
         if module not in sys.modules:  # import-guarded: only frameworks the caller already uses
             continue
@@ -425,7 +426,7 @@ def _find_backend(obj: Any) -> Optional[DeviceBackend]:
     return None
 
 
-def _from_cuda_dlpack(obj: Any) -> Tuple[Any, Optional[DeviceBackend]]:
+def _from_cuda_dlpack(obj: Any) -> tuple[Any, DeviceBackend | None]:
     """A CUDA DLPack object as a CuPy array or torch tensor (whichever is installed)."""
     try:
         import cupy

@@ -27,6 +27,7 @@ import ctypes.util
 import json
 import logging
 import os
+import random
 import selectors
 import shutil
 import signal
@@ -35,8 +36,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import IO, Any, Dict, List, Mapping, Optional, Sequence
+from typing import IO, Any
 
 from .addresses import MAX_PORT, format_address, is_ipv6, parse_address
 from .errors import ConfigError
@@ -60,24 +62,66 @@ _POLL_INTERVAL = 0.1   # seconds between checks of the children (the loop sleeps
 # -- the cluster description ------------------------------------------------------------------------
 
 
-def free_ports(count: int, host: str = "127.0.0.1") -> List[int]:
-    """`count` distinct ports that are free on `host` right now (held open together, then released)."""
-    socks = []
+# Launcher ports come from below the kernel's ephemeral range (net.ipv4.ip_local_port_range):
+# an outgoing connection of any process takes its local port from that range, so a free port
+# chosen there can be taken between now and the moment the child binds it (seen in CI: a
+# worker's TCPStore failed with EADDRINUSE). Below 10000 are the registered services.
+_LOW_PORT = 10000
+_EPHEMERAL_DEFAULT = (32768, 60999)
+
+
+def _ephemeral_range() -> tuple[int, int]:
     try:
-        for _ in range(count):
-            s = socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM)
+        with open("/proc/sys/net/ipv4/ip_local_port_range") as f:
+            lo, hi = (int(x) for x in f.read().split())
+        return lo, hi
+    except (OSError, ValueError):
+        return _EPHEMERAL_DEFAULT
+
+
+def _bind(host: str, port: int) -> socket.socket | None:
+    s = socket.socket(socket.AF_INET6 if is_ipv6(host) else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        s.bind((host, port))
+        return s
+    except OSError:
+        s.close()
+        return None
+
+
+def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
+    """`count` distinct ports that are free on `host` right now, each with the next port free too
+    (a reducer's control port is its data port + 1), outside the ephemeral range when the system
+    leaves room below it (else any free ports). They are held open together, then released."""
+    lo, _ = _ephemeral_range()
+    rng = random.SystemRandom()
+    socks: list[socket.socket] = []
+    ports: list[int] = []
+    try:
+        attempts = 0
+        while lo - _LOW_PORT >= 1000 and len(ports) < count and attempts < 200 * count:
+            attempts += 1
+            p = rng.randrange(_LOW_PORT, lo - 1)
+            if p in ports or p + 1 in ports or p - 1 in ports:
+                continue
+            pair = [_bind(host, p), _bind(host, p + 1)]
+            socks.extend(s for s in pair if s is not None)
+            if None not in pair:
+                ports.append(p)
+        while len(ports) < count:  # no room below the ephemeral range: the kernel picks
+            s = _bind(host, 0)
+            if s is None:
+                raise ConfigError(f"cannot find free ports on {host}")
             socks.append(s)
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
-    except OSError as exc:
-        raise ConfigError(f"cannot find free ports on {host}: {exc.strerror or exc}") from None
+            ports.append(s.getsockname()[1])
+        return ports
     finally:
         for s in socks:
             s.close()
 
 
 def build_cluster(workers: int, reducers: int, host: str = "127.0.0.1",
-                  base_port: Optional[int] = None) -> Dict[str, List[str]]:
+                  base_port: int | None = None) -> dict[str, list[str]]:
     """The ``cluster`` part of CLUSTER_SPEC: reducers get ports base_port + i, worker nodes
     base_port + R + n (or free ports when base_port is None)."""
     if workers < 1:
@@ -99,17 +143,17 @@ def build_cluster(workers: int, reducers: int, host: str = "127.0.0.1",
     return cluster
 
 
-def node_task(node: int) -> Dict[str, Any]:
+def node_task(node: int) -> dict[str, Any]:
     """CLUSTER_SPEC task of worker node `node`: the primary is workerpool0/0, node n is workerpool1/n-1."""
     if node == 0:
         return {"type": "workerpool0", "index": 0, "trial": ""}
     return {"type": "workerpool1", "index": node - 1, "trial": ""}
 
 
-def cluster_spec(cluster: Mapping[str, List[str]], task: Mapping[str, Any],
+def cluster_spec(cluster: Mapping[str, list[str]], task: Mapping[str, Any],
                  command: Sequence[str] = ()) -> str:
     """A Vertex-AI-shaped CLUSTER_SPEC (JSON text)."""
-    def pool(name: str, args: Sequence[str]) -> Dict[str, Any]:
+    def pool(name: str, args: Sequence[str]) -> dict[str, Any]:
         if not cluster.get(name):
             return {}
         return {"machineSpec": {"machineType": "local"}, "replicaCount": len(cluster[name]),
@@ -120,8 +164,8 @@ def cluster_spec(cluster: Mapping[str, List[str]], task: Mapping[str, Any],
     return json.dumps({"cluster": dict(cluster), "environment": "cloud", "task": dict(task), "job": job})
 
 
-def worker_env(cluster: Mapping[str, List[str]], node: int, local_rank: int, procs_per_worker: int,
-               command: Sequence[str] = (), base: Optional[Mapping[str, str]] = None) -> Dict[str, str]:
+def worker_env(cluster: Mapping[str, list[str]], node: int, local_rank: int, procs_per_worker: int,
+               command: Sequence[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
     """The environment of worker process (node, local_rank)."""
     env = _base_env(base)
     primary_host, primary_port = parse_address(cluster["workerpool0"][0])
@@ -139,7 +183,7 @@ def worker_env(cluster: Mapping[str, List[str]], node: int, local_rank: int, pro
     return env
 
 
-def _base_env(base: Optional[Mapping[str, str]]) -> Dict[str, str]:
+def _base_env(base: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     for k in _CLEARED_ENV:
         env.pop(k, None)
@@ -191,10 +235,10 @@ class _Proc:
     role: str                          # "reducer" or "worker"
     label: str                         # "reducer 0", "worker 1.0"
     popen: subprocess.Popen
-    ready_file: Optional[str] = None
-    returncode: Optional[int] = None
+    ready_file: str | None = None
+    returncode: int | None = None
     stopped: bool = False              # we sent it a signal
-    partial: Dict[int, bytes] = field(default_factory=dict)
+    partial: dict[int, bytes] = field(default_factory=dict)
 
     @property
     def pid(self) -> int:
@@ -204,13 +248,19 @@ class _Proc:
     def alive(self) -> bool:
         return self.returncode is None
 
+    @property
+    def exit_code(self) -> int:
+        """The returncode of a process that has exited."""
+        assert self.returncode is not None, f"{self.label} is still running"
+        return self.returncode
+
 
 class _Output:
     """Writes child output line by line with a prefix; tolerates a closed stdout."""
 
-    def __init__(self, out: Optional[IO[Any]], err: Optional[IO[Any]]) -> None:
+    def __init__(self, out: IO[Any] | None, err: IO[Any] | None) -> None:
         self.streams = {1: out if out is not None else sys.stdout, 2: err if err is not None else sys.stderr}
-        self.broken = set()
+        self.broken: set[int] = set()
 
     def write(self, which: int, data: bytes) -> None:
         if which in self.broken:
@@ -230,10 +280,10 @@ class _Output:
 
 
 class _Launcher:
-    def __init__(self, command: List[str], workers: int, reducers: int, procs_per_worker: int,
-                 base_port: Optional[int], host: str, reducer_threads: Optional[int], grace_period: float,
-                 ready_timeout: float, log_level: Optional[str], out: Optional[IO[Any]],
-                 err: Optional[IO[Any]], env: Optional[Mapping[str, str]]) -> None:
+    def __init__(self, command: list[str], workers: int, reducers: int, procs_per_worker: int,
+                 base_port: int | None, host: str, reducer_threads: int | None, grace_period: float,
+                 ready_timeout: float, log_level: str | None, out: IO[Any] | None,
+                 err: IO[Any] | None, env: Mapping[str, str] | None) -> None:
         self.command = command
         self.workers = workers
         self.reducers = reducers
@@ -246,34 +296,35 @@ class _Launcher:
         self.log_level = log_level
         self.output = _Output(out, err)
         self.env = env
-        self.procs: List[_Proc] = []
+        self.procs: list[_Proc] = []
         self.sel = selectors.DefaultSelector()
         self.preexec = _pdeathsig_preexec()
         self.signal_count = 0
         self.signal_name = ""
         self.stopping = False
-        self.kill_at: Optional[float] = None
+        self.kill_at: float | None = None
         self.killed = False
-        self.status: Optional[int] = None
-        self.failure: Optional[str] = None
+        self.status: int | None = None
+        self.failure: str | None = None
         self.tmpdir = tempfile.mkdtemp(prefix="rs-launch-")
 
     # -- children -----------------------------------------------------------------------------
-    def _spawn(self, role: str, label: str, argv: List[str], env: Dict[str, str],
-               ready_file: Optional[str] = None) -> _Proc:
+    def _spawn(self, role: str, label: str, argv: list[str], env: dict[str, str],
+               ready_file: str | None = None) -> _Proc:
         popen = subprocess.Popen(
             argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
             start_new_session=True, preexec_fn=self.preexec, close_fds=True,
         )
         proc = _Proc(role, label, popen, ready_file=ready_file)
         self.procs.append(proc)
+        assert popen.stdout is not None and popen.stderr is not None  # both are pipes
         for which, pipe in ((1, popen.stdout), (2, popen.stderr)):
             os.set_blocking(pipe.fileno(), False)
             self.sel.register(pipe, selectors.EVENT_READ, (proc, which))
         log.info("started %s (pid %d)", label, popen.pid)
         return proc
 
-    def _start_reducers(self, cluster: Dict[str, List[str]]) -> None:
+    def _start_reducers(self, cluster: dict[str, list[str]]) -> None:
         base = _base_env(self.env)
         drain = max(0.0, min(5.0, self.grace / 2))
         for i in range(self.reducers):
@@ -291,7 +342,7 @@ class _Launcher:
                                                self.command)
             self._spawn("reducer", f"reducer {i}", argv, env, ready_file=ready)
 
-    def _start_workers(self, cluster: Dict[str, List[str]]) -> None:
+    def _start_workers(self, cluster: dict[str, list[str]]) -> None:
         base = self.env
         nprocs = self.workers * self.ppw
         threads = str(max(1, (os.cpu_count() or 1) // nprocs))
@@ -317,7 +368,7 @@ class _Launcher:
             except (ProcessLookupError, PermissionError):
                 pass
 
-    def _begin_stop(self, procs: Optional[Sequence[_Proc]] = None) -> None:
+    def _begin_stop(self, procs: Sequence[_Proc] | None = None) -> None:
         """SIGTERM the process groups of `procs` (default: every live child); SIGKILL later."""
         targets = [p for p in (self.procs if procs is None else procs) if p.alive]
         for p in targets:
@@ -381,7 +432,7 @@ class _Launcher:
         if self.signal_count > 1:   # impatient: no more grace
             self.kill_at = time.monotonic()
 
-    def _reap(self) -> List[_Proc]:
+    def _reap(self) -> list[_Proc]:
         exited = []
         for p in self.procs:
             if p.alive:
@@ -443,15 +494,15 @@ class _Launcher:
             if not self.stopping:
                 for p in exited:
                     if p.role == "worker" and p.returncode != 0:
-                        self._fail(p, f"failed: {describe_status(p.returncode)}", _exit_status(p.returncode))
+                        self._fail(p, f"failed: {describe_status(p.exit_code)}", _exit_status(p.exit_code))
                     elif p.role == "reducer":
                         when = "before listening" if phase == "ready" else "while the workers were running"
-                        self._fail(p, f"exited {when}: {describe_status(p.returncode)}",
-                                   _exit_status(p.returncode) or 1)
+                        self._fail(p, f"exited {when}: {describe_status(p.exit_code)}",
+                                   _exit_status(p.exit_code) or 1)
                     if self.stopping:
                         break
                     if p.role == "worker":
-                        log.info("%s (pid %d) finished: %s", p.label, p.pid, describe_status(p.returncode))
+                        log.info("%s (pid %d) finished: %s", p.label, p.pid, describe_status(p.exit_code))
             if not self.stopping and phase == "ready":
                 reducers = [p for p in self.procs if p.role == "reducer"]
                 if all(p.ready_file and os.path.exists(p.ready_file) for p in reducers):
@@ -485,7 +536,7 @@ class _Launcher:
             bad = [p for p in self.procs if p.role == "reducer" and p.returncode not in (0, None)
                    and p.returncode != -signal.SIGTERM]
             for p in bad:
-                log.warning("%s (pid %d) did not stop cleanly: %s", p.label, p.pid, describe_status(p.returncode))
+                log.warning("%s (pid %d) did not stop cleanly: %s", p.label, p.pid, describe_status(p.exit_code))
             return
         lines = []
         for p in self.procs:
@@ -495,7 +546,7 @@ class _Launcher:
         log.error("job failed: %s; exit status %s\n%s", self.failure, self.status, "\n".join(lines))
 
 
-def resolve_command(command: Sequence[str]) -> List[str]:
+def resolve_command(command: Sequence[str]) -> list[str]:
     """The worker command; a leading ``script.py`` runs with this Python."""
     cmd = list(command)
     if cmd and cmd[0] == "--":
@@ -508,10 +559,10 @@ def resolve_command(command: Sequence[str]) -> List[str]:
 
 
 def launch(command: Sequence[str], *, workers: int = 1, reducers: int = 1, procs_per_worker: int = 1,
-           base_port: Optional[int] = None, host: str = "127.0.0.1", reducer_threads: Optional[int] = 1,
-           grace_period: float = 5.0, ready_timeout: float = 30.0, log_level: Optional[str] = None,
-           out: Optional[IO[Any]] = None, err: Optional[IO[Any]] = None,
-           env: Optional[Mapping[str, str]] = None) -> int:
+           base_port: int | None = None, host: str = "127.0.0.1", reducer_threads: int | None = 1,
+           grace_period: float = 5.0, ready_timeout: float = 30.0, log_level: str | None = None,
+           out: IO[Any] | None = None, err: IO[Any] | None = None,
+           env: Mapping[str, str] | None = None) -> int:
     """Run R reducers and W x L workers of `command` here; return the job's exit status.
 
     Raises ConfigError for bad arguments. SIGINT/SIGTERM/SIGHUP stop the job when called from

@@ -24,7 +24,8 @@ import os
 import threading
 import time
 import weakref
-from typing import Any, Iterable, List
+from collections.abc import Iterable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +33,7 @@ CONNECTIONS, HELPERS = 0, 1
 EXIT_JOIN_TIMEOUT = 10.0  # seconds each phase may take at exit
 
 _lock = threading.RLock()  # reentrant: a garbage collection under it may run a close() that forgets
-_open: List["weakref.WeakSet[Any]"] = [weakref.WeakSet(), weakref.WeakSet()]
+_open: list[weakref.WeakSet[Any]] = [weakref.WeakSet(), weakref.WeakSet()]
 
 
 def close_at_exit(obj: Any, phase: int) -> None:

@@ -30,12 +30,18 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
-from .dtypes import numpy_dtype
+from . import config
+from .cluster import discover_worker
+from .communicator import Communicator as ReducerCommunicator
+from .communicator import init
+from .dtypes import numpy_as_tensor, numpy_dtype
 from .errors import ConfigError, ReductionError
+from .frameworks import check_contiguous_tensor, is_device_array
 
 # NCCL's numbering (nccl.h, ncclDataType_t / ncclRedOp_t).
 ncclInt8 = ncclChar = 0
@@ -90,7 +96,7 @@ def op_of(op: int) -> str:
 _group = threading.local()
 
 
-def _group_state() -> Tuple[int, List[Tuple["NcclCommunicator", tuple]]]:
+def _group_state() -> tuple[int, list[tuple[NcclCommunicator, tuple]]]:
     if not hasattr(_group, "depth"):
         _group.depth = 0
         _group.calls = []
@@ -112,10 +118,10 @@ def groupEnd() -> None:
     if _group.depth:
         return
     _group.calls = []
-    by_comm: Dict[int, Tuple[NcclCommunicator, List[tuple]]] = {}
+    by_comm: dict[int, tuple[NcclCommunicator, list[tuple]]] = {}
     for comm, call in calls:
         by_comm.setdefault(id(comm), (comm, []))[1].append(call)
-    first_error: Optional[BaseException] = None
+    first_error: BaseException | None = None
     for comm, lst in by_comm.values():
         try:
             comm._run(lst)
@@ -161,7 +167,7 @@ def _host_array(ptr: int, count: int, dtype: np.dtype) -> np.ndarray:
     if not ptr:
         raise ConfigError("null buffer pointer")
     raw = (ctypes.c_char * (count * dtype.itemsize)).from_address(int(ptr))
-    return np.frombuffer(raw, dtype=dtype, count=count)
+    return np.frombuffer(memoryview(raw), dtype=dtype, count=count)
 
 
 def _device_array(ptr: int, count: int, dtype: np.dtype) -> Any:
@@ -205,13 +211,11 @@ class NcclCommunicator:
     HierarchicalAllreduce to go through the node's local group first.
     """
 
-    def __init__(self, comm: Any = None, *, hierarchical: Optional["HierarchicalAllreduce"] = None,
+    def __init__(self, comm: Any = None, *, hierarchical: HierarchicalAllreduce | None = None,
                  **init_kwargs: Any) -> None:
         if comm is None and hierarchical is not None:
             comm = hierarchical.comm
         if comm is None:
-            from .communicator import init
-
             comm = init(**init_kwargs)
         elif init_kwargs:
             raise ConfigError(f"unexpected arguments with an explicit communicator: {', '.join(init_kwargs)}")
@@ -245,7 +249,7 @@ class NcclCommunicator:
             self._run([call])
 
     # -- internal ----------------------------------------------------------------------
-    def _prepare(self, call: tuple) -> Tuple[Any, str, Any, bool]:
+    def _prepare(self, call: tuple) -> tuple[Any, str, Any, bool]:
         sendbuf, recvbuf, count, dtype, op, stream = call
         dt = numpy_dtype(dtype)
         recv = _as_array(recvbuf, count, dt)
@@ -272,8 +276,8 @@ class NcclCommunicator:
                 handles.append(self.comm.allreduce_async(arr, op=op))
         if not handles:
             return
-        errors: List[BaseException] = []
-        for (arr, op, stream, device), h in zip(reversed(items), reversed(handles)):  # last first: one flush
+        errors: list[BaseException] = []
+        for (_arr, _op, stream, device), h in zip(reversed(items), reversed(handles)):  # last first: one flush
             with _StreamContext(stream, device):
                 try:
                     h.wait()
@@ -287,8 +291,6 @@ Communicator = NcclCommunicator  # the short name; CuPy calls it NcclCommunicato
 
 
 def _is_device(arr: Any) -> bool:
-    from .frameworks import is_device_array
-
     return is_device_array(arr)
 
 
@@ -321,17 +323,15 @@ class HierarchicalAllreduce:
         self.allreduce_coalesced([tensor], op)
         return tensor
 
-    def allreduce_coalesced(self, tensors: Sequence[Any], op: str = "sum") -> List[Any]:
+    def allreduce_coalesced(self, tensors: Sequence[Any], op: str = "sum") -> list[Any]:
         """Reduce several tensors of one dtype in place, as one flat buffer."""
         self._run_arrays([(t, op) for t in tensors])
         return list(tensors)
 
-    def _run_arrays(self, items: Sequence[Tuple[Any, str]]) -> None:
+    def _run_arrays(self, items: Sequence[tuple[Any, str]]) -> None:
         import torch
 
-        from .frameworks import check_contiguous_tensor
-
-        groups: Dict[Tuple[Any, str, Any], List[Any]] = {}
+        groups: dict[tuple[Any, str, Any], list[Any]] = {}
         for arr, op in items:
             t = arr if isinstance(arr, torch.Tensor) else _to_torch(arr)
             check_contiguous_tensor(t)
@@ -339,7 +339,7 @@ class HierarchicalAllreduce:
         for (dtype, op, device), ts in groups.items():
             self._reduce_flat(ts, dtype, op, device)
 
-    def _reduce_flat(self, tensors: List[Any], dtype: Any, op: str, device: Any) -> None:
+    def _reduce_flat(self, tensors: list[Any], dtype: Any, op: str, device: Any) -> None:
         import torch
         import torch.distributed as dist
 
@@ -365,7 +365,7 @@ class HierarchicalAllreduce:
         local_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
                     "max": dist.ReduceOp.MAX}[op]
         opts = dist.ReduceScatterOptions()
-        opts.reduceOp = local_op
+        opts.reduceOp = local_op  # type: ignore[assignment]  # the binding takes a RedOpType for its ReduceOp
         self.local_group.reduce_scatter([mine], [slices], opts).wait()
         self.comm.allreduce_async(mine, op=op).wait()  # avg: divides by the number of nodes
         if op == "avg":
@@ -382,26 +382,19 @@ def _to_torch(arr: Any) -> Any:
     import torch
 
     if isinstance(arr, np.ndarray):
-        from .dtypes import numpy_as_tensor
-
         return numpy_as_tensor(arr)
     return torch.from_dlpack(arr)
 
 
-def hierarchical(local_group: Any, *, local_rank: Optional[int] = None, local_size: Optional[int] = None,
-                 node_rank: Optional[int] = None, num_nodes: Optional[int] = None, reducers: Any = None,
-                 group: Optional[str] = None, **comm_kwargs: Any) -> HierarchicalAllreduce:
+def hierarchical(local_group: Any, *, local_rank: int | None = None, local_size: int | None = None,
+                 node_rank: int | None = None, num_nodes: int | None = None, reducers: Any = None,
+                 group: str | None = None, **comm_kwargs: Any) -> HierarchicalAllreduce:
     """Build a HierarchicalAllreduce: connects this local rank to reducer group "<group>.local<k>".
 
     Missing values come from cluster discovery (reducer.cluster: CLUSTER_SPEC / TF_CONFIG /
     RS_*, LOCAL_RANK / LOCAL_WORLD_SIZE).
     """
-    from . import config
-    from .communicator import Communicator
-
     if None in (local_rank, local_size, node_rank, num_nodes) or reducers is None:
-        from .cluster import discover_worker
-
         info = discover_worker(reducers=reducers, local_rank=local_rank, local_world_size=local_size)
         reducers = info.reducers if reducers is None else reducers
         local_rank = info.local_rank if local_rank is None else local_rank
@@ -409,7 +402,8 @@ def hierarchical(local_group: Any, *, local_rank: Optional[int] = None, local_si
         node_rank = info.node_rank if node_rank is None else node_rank
         num_nodes = info.num_nodes if num_nodes is None else num_nodes
         comm_kwargs.setdefault("job_id", info.job_id)
+    assert local_rank is not None and local_size is not None and node_rank is not None and num_nodes is not None
     base = config.get("group", group)
-    comm = Communicator(reducers, int(node_rank), int(num_nodes), group=f"{base}.local{int(local_rank)}",
-                        **comm_kwargs)
+    comm = ReducerCommunicator(reducers, int(node_rank), int(num_nodes), group=f"{base}.local{int(local_rank)}",
+                               **comm_kwargs)
     return HierarchicalAllreduce(comm, local_group, int(local_rank), int(local_size))

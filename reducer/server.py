@@ -3,10 +3,11 @@ from __future__ import annotations
 
 import logging
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from . import config
 from ._native import core
+from .addresses import connect_host, format_address
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +37,12 @@ class ReducerServer:
 
     def __init__(
         self,
-        host: Optional[str] = None,
-        port: Optional[int] = None,
-        threads: Optional[int] = None,
-        auth_token: Optional[str] = None,
-        socket_buffer: Optional[int] = None,
-        integrity: Optional[str] = None,
+        host: str | None = None,
+        port: int | None = None,
+        threads: int | None = None,
+        auth_token: str | None = None,
+        socket_buffer: int | None = None,
+        integrity: str | None = None,
         **limits: Any,
     ) -> None:
         unknown = set(limits) - set(_LIMITS)
@@ -52,14 +53,14 @@ class ReducerServer:
         self._requested_port: int = 0 if port_value is None else int(port_value)
         self.threads: int = int(config.get("threads", threads) or 0)
         token = config.resolve_auth_token(auth_token)
-        options: Dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
+        options: dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
         options["socket_buffer"] = config.get("socket_buffer", socket_buffer)
         options["integrity"] = config.reducer_integrity(integrity, token)
         self._server = core.Server(self.host, self._requested_port, self.threads, token or "",
                                    **{k: v for k, v in options.items() if v is not None})
         self._started = False
 
-    def start(self) -> "ReducerServer":
+    def start(self) -> ReducerServer:
         if not self._started:
             self._server.start()
             self._started = True
@@ -72,8 +73,6 @@ class ReducerServer:
 
     @property
     def address(self) -> str:
-        from .addresses import connect_host, format_address
-
         return format_address(connect_host(self.host), self.port)
 
     @property
@@ -100,25 +99,25 @@ class ReducerServer:
             time.sleep(0.05)
         self.stop(max(0.0, deadline - time.monotonic()))
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         """Counters (bytes_received, bytes_sent, rounds_completed, connected_workers, groups,
         handshakes, waiting, refused_over_limit, memory_bytes, ...) and the limits in force under
         "limits"."""
-        out: Dict[str, Any] = dict(self._server.stats())
+        out: dict[str, Any] = dict(self._server.stats())
         out["limits"] = self.limits()
         return out
 
-    def limits(self) -> Dict[str, Any]:
+    def limits(self) -> dict[str, Any]:
         """The limits in force (machine-dependent defaults are resolved once started)."""
         return dict(self._server.limits())
 
-    def group_stats(self) -> List[Dict[str, Any]]:
+    def group_stats(self) -> list[dict[str, Any]]:
         """One row per group stream (live, and the last few that ended): job, group, stream,
         world_size, connected, complete, rounds, bytes_received, bytes_sent, last_error, age_s.
         Refreshed by the reducer every 250 ms."""
         return [dict(row) for row in self._server.group_stats()]
 
-    def __enter__(self) -> "ReducerServer":
+    def __enter__(self) -> ReducerServer:
         return self.start()
 
     def __exit__(self, *exc: Any) -> None:

@@ -2,11 +2,17 @@
 # The README's test command: a fresh virtual environment with the package (C++ core
 # built in place) and every test dependency, then the whole suite.
 #
+# `scripts/test.sh --lint [PYTEST ARGS]` (what CI runs) also runs scripts/lint.sh once the
+# environment is ready, before the tests, and stops there if a check fails. Other arguments go to pytest.
+#
 # Run as root on a system with apt-get, it installs clang and ccache when they are missing
 # (it says so first; NO_APT=1 skips it). Without them the fuzz test is skipped and rebuilds are slower.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 step() { printf '\n==> scripts/test.sh: %s\n' "$*"; }
+lint=0
+if [ "${1:-}" = "--lint" ]; then lint=1; shift; fi
+n=$((4 + lint))  # the number of stages
 
 # System tools some tests use: clang (libFuzzer, for the bounded fuzz run of the wire parsers)
 # and ccache (the image test rebuilds the core from a copy of the tree).
@@ -26,13 +32,17 @@ fi
 if command -v ccache >/dev/null 2>&1; then
   export CC="${CC:-ccache gcc}" CXX="${CXX:-ccache g++}"
 fi
-step "[1/4] virtual environment .venv (python3 -m venv)"
+step "[1/$n] virtual environment .venv (python3 -m venv)"
 python3 -m venv .venv
 . .venv/bin/activate
-step "[2/4] upgrading pip"
+step "[2/$n] upgrading pip"
 python -m pip install --upgrade pip
 # torch is pinned to the CPU build (a newer torch would pull a multi-GB CUDA build).
-step "[3/4] installing the package with its test dependencies and torch (CPU); compiling the C++ core takes about 2 minutes on 2 cores"
+step "[3/$n] installing the package with its test dependencies and torch (CPU); compiling the C++ core takes about 2 minutes on 2 cores"
 python -m pip install -e ".[test]" "torch==2.13.0"
-step "[4/4] running the test suite: python -m pytest $*"
+if [ "$lint" = 1 ]; then
+  step "[4/$n] static checks: scripts/lint.sh (ruff, mypy, clang-format)"
+  bash scripts/lint.sh
+fi
+step "[$n/$n] running the test suite: python -m pytest $*"
 python -m pytest "$@"

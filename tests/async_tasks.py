@@ -8,13 +8,14 @@ from __future__ import annotations
 import os
 import random
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from tasks import DTYPES, OPS, check, digest, make_data
 
 import reducer
 from reducer._native import core
-from tasks import DTYPES, OPS, check, digest, make_data
 
 # Element counts of the mixed rounds: empty, odd, smaller than one minimum shard (one
 # reducer, rotated), a few shards, and several chunks per shard.
@@ -27,27 +28,27 @@ def client(addrs: Sequence[str], rank: int, world: int, group: str, timeout: flo
                        window=window, max_rounds_in_flight=max_rounds_in_flight, failover=failover)
 
 
-def round_specs(seed: int, rounds: int) -> List[Tuple[str, str, int, int]]:
+def round_specs(seed: int, rounds: int) -> list[tuple[str, str, int, int]]:
     """(dtype, op, count, segments) per round: the same on every rank."""
     rng = random.Random(seed)
     return [(rng.choice(DTYPES), rng.choice(OPS), rng.choice(COUNTS), rng.choice((1, 1, 3))) for _ in range(rounds)]
 
 
-def split(a: np.ndarray, parts: int) -> List[np.ndarray]:
+def split(a: np.ndarray, parts: int) -> list[np.ndarray]:
     """`a` copied into `parts` separate arrays (separate allocations: a real scatter-gather round)."""
     return [np.array(p, copy=True) for p in np.array_split(a, parts)] if a.size else [a.copy()]
 
 
 def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: int = 1, rounds: int = 64,
                 streams: int = 1, chunk_bytes: int = 1 << 20, window: int = 4,
-                max_rounds_in_flight: int = 16) -> Dict[str, Any]:
+                max_rounds_in_flight: int = 16) -> dict[str, Any]:
     """Start every round (mixed sizes, dtypes, ops; some scatter-gather), then finish them in a
     rank-specific random order with test() and wait(); check each against the reference."""
     specs = round_specs(seed, rounds)
     c = client(addrs, rank, world, group, streams=streams, chunk_bytes=chunk_bytes, window=window,
                max_rounds_in_flight=max_rounds_in_flight)
-    ids: List[int] = []
-    bufs: List[List[np.ndarray]] = []  # kept alive until every round is done
+    ids: list[int] = []
+    bufs: list[list[np.ndarray]] = []  # kept alive until every round is done
     for i, (dtype, op, n, parts) in enumerate(specs):
         pieces = split(make_data(dtype, n, rank, seed=seed * 1000 + i), parts)
         bufs.append(pieces)
@@ -64,8 +65,8 @@ def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: i
         else:
             while not c.test(ids[i]):
                 time.sleep(0.0002)
-    errors: List[str] = []
-    digests: List[str] = []
+    errors: list[str] = []
+    digests: list[str] = []
     for i, (dtype, op, n, _) in enumerate(specs):
         result = np.concatenate(bufs[i]) if n else bufs[i][0]
         err = check(result, dtype, op, n, world, seed=seed * 1000 + i)
@@ -78,10 +79,10 @@ def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: i
             "in_flight_after": c.in_flight}
 
 
-def wait_each(c: Any, ids: Sequence[int]) -> Tuple[List[str], List[float]]:
+def wait_each(c: Any, ids: Sequence[int]) -> tuple[list[str], list[float]]:
     """wait() for each round in turn: "ok" or "ErrorClass: message", and seconds since the first wait."""
-    outcome: List[str] = []
-    elapsed: List[float] = []
+    outcome: list[str] = []
+    elapsed: list[float] = []
     t0 = time.monotonic()
     for i in ids:
         try:
@@ -94,7 +95,7 @@ def wait_each(c: Any, ids: Sequence[int]) -> Tuple[List[str], List[float]]:
 
 
 def mismatch_mid_stream(rank: int, world: int, addrs: Sequence[str], group: str, bad: int = 2,
-                        rounds: int = 5) -> Dict[str, Any]:
+                        rounds: int = 5) -> dict[str, Any]:
     """Rounds of 1 MiB; in round `bad` the last rank reduces int32 instead of float32. Reports
     each round's outcome, then runs one matching round on the reconnected session."""
     c = client(addrs, rank, world, group, timeout=20.0)
@@ -127,7 +128,7 @@ def _touch(path: str) -> None:
 
 
 def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group: str, marks: str,
-                             stalled: int = 6, timeout: float = 20.0) -> Dict[str, Any]:
+                             stalled: int = 6, timeout: float = 20.0) -> dict[str, Any]:
     """Rank 0 starts `stalled` rounds that the other ranks never start (so they stay in flight)
     and tells the test (file marks/started); the test kills a reducer. Every outstanding round
     must raise. After the test restarted the reducer (marks/restarted), every rank runs a
@@ -136,8 +137,8 @@ def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group:
     c = client(addrs, rank, world, group, timeout=timeout, failover=False)
     warm = np.ones(1000, np.float32)
     c.allreduce(warm, "float32", "sum")  # the whole group is there and working
-    outcome: List[str] = []
-    elapsed: List[float] = []
+    outcome: list[str] = []
+    elapsed: list[float] = []
     in_flight = 0
     if rank == 0:
         arrays = [np.ones(1 << 18, np.float32) for _ in range(stalled)]
@@ -146,8 +147,8 @@ def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group:
         _touch(os.path.join(marks, "started"))
         outcome, elapsed = wait_each(c, ids)
     _wait_for(os.path.join(marks, "restarted"), 60)
-    value: Optional[float] = None
-    attempts: List[str] = []
+    value: float | None = None
+    attempts: list[str] = []
     for _ in range(4):
         a = np.full(1000, float(rank + 1), np.float32)
         try:
@@ -189,7 +190,7 @@ def start_compute_wait(rank: int, world: int, addrs: Sequence[str], group: str, 
 
 
 def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 48,
-                    seed: int = 5) -> Dict[str, Any]:
+                    seed: int = 5) -> dict[str, Any]:
     """One thread starts the rounds, another polls test() on them, a third wait()s on every
     third one (the NCCL proxy pattern: start and test from different threads)."""
     import queue
@@ -198,9 +199,9 @@ def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rou
     specs = round_specs(seed, rounds)
     c = client(addrs, rank, world, group, max_rounds_in_flight=4)
     arrays = [make_data(dtype, n, rank, seed=seed * 1000 + i) for i, (dtype, op, n, _) in enumerate(specs)]
-    to_test: "queue.Queue[Optional[int]]" = queue.Queue()
-    to_wait: "queue.Queue[Optional[int]]" = queue.Queue()
-    failures: List[str] = []
+    to_test: queue.Queue[int | None] = queue.Queue()
+    to_wait: queue.Queue[int | None] = queue.Queue()
+    failures: list[str] = []
 
     def starter() -> None:
         for i, (dtype, op, _, _) in enumerate(specs):
@@ -210,7 +211,7 @@ def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rou
         to_wait.put(None)
 
     def tester() -> None:
-        pending: List[int] = []
+        pending: list[int] = []
         closed = False
         while not closed or pending:
             try:

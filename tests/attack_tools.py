@@ -28,9 +28,9 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import IntEnum
-from typing import Callable, Dict, List, Optional, Sequence
 
 import numpy as np
 
@@ -95,7 +95,7 @@ class Challenge:
     nonce: bytes
 
     @classmethod
-    def parse(cls, raw: bytes) -> "Challenge":
+    def parse(cls, raw: bytes) -> Challenge:
         magic, version, auth, _reserved, max_chunk, _reserved2, nonce = CHALLENGE.unpack(raw)
         return cls(magic, version, bool(auth), max_chunk, nonce)
 
@@ -106,9 +106,9 @@ def encode_challenge(nonce: bytes, auth_required: bool, version: int = VERSION,
 
 
 def encode_hello(challenge_nonce: bytes, *, world: int, rank: int, job: bytes, group: bytes,
-                 key: Optional[bytes] = None, stream: int = 0, streams: int = 1, chunk: int = 1 << 20,
-                 version: int = VERSION, flags: int = 0, worker_nonce: Optional[bytes] = None,
-                 job_len: Optional[int] = None, group_len: Optional[int] = None) -> bytes:
+                 key: bytes | None = None, stream: int = 0, streams: int = 1, chunk: int = 1 << 20,
+                 version: int = VERSION, flags: int = 0, worker_nonce: bytes | None = None,
+                 job_len: int | None = None, group_len: int | None = None) -> bytes:
     """A complete hello; the MAC is computed when `key` (K_job) is given, else zeros.
 
     job_len/group_len override the length fields (to send lies about them).
@@ -136,8 +136,8 @@ class Reply:
         return hmac.compare_digest(want, self.mac)
 
 
-def encode_reply(status: int, message: bytes, key: Optional[bytes] = None, worker_nonce: bytes = b"",
-                 challenge_nonce: bytes = b"", mac: Optional[bytes] = None) -> bytes:
+def encode_reply(status: int, message: bytes, key: bytes | None = None, worker_nonce: bytes = b"",
+                 challenge_nonce: bytes = b"", mac: bytes | None = None) -> bytes:
     unsigned = REPLY.pack(MAGIC, status, len(message), b"\0" * 32)
     if mac is None:
         mac = (_hmac(key, REPLY_LABEL + worker_nonce + challenge_nonce + unsigned + message)
@@ -146,7 +146,7 @@ def encode_reply(status: int, message: bytes, key: Optional[bytes] = None, worke
 
 
 def frame(type_: int, length: int = 0, *, dtype: int = F32, op: int = SUM, flags: int = LAST, round_: int = 0,
-          total: int = 0, shard: Optional[int] = None, offset: int = 0, tag: int = 0) -> bytes:
+          total: int = 0, shard: int | None = None, offset: int = 0, tag: int = 0) -> bytes:
     return FRAME.pack(type_, dtype, op, flags, length, round_, total, total if shard is None else shard, offset, tag)
 
 
@@ -231,7 +231,7 @@ def closed_by_peer(sock: socket.socket, timeout: float = 5.0) -> bool:
                 return True
     except (ConnectionResetError, BrokenPipeError):
         return True
-    except socket.timeout:
+    except TimeoutError:
         return False
 
 
@@ -243,7 +243,7 @@ class RawWorker:
     """
 
     def __init__(self, port: int, rank: int = 0, world: int = 1, group: bytes = b"raw", job: bytes = b"j",
-                 key: Optional[bytes] = None, chunk: int = 1 << 20, streams: int = 1, stream: int = 0,
+                 key: bytes | None = None, chunk: int = 1 << 20, streams: int = 1, stream: int = 0,
                  version: int = VERSION, source: str = "127.0.0.1", send_hello: bool = True,
                  timeout: float = 10.0) -> None:
         self.sock = connect(port, source, timeout)
@@ -260,7 +260,7 @@ class RawWorker:
             self.sock.close()
             raise
 
-    def reply(self, timeout: Optional[float] = None) -> Reply:
+    def reply(self, timeout: float | None = None) -> Reply:
         if timeout is not None:
             self.sock.settimeout(timeout)
         fixed = recv_exact(self.sock, REPLY.size)
@@ -275,12 +275,12 @@ class RawWorker:
         return r.mac_ok(self.key, self.worker_nonce, self.challenge.nonce)
 
     def send_data(self, payload: bytes, round_: int = 0, dtype: int = F32, op: int = SUM, flags: int = LAST,
-                  total: Optional[int] = None, offset: int = 0) -> None:
+                  total: int | None = None, offset: int = 0) -> None:
         total = len(payload) if total is None else total
         self.sock.sendall(frame(DATA, len(payload), dtype=dtype, op=op, flags=flags, round_=round_, total=total,
                                 offset=offset) + payload)
 
-    def frame(self, timeout: Optional[float] = None):
+    def frame(self, timeout: float | None = None):
         """(type, flags, round, offset, payload) of the next frame."""
         if timeout is not None:
             self.sock.settimeout(timeout)
@@ -299,12 +299,12 @@ def close_all(socks: Sequence[socket.socket]) -> None:
             pass
 
 
-def open_nonblocking(port: int, sources: Sequence[str], count: int) -> List[socket.socket]:
+def open_nonblocking(port: int, sources: Sequence[str], count: int) -> list[socket.socket]:
     """`count` connections (round-robin over `sources`) whose connect may still be in progress.
 
     Never blocks: once the reducer's backlog is full the kernel simply holds the SYNs.
     """
-    socks: List[socket.socket] = []
+    socks: list[socket.socket] = []
     for i in range(count):
         s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         s.setblocking(False)
@@ -321,13 +321,13 @@ def open_nonblocking(port: int, sources: Sequence[str], count: int) -> List[sock
     return socks
 
 
-def peers(n: int, first: int = 2) -> List[str]:
+def peers(n: int, first: int = 2) -> list[str]:
     """n loopback addresses 127.0.0.<first>.. acting as distinct peers (at most 127.0.0.9)."""
     assert first + n - 1 <= 9, "only 127.0.0.2..127.0.0.9 are used as extra peers"
     return [f"127.0.0.{first + i}" for i in range(n)]
 
 
-def closed_within(socks: Sequence[socket.socket], seconds: float) -> List[bool]:
+def closed_within(socks: Sequence[socket.socket], seconds: float) -> list[bool]:
     """For each socket: did the peer close (or reset) it within `seconds`? Data received is discarded."""
     closed = [False] * len(socks)
     sel = selectors.DefaultSelector()
@@ -431,7 +431,7 @@ class HalfHelloFlood:
                 key.fileobj.close()
             sel.close()
 
-    def start(self) -> "HalfHelloFlood":
+    def start(self) -> HalfHelloFlood:
         self._thread.start()
         self.started.wait(60)
         return self
@@ -440,7 +440,7 @@ class HalfHelloFlood:
         self._stop.set()
         self._thread.join(30)
 
-    def __enter__(self) -> "HalfHelloFlood":
+    def __enter__(self) -> HalfHelloFlood:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -452,9 +452,9 @@ class FakeReducer:
     (auth_required as given), reads the hello and answers Ok with a MAC it cannot compute
     (`reply_mac`, random by default). Serves at most `max_conns` connections."""
 
-    def __init__(self, auth_required: bool, reply_mac: Optional[bytes] = None, max_conns: int = 16) -> None:
+    def __init__(self, auth_required: bool, reply_mac: bytes | None = None, max_conns: int = 16) -> None:
         self.auth_required, self.reply_mac, self.max_conns = auth_required, reply_mac, max_conns
-        self.hellos: List[bytes] = []
+        self.hellos: list[bytes] = []
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
@@ -462,7 +462,7 @@ class FakeReducer:
         self.port = self.listener.getsockname()[1]
         self.address = f"127.0.0.1:{self.port}"
         self._stop = threading.Event()
-        self._conns: List[socket.socket] = []
+        self._conns: list[socket.socket] = []
         self._thread = threading.Thread(target=self._serve, daemon=True)
 
     def _serve(self) -> None:
@@ -470,7 +470,7 @@ class FakeReducer:
         while not self._stop.is_set() and served < self.max_conns:
             try:
                 conn, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -488,7 +488,7 @@ class FakeReducer:
             except (OSError, ConnectionError, struct.error):
                 continue
 
-    def __enter__(self) -> "FakeReducer":
+    def __enter__(self) -> FakeReducer:
         self._thread.start()
         return self
 
@@ -508,7 +508,7 @@ def close_wait_count(port: int) -> int:
     return sum(1 for line in out.splitlines() if line.strip())
 
 
-def rss_bytes(pid: Optional[int] = None) -> int:
+def rss_bytes(pid: int | None = None) -> int:
     with open(f"/proc/{pid or 'self'}/status") as fh:
         for line in fh:
             if line.startswith("VmRSS:"):
@@ -547,7 +547,7 @@ class PeakSampler:
             self.peak = max(self.peak, self.fn())
             self._stop.wait(self.interval)
 
-    def __enter__(self) -> "PeakSampler":
+    def __enter__(self) -> PeakSampler:
         self._thread.start()
         return self
 
@@ -574,7 +574,7 @@ class ReducerProcess:
     Its log (stderr) goes to a file: .log_text(). Stop by leaving the context.
     """
 
-    def __init__(self, tmp_dir: str, nofile: Optional[int] = None, env: Optional[Dict[str, str]] = None,
+    def __init__(self, tmp_dir: str, nofile: int | None = None, env: dict[str, str] | None = None,
                  **kwargs: object) -> None:
         kwargs.setdefault("host", "127.0.0.1")
         kwargs.setdefault("port", 0)
@@ -617,14 +617,14 @@ class ReducerProcess:
                 self.proc.wait(10)
         self._log.close()
 
-    def __enter__(self) -> "ReducerProcess":
+    def __enter__(self) -> ReducerProcess:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
 
 
-def serve(**kwargs: object) -> "reducer.ReducerServer":
+def serve(**kwargs: object) -> reducer.ReducerServer:
     """A started ReducerServer on 127.0.0.1 (any free port) with the given settings; use as a context."""
     kwargs.setdefault("host", "127.0.0.1")
     kwargs.setdefault("port", 0)
@@ -652,11 +652,11 @@ class GoodGroup:
 
     def __init__(self, address: str, group: str, rounds: int = 20, world: int = 2, n: int = 4096,
                  timeout: float = 10.0, connect_timeout: float = 10.0,
-                 rank_kwargs: Optional[Sequence[Dict[str, object]]] = None, **comm_kwargs: object) -> None:
+                 rank_kwargs: Sequence[dict[str, object]] | None = None, **comm_kwargs: object) -> None:
         self.address, self.group, self.rounds, self.world, self.n = address, group, rounds, world, n
         self.timeout, self.connect_timeout, self.comm_kwargs = timeout, connect_timeout, comm_kwargs
         self.rank_kwargs = list(rank_kwargs) if rank_kwargs is not None else [{}] * world
-        self.errors: List[BaseException] = []
+        self.errors: list[BaseException] = []
         self.done_rounds = [0] * world
         self.connected = threading.Barrier(world + 1)
         self._threads = [threading.Thread(target=self._rank, args=(r,), daemon=True) for r in range(world)]
@@ -685,7 +685,7 @@ class GoodGroup:
             if not signalled:
                 self.connected.abort()
 
-    def start(self) -> "GoodGroup":
+    def start(self) -> GoodGroup:
         for t in self._threads:
             t.start()
         return self
@@ -709,7 +709,7 @@ class GoodGroup:
     def alive(self) -> bool:
         return any(t.is_alive() for t in self._threads)
 
-    def __enter__(self) -> "GoodGroup":
+    def __enter__(self) -> GoodGroup:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
@@ -731,7 +731,7 @@ class Flood:
                  max_calls: int = 1_000_000) -> None:
         self.step, self.seconds, self.max_calls = step, seconds, max_calls
         self.calls = 0
-        self.errors: List[BaseException] = []
+        self.errors: list[BaseException] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._threads = [threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(threads)]
@@ -749,7 +749,7 @@ class Flood:
                 with self._lock:
                     self.errors.append(exc)
 
-    def start(self) -> "Flood":
+    def start(self) -> Flood:
         for t in self._threads:
             t.start()
         return self
@@ -763,7 +763,7 @@ class Flood:
         self._stop.set()
         self.join()
 
-    def __enter__(self) -> "Flood":
+    def __enter__(self) -> Flood:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:

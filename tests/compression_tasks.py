@@ -8,17 +8,18 @@ from __future__ import annotations
 
 import random
 import time
-from typing import Any, Dict, List, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
+from async_tasks import client, split
 
 import reducer
-from async_tasks import client, split
 
 WIRES = {"bf16": "bfloat16", "fp16": "float16"}
 
 # (compression, op, elements, segments) of one round; compression "" = a plain float32 round.
-Spec = Tuple[str, str, int, int]
+Spec = tuple[str, str, int, int]
 
 
 def _f32(bits: Any) -> np.ndarray:
@@ -82,13 +83,13 @@ def expected(inputs: Sequence[np.ndarray], compression: str, op: str) -> np.ndar
 
 def rounds(rank: int, world: int, addrs: Sequence[str], group: str, specs: Sequence[Spec], seed: int,
            streams: int = 1, chunk_bytes: int = 1 << 20, window: int = 4,
-           max_rounds_in_flight: int = 8) -> Dict[str, Any]:
+           max_rounds_in_flight: int = 8) -> dict[str, Any]:
     """Start every round of `specs` (compressed or plain, contiguous or scatter-gather) without
     waiting, then finish them in a rank-specific random order with test() and wait()."""
     c = client(addrs, rank, world, group, streams=streams, chunk_bytes=chunk_bytes, window=window,
                max_rounds_in_flight=max_rounds_in_flight)
-    ids: List[int] = []
-    bufs: List[List[np.ndarray]] = []  # kept alive until every round is done
+    ids: list[int] = []
+    bufs: list[list[np.ndarray]] = []  # kept alive until every round is done
     for i, (comp, op, n, parts) in enumerate(specs):
         pieces = split(make_values(n, rank, seed * 1000 + i), parts)
         bufs.append(pieces)
@@ -113,11 +114,11 @@ def rounds(rank: int, world: int, addrs: Sequence[str], group: str, specs: Seque
     return {"results": [np.concatenate(b) for b in bufs], "stats": stats, "most_in_flight": most_in_flight}
 
 
-def communicator_paths(rank: int, world: int, addrs: Sequence[str], group: str, n: int, seed: int) -> Dict[str, Any]:
+def communicator_paths(rank: int, world: int, addrs: Sequence[str], group: str, n: int, seed: int) -> dict[str, Any]:
     """The Communicator's entry points: the same float32 input reduced plain, with bf16 and fp16
     (allreduce, allreduce_raw, allreduce_raw_async), and by the compression setting; the wire
     bytes each round took (client stats)."""
-    out: Dict[str, Any] = {"sent": {}, "results": {}}
+    out: dict[str, Any] = {"sent": {}, "results": {}}
     x = make_values(n, rank, seed)
     ints = np.arange(n, dtype=np.float64) * (rank + 1)  # exact in float64: must stay untouched
     with reducer.Communicator(addrs, rank, world, group=group, timeout=30, connect_timeout=30,

@@ -4,8 +4,9 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import sys
+from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Callable, Dict, List, Sequence
+from typing import Any
 
 import pytest
 
@@ -33,15 +34,15 @@ def _warm(_: int) -> int:
 
 
 def run_ranks(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
-              **kwargs: Any) -> List[Any]:
+              **kwargs: Any) -> list[Any]:
     """Run fn(rank=r, world=world, **kwargs) in `world` processes at once; results by rank.
 
     Exceptions raised in a worker are re-raised here (the first by rank).
     """
     assert world <= MAX_POOL
     futs = [pool.submit(fn, rank=r, world=world, **kwargs) for r in range(world)]
-    results: List[Any] = []
-    errors: Dict[int, BaseException] = {}
+    results: list[Any] = []
+    errors: dict[int, BaseException] = {}
     for r, f in enumerate(futs):
         try:
             results.append(f.result(timeout=timeout))
@@ -54,10 +55,10 @@ def run_ranks(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, tim
 
 
 def run_ranks_collect(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
-                      **kwargs: Any) -> List[Any]:
+                      **kwargs: Any) -> list[Any]:
     """Like run_ranks, but returns exceptions in place of results instead of raising."""
     futs = [pool.submit(fn, rank=r, world=world, **kwargs) for r in range(world)]
-    out: List[Any] = []
+    out: list[Any] = []
     for f in futs:
         try:
             out.append(f.result(timeout=timeout))
@@ -71,9 +72,9 @@ def reducers(request):
     """Factory: reducers(n, **kw) -> list of started ReducerServer on 127.0.0.1 (stopped after the test)."""
     import reducer
 
-    started: List[Any] = []
+    started: list[Any] = []
 
-    def make(n: int = 1, **kw: Any) -> List[Any]:
+    def make(n: int = 1, **kw: Any) -> list[Any]:
         kw.setdefault("host", "127.0.0.1")
         kw.setdefault("port", 0)
         servers = [reducer.ReducerServer(**kw).start() for _ in range(n)]
@@ -85,5 +86,5 @@ def reducers(request):
         s.stop()
 
 
-def addresses(servers: Sequence[Any]) -> List[str]:
+def addresses(servers: Sequence[Any]) -> list[str]:
     return [s.address for s in servers]

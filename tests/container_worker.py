@@ -19,7 +19,6 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Dict
 
 import numpy as np
 
@@ -28,7 +27,7 @@ GO_TIMEOUT = 180.0
 DTYPES = ("int64", "float32", "float64")
 
 
-def inputs(rank: int, phase: int) -> Dict[str, np.ndarray]:
+def inputs(rank: int, phase: int) -> dict[str, np.ndarray]:
     """What worker `rank` contributes in `phase` (the test builds its reference from these)."""
     rng = np.random.default_rng(1000 * phase + rank)
     return {

@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any, Dict, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
+
+from tasks import check, make_data
 
 import reducer
-from tasks import check, make_data
 
 
 def _wait_for(path: str, timeout: float) -> bool:
@@ -19,7 +21,7 @@ def _wait_for(path: str, timeout: float) -> bool:
 
 
 def reduce_and_hold(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int, n: int,
-                    hold_dir: Optional[str] = None, hold_timeout: float = 60.0) -> Dict[str, Any]:
+                    hold_dir: str | None = None, hold_timeout: float = 60.0) -> dict[str, Any]:
     """`rounds` float32 sums of n elements checked against the float64 reference; then, with
     hold_dir, writes <hold_dir>/<group>.<rank>.ready and stays connected until <hold_dir>/release
     exists (at most hold_timeout s), so the test can look at the live group."""
@@ -43,7 +45,7 @@ def reduce_and_hold(rank: int, world: int, addrs: Sequence[str], group: str, rou
 
 
 def instrumented_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int,
-                        n: int) -> Dict[str, Any]:
+                        n: int) -> dict[str, Any]:
     """A Communicator with worker metrics: `rounds` checked sums; returns the parsed samples."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families
@@ -63,7 +65,7 @@ def instrumented_rounds(rank: int, world: int, addrs: Sequence[str], group: str,
         after = generate_latest(metrics.registry).decode()
         stats = comm.stats()
 
-    def samples(text: str) -> Dict[str, float]:
+    def samples(text: str) -> dict[str, float]:
         out = {}
         for family in text_string_to_metric_families(text):
             for s in family.samples:

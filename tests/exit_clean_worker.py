@@ -58,7 +58,7 @@ def collectives(rank: int, world: int, groups: int) -> None:
         assert torch.equal(z, torch.full((33,), expect, dtype=torch.int64)), f"group {g}: reduce differs"
 
 
-def train_with_hook(steps: int) -> "rst.HookState":
+def train_with_hook(steps: int) -> rst.HookState:
     """A tiny DDP model over gloo whose gradients go through reducer.torch's allreduce hook."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 

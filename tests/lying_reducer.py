@@ -4,7 +4,8 @@
 independent encoder) to ONE real worker of a group whose other members are imaginary: it answers
 every hello with `reply` (Ok by default, without authentication), every DATA chunk with what
 `on_data` returns (by default the honest RESULT: the worker's own chunk, as if the other members
-contributed zeros) and every DONE with what `on_done` returns (by default the CLEAR it asks for). A script decides where it lies.
+contributed zeros) and every DONE with what `on_done` returns (by default the CLEAR it asks for).
+A script decides where it lies.
 
 Every connection is served by a thread of its own; every socket wait has a timeout.
 """
@@ -15,11 +16,22 @@ import select
 import socket
 import struct
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Callable, List, Optional, Tuple
 
-from attack_tools import (BYE, DATA, ERROR, FRAME, HELLO, RESULT, Status, close_all, encode_challenge,
-                          encode_reply, recv_exact)
+from attack_tools import (
+    BYE,
+    DATA,
+    ERROR,
+    FRAME,
+    HELLO,
+    RESULT,
+    Status,
+    close_all,
+    encode_challenge,
+    encode_reply,
+    recv_exact,
+)
 
 DONE, CLEAR = 5, 6
 ERR_FAILOVER = 6                                   # ERROR code: another worker lost reducers (tag = mask)
@@ -42,7 +54,7 @@ class Header:
     tag: int
 
     @classmethod
-    def parse(cls, raw: bytes) -> "Header":
+    def parse(cls, raw: bytes) -> Header:
         return cls(*FRAME.unpack(raw))
 
     def pack(self) -> bytes:
@@ -64,30 +76,30 @@ def clear_frame(round_: int) -> bytes:
 
 
 # on_data(connection index, header, payload) -> bytes to send, or None for the honest result.
-OnData = Callable[[int, Header, bytes], Optional[bytes]]
+OnData = Callable[[int, Header, bytes], bytes | None]
 # on_done(connection index, header) -> bytes to send, or None for the honest CLEAR.
-OnDone = Callable[[int, Header], Optional[bytes]]
+OnDone = Callable[[int, Header], bytes | None]
 
 
 class LyingReducer:
     """Listens on 127.0.0.1 (any free port); serves at most `max_conns` connections."""
 
-    def __init__(self, on_data: Optional[OnData] = None, reply: Tuple[int, bytes] = (Status.OK, b"welcome"),
-                 max_conns: int = 8, timeout: float = 20.0, on_done: Optional[OnDone] = None) -> None:
+    def __init__(self, on_data: OnData | None = None, reply: tuple[int, bytes] = (Status.OK, b"welcome"),
+                 max_conns: int = 8, timeout: float = 20.0, on_done: OnDone | None = None) -> None:
         self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
         self.on_done = on_done
-        self.data: List[Tuple[int, Header]] = []   # (connection, header) of every DATA frame received
-        self.errors: List[BaseException] = []      # unexpected failures of the script itself
+        self.data: list[tuple[int, Header]] = []   # (connection, header) of every DATA frame received
+        self.errors: list[BaseException] = []      # unexpected failures of the script itself
         self._lock = threading.Lock()
-        self._socks: List[socket.socket] = []
-        self._threads: List[threading.Thread] = []
+        self._socks: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
         self._stop = threading.Event()
         self.listener = socket.socket()
         self.listener.bind(("127.0.0.1", 0))
         self.listener.listen(16)
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
 
-    def _next_connection(self) -> Optional[socket.socket]:
+    def _next_connection(self) -> socket.socket | None:
         """The next connection, or None once stopped (or the listener is closed)."""
         while not self._stop.is_set():
             ready, _, _ = select.select([self.listener], [], [], 0.2)
@@ -137,7 +149,7 @@ class LyingReducer:
         except BaseException as exc:  # a broken script: reported to the test
             self.errors.append(exc)
 
-    def __enter__(self) -> "LyingReducer":
+    def __enter__(self) -> LyingReducer:
         t = threading.Thread(target=self._accept, daemon=True)
         t.start()
         self._threads.append(t)

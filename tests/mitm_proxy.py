@@ -15,21 +15,21 @@ from __future__ import annotations
 import socket
 import struct
 import threading
-from typing import Callable, List
+from collections.abc import Callable
 
 from attack_tools import CHALLENGE, FRAME, HELLO, REPLY, TAG_BYTES, recv_exact
 
 TO_REDUCER, TO_WORKER = "to_reducer", "to_worker"
-Tamper = Callable[[str, int, int, bytes], List[bytes]]
+Tamper = Callable[[str, int, int, bytes], list[bytes]]
 
 
-def untouched(_direction: str, _conn: int, _index: int, frame: bytes) -> List[bytes]:
+def untouched(_direction: str, _conn: int, _index: int, frame: bytes) -> list[bytes]:
     return [frame]
 
 
 def flip(direction: str, index: int, offset: int, *, conn: int = 0, bit: int = 0) -> Tamper:
     """Flips bit `bit` of byte `offset` of frame `index` (offset 0 = the header's first byte)."""
-    def tamper(d: str, c: int, i: int, frame: bytes) -> List[bytes]:
+    def tamper(d: str, c: int, i: int, frame: bytes) -> list[bytes]:
         if (d, c, i) != (direction, conn, index):
             return [frame]
         b = bytearray(frame)
@@ -48,9 +48,9 @@ def replay(direction: str, index: int, *, conn: int = 0) -> Tamper:
 
 def swap(direction: str, index: int, *, conn: int = 0) -> Tamper:
     """Holds frame `index` back and sends it after frame index + 1."""
-    held: List[bytes] = []
+    held: list[bytes] = []
 
-    def tamper(d: str, c: int, i: int, frame: bytes) -> List[bytes]:
+    def tamper(d: str, c: int, i: int, frame: bytes) -> list[bytes]:
         if (d, c) != (direction, conn):
             return [frame]
         if i == index:
@@ -74,8 +74,8 @@ class Proxy:
         self.tampered = 0                            # frames the tamper function changed
         self._lock = threading.Lock()
         self._conns = 0
-        self._socks: List[socket.socket] = []
-        self._threads: List[threading.Thread] = []
+        self._socks: list[socket.socket] = []
+        self._threads: list[threading.Thread] = []
         self._closed = threading.Event()
         self.listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         self.listener.bind(("127.0.0.1", 0))
@@ -94,7 +94,7 @@ class Proxy:
         while not self._closed.is_set():
             try:
                 worker, _ = self.listener.accept()
-            except socket.timeout:
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -160,7 +160,7 @@ class Proxy:
         for t in self._threads:
             t.join(timeout=5)
 
-    def __enter__(self) -> "Proxy":
+    def __enter__(self) -> Proxy:
         return self
 
     def __exit__(self, *exc: object) -> None:

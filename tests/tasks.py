@@ -4,7 +4,8 @@ from __future__ import annotations
 import hashlib
 import os
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -45,12 +46,12 @@ def reference(dtype: str, op: str, n: int, world: int, seed: int = 0) -> np.ndar
     return acc
 
 
-def tolerance(dtype: str, world: int) -> Tuple[float, float]:
+def tolerance(dtype: str, world: int) -> tuple[float, float]:
     return {"float32": (1e-5, 1e-5 * world), "float64": (1e-12, 1e-12 * world),
             "float16": (2e-3, 4e-3 * world), "bfloat16": (1e-2, 2e-2 * world)}[dtype]
 
 
-def check(result: np.ndarray, dtype: str, op: str, n: int, world: int, seed: int = 0) -> Optional[str]:
+def check(result: np.ndarray, dtype: str, op: str, n: int, world: int, seed: int = 0) -> str | None:
     ref = reference(dtype, op, n, world, seed)
     if dtype.startswith("int"):
         if not np.array_equal(result, ref):
@@ -71,10 +72,10 @@ def digest(a: np.ndarray) -> str:
 
 def matrix(rank: int, world: int, addrs: Sequence[str], group: str, dtypes: Sequence[str] = DTYPES,
            ops: Sequence[str] = OPS, sizes: Sequence[int] = SIZES, streams: int = 1,
-           chunk_bytes: Optional[int] = None) -> Dict[str, Any]:
+           chunk_bytes: int | None = None) -> dict[str, Any]:
     """All-reduce every dtype x op x size; returns errors and result digests."""
-    errors: List[str] = []
-    digests: Dict[str, str] = {}
+    errors: list[str] = []
+    digests: dict[str, str] = {}
     with reducer.Communicator(addrs, rank, world, group=group, timeout=30, connect_timeout=30, streams=streams,
                               chunk_bytes=chunk_bytes) as comm:
         for dtype in dtypes:
@@ -91,7 +92,7 @@ def matrix(rank: int, world: int, addrs: Sequence[str], group: str, dtypes: Sequ
 
 
 def large(rank: int, world: int, addrs: Sequence[str], group: str, nbytes: int = 64 << 20,
-          streams: int = 1) -> Dict[str, Any]:
+          streams: int = 1) -> dict[str, Any]:
     n = nbytes // 4
     with reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30,
                               streams=streams) as comm:
@@ -101,7 +102,7 @@ def large(rank: int, world: int, addrs: Sequence[str], group: str, nbytes: int =
         return {"error": err, "digest": digest(a)}
 
 
-def back_to_back(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 200) -> Dict[str, Any]:
+def back_to_back(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 200) -> dict[str, Any]:
     with reducer.Communicator(addrs, rank, world, group=group, timeout=30, connect_timeout=30) as comm:
         a = np.zeros(1000, np.int64)
         for i in range(rounds):
@@ -114,11 +115,11 @@ def back_to_back(rank: int, world: int, addrs: Sequence[str], group: str, rounds
 
 
 def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: int = 1000, dtype: str = "float32",
-                   op: str = "sum", job_id: Optional[str] = None, auth_token: Optional[str] = None,
+                   op: str = "sum", job_id: str | None = None, auth_token: str | None = None,
                    timeout: float = 10.0, connect_timeout: float = 10.0, repeat: int = 1,
-                   sizes_by_rank: Optional[Sequence[int]] = None,
-                   dtypes_by_rank: Optional[Sequence[str]] = None,
-                   ops_by_rank: Optional[Sequence[str]] = None) -> Dict[str, Any]:
+                   sizes_by_rank: Sequence[int] | None = None,
+                   dtypes_by_rank: Sequence[str] | None = None,
+                   ops_by_rank: Sequence[str] | None = None) -> dict[str, Any]:
     """One (or `repeat`) all-reduce of ones; per-rank size/dtype/op overrides model disagreements."""
     if sizes_by_rank:
         n = sizes_by_rank[rank]
@@ -136,11 +137,11 @@ def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: i
 
 
 def hold_round(rank: int, world: int, addrs: Sequence[str], group: str, n: int = 1 << 20,
-               timeout: float = 20.0, again: bool = False, failover: bool = True) -> Dict[str, Any]:
+               timeout: float = 20.0, again: bool = False, failover: bool = True) -> dict[str, Any]:
     """Enter an all-reduce and report the error (if any); optionally try again after it."""
     comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeout, connect_timeout=timeout,
                                 failover=failover)
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     a = np.ones(n, np.float32)
     t0 = time.monotonic()
     try:

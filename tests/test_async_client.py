@@ -7,15 +7,14 @@ import os
 import tempfile
 import threading
 import time
-from typing import Any, List
-
-import numpy as np
-import pytest
+from typing import Any
 
 import async_tasks
-import reducer
+import numpy as np
+import pytest
 from conftest import addresses, run_ranks, run_ranks_collect
-from reducer._native import core
+
+import reducer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -39,10 +38,10 @@ def test_many_rounds_in_flight_match_reference(pool, reducers, nred, streams, ch
     assert max(r["most_in_flight"] for r in res) > 1
 
 
-def _pair(addrs: List[str], group: str, **kw: Any) -> List[Any]:
+def _pair(addrs: list[str], group: str, **kw: Any) -> list[Any]:
     """Two clients of one group in this process (each constructor waits for the other)."""
-    out: List[Any] = [None, None]
-    errs: List[BaseException] = []
+    out: list[Any] = [None, None]
+    errs: list[BaseException] = []
 
     def make(rank: int) -> None:
         try:
@@ -59,7 +58,7 @@ def _pair(addrs: List[str], group: str, **kw: Any) -> List[Any]:
     return out
 
 
-def finish(rounds: List[Any], seconds: float = 60.0) -> None:
+def finish(rounds: list[Any], seconds: float = 60.0) -> None:
     """test() every (client, id) until all are done (bounded)."""
     t0 = time.monotonic()
     pending = list(rounds)

@@ -63,7 +63,7 @@ def _run_ring(world, dtype, op, sizes, chunk=1 << 20):
             p.join(timeout=10)
             if p.is_alive():
                 p.kill()
-    for r, v in results.items():
+    for v in results.values():
         if isinstance(v, BaseException):
             raise v
     return results

@@ -4,7 +4,7 @@ limits the run instead of a bare link theory."""
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 import pytest
 
@@ -47,7 +47,7 @@ def test_bench_bad_size_range_names_the_flag(capsys) -> None:
 # -- bench report ---------------------------------------------------------------------------------
 
 
-def _rows(workers: int, reducers: int, cpu: Optional[float] = 97.0) -> List[Dict[str, Any]]:
+def _rows(workers: int, reducers: int, cpu: float | None = 97.0) -> list[dict[str, Any]]:
     rows = []
     for algo, us in (("rs", 200.0), ("ring", 100.0)):
         for size, pct in ((4096, None), (1 << 20, cpu)):

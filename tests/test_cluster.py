@@ -1,4 +1,6 @@
-"""Cluster discovery (reducer/cluster.py): pure Python, no C++ extension."""
+"""Cluster discovery (reducer/cluster.py; CLUSTER_SPEC / TF_CONFIG are read by the C++ reader of
+csrc/cluster/, reducer._core.cluster, which the NCCL plugin shares: tests/test_nccl_plugin.py asks
+both the same questions)."""
 from __future__ import annotations
 
 import json
@@ -248,11 +250,72 @@ def test_json_of_wrong_shape(var: str) -> None:
         discover({var: json.dumps({"cluster": {"worker": "a:1"}, "task": {"type": "worker", "index": 0}})})
     with pytest.raises(ConfigError, match=r"'task' has no 'type'"):
         discover({var: json.dumps({"cluster": {}, "task": {"index": 0}})})
+    # The shape of 'cluster' and 'task' first, then the pools.
+    with pytest.raises(ConfigError, match=f"{var} 'task' must be an object with 'type' and 'index', found 5"):
+        discover({var: json.dumps({"cluster": {"worker": "a:1"}, "task": 5})})
 
 
 def test_blank_cluster_spec_is_unset() -> None:
     env = {"CLUSTER_SPEC": "  ", **tf_config("worker", 0)}
     assert discover(env).source == "TF_CONFIG"
+
+
+# -- the shared reader (csrc/cluster/spec.cc) on hostile input ----------------------------------
+
+
+@pytest.mark.sanitize
+def test_reader_returns_the_plain_structure() -> None:
+    from reducer._native import core
+
+    cluster = {"workerpool2": ["r:1"], "workerpool0": ["p:1"], "workerpool3": None}
+    spec = core.cluster.parse_spec("CLUSTER_SPEC", json.dumps({"cluster": cluster, "task": {"type": "workerpool2"}}))
+    assert (spec.source, spec.task_type, spec.index, spec.role) == ("CLUSTER_SPEC", "workerpool2", 0, "reducer")
+    assert spec.pools == [("workerpool2", ["r:1"]), ("workerpool0", ["p:1"]), ("workerpool3", [])]  # document order
+    assert spec.worker_pools == ["workerpool0", "workerpool1"] and spec.reducer_pool == "workerpool2"
+    tf = core.cluster.parse_spec("TF_CONFIG", json.dumps({"cluster": TF_CLUSTER, "task": {"type": "ps", "index": "1"}}))
+    assert (tf.task_type, tf.index, tf.role, tf.reducer_pool) == ("ps", 1, "reducer", "ps")
+    assert tf.worker_pools == ["chief", "master", "worker"]
+    assert core.cluster.spec_from_env({"CLUSTER_SPEC": " \t\n", "TF_CONFIG": ""}.get) is None
+
+
+HOSTILE = [
+    ("[" * 100 + "]" * 100, "CLUSTER_SPEC is not valid JSON (nested too deeply at offset 65)"),
+    ('{"cluster": {}, "task": {}, "pad": "' + "x" * (1 << 20) + '"}', "CLUSTER_SPEC is not valid JSON (document larger than 1 MiB"),
+    ('{"cluster": {"workerpool0": ["\\ud800:1"]}, "task": {}}', "lone surrogate in a \\u escape at offset 36"),
+    ('{"cluster": {"workerpool0": ["p\udcff:1"]}, "task": {}}', "invalid UTF-8 in a string at offset 31"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": NaN}}', "not valid JSON"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": 007}}', "leading zero"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": ["workerpool0"], "index": 0}}',
+     "CLUSTER_SPEC task type ['workerpool0'] is unknown: expected one of workerpool0 (primary)"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": 1e0}}',
+     "CLUSTER_SPEC task index 1e0 is not a non-negative integer"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": true}}',
+     "CLUSTER_SPEC task index True is not a non-negative integer"),
+    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": ' + "9" * 40 + '}}',
+     "CLUSTER_SPEC task index 9223372036854775807 is out of range: pool 'workerpool0' has 1 entry"),
+]
+
+
+@pytest.mark.sanitize
+@pytest.mark.parametrize("text, expect", HOSTILE, ids=range(len(HOSTILE)))
+def test_hostile_descriptions_are_config_errors(text: str, expect: str) -> None:
+    """Bounded depth and size, strings valid UTF-8 (they become Python str), numbers as RFC 8259
+    writes them, and a ConfigError, never another exception, for every shape."""
+    with pytest.raises(ConfigError) as exc:
+        discover({"CLUSTER_SPEC": text})
+    assert expect in str(exc.value)
+    assert len(str(exc.value)) < 600  # a long value is cut, not copied whole into the message
+
+
+@pytest.mark.sanitize
+def test_long_values_are_cut_in_messages() -> None:
+    pool = [f"host-{i}.example:2222" for i in range(10_000)]
+    with pytest.raises(ConfigError) as exc:
+        discover({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": pool + [7]}, "task": {"type": "workerpool0"}})})
+    msg = str(exc.value)
+    assert msg.startswith("CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found "
+                          "['host-0.example:2222', 'host-1.example:2222'")
+    assert msg.endswith("...") and len(msg) < 400
 
 
 # -- TF_CONFIG ----------------------------------------------------------------------------------

@@ -9,26 +9,26 @@ from __future__ import annotations
 
 import random
 import threading
-from typing import Any, List
-
-import numpy as np
-import pytest
+from typing import Any
 
 import compression_tasks
-import reducer
+import numpy as np
+import pytest
 from async_tasks import client
 from compression_tasks import expected, make_values
 from conftest import addresses, run_ranks
-from reducer.errors import ConfigError
 from test_convert import assert_same_float32
 from test_torch import _run, needs_sklearn, needs_torch, task_hook_grads, tpool  # noqa: F401  (fixture)
+
+import reducer
+from reducer.errors import ConfigError
 
 pytestmark = pytest.mark.timeout(240)
 
 SIZES = (0, 1, 7, 1000, 20_001, 100_003, 300_001)
 
 
-def specs(seed: int, count: int) -> List[compression_tasks.Spec]:
+def specs(seed: int, count: int) -> list[compression_tasks.Spec]:
     """Every compression x op once, then random rounds (some plain float32), the same on every rank."""
     rng = random.Random(seed)
     out = [(c, op, rng.choice(SIZES[3:]), rng.choice((1, 3))) for c in ("bf16", "fp16")
@@ -39,7 +39,7 @@ def specs(seed: int, count: int) -> List[compression_tasks.Spec]:
     return out
 
 
-def check_rounds(res: List[Any], plan: List[compression_tasks.Spec], world: int, seed: int) -> None:
+def check_rounds(res: list[Any], plan: list[compression_tasks.Spec], world: int, seed: int) -> None:
     for i, (comp, op, n, _) in enumerate(plan):
         want = expected([make_values(n, r, seed * 1000 + i) for r in range(world)], comp, op)
         for r, out in enumerate(res):
@@ -144,15 +144,15 @@ def test_rounds_from_two_threads(reducers):
     """One thread starts compressed rounds while another waits for them (the DDP hook's pattern)."""
     addrs = addresses(reducers(2))
     world, n, count = 2, 50_001, 12
-    results: List[List[np.ndarray]] = [[], []]
-    errors: List[BaseException] = []
+    results: list[list[np.ndarray]] = [[], []]
+    errors: list[BaseException] = []
 
     def rank(r: int) -> None:
         try:
             c = client(addrs, r, world, "cmp-threads")
             import queue
 
-            q: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+            q: queue.SimpleQueue[Any] = queue.SimpleQueue()
 
             def waiter() -> None:
                 while (item := q.get()) is not None:

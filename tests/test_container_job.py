@@ -26,13 +26,12 @@ import shutil
 import subprocess
 import time
 import warnings
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
-
-import numpy as np
-import pytest
 
 import container_worker
+import numpy as np
+import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "scripts" / "build-images.sh"
@@ -54,7 +53,7 @@ def _opted_in(config: pytest.Config) -> bool:
 class Engine:
     """The engine command line (with this machine's flags) that scripts/build-images.sh uses."""
 
-    def __init__(self, command: List[str], run_flags: List[str]) -> None:
+    def __init__(self, command: list[str], run_flags: list[str]) -> None:
         self.command = command
         self.run_flags = run_flags
 
@@ -65,7 +64,7 @@ class Engine:
                                  f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
         return proc
 
-    def run_cmd(self, name: str, network: str, cluster_spec: str, *rest: str) -> List[str]:
+    def run_cmd(self, name: str, network: str, cluster_spec: str, *rest: str) -> list[str]:
         """`run` of a container named and resolvable as `name`, its only setting CLUSTER_SPEC."""
         return self.command + ["run", "--name", name, "--hostname", name, "--network", network,
                                *self.run_flags, "-e", f"CLUSTER_SPEC={cluster_spec}", *rest]
@@ -89,7 +88,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def images(engine: Engine) -> Dict[str, bool]:
+def images(engine: Engine) -> dict[str, bool]:
     """Builds both images (tag `test`); says whether the worker's base is the Debian stand-in."""
     log = ROOT / "build" / "images" / "build-images.log"   # build/ is ignored by git and .dockerignore
     log.parent.mkdir(parents=True, exist_ok=True)
@@ -107,7 +106,7 @@ def images(engine: Engine) -> Dict[str, bool]:
     if stand_in:
         warnings.warn("the worker image was built on scripts/build-images.sh's Debian stand-in for the "
                       "PyTorch base (no registry here): no PyTorch, no CUDA; tested with the numpy "
-                      "example, tests/container_worker.py and the NCCL plugin installed")
+                      "example, tests/container_worker.py and the NCCL plugin installed", stacklevel=2)
     return {"stand_in": stand_in}
 
 
@@ -144,7 +143,7 @@ def test_images_are_what_the_dockerfiles_say(engine, images):
 # -- the job ----------------------------------------------------------------------------------
 
 
-def vertex_cluster_spec(pools: Dict[str, List[str]], task_type: str, index: int) -> str:
+def vertex_cluster_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
     """CLUSTER_SPEC as Vertex AI sets it on every replica (docs: /work/shared/context/vertex-ai.md)."""
     specs = [{"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": str(len(pools[p])),
               "containerSpec": {"imageUri": REDUCER_IMAGE if p == "workerpool2" else WORKER_IMAGE}}
@@ -165,7 +164,7 @@ class Job:
         self.workers = [f"rs-{ident}-workerpool0-0", f"rs-{ident}-workerpool1-0"]
         self.pools = {"workerpool0": [f"{self.workers[0]}:{PORT}"], "workerpool1": [f"{self.workers[1]}:{PORT}"],
                       "workerpool2": [f"{r}:{PORT}" for r in self.reducers]}
-        self.procs: List[subprocess.Popen] = []
+        self.procs: list[subprocess.Popen] = []
 
     def spec(self, task_type: str, index: int) -> str:
         return vertex_cluster_spec(self.pools, task_type, index)
@@ -190,7 +189,7 @@ class Job:
             assert time.monotonic() < deadline, f"{name}: no {text!r} within {timeout:.0f} s:\n{log[-3000:]}"
             time.sleep(0.5)
 
-    def reducer_hosts(self) -> List[str]:
+    def reducer_hosts(self) -> list[str]:
         """`--add-host NAME:IP` for every reducer: their names resolved from /etc/hosts, not DNS."""
         out = []
         for name in self.reducers:
@@ -198,8 +197,8 @@ class Job:
             out += ["--add-host", f"{name}:{nets[self.network]['IPAddress']}"]
         return out
 
-    def start_workers(self, *command: str, volume: Optional[str] = None,
-                      static_hosts: bool = False) -> List[subprocess.Popen]:
+    def start_workers(self, *command: str, volume: str | None = None,
+                      static_hosts: bool = False) -> list[subprocess.Popen]:
         procs = []
         hosts = self.reducer_hosts() if static_hosts else []
         for rank, name in enumerate(self.workers):
@@ -210,7 +209,7 @@ class Job:
         self.procs += procs
         return procs
 
-    def finish(self, procs: Sequence[subprocess.Popen], timeout: float = 300) -> List[str]:
+    def finish(self, procs: Sequence[subprocess.Popen], timeout: float = 300) -> list[str]:
         outs = [p.communicate(timeout=timeout)[0] for p in procs]
         for rank, (p, out) in enumerate(zip(procs, outs)):
             assert p.returncode == 0, f"worker {rank} exit status {p.returncode}:\n{out[-4000:]}\n{self.reducer_logs()}"
@@ -229,7 +228,7 @@ class Job:
 
 
 @pytest.fixture
-def job(engine: Engine, images: Dict[str, bool]):
+def job(engine: Engine, images: dict[str, bool]):
     j = Job(engine)
     try:
         yield j
@@ -279,7 +278,7 @@ def check_status(job: Job) -> None:
     assert sum(int(r["counters"]["rounds_completed"]) for r in reducers) > 0, reducers
 
 
-def run_failover_job(job: Job, folder: Path) -> List[dict]:
+def run_failover_job(job: Job, folder: Path) -> list[dict]:
     """Job 2: rounds, reducer 1's container SIGKILLed, rounds on the survivor."""
     out = folder / "out"
     out.mkdir()

@@ -9,13 +9,13 @@ import subprocess
 import sys
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Dict, List, Sequence
-
-import pytest
-import yaml
+from typing import Any
 
 import control_tasks
+import pytest
+import yaml
 from attack_tools import wait_until
 from conftest import addresses, run_ranks
 
@@ -23,7 +23,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 # One group stream as ReducerServer.group_stats() reports it.
-def _row(job: str, group: str, stream: int, **kw: Any) -> Dict[str, Any]:
+def _row(job: str, group: str, stream: int, **kw: Any) -> dict[str, Any]:
     row = dict(job=job, group=group, stream=stream, world_size=4, connected=4, complete=True, rounds=7,
                bytes_received=100, bytes_sent=90, last_error="", age_s=12.5)
     row.update(kw)
@@ -89,13 +89,13 @@ def test_split_stats_maps_any_counter() -> None:
 class _Rows:
     """Stands for a ReducerServer in the metric mapping tests: stats() and group_stats() as given."""
 
-    def __init__(self, stats: Dict[str, Any], rows: List[Dict[str, Any]]) -> None:
+    def __init__(self, stats: dict[str, Any], rows: list[dict[str, Any]]) -> None:
         self._stats, self._rows = stats, rows
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return dict(self._stats)
 
-    def group_stats(self) -> List[Dict[str, Any]]:
+    def group_stats(self) -> list[dict[str, Any]]:
         return list(self._rows)
 
 
@@ -112,7 +112,7 @@ def test_metric_mapping_of_any_stats_and_rows() -> None:
     rows = [_row("j", "g", 0, last_error="lost rank 1"), _row("j", "g", 1, bytes_received=1)]
     registry = CollectorRegistry()
     registry.register(ReducerCollector(_Rows(stats, rows)))
-    got: Dict[str, Dict[tuple, float]] = {}
+    got: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(generate_latest(registry).decode()):
         for s in family.samples:
             got.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
@@ -227,10 +227,10 @@ def planes(reducers):
     from reducer.control.lifecycle import Lifecycle
     from reducer.control.service import ControlPlane
 
-    started: List[Any] = []
+    started: list[Any] = []
 
     def make(n: int = 1, drain_timeout: float = 5.0, allow_unauthenticated_drain: bool = False,
-             **kw: Any) -> List[Any]:
+             **kw: Any) -> list[Any]:
         out = []
         for server in reducers(n, **kw):
             lifecycle = Lifecycle(server, drain_timeout)
@@ -314,7 +314,7 @@ def test_drain_command(planes, capsys, monkeypatch, tmp_path) -> None:
     assert "a drain had already started" in capsys.readouterr().out
 
 
-def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: Dict[str, int], rounds: int, n: int) -> List[Any]:
+def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: dict[str, int], rounds: int, n: int) -> list[Any]:
     """Start groups {name: world} of reduce_and_hold and wait until every rank is holding."""
     futs = [pool.submit(control_tasks.reduce_and_hold, rank=r, world=w, addrs=list(addrs), group=g, rounds=rounds,
                         n=n, hold_dir=str(tmp_path)) for g, w in groups.items() for r in range(w)]
@@ -329,7 +329,7 @@ def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: Dict[str, int
     return futs
 
 
-def _release(tmp_path: Path, futs: List[Any]) -> List[Dict[str, Any]]:
+def _release(tmp_path: Path, futs: list[Any]) -> list[dict[str, Any]]:
     (tmp_path / "release").write_text("go")
     results = [f.result(timeout=60) for f in futs]
     for res in results:
@@ -415,12 +415,12 @@ def test_status_live_table_renders(planes) -> None:
     assert plane.address in text and "serving" in text and "no answer" in text
 
 
-def _scrape(url: str) -> Dict[str, Dict[tuple, float]]:
+def _scrape(url: str) -> dict[str, dict[tuple, float]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     with urllib.request.urlopen(url, timeout=10) as resp:
         text = resp.read().decode()
-    out: Dict[str, Dict[tuple, float]] = {}
+    out: dict[str, dict[tuple, float]] = {}
     for family in text_string_to_metric_families(text):
         for s in family.samples:
             out.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
@@ -501,7 +501,7 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
                              "--port", "0", "--control-port", "0", "--metrics-port", "0", "--drain-timeout", "2"],
                             env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        lines: List[str] = []
+        lines: list[str] = []
         control = metrics = None
         while control is None or metrics is None:
             line = proc.stdout.readline()
@@ -528,7 +528,7 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
             proc.wait(10)
 
 
-def _serve_env() -> Dict[str, str]:
+def _serve_env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     return env

@@ -28,13 +28,22 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 import pytest
-
-from attack_tools import (CHALLENGE, GoodGroup, close_all, closed_within, open_nonblocking, peers, recv_exact,
-                          run_good_group, wait_until)
+from attack_tools import (
+    CHALLENGE,
+    GoodGroup,
+    close_all,
+    closed_within,
+    open_nonblocking,
+    peers,
+    recv_exact,
+    run_good_group,
+    wait_until,
+)
 
 pytest.importorskip("grpc")
 pytest.importorskip("prometheus_client")
@@ -49,7 +58,7 @@ FLOOD = 300           # connections per flood: just past the descriptor limit
 # -- tools ------------------------------------------------------------------------------------
 
 
-def _env(**extra: str) -> Dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
     env["PYTHONUNBUFFERED"] = "1"
@@ -61,7 +70,7 @@ class Serve:
     """`reduction-server serve` (control and metrics on free ports) in a subprocess, optionally under
     RLIMIT_NOFILE = nofile; its log is read in the background."""
 
-    def __init__(self, args: Sequence[str] = (), nofile: Optional[int] = None, **env: str) -> None:
+    def __init__(self, args: Sequence[str] = (), nofile: int | None = None, **env: str) -> None:
         def limit() -> None:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
@@ -71,7 +80,7 @@ class Serve:
              "--control-port", "0", "--metrics-port", "0", *args],
             env=_env(**env), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             preexec_fn=limit)
-        self.lines: List[str] = []
+        self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
@@ -95,7 +104,7 @@ class Serve:
     def log(self) -> str:
         return "".join(self.lines)
 
-    def wait_for(self, pattern: str, timeout: float = 30.0) -> "re.Match[str]":
+    def wait_for(self, pattern: str, timeout: float = 30.0) -> re.Match[str]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             m = re.search(pattern, self.log)
@@ -115,7 +124,7 @@ class Serve:
         self.proc.wait(30)
         self._reader.join(10)
 
-    def __enter__(self) -> "Serve":
+    def __enter__(self) -> Serve:
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -192,7 +201,7 @@ class Forwarder:
         self.source, self.port = source, port
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.address = f"127.0.0.1:{self.listener.getsockname()[1]}"
-        self._socks: List[socket.socket] = []
+        self._socks: list[socket.socket] = []
         self._thread = threading.Thread(target=self._accept, daemon=True)
         self._thread.start()
 
@@ -314,7 +323,7 @@ def test_half_sent_rpcs_hold_no_thread(reducers) -> None:
 
     (server,) = reducers(1)
     plane = ControlPlane(server, Lifecycle(server), host="127.0.0.1", port=0).start()
-    socks: List[socket.socket] = []
+    socks: list[socket.socket] = []
     try:
         for source in peers(4, first=2) * 2:
             s = socket.socket()
@@ -425,25 +434,25 @@ class _FakeReducer:
     address = "127.0.0.1:1"
     running = True
 
-    def __init__(self, rows: Optional[List[Dict[str, Any]]] = None) -> None:
+    def __init__(self, rows: list[dict[str, Any]] | None = None) -> None:
         self.rows = rows if rows is not None else [
             _row("job-a", "g", "lost 10.1.2.3:41000 and [fd00::7]:5000; peer 2001:db8::9 gone"),
             _row("job-b", "h", "")]
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return {"groups": len(self.rows), "rounds_completed": 7}
 
-    def group_stats(self) -> List[Dict[str, Any]]:
+    def group_stats(self) -> list[dict[str, Any]]:
         return [dict(r) for r in self.rows]
 
-    def limits(self) -> Dict[str, Any]:
+    def limits(self) -> dict[str, Any]:
         return {"max_connections": 100}
 
     def drain(self, timeout: float) -> None:
         self.running = False
 
 
-def _row(job: str, group: str, error: str) -> Dict[str, Any]:
+def _row(job: str, group: str, error: str) -> dict[str, Any]:
     return dict(job=job, group=group, stream=0, world_size=2, connected=2, complete=True, rounds=7,
                 bytes_received=10, bytes_sent=10, last_error=error, age_s=1.0)
 
@@ -518,10 +527,10 @@ def test_metric_group_series_are_capped_and_can_be_turned_off(monkeypatch) -> No
 
     fake = _FakeReducer([_row("job", f"g{i}", "") for i in range(5)])
 
-    def series(**kw: Any) -> Dict[str, List[Dict[str, str]]]:
+    def series(**kw: Any) -> dict[str, list[dict[str, str]]]:
         registry = CollectorRegistry()
         registry.register(ReducerCollector(fake, **kw))
-        out: Dict[str, List[Dict[str, str]]] = {}
+        out: dict[str, list[dict[str, str]]] = {}
         for family in text_string_to_metric_families(generate_latest(registry).decode()):
             for s in family.samples:
                 out.setdefault(s.name, []).append(dict(s.labels, value=s.value))
@@ -653,7 +662,7 @@ def test_metrics_requests_are_rate_limited_per_peer() -> None:
     limiter = PeerRateLimiter(5.0, clock=lambda: 0.0)        # no refill: exact counts
     server = MetricsServer("127.0.0.1", 0, lambda accept: (b"m 1\n", "text/plain"), ConnectionTable(16, 16),
                            limiter).start()
-    answers: List[str] = []
+    answers: list[str] = []
     try:
         for _ in range(30):
             s = socket.socket()

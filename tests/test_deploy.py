@@ -11,7 +11,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, List
+from typing import Any
 
 import pytest
 import yaml
@@ -72,7 +72,7 @@ def test_plan_table_has_required_machines() -> None:
     (dict(reducer_machine="n2-highcpu-16", tier1=True), "Tier_1"),
     (dict(reducer_gbps=0), "reducer_gbps"),
 ])
-def test_plan_errors(kwargs: Dict[str, Any], match: str) -> None:
+def test_plan_errors(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         plan_reducers(4, 100, **kwargs)
 
@@ -108,7 +108,7 @@ BASE = ["vertex-job", "--machine-type", "a2-highgpu-8g", "--accelerator-type", "
         "--accelerator-count", "8", "--image", "gcr.io/p/worker:1", "--reducer-image", "gcr.io/p/reducer:1"]
 
 
-def _vertex_job(capsys: pytest.CaptureFixture, *extra: str) -> Dict[str, Any]:
+def _vertex_job(capsys: pytest.CaptureFixture, *extra: str) -> dict[str, Any]:
     assert main(BASE + list(extra)) == 0
     return yaml.safe_load(capsys.readouterr().out)
 
@@ -259,7 +259,7 @@ def test_plan_core_limit() -> None:
 
 @pytest.mark.parametrize("kwargs", [dict(core_gbps=0), dict(core_gbps=float("inf")), dict(reducer_threads=0),
                                     dict(reducer_threads=1.5)])
-def test_plan_core_args_rejected(kwargs: Dict[str, Any]) -> None:
+def test_plan_core_args_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         plan_reducers(4, 100, **kwargs)
 
@@ -286,7 +286,7 @@ def test_core_figure_is_documented() -> None:
     (["--workers", "2", "--accelerator-count", "0"], "--accelerator-count"),
     (["--workers", "2", "--reducer-machine", "x9-huge"], "unknown reducer machine"),
 ])
-def test_vertex_job_errors(capsys: pytest.CaptureFixture, extra: List[str], match: str) -> None:
+def test_vertex_job_errors(capsys: pytest.CaptureFixture, extra: list[str], match: str) -> None:
     assert main(BASE + extra) == 2
     assert match in capsys.readouterr().err
 
@@ -357,18 +357,18 @@ def test_submit_example_help_and_dry_run() -> None:
 # -- Kubernetes manifests ------------------------------------------------------------------------
 
 
-def _manifests() -> Dict[str, Dict[str, Any]]:
+def _manifests() -> dict[str, dict[str, Any]]:
     docs = [d for d in yaml.safe_load_all(K8S_MANIFEST.read_text()) if d]
     by_kind = {d["kind"]: d for d in docs}
     assert sorted(by_kind) == ["Job", "Service", "StatefulSet"]
     return by_kind
 
 
-def _env(container: Dict[str, Any]) -> Dict[str, Any]:
+def _env(container: dict[str, Any]) -> dict[str, Any]:
     return {e["name"]: e.get("value", e.get("valueFrom")) for e in container.get("env", [])}
 
 
-def _expand(value: str, env: Dict[str, str]) -> str:
+def _expand(value: str, env: dict[str, str]) -> str:
     """Kubernetes' $(VAR) expansion of env values."""
     for name, val in env.items():
         value = value.replace(f"$({name})", val)
@@ -430,7 +430,7 @@ def test_kubernetes_cluster_matches_objects() -> None:
     assert live == {"port": side.control, "service": "liveness"}
 
 
-def _reducer_cluster_spec(index: int) -> Dict[str, Any]:
+def _reducer_cluster_spec(index: int) -> dict[str, Any]:
     (c,) = _manifests()["StatefulSet"]["spec"]["template"]["spec"]["containers"]
     env = _env(c)
     assert env["POD_INDEX"] == {"fieldRef": {"fieldPath": "metadata.labels['apps.kubernetes.io/pod-index']"}}
@@ -438,7 +438,7 @@ def _reducer_cluster_spec(index: int) -> Dict[str, Any]:
     return json.loads(_expand(env["CLUSTER_SPEC"], values))
 
 
-def _worker_cluster_spec(index: int) -> Dict[str, Any]:
+def _worker_cluster_spec(index: int) -> dict[str, Any]:
     (c,) = _manifests()["Job"]["spec"]["template"]["spec"]["containers"]
     probe = [sys.executable, "-c", "import os; print(os.environ['CLUSTER_SPEC'])"]
     env = {"PATH": os.environ.get("PATH", ""), "JOB_COMPLETION_INDEX": str(index),

@@ -28,7 +28,6 @@ import subprocess
 import sys
 from dataclasses import dataclass
 from pathlib import Path
-from typing import List, Optional
 
 import pytest
 import yaml
@@ -65,8 +64,8 @@ class Block:
         return f"{self.path.relative_to(ROOT)}:{self.line}"
 
 
-def blocks_of(path: Path) -> List[Block]:
-    out: List[Block] = []
+def blocks_of(path: Path) -> list[Block]:
+    out: list[Block] = []
     lines = path.read_text().splitlines()
     i = 0
     while i < len(lines):
@@ -91,7 +90,7 @@ def blocks_of(path: Path) -> List[Block]:
 ALL_BLOCKS = [b for doc in DOCS for b in blocks_of(doc)]
 
 
-def no_run_reason(block: Block) -> Optional[str]:
+def no_run_reason(block: Block) -> str | None:
     m = re.search(r"no-run\s*\(([^)]*)\)", block.tags)
     if m:
         return m.group(1).strip()
@@ -104,8 +103,8 @@ def no_run_reason(block: Block) -> Optional[str]:
 
 def console_parts(code: str) -> tuple:
     """(commands, expected output lines) of a console block."""
-    commands: List[str] = []
-    expected: List[str] = []
+    commands: list[str] = []
+    expected: list[str] = []
     continuing = False
     for line in code.splitlines():
         if continuing:
@@ -119,8 +118,8 @@ def console_parts(code: str) -> tuple:
     return commands, expected
 
 
-def shell_commands(code: str) -> List[str]:
-    commands: List[str] = []
+def shell_commands(code: str) -> list[str]:
+    commands: list[str] = []
     continuing = False
     for line in code.splitlines():
         if continuing:
@@ -143,7 +142,7 @@ def _norm(line: str) -> str:
     return " ".join(line.split())
 
 
-def output_matches(expected: List[str], actual: str) -> Optional[str]:
+def output_matches(expected: list[str], actual: str) -> str | None:
     """None when every expected line appears in the actual output in order; else the first missing."""
     lines = [_norm(x) for x in actual.splitlines()]
     pos = 0
@@ -181,7 +180,7 @@ def scratch(tmp_path_factory):
     return d, env
 
 
-def _run(args: List[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
+def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
     try:
         return subprocess.run(args, cwd=cwd, env=env, capture_output=True, text=True, timeout=TIMEOUT)
     except subprocess.TimeoutExpired as e:
@@ -252,7 +251,8 @@ def test_doc_block(block: Block, scratch) -> None:
 def test_the_rules_on_examples(tmp_path):
     doc = tmp_path / "x.md"
     doc.write_text("text\n```python no-run (needs a GPU)\nimport cupy\n```\n"
-                   "  ```console\n  $ reduction-server plan --workers 2 \\\n      --worker-gbps 10\n  reducers needed: 1 x ...\n  ```\n")
+                   "  ```console\n  $ reduction-server plan --workers 2 \\\n      --worker-gbps 10\n"
+                   "  reducers needed: 1 x ...\n  ```\n")
     a, b = blocks_of(doc)
     assert (a.language, no_run_reason(a), a.line) == ("python", "needs a GPU", 2)
     assert (b.language, b.line) == ("console", 5)

@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-from typing import List
 
 import pytest
 
@@ -44,7 +43,7 @@ def _env() -> dict:
     return env
 
 
-def _launch(command: List[str], reducers: int = 1, timeout: float = 150.0) -> subprocess.CompletedProcess:
+def _launch(command: list[str], reducers: int = 1, timeout: float = 150.0) -> subprocess.CompletedProcess:
     """`reduction-server launch --workers 2 -- command`; relaunched (twice at most) when a free
     port the launcher picked was taken by another process before a reducer or torch bound it
     (not an exit fault)."""
@@ -64,7 +63,7 @@ def _exit_statuses(out: str) -> str:
     return "\n".join(lines[-20:])
 
 
-def _run_worker_job(args: List[str]) -> None:
+def _run_worker_job(args: list[str]) -> None:
     proc = _launch([sys.executable, WORKER, *args])
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, f"exit status {proc.returncode}:\n{_exit_statuses(out)}\n{out[-3000:]}"

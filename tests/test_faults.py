@@ -9,10 +9,10 @@ import time
 
 import numpy as np
 import pytest
-
-import reducer
 import tasks
 from conftest import addresses, run_ranks, run_ranks_collect
+
+import reducer
 
 pytestmark = pytest.mark.timeout(120)
 

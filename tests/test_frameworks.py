@@ -6,16 +6,16 @@ missing synchronisation shows up as wrong data. The real torch CUDA test runs on
 """
 from __future__ import annotations
 
-from typing import Any, List
+from typing import Any
 
 import numpy as np
 import pytest
+from conftest import addresses
+from test_fusion import comm, ok, run_workers
 
 import reducer
-from conftest import addresses
 from reducer import frameworks
 from reducer.errors import ConfigError
-from test_fusion import comm, ok, run_workers
 
 torch = pytest.importorskip("torch")
 
@@ -90,7 +90,7 @@ def test_dlpack_objects(reducers):
         t = torch.full((2, 3), float(r + 1), dtype=torch.float64)
         with comm(addrs, r, 2, "dl") as c:
             h1 = c.allreduce_async(DLPackOnly(a))
-            h2 = c.allreduce_async(DLPackOnly(t), op="max")
+            c.allreduce_async(DLPackOnly(t), op="max")
             c.synchronize()
             assert isinstance(h1.wait(), DLPackOnly)
             c.allreduce(DLPackOnly(a))  # blocking API: 3 + 3
@@ -150,7 +150,7 @@ class FakeBackend(frameworks.DeviceBackend):
 
     def __init__(self) -> None:
         super().__init__()
-        self.log: List[str] = []
+        self.log: list[str] = []
         self.allocs = 0
         self.streams = 0
 

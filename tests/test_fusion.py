@@ -8,14 +8,15 @@ from __future__ import annotations
 import random
 import threading
 import time
-from typing import Any, Callable, List
+from collections.abc import Callable
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
+from conftest import addresses
 
 import reducer
-from conftest import addresses
 from reducer.errors import ConfigError, MismatchError, ReductionError, ReductionTimeout
 
 pytestmark = pytest.mark.timeout(60)
@@ -24,9 +25,9 @@ BF16 = np.dtype(ml_dtypes.bfloat16)
 INF = float("inf")
 
 
-def run_workers(world: int, fn: Callable[[int], Any], timeout: float = 30.0) -> List[Any]:
+def run_workers(world: int, fn: Callable[[int], Any], timeout: float = 30.0) -> list[Any]:
     """fn(rank) in `world` threads; results (or the exception raised) by rank."""
-    out: List[Any] = [None] * world
+    out: list[Any] = [None] * world
 
     def target(r: int) -> None:
         try:
@@ -43,7 +44,7 @@ def run_workers(world: int, fn: Callable[[int], Any], timeout: float = 30.0) -> 
     return out
 
 
-def ok(results: List[Any]) -> List[Any]:
+def ok(results: list[Any]) -> list[Any]:
     for r, res in enumerate(results):
         if isinstance(res, BaseException):
             raise AssertionError(f"rank {r} failed: {res!r}") from res
@@ -56,7 +57,7 @@ def comm(addrs, rank, world, group, **kw) -> reducer.Communicator:
     return reducer.Communicator(addrs, rank, world, group=group, **kw)
 
 
-def rounds(servers) -> List[int]:
+def rounds(servers) -> list[int]:
     return [s.stats()["rounds_completed"] for s in servers]
 
 
@@ -435,10 +436,12 @@ def test_mismatch_in_a_later_step(reducers):
 
     def work(r):
         with comm(addrs, r, 2, "later", timeout=5.0, fusion_threshold=64) as c:
-            for step in range(2):
-                hs = [c.allreduce_async(a, name=n) for a, n in make(0)]
+            for _step in range(2):
+                for a, n in make(0):
+                    c.allreduce_async(a, name=n)
                 c.synchronize()
-            hs = [c.allreduce_async(a, name=n) for a, n in make(r)]
+            for a, n in make(r):
+                c.allreduce_async(a, name=n)
             with pytest.raises(MismatchError) as info:
                 c.synchronize()
             return str(info.value)
@@ -453,7 +456,7 @@ def test_mismatch_fusion_threshold(reducers):
 
     def work(r):
         with comm(addrs, r, 2, "thr", timeout=5.0, fusion_threshold=1000 if r else 2000) as c:
-            for i in range(50):
+            for _i in range(50):
                 c.allreduce_async(np.ones(25, np.float32))
             with pytest.raises(MismatchError) as info:
                 c.synchronize()

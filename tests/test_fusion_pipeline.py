@@ -11,17 +11,17 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Dict, List, Tuple
+from typing import Any
 
 import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from conftest import addresses
+from test_fusion import _Spy, comm, ok, run_workers
 
 import reducer
-from conftest import addresses
 from reducer.errors import MismatchError, ReductionError, ReductionTimeout
-from test_fusion import _Spy, comm, ok, run_workers
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -30,9 +30,9 @@ INF = float("inf")
 DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16, BF16]
 
 
-def _ranges(pairs) -> List[Tuple[int, int]]:
+def _ranges(pairs) -> list[tuple[int, int]]:
     """Byte ranges [start, end) sorted, adjacent ones merged."""
-    out: List[Tuple[int, int]] = []
+    out: list[tuple[int, int]] = []
     for start, n in sorted(pairs):
         if n == 0:
             continue
@@ -43,7 +43,7 @@ def _ranges(pairs) -> List[Tuple[int, int]]:
     return out
 
 
-def _data_segments(spy: _Spy) -> List[Tuple[int, int]]:
+def _data_segments(spy: _Spy) -> list[tuple[int, int]]:
     return [seg for call, segs in zip(spy.calls, spy.segments) if call[4] != reducer.fusion.PROBE_TAG for seg in segs]
 
 
@@ -65,7 +65,7 @@ def _inputs(world: int, seed: int = 11):
     return per_rank
 
 
-def _check_sum(per_rank, got: List[np.ndarray], world: int) -> None:
+def _check_sum(per_rank, got: list[np.ndarray], world: int) -> None:
     for i, a in enumerate(got):
         xs = [per_rank[r][i] for r in range(world)]
         if a.dtype.kind == "i":
@@ -89,7 +89,7 @@ def test_cpu_tensors_are_sent_from_their_own_memory(reducers, threshold):
 
     def work(r):
         arrays = [a.copy() for a in inputs[r]]
-        objs: List[Any] = [torch.from_numpy(a) if i % 4 == 1 and a.dtype != BF16 else a for i, a in enumerate(arrays)]
+        objs: list[Any] = [torch.from_numpy(a) if i % 4 == 1 and a.dtype != BF16 else a for i, a in enumerate(arrays)]
         with comm(addrs, r, world, f"nocopy{threshold}", fusion_threshold=threshold, cycle_time_ms=INF) as c:
             spy = c._fusion()._client = _Spy(c._client)
             hs = [c.allreduce_async(o, op="sum", name=f"t{i}") for i, o in enumerate(objs)]
@@ -98,7 +98,7 @@ def test_cpu_tensors_are_sent_from_their_own_memory(reducers, threshold):
             return arrays, spy, c.fusion_stats()
 
     res = ok(run_workers(world, work))
-    for r, (arrays, spy, st) in enumerate(res):
+    for arrays, spy, st in res:
         _check_sum(inputs, arrays, world)
         assert st["compressed_tensors"] == 0
         # the data rounds' segments cover exactly the arrays' memory, nothing else
@@ -149,8 +149,9 @@ def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, co
     float32 in rank order, rounded once, widened), within the 16-bit bound of a float64
     reference; the real 16-bit and float64 tensors of the same step are exact."""
     from compression_tasks import expected, make_values
-    from reducer.fusion.engine import CLIENT_ROUND_BYTES
     from test_convert import assert_same_float32
+
+    from reducer.fusion.engine import CLIENT_ROUND_BYTES
 
     servers = reducers(2)
     addrs, world = addresses(servers), 2
@@ -164,7 +165,7 @@ def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, co
     specs += [(6000, np.dtype(np.float32)), (CLIENT_ROUND_BYTES // 2 + 1000, np.dtype(np.float32)),
               (0, np.dtype(np.float32))]
 
-    def inputs(r: int) -> List[np.ndarray]:
+    def inputs(r: int) -> list[np.ndarray]:
         out = []
         for i, (n, dt) in enumerate(specs):
             if dt == np.float32:
@@ -178,7 +179,7 @@ def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, co
 
     def work(r):
         arrays = [a.copy() for a in data[r]]
-        objs: List[Any] = [torch.from_numpy(a) if i % 8 == 2 else a for i, a in enumerate(arrays)]
+        objs: list[Any] = [torch.from_numpy(a) if i % 8 == 2 else a for i, a in enumerate(arrays)]
         with comm(addrs, r, world, f"cmp{compression}", fusion_threshold=threshold, cycle_time_ms=INF,
                   compression=compression) as c:
             spy = c._fusion()._client = _Spy(c._client)
@@ -295,7 +296,7 @@ class _Gate(_Spy):
 
 def _gated(addrs, world, group, make, hold_until, **kw):
     """Rank 1 starts its first data round only once rank 0's client has `hold_until` rounds in flight."""
-    comms: Dict[int, reducer.Communicator] = {}
+    comms: dict[int, reducer.Communicator] = {}
     have0 = threading.Event()
 
     def work(r):
@@ -331,7 +332,7 @@ STEP_DTYPES = [np.float32, np.float64, np.int32, np.int64, np.float16]
 STEP = dict(fusion_threshold=64 << 10, cycle_time_ms=INF)
 
 
-def _step(r: int, n: int = 40) -> List[np.ndarray]:
+def _step(r: int, n: int = 40) -> list[np.ndarray]:
     return [np.full(250, i + r, STEP_DTYPES[i % 5]) for i in range(n)]
 
 
@@ -340,7 +341,7 @@ def test_fused_rounds_overlap(reducers):
     servers = reducers(2)
     addrs, world = addresses(servers), 2
     res = ok(_gated(addrs, world, "overlap", _step, 3, **STEP))
-    for arrays, hs, err, spy, st in res:
+    for arrays, hs, err, _spy, st in res:
         assert err is None and all(h.done() and h.exception() is None for h in hs)
         for i, a in enumerate(arrays):
             assert a.dtype == STEP_DTYPES[i % 5] and (a == 2 * i + 1).all()
@@ -364,7 +365,7 @@ def test_mismatch_with_rounds_in_flight(reducers):
         return arrays
 
     res = ok(_gated(addrs, world, "mm-inflight", make, 3, timeout=5.0, **STEP))
-    for r, (arrays, hs, err, spy, st) in enumerate(res):
+    for r, (arrays, hs, err, _spy, _st) in enumerate(res):
         assert isinstance(err, MismatchError), err
         assert "first difference is at tensor #21" in str(err) and f"on rank {r}" in str(err)
         assert all(h.done() for h in hs)

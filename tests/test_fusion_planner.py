@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import random
 from dataclasses import dataclass
-from typing import List, Tuple
 
 import pytest
 
@@ -32,9 +31,9 @@ class E:
     op: str
 
 
-def _entries(spec: str) -> List[object]:
+def _entries(spec: str) -> list[object]:
     """Steps of `spec`: E for entries, "F" for a flush."""
-    steps: List[object] = []
+    steps: list[object] = []
     n = 0
     for word in spec.split():
         if word == "F":
@@ -51,9 +50,9 @@ def _show(cut: Cut) -> str:
     return ids + "!" if cut.kind == ALONE else ids
 
 
-def _plan(threshold: int, spec: str) -> List[str]:
+def _plan(threshold: int, spec: str) -> list[str]:
     planner = Planner(threshold)
-    cuts: List[Cut] = []
+    cuts: list[Cut] = []
     for step in _entries(spec):
         cuts += planner.flush() if step == "F" else planner.add(step)
     return [_show(c) for c in cuts]
@@ -88,7 +87,7 @@ def _plan(threshold: int, spec: str) -> List[str]:
     # threshold 1: only zero-size entries can be fused
     (1, "0 1 0 F", ["1!", "0,2"]),
 ])
-def test_cut_rule(threshold: int, spec: str, expected: List[str]) -> None:
+def test_cut_rule(threshold: int, spec: str, expected: list[str]) -> None:
     assert _plan(threshold, spec) == expected
 
 
@@ -109,7 +108,7 @@ def test_negative_threshold_is_refused() -> None:
         Planner(-1)
 
 
-def _random_steps(rng: random.Random, n: int, threshold: int) -> Tuple[List[E], List[int]]:
+def _random_steps(rng: random.Random, n: int, threshold: int) -> tuple[list[E], list[int]]:
     entries = []
     for i in range(n):
         key = rng.choice(list(_KEYS.values()))
@@ -127,9 +126,9 @@ def test_cuts_depend_on_the_agreed_flushes_only(seed: int) -> None:
     threshold = rng.choice([1, 8, 100, 4096])
     entries, flushes = _random_steps(rng, 200, threshold)
 
-    def plan(batch_sizes: random.Random) -> List[Tuple[int, Tuple[int, ...]]]:
+    def plan(batch_sizes: random.Random) -> list[tuple[int, tuple[int, ...]]]:
         planner = Planner(threshold)
-        cuts: List[Cut] = []
+        cuts: list[Cut] = []
         i = 0
         for stop in flushes + [len(entries)]:  # the last flush: a synchronize at the end of a step
             while i < stop:

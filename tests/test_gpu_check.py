@@ -37,7 +37,7 @@ gpu1:4711:4711 [0] NCCL INFO AllReduce: 4096 Bytes -> Algo RING proto LL channel
 gpu1:4711:4711 [0] NCCL INFO AllReduce: 268435456 Bytes -> Algo COLLNET_CHAIN proto SIMPLE channel{Lo..Hi}={0..1}
 gpu1:4711:4711 [0] NCCL INFO AllReduce: 67108864 Bytes -> Algo COLLNET_CHAIN proto SIMPLE channel{Lo..Hi}={0..1}
 gpu1:4711:4711 [0] NCCL INFO AllGather [Symmetric]: 4096 Bytes -> Kernel AllGather_ST nchannels 2 nthreads 512 nWorks 1
-"""
+"""  # noqa: E501 (NCCL's log lines as NCCL writes them)
 
 # The same run if NCCL's tuner keeps the ring for every size.
 RING_ONLY = """\
@@ -262,7 +262,8 @@ def test_worker_phases_on_cpu(tmp_path: Path) -> None:
     crash = textwrap.dedent("""
         import json, os, sys
         rank = int(os.environ["RANK"])
-        json.dump({"rank": rank, "teardown": "pending"}, open(os.path.join(sys.argv[1], f"result-rank{rank}.json"), "w"))
+        path = os.path.join(sys.argv[1], f"result-rank{rank}.json")
+        json.dump({"rank": rank, "teardown": "pending"}, open(path, "w"))
         os.abort() if rank == 1 else None
     """)
     bad = run_phase("crash", work, [sys.executable, "-c", crash, os.path.join(work, "crash")], _env(),

@@ -30,7 +30,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Dict, List, Set
 
 import pytest
 
@@ -50,7 +49,7 @@ _ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SI
 # -- reading the Dockerfiles ---------------------------------------------------------------------
 
 
-def _instruction(dockerfile: Path, name: str) -> List[str]:
+def _instruction(dockerfile: Path, name: str) -> list[str]:
     """The exec-form (JSON array) argument of the last `name` instruction of the final stage."""
     found = None
     for line in dockerfile.read_text().splitlines():
@@ -78,7 +77,7 @@ def test_dockerfiles_name_the_commands_tested_here():
 # -- a wheel and a fresh venv --------------------------------------------------------------------
 
 
-def _source_files() -> List[str]:
+def _source_files() -> list[str]:
     try:
         out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=str(ROOT), check=True,
                              capture_output=True, text=True, timeout=30).stdout
@@ -93,14 +92,14 @@ def _source_files() -> List[str]:
         return files
 
 
-def _runtime_closure(requirements: List[str]) -> Set[str]:
+def _runtime_closure(requirements: list[str]) -> set[str]:
     """Distributions needed at run time by `requirements` (no extras), transitively."""
     from importlib import metadata
 
     from packaging.requirements import Requirement
 
     todo = [Requirement(r) for r in requirements]
-    seen: Set[str] = set()
+    seen: set[str] = set()
     while todo:
         req = todo.pop()
         if req.marker is not None and not req.marker.evaluate({"extra": ""}):
@@ -113,7 +112,7 @@ def _runtime_closure(requirements: List[str]) -> Set[str]:
     return seen
 
 
-def _link_distributions(names: Set[str], target: Path) -> None:
+def _link_distributions(names: set[str], target: Path) -> None:
     """Symlink each distribution's top-level packages and metadata into `target`."""
     from importlib import metadata
 
@@ -132,7 +131,7 @@ def _link_distributions(names: Set[str], target: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def venv(tmp_path_factory) -> Dict[str, Path]:
+def venv(tmp_path_factory) -> dict[str, Path]:
     tmp = tmp_path_factory.mktemp("images")
     src, wheels = tmp / "src", tmp / "wheels"
     for rel in _source_files():
@@ -167,7 +166,7 @@ def venv(tmp_path_factory) -> Dict[str, Path]:
     return {"python": py, "bin": env_dir / "bin", "workdir": workdir, "root": env_dir}
 
 
-def _venv_env(venv: Dict[str, Path], **extra: str) -> Dict[str, str]:
+def _venv_env(venv: dict[str, Path], **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     env["PATH"] = f"{venv['bin']}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv["root"])
@@ -176,7 +175,7 @@ def _venv_env(venv: Dict[str, Path], **extra: str) -> Dict[str, str]:
     return env
 
 
-def _vertex_spec(pools: Dict[str, List[str]], task_type: str, index: int) -> str:
+def _vertex_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
     return json.dumps({"cluster": pools, "environment": "cloud",
                        "task": {"type": task_type, "index": index, "trial": ""}, "job": {"workerPoolSpecs": []}})
 
@@ -212,7 +211,7 @@ def test_reducer_entrypoint_and_worker_cmd(venv):
             # PATH lookup of the entry point, as the image's ENTRYPOINT does.
             reducers.append(subprocess.Popen(entrypoint, env=env, cwd=str(venv["workdir"]),
                                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
-        for task_type, port in (("workerpool0", w0), ("workerpool1", w1)):
+        for task_type, _port in (("workerpool0", w0), ("workerpool1", w1)):
             env = _venv_env(venv, CLUSTER_SPEC=_vertex_spec(pools, task_type, 0))
             # Workers start while the reducers may still be starting: the client retries connects.
             workers.append(subprocess.Popen(worker_cmd, env=env, cwd=str(venv["workdir"]),

@@ -9,19 +9,36 @@ Workers run in threads of this process (the core releases the GIL); every wait i
 from __future__ import annotations
 
 import threading
-from typing import Any, Callable, List, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import numpy as np
 import pytest
+from attack_tools import (
+    DATA,
+    ERROR,
+    FRAME,
+    HELLO_INTEGRITY,
+    RESULT,
+    TAG_BYTES,
+    RawWorker,
+    Status,
+    encode_hello,
+    frame,
+    frame_key,
+    gmac,
+    job_key,
+    recv_exact,
+    seal,
+)
+from attack_tools import TO_REDUCER as DIR_TO_REDUCER
+from attack_tools import TO_WORKER as DIR_TO_WORKER
+from mitm_proxy import TO_REDUCER, TO_WORKER, Proxy, drop, flip, replay, swap, untouched
+from tasks import check, make_data
 
 import reducer
-from attack_tools import (DATA, ERROR, FRAME, HELLO_INTEGRITY, RESULT, TAG_BYTES, TO_REDUCER as DIR_TO_REDUCER,
-                          TO_WORKER as DIR_TO_WORKER, RawWorker, Status, encode_hello, frame, frame_key, gmac,
-                          job_key, recv_exact, seal)
-from mitm_proxy import TO_REDUCER, TO_WORKER, Proxy, drop, flip, replay, swap, untouched
 from reducer._native import core as _core
 from reducer.errors import ConfigError, ProtocolError, ReductionError
-from tasks import check, make_data
 
 SECRET = "integrity-secret"
 JOB = "job-i"
@@ -31,11 +48,11 @@ CHUNK = _core.chunk_for(4 * N, 1 << 20)  # the client's rule (protocol/plan.h): 
 
 
 def run_group(addresses: Sequence[Sequence[str]], group: str, fn: Callable[[reducer.Communicator, int], Any],
-              timeout: float = 20.0, **kw: Any) -> List[Any]:
+              timeout: float = 20.0, **kw: Any) -> list[Any]:
     """One Communicator per rank (rank r talks to addresses[r]) running fn(comm, rank) in a thread;
     the results, or the exception each rank raised."""
     world = len(addresses)
-    out: List[Any] = [None] * world
+    out: list[Any] = [None] * world
 
     def rank_main(r: int) -> None:
         try:
@@ -84,7 +101,7 @@ def test_allreduce_correct_with_integrity(dtype, compression):
             reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as b:
         assert a.limits()["integrity"] == "on"  # offered by default with a secret
 
-        def rounds(comm: reducer.Communicator, rank: int) -> List[np.ndarray]:
+        def rounds(comm: reducer.Communicator, rank: int) -> list[np.ndarray]:
             results = []
             for n in sizes:
                 x = make_data(dtype, n, rank)

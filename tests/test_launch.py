@@ -9,13 +9,14 @@ import json
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Dict, List, Sequence
 
 import pytest
 
@@ -33,13 +34,13 @@ _ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SI
              "RANK", "WORLD_SIZE")
 
 
-def _env() -> Dict[str, str]:
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def _launch_argv(*args: str) -> List[str]:
+def _launch_argv(*args: str) -> list[str]:
     return [sys.executable, "-m", "reducer.cli.main", "launch", "--grace-period", "3", *args]
 
 
@@ -48,12 +49,12 @@ def _run(args: Sequence[str], timeout: float = 45) -> subprocess.CompletedProces
                           timeout=timeout)
 
 
-def _started_pids(text: str) -> Dict[str, int]:
+def _started_pids(text: str) -> dict[str, int]:
     return {m.group(1): int(m.group(2)) for m in re.finditer(r"started (\w+ [\d.]+) \(pid (\d+)\)", text)}
 
 
-def _printed_pids(text: str) -> List[int]:
-    pids: List[int] = []
+def _printed_pids(text: str) -> list[int]:
+    pids: list[int] = []
     for m in re.finditer(r"PIDS ([\d ]+)", text):
         pids.extend(int(p) for p in m.group(1).split())
     return pids
@@ -107,6 +108,22 @@ def test_build_cluster_is_vertex_shaped():
         launch.build_cluster(0, 1)
     with pytest.raises(ConfigError, match="--base-port"):
         launch.build_cluster(2, 2, base_port=65534)
+
+
+def test_free_ports_stay_out_of_the_ephemeral_range(monkeypatch):
+    """Ports an outgoing connection could take (the kernel's ephemeral range) are never handed out:
+    CI once lost a job to a worker's TCPStore port taken in between (EADDRINUSE)."""
+    lo, hi = launch._ephemeral_range()
+    ports = launch.free_ports(12)
+    assert len(set(ports)) == 12
+    for p in ports:
+        assert launch._LOW_PORT <= p and p + 1 < lo, (p, lo, hi)
+        for q in (p, p + 1):  # free, the control port (data + 1) too
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", q))
+    # a system that leaves no room below the range: any free ports, still distinct
+    monkeypatch.setattr(launch, "_ephemeral_range", lambda: (1024, 65535))
+    assert len(set(launch.free_ports(4))) == 4
 
 
 def test_worker_env_matches_discovery():

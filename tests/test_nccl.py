@@ -6,11 +6,11 @@ from datetime import timedelta
 import ml_dtypes
 import numpy as np
 import pytest
-
 from conftest import addresses
+from test_fusion import INF, comm, ok, rounds, run_workers
+
 from reducer import nccl
 from reducer.errors import ConfigError
-from test_fusion import INF, comm, ok, rounds, run_workers
 
 pytestmark = pytest.mark.timeout(60)
 

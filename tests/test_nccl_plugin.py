@@ -9,6 +9,7 @@ from __future__ import annotations
 import ctypes as C
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -141,39 +142,102 @@ def test_collnet_reduce_support_and_properties(plugin_env, version):
     plugin.close()
 
 
-@pytest.mark.parametrize("env, expect_dev, expect_log", [
-    ({}, 0, "no reducers configured"),
-    ({"CLUSTER_SPEC": "{not json"}, 0, "CLUSTER_SPEC is not valid JSON"),
-    ({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["w0:2222"]}, "task": {"type": "workerpool0", "index": 0}})},
-     0, "CLUSTER_SPEC has no workerpool2 pool (reducers)"),
-    ({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "r1:2222"]},
-                                  "task": {"type": "workerpool0", "index": 0}}), "RS_PORT": "4000"},
-     1, "2 reducer(s) from CLUSTER_SPEC: r0:4000,r1:4000"),
-    ({"TF_CONFIG": json.dumps({"cluster": {"chief": ["c:1"], "ps": ["[::1]:2222"]}, "task": {"type": "chief"}})},
-     1, "1 reducer(s) from TF_CONFIG: [::1]:2222"),
-    ({"TF_CONFIG": json.dumps({"cluster": {"ps": ["no-port"]}})}, 0, "TF_CONFIG pool ps: bad address 'no-port'"),
-    ({"RS_REDUCERS": "a:1,a:1"}, 0, "listed twice"),
-])
-def test_collnet_discovers_reducers_like_reducer_init(plugin_env, env, expect_dev, expect_log):
-    """Without a usable pool, init fails and leaves no context (NCCL then disables CollNet and
-    never finalizes it); devices() gives the same answer."""
+def _spec(cluster: Dict[str, Any], **task: Any) -> str:
+    return json.dumps({"cluster": cluster, "task": task})
+
+
+# (environment, what the answer says): a reducer list "a,b" for a worker that finds its reducers,
+# else the text both entry points' errors contain (None: no cluster configured at all).
+DISCOVERY_CASES = [
+    ({}, None),
+    ({"CLUSTER_SPEC": "{not json"}, "CLUSTER_SPEC is not valid JSON"),
+    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w0:2222"]}, type="workerpool0", index=0)},
+     "CLUSTER_SPEC has no workerpool2 (reducers): found pools workerpool0; add a reduction-server pool"),
+    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "r1:2222"]},
+                            type="workerpool0", index=0), "RS_PORT": "4000"},
+     "r0:4000,r1:4000"),
+    ({"TF_CONFIG": _spec({"chief": ["c:1"], "ps": ["[::1]:2222"]}, type="chief")}, "[::1]:2222"),
+    # Until the plugin shared the library's reader, it read only the pool and took this one.
+    ({"TF_CONFIG": json.dumps({"cluster": {"ps": ["no-port"]}})}, "TF_CONFIG has no 'task' key: found keys cluster"),
+    ({"TF_CONFIG": _spec({"chief": ["c:1"], "ps": ["no-port"]}, type="chief")},
+     "TF_CONFIG: bad reducer address: "),
+    ({"RS_REDUCERS": "a:1,a:1"}, "RS_REDUCERS: reducer address 'a:1' is listed twice"),
+    ({"RS_REDUCERS": "127.0.0.1:7001,[::1]:7002", "RS_JOB_ID": "j7"}, "127.0.0.1:7001,[::1]:7002"),
+    ({"CLUSTER_SPEC": " \t", "TF_CONFIG": _spec({"worker": ["w:1"], "ps": ["p:2"]}, type="worker", index="0"),
+      "CLOUD_ML_JOB_ID": "vertex-9"}, "p:2"),
+    ({"TF_CONFIG": _spec({"chief": ["c:1"], "master": ["m:1"], "ps": ["p:2"]}, type="chief")},
+     "TF_CONFIG has both a 'chief' and a 'master' pool"),
+    ({"CLUSTER_SPEC": _spec({"workerpool0": "w:1"}, type="workerpool0")},
+     "CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found 'w:1'"),
+    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool9")},
+     "CLUSTER_SPEC task type 'workerpool9' is unknown"),
+    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool0", index=3)},
+     "CLUSTER_SPEC task index 3 is out of range: pool 'workerpool0' has 1 entry"),
+    ({"CLUSTER_SPEC": '{"cluster": {"workerpool0": ["w\udcff:1"]}, "task": {}}'},
+     "CLUSTER_SPEC is not valid JSON (invalid UTF-8 in a string at offset 31)"),
+    ({"CLUSTER_SPEC": "[" * 100}, "CLUSTER_SPEC is not valid JSON (nested too deeply"),
+]
+
+
+def _plugin_discovers(plugin_env, env: Dict[str, str]) -> Dict[str, Any]:
+    """What CollNet init decides from `env`: {"reducers", "source", "job"} or {"error"} (None: no cluster)."""
     for k, v in env.items():
         plugin_env.setenv(k, v)
     plugin = H.Plugin()
     coll = plugin.coll(12)
     ctx = C.c_void_p(0x1)  # init must overwrite it
     rc = coll.init(C.byref(ctx), 1, plugin.logger)
-    assert (rc == H.SUCCESS) == bool(expect_dev) and bool(ctx.value) == bool(expect_dev), (rc, ctx.value)
     ndev = C.c_int(-1)
     assert coll.devices(C.byref(ndev)) == H.SUCCESS
-    assert ndev.value == expect_dev
-    assert expect_log in plugin.log_text()
-    if expect_dev:
+    # Without a usable pool, init fails and leaves no context (NCCL then disables CollNet and never
+    # finalizes it); devices() gives the same answer.
+    assert (rc == H.SUCCESS) == bool(ctx.value) == (ndev.value == 1), (rc, ctx.value, ndev.value)
+    log = plugin.log_text()
+    found = re.search(r"CollNet: \d+ reducer\(s\) from (\w+): (\S+) \(job ([^)]*)\)", log)
+    if rc == H.SUCCESS:
+        assert found, log
         assert coll.finalize(ctx) == H.SUCCESS
+        answer: Dict[str, Any] = {"reducers": found.group(2), "source": found.group(1), "job": found.group(3)}
     else:
-        assert "NCCL runs without CollNet" in plugin.log_text()
+        assert "NCCL runs without CollNet" in log
+        failed = re.search(r"CollNet disabled: (.*) \(CollNet init fails", log)
+        answer = {"error": failed.group(1) if failed else None}
+        assert failed or "no reducers configured" in log, log
     assert coll.finalize(None) == H.SUCCESS  # what NCCL 2.28.7+ may pass: harmless
     plugin.close()
+    return answer
+
+
+def _library_discovers(env: Dict[str, str]) -> Dict[str, Any]:
+    """The same question to the worker library (reducer.cluster.discover_worker, one process per node)."""
+    from reducer.cluster import discover_worker
+    from reducer.errors import ConfigError
+    full = {**os.environ, "RS_RANK": "0", "RS_WORLD_SIZE": "1"}  # RS_REDUCERS mode also needs a rank
+    try:
+        info = discover_worker(full)
+    except ConfigError as exc:
+        return {"error": None if str(exc).startswith("no cluster found") else str(exc)}
+    return {"reducers": ",".join(info.reducers), "source": info.source, "job": info.job_id}
+
+
+@pytest.mark.sanitize
+@pytest.mark.parametrize("env, expect", DISCOVERY_CASES)
+def test_collnet_and_reducer_init_discover_the_same_reducers(plugin_env, env, expect):
+    """The plugin and the worker library read CLUSTER_SPEC / TF_CONFIG with one implementation
+    (csrc/cluster/spec.cc, reducer._core.cluster): the same reducers, source and job id from the
+    same environment, and the same message when it is malformed."""
+    plugin = _plugin_discovers(plugin_env, env)
+    library = _library_discovers(env)
+    if expect is None:
+        assert plugin == library == {"error": None}
+    elif "error" in plugin:
+        assert expect in plugin["error"] and "error" in library and expect in library["error"], (plugin, library)
+        if "bad reducer address" not in expect:  # the address text itself: net::parse_host_port vs parse_address
+            assert library["error"].startswith(plugin["error"]), (plugin, library)  # the library may add a hint
+    else:
+        assert plugin == library, (plugin, library)
+        assert plugin["reducers"] == expect
+        assert plugin["job"] == env.get("RS_JOB_ID", env.get("CLOUD_ML_JOB_ID", "local"))
 
 
 def test_collnet_heads_with_different_reducers_all_refuse(plugin_env):

@@ -13,10 +13,10 @@ import os
 import shutil
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")

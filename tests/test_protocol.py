@@ -11,14 +11,31 @@ import time
 
 import numpy as np
 import pytest
+from attack_tools import (
+    CHALLENGE,
+    DATA,
+    ERR_PROTOCOL,
+    ERROR,
+    F32,
+    FRAME,
+    HELLO,
+    REPLY,
+    RESULT,
+    SUM,
+    VERSION,
+    RawWorker,
+    Status,
+    closed_by_peer,
+    frame,
+    job_credential,
+    job_key,
+    recv_exact,
+)
 
 import reducer
 from reducer._native import core
 
 pytestmark = [pytest.mark.timeout(60), pytest.mark.sanitize]
-
-from attack_tools import (CHALLENGE, DATA, ERR_PROTOCOL, ERROR, F32, FRAME, HELLO, REPLY, RESULT, SUM, VERSION,
-                          RawWorker, Status, closed_by_peer, frame, job_credential, job_key, recv_exact)
 
 
 def test_layout_sizes():

@@ -11,7 +11,6 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Dict, List
 
 import numpy as np
 import pytest
@@ -29,30 +28,30 @@ _ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SI
              "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_THREADS", "RS_LOG_LEVEL")
 
 
-def _env(**extra: str) -> Dict[str, str]:
+def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
     env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
 
 
-def vertex_spec(pools: Dict[str, List[str]], task_type: str, index: int) -> str:
+def vertex_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
     return json.dumps({"cluster": pools, "environment": "cloud",
                        "task": {"type": task_type, "index": index, "trial": ""}, "job": {}})
 
 
-def tf_config(pools: Dict[str, List[str]], task_type: str, index: int) -> str:
+def tf_config(pools: dict[str, list[str]], task_type: str, index: int) -> str:
     return json.dumps({"cluster": pools, "task": {"type": task_type, "index": index}, "environment": "cloud"})
 
 
 class Serve:
     """`reduction-server serve` in a subprocess, its log collected in the background."""
 
-    def __init__(self, args: List[str], env: Dict[str, str]) -> None:
+    def __init__(self, args: list[str], env: dict[str, str]) -> None:
         self.proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", *args],
                                      env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True)
-        self._lines: List[str] = []
+        self._lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -94,9 +93,9 @@ class Serve:
 
 @pytest.fixture
 def served():
-    started: List[Serve] = []
+    started: list[Serve] = []
 
-    def make(args: List[str], env: Dict[str, str]) -> Serve:
+    def make(args: list[str], env: dict[str, str]) -> Serve:
         s = Serve(args, env)
         started.append(s)
         return s
@@ -181,7 +180,8 @@ _WORKERS = {"workerpool0": ["10.0.0.1:2222"], "workerpool1": ["10.0.0.2:2222"], 
 
 @pytest.mark.parametrize("variable,text,expected", [
     ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool0", 0),
-     r"this process is workerpool0 \(a worker\) in CLUSTER_SPEC, not a reducer: reducers must run as workerpool2"),
+     r"this process is workerpool0 \(a worker\) in CLUSTER_SPEC, not a reducer: "
+     r"reducers must run as workerpool2"),
     ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool1", 0), r"workerpool1 \(a worker\).*not a reducer"),
     ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool3", 0), r"workerpool3 \(an evaluator\).*not a reducer"),
     ("TF_CONFIG", tf_config({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}, "worker", 0),

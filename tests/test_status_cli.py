@@ -8,7 +8,7 @@ import pty
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,20 +21,20 @@ REFUSED = ("127.0.0.1:1: GetStats failed: UNAVAILABLE: failed to connect to all 
 
 
 def _group(group: str, world: int, connected: int, complete: bool, rounds: int, error: str = "",
-           job: str = "job-7") -> Dict[str, Any]:
+           job: str = "job-7") -> dict[str, Any]:
     return dict(job=job, group=group, world_size=world, connected=connected,
                 complete=complete, rounds=rounds, bytes_received=123_456_789, bytes_sent=123_456_789,
                 last_error=error, age_s=75.0, streams=1)
 
 
-def _reducer(groups: List[Dict[str, Any]], live_groups: int) -> Dict[str, Any]:
+def _reducer(groups: list[dict[str, Any]], live_groups: int) -> dict[str, Any]:
     counters = dict(groups=live_groups, connected_workers=2, rounds_completed=123_456, bytes_received=12_345_678_901,
                     bytes_sent=12_345_678_901, errors=1, rejected=0, memory_bytes=268_435_456)
     return dict(address="10.0.0.3:2223", data_address="10.0.0.3:2222", state="serving", uptime_s=3723.0,
                 counters=counters, groups=groups)
 
 
-def _text(reducers: List[Dict[str, Any]], width: int = 80) -> str:
+def _text(reducers: list[dict[str, Any]], width: int = 80) -> str:
     from rich.console import Console
 
     from reducer.cli.status import render
@@ -130,7 +130,7 @@ def plane_with_an_ended_group(reducers):
     plane.stop(0)
 
 
-def _status(args: List[str], stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
+def _status(args: list[str], stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), COLUMNS="80")
     return subprocess.run([sys.executable, "-m", "reducer.cli.main", "status", "--timeout", "3", *args],
                           stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=60)

@@ -17,14 +17,27 @@ import signal
 import subprocess
 import sys
 import time
-from typing import List, Optional, Sequence, Tuple
+from collections.abc import Sequence
 
 import numpy as np
 import pytest
+from attack_tools import (
+    ERR_INTERNAL,
+    ERROR,
+    I32,
+    RESULT,
+    GoodGroup,
+    RawWorker,
+    Status,
+    close_all,
+    job_credential,
+    job_key,
+    peers,
+    serve,
+    wait_until,
+)
 
 import reducer
-from attack_tools import (ERR_INTERNAL, ERROR, I32, RESULT, GoodGroup, RawWorker, Status, close_all,
-                          job_credential, job_key, peers, serve, wait_until)
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -36,14 +49,14 @@ HOG_NEED = SLOTS * 3 * HOG_CHUNK   # a world-1 group: slots x (1 + 2) x chunk = 
 SECRET = "tenant-budget-secret"
 
 
-def hog(port: int, i: int, *, job: bytes, source: str, key: Optional[bytes] = None) -> Tuple[RawWorker, object]:
+def hog(port: int, i: int, *, job: bytes, source: str, key: bytes | None = None) -> tuple[RawWorker, object]:
     """One hello of a greedy tenant: a world-1 group (complete at once: it reserves at once)."""
     w = RawWorker(port, 0, 1, group=f"hog-{i}".encode(), job=job, key=key, chunk=HOG_CHUNK, source=source)
     return w, w.reply(timeout=10)
 
 
 def greedy(port: int, count: int, *, jobs: Sequence[bytes], sources: Sequence[str],
-           secret: Optional[str] = None) -> Tuple[List[RawWorker], list]:
+           secret: str | None = None) -> tuple[list[RawWorker], list]:
     """`count` hellos, round-robin over `jobs` and `sources`; returns the workers and their replies."""
     workers, replies = [], []
     for i in range(count):
@@ -139,7 +152,7 @@ def test_over_limit_message_names_the_limit_hit():
     with serve(threads=2, max_memory_bytes=budget, max_memory_per_job=per_job, max_memory_per_peer=per_peer) as srv:
         limits = srv.stats()["limits"]
         assert (limits["max_memory_per_job"], limits["max_memory_per_peer"]) == (per_job, per_peer)
-        held: List[RawWorker] = []
+        held: list[RawWorker] = []
         try:
             # The job share: one job id from two addresses.
             ws, rs = greedy(srv.port, 5, jobs=[b"one-job"], sources=peers(2))
@@ -166,7 +179,7 @@ def test_over_limit_message_names_the_limit_hit():
 # ---- idle reservations expire ---------------------------------------------------------------------
 
 
-def round_trip(w: RawWorker, payload: bytes, round_: int) -> Tuple[int, int, bytes]:
+def round_trip(w: RawWorker, payload: bytes, round_: int) -> tuple[int, int, bytes]:
     """Sends one chunk of a world-1 group; returns (frame type, flags, payload) of the answer."""
     w.send_data(payload, round_=round_, dtype=I32)
     t, flags, _rnd, _off, body = w.frame(timeout=20)
@@ -185,7 +198,7 @@ def test_idle_groups_give_their_memory_back_and_renew_it_with_data():
                memory_idle_timeout=0.5) as srv:
         assert srv.stats()["limits"]["memory_idle_timeout"] == 0.5
         a, r = hog(srv.port, 0, job=b"idle-a", source="127.0.0.2")
-        pair: List[RawWorker] = []
+        pair: list[RawWorker] = []
         try:
             assert r.status == Status.OK, r.message
             assert wait_until(lambda: srv.stats()["memory_bytes"] == 0, 30), srv.stats()

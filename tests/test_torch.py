@@ -17,7 +17,7 @@ import subprocess
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
-from typing import Any, Dict, List
+from typing import Any
 
 import numpy as np
 import pytest
@@ -42,7 +42,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _worker_env(rank: int, world: int, port: int, addrs: List[str]) -> Dict[str, str]:
+def _worker_env(rank: int, world: int, port: int, addrs: list[str]) -> dict[str, str]:
     return {
         "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
         "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
@@ -50,14 +50,14 @@ def _worker_env(rank: int, world: int, port: int, addrs: List[str]) -> Dict[str,
     }
 
 
-def _run(pool: ProcessPoolExecutor, fn: Any, world: int, addrs: List[str], **kw: Any) -> List[Any]:
+def _run(pool: ProcessPoolExecutor, fn: Any, world: int, addrs: list[str], **kw: Any) -> list[Any]:
     """fn(env=..., rank=r, world=world, **kw) on `world` pool processes at once; results by rank."""
     port = _free_port()
     futs = [pool.submit(fn, env=_worker_env(r, world, port, addrs), rank=r, world=world, **kw) for r in range(world)]
     return [f.result(timeout=TASK_TIMEOUT) for f in futs]
 
 
-def _rounds(servers: List[Any]) -> int:
+def _rounds(servers: list[Any]) -> int:
     return sum(int(s.stats()["rounds_completed"]) for s in servers)
 
 
@@ -114,7 +114,7 @@ def _example() -> Any:
 
 
 @contextlib.contextmanager
-def _in_env(env: Dict[str, str]):
+def _in_env(env: dict[str, str]):
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)
     try:
@@ -131,7 +131,7 @@ def _in_env(env: Dict[str, str]):
                 os.environ[k] = v
 
 
-def task_collectives(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any]:
+def task_collectives(env: dict[str, str], rank: int, world: int) -> dict[str, Any]:
     import torch
     import torch.distributed as dist
 
@@ -255,7 +255,7 @@ def task_collectives(env: Dict[str, str], rank: int, world: int) -> Dict[str, An
             dist.all_to_all([torch.empty(1) for _ in range(world)], [torch.ones(1) for _ in range(world)])
 
         # futures of one communicator complete in submission order (the large one first)
-        order: List[int] = []
+        order: list[int] = []
         futs = []
         for i, n in enumerate((2_000_000, 10, 50_000, 1, 300)):
             x = torch.ones(n)
@@ -266,7 +266,7 @@ def task_collectives(env: Dict[str, str], rank: int, world: int) -> Dict[str, An
         return {"rank": rank}
 
 
-def task_train(env: Dict[str, str], rank: int, world: int, argv: List[str]) -> str:
+def task_train(env: dict[str, str], rank: int, world: int, argv: list[str]) -> str:
     """Run examples/pytorch/train_ddp.py's main() here; returns what it printed."""
     with _in_env(env):
         buf = io.StringIO()
@@ -276,7 +276,7 @@ def task_train(env: Dict[str, str], rank: int, world: int, argv: List[str]) -> s
         return buf.getvalue()
 
 
-def task_backend_errors(env: Dict[str, str], rank: int, world: int, first: str) -> Dict[str, Any]:
+def task_backend_errors(env: dict[str, str], rank: int, world: int, first: str) -> dict[str, Any]:
     """Over the backend, with the only reducer stopped after one training step: the error must
     reach the caller instead of passing silently or crashing the process. `first` is the call
     made first after the stop (its round fails in flight: "all_reduce" fails in Work.wait(),
@@ -289,7 +289,7 @@ def task_backend_errors(env: Dict[str, str], rank: int, world: int, first: str) 
     import reducer.torch  # noqa: F401  (registers the backend)
 
     srv = reducer.ReducerServer(host="127.0.0.1", port=0).start()
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     with _in_env({**env, "RS_REDUCERS": f"127.0.0.1:{srv.port}", "RS_TIMEOUT": "10"}):
         dist.init_process_group("reduction_server", timeout=datetime.timedelta(seconds=30))
         try:
@@ -318,7 +318,7 @@ def task_backend_errors(env: Dict[str, str], rank: int, world: int, first: str) 
             dist.destroy_process_group()
     return out
 
-def task_hook_grads(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any]:
+def task_hook_grads(env: dict[str, str], rank: int, world: int) -> dict[str, Any]:
     """One backward per hook on the same batch; also every rank's exact local gradients."""
     import torch
     import torch.distributed as dist
@@ -340,7 +340,7 @@ def task_hook_grads(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any
             torch.nn.functional.cross_entropy(model(bx), by).backward()
             local.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
         stacked = torch.stack(local).double()
-        out: Dict[str, Any] = {"mean": stacked.mean(0).numpy(), "mean_abs": stacked.abs().mean(0).numpy(),
+        out: dict[str, Any] = {"mean": stacked.mean(0).numpy(), "mean_abs": stacked.abs().mean(0).numpy(),
                                "local": [g.numpy() for g in local]}
         state = rst.HookState()
         not_done_at_return = 0
@@ -349,7 +349,7 @@ def task_hook_grads(env: Dict[str, str], rank: int, world: int) -> Dict[str, Any
                            ("fp16", rst.fp16_compress_hook)):
             model.zero_grad(set_to_none=True)
             ddp = DDP(model, bucket_cap_mb=0.001)  # ~1 kB buckets: several per backward
-            calls: List[int] = []
+            calls: list[int] = []
 
             def watched(st, bucket, hook=hook):  # no annotations: DDP checks them
                 nonlocal not_done_at_return
@@ -475,7 +475,7 @@ def test_ddp_hook_and_backend_match_gloo(tpool, servers, tmp_path):
         "hook": [],
         "nohook": ["--no-hook"],
     }
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for name, extra in runs.items():
         before = _rounds(servers)
         save = os.path.join(tmp, f"{name}-{{rank}}.pt")
@@ -582,7 +582,6 @@ def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
     failure; both through the hook and as plain DDP over the reduction_server backend (whose
     fusion engine's agreement probes then fail over too)."""
     import torch
-
     from test_failover import Victim
 
     common = ["--steps", str(STEPS), "--log-every", "1", "--bucket-cap-mb", "0.02"]

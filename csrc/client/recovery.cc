@@ -84,9 +84,7 @@ void Recovery::on_reducer_error(Link& l, proto::ErrorCode code, uint64_t tag, co
   if (!c_.opts_.failover) throw Error(kind_of(code), msg);
   l.closed = true;  // the reducer closes this connection after its error
   switch (code) {
-    case proto::ErrorCode::Shutdown:
-      note_lost(l.reducer, msg);
-      return;
+    case proto::ErrorCode::Shutdown: note_lost(l.reducer, msg); return;
     case proto::ErrorCode::Failover:  // another worker lost reducers: the tag says which
       for (size_t i = 0; i < c_.addrs_.size() && i < 64; ++i)
         if (tag >> i & 1) note_lost(i, "another worker of the group lost it (" + msg + ")");
@@ -99,8 +97,7 @@ void Recovery::on_reducer_error(Link& l, proto::ErrorCode code, uint64_t tag, co
         peer_left_until_ = Clock::now() + std::chrono::milliseconds(kPeerLeftGraceMs);
       }
       return;
-    default:
-      throw Error(kind_of(code), msg);
+    default: throw Error(kind_of(code), msg);
   }
 }
 
@@ -488,7 +485,7 @@ bool Recovery::try_rejoin(bool may_wait) {
   }
   try {
     bool agreed = false;
-    if (check_) {  // else a failover in an earlier call dropped it: that call recovered already
+    if (check_) {                // else a failover in an earlier call dropped it: that call recovered already
       Raised flag(recovering_);  // a loss during the check is handled below (recover() frees the round)
       if (may_wait) {
         agreed = run_internal(check_);
@@ -535,9 +532,8 @@ bool Recovery::finish_check(bool may_wait, bool agreed, Round* x) {
     }
     std::sort(c_.active_.begin(), c_.active_.end());
     c_.stats_.reducer_rejoins += back.size();
-    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(c_.opts_.rank) + ", group " +
-             c_.opts_.group + "): continuing on " + std::to_string(c_.active_.size()) + " of " + std::to_string(R) +
-             " reducers");
+    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(c_.opts_.rank) + ", group " + c_.opts_.group +
+             "): continuing on " + std::to_string(c_.active_.size()) + " of " + std::to_string(R) + " reducers");
     recover();  // no round in flight: a new session on the larger set
   }
   start_probes();

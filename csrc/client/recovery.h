@@ -48,8 +48,8 @@ class Recovery {
   void check_probes();  // notes probes that finished (never waits)
 
   // ---- the session ends ----
-  void reset();         // fail_all(): every loss, check and restart count is over
-  void drop_probes() { probes_.clear(); }  // the links are dropped (close, error, failover)
+  void reset();                               // fail_all(): every loss, check and restart count is over
+  void drop_probes() { probes_.clear(); }     // the links are dropped (close, error, failover)
   void round_finished() { recoveries_ = 0; }  // a user round finished
 
  private:
@@ -77,7 +77,7 @@ class Recovery {
   void start_probes();     // a probe per reducer not in the session
 
   Client& c_;
-  std::vector<uint8_t> lost_;   // by reducer: lost and not yet handled
+  std::vector<uint8_t> lost_;  // by reducer: lost and not yet handled
   bool loss_pending_ = false;
   std::string loss_why_;
   bool recovering_ = false;
@@ -88,11 +88,11 @@ class Recovery {
   // without a rejoin; reset() closes the check).
   bool check_open_ = false;
   Round* check_ = nullptr;
-  RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
+  RoundId rejoin_from_ = 0;  // checks start here: a RoundId no worker had started at the last failover
   // The connects to lost reducers started at the last rejoin check, by reducer; the next check
   // reads them. Closed when the links are dropped (close, error, failover, rejoin).
   std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
-  std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
+  std::string peer_left_;  // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
 };
 

@@ -33,21 +33,21 @@ struct Round {
   DType dtype = DType::F32;
   Op op = Op::Sum;
   uint64_t tag = 0;
-  uint64_t nbytes = 0;        // on the wire (compressed: half the buffer's)
+  uint64_t nbytes = 0;                   // on the wire (compressed: half the buffer's)
   Compression comp = Compression::None;  // comp != None: dtype is the 16-bit wire type, buf float32
   net::Segments buf;
   // Offsets and sizes below are wire bytes; in the buffer they are twice that when compressed.
   struct Part : LinkShare {  // this round on one link: the link's share of its reducer's shard
-    uint64_t shard_off = 0;    // of the shard in the buffer
-    uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
-    bool cleared = false;      // the reducer said CLEAR for this round (failover)
+    uint64_t shard_off = 0;  // of the shard in the buffer
+    uint64_t next_send = 0;  // next chunk index to queue (stream, stream + S, ...)
+    bool cleared = false;    // the reducer said CLEAR for this round (failover)
   };
-  std::vector<Part> parts;     // by link
-  size_t parts_left = 0;       // parts still waiting for results
-  size_t clears_left = 0;      // parts still waiting for CLEAR (failover)
-  bool in_session = false;     // in the session's rounds, planned on the current links
+  std::vector<Part> parts;  // by link
+  size_t parts_left = 0;    // parts still waiting for results
+  size_t clears_left = 0;   // parts still waiting for CLEAR (failover)
+  bool in_session = false;  // in the session's rounds, planned on the current links
   enum class State { Running, Done, Failed } state = State::Running;
-  bool collected = false;      // done (or released) and reported, freed when it leaves the session
+  bool collected = false;  // done (or released) and reported, freed when it leaves the session
   // Released (failover, small rounds): every result is in, the CLEARs are not. The caller has it
   // back (test() true); `buf` points at `copy`, a copy of the results, until the round is done.
   bool released = false;
@@ -55,14 +55,14 @@ struct Round {
   ErrorKind kind = ErrorKind::Internal;
   std::string error;
   // Failover (client/failover.h).
-  failover::Intervals held;    // User: wire bytes known to hold results (as of the last failover)
-  size_t children = 0;         // User: repair rounds not yet done
-  Round* parent = nullptr;     // Repair: the user round whose bytes it completes
+  failover::Intervals held;  // User: wire bytes known to hold results (as of the last failover)
+  size_t children = 0;       // User: repair rounds not yet done
+  Round* parent = nullptr;   // Repair: the user round whose bytes it completes
   struct Span {
-    uint64_t at, pos, len;     // Repair: its wire bytes [at, at + len) are the parent's [pos, pos + len)
+    uint64_t at, pos, len;  // Repair: its wire bytes [at, at + len) are the parent's [pos, pos + len)
   };
   std::vector<Span> map;
-  std::vector<int64_t> store;  // Exchange: the table being all-reduced
+  std::vector<int64_t> store;                                           // Exchange: the table being all-reduced
   uint64_t scale() const { return comp != Compression::None ? 2 : 1; }  // buffer bytes per wire byte
   // Released early when its results are in (pool of copies permitting): a small user round.
   bool small_user() const { return role == Role::User && buf.size() <= kEarlyReleaseBytes; }
@@ -75,20 +75,20 @@ struct Link {
   int stream = 0;
   net::FrameWriter out;
   net::FrameReader in;
-  uint64_t send_wire = 0;   // the round whose chunks this link queues next
-  uint64_t in_flight = 0;   // chunks queued or sent whose result is not back (all rounds)
-  Round* reading = nullptr; // the round of the result frame being read
-  std::string error_text;   // payload of an Error frame being read
-  bool closed = false;      // lost, or the reducer sent an error: nothing more is read or written
+  uint64_t send_wire = 0;    // the round whose chunks this link queues next
+  uint64_t in_flight = 0;    // chunks queued or sent whose result is not back (all rounds)
+  Round* reading = nullptr;  // the round of the result frame being read
+  std::string error_text;    // payload of an Error frame being read
+  bool closed = false;       // lost, or the reducer sent an error: nothing more is read or written
   // Releases (failover): DONE sent, CLEAR received.
-  uint64_t done_next = 0;   // rounds below this one are complete on this link
+  uint64_t done_next = 0;  // rounds below this one are complete on this link
   uint64_t done_sent = 0;
-  bool done_owed = false;   // a round with a part on this link completed since the last DONE
-  bool done_queued = false; // a DONE is in `out`, not yet written (one at a time: they are cumulative)
-  bool cork = false;        // `out` holds only a DONE that may wait in the kernel (Schedule::fill)
-  bool corked = false;      // a DONE written with MSG_MORE may still wait there
-  uint64_t cleared = 0;     // rounds below this one are cleared on this link
-  Staging staging;          // compressed rounds' chunks
+  bool done_owed = false;    // a round with a part on this link completed since the last DONE
+  bool done_queued = false;  // a DONE is in `out`, not yet written (one at a time: they are cumulative)
+  bool cork = false;         // `out` holds only a DONE that may wait in the kernel (Schedule::fill)
+  bool corked = false;       // a DONE written with MSG_MORE may still wait there
+  uint64_t cleared = 0;      // rounds below this one are cleared on this link
+  Staging staging;           // compressed rounds' chunks
 };
 
 using Links = std::vector<std::unique_ptr<Link>>;  // reducer-major: [i * streams + s]

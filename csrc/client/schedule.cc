@@ -52,8 +52,8 @@ void Schedule::fill(Link& l, size_t li, size_t reducers, bool copies_short) {
   // oversubscribed W/R times: half the window keeps the bytes queued toward it within a switch
   // queue's reach (measured, docs/performance.md "Reducer failover": 1.04x the R = W - 1 bound
   // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
-  const uint64_t window = reducers < size_t(opts_.world_size) && opts_.window > 1
-                              ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
+  const uint64_t window =
+      reducers < size_t(opts_.world_size) && opts_.window > 1 ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
   // Rounds before the oldest unfinished one are complete, so this link sent all of them.
   if (rounds.empty()) l.send_wire = next_wire;
   else l.send_wire = std::max(l.send_wire, rounds.front()->wire);
@@ -67,7 +67,7 @@ void Schedule::fill(Link& l, size_t li, size_t reducers, bool copies_short) {
     }
     if (r->comp != Compression::None) {
       l.staging.ensure(staging_slots(), opts_.chunk_bytes);  // once per session and link
-      if (l.staging.full()) break;  // every slot waits to be written
+      if (l.staging.full()) break;                           // every slot waits to be written
     }
     queue_chunk(l, *r, p);
   }

@@ -1,10 +1,11 @@
 // libFuzzer target: everything the NCCL plugin parses from its environment (csrc/nccl_plugin/
-// plugin_env.cc and json.cc). NCCL gives a plugin no other configuration, and a cluster
-// description comes from whoever wrote the job's CLUSTER_SPEC / TF_CONFIG: every malformed value
-// must be an rs::Error(Config), never another exception, a crash or a sanitizer report.
+// plugin_env.cc, with csrc/cluster/ and csrc/common/json.cc, the reader the worker library shares).
+// NCCL gives a plugin no other configuration, and a cluster description comes from whoever wrote
+// the job's CLUSTER_SPEC / TF_CONFIG: every malformed value must be an rs::Error(Config), never
+// another exception, a crash or a sanitizer report.
 //
 // Byte 0 picks what runs on the rest of the input:
-//   0  json::parse                       3  RS_REDUCERS (+ RS_JOB_ID) through discover_reducers
+//   0  json::parse (+ py_repr)           3  RS_REDUCERS (+ RS_JOB_ID) through discover_reducers
 //   1  CLUSTER_SPEC through discover_reducers   4  the worker settings (client_options_from_env)
 //   2  TF_CONFIG through discover_reducers      5  the point-to-point settings
 // For 4 and 5 the rest is split at NUL bytes into the variables' values, in order.
@@ -12,9 +13,10 @@
 #include <string>
 #include <vector>
 
+#include "cluster/repr.h"
 #include "common/error.h"
+#include "common/json.h"
 #include "fuzz/fuzz_input.h"
-#include "nccl_plugin/json.h"
 #include "nccl_plugin/plugin_env.h"
 
 namespace {
@@ -24,6 +26,24 @@ const char* const kDiscovery[] = {"CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "R
 const char* const kWorker[] = {"RS_TIMEOUT", "RS_CONNECT_TIMEOUT", "RS_STREAMS", "RS_CHUNK_BYTES", "RS_WINDOW",
                                "RS_FAILOVER", "RS_SOCKET_BUFFER", "RS_AUTH_TOKEN", "RS_INTEGRITY"};
 const char* const kP2p[] = {"RS_NCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "RS_HANDSHAKE_TIMEOUT"};
+
+// Every string the reader hands out is valid UTF-8 (Python receives them as str).
+bool all_utf8(const rs::json::Value& v) {
+  auto valid = [](const std::string& s) {
+    for (size_t i = 0; i < s.size();) {
+      const size_t n = rs::json::utf8_char_len(s, i);
+      if (n == 0) return false;
+      i += n;
+    }
+    return true;
+  };
+  if (v.type == rs::json::Value::Type::String && !valid(v.text)) return false;
+  for (const auto& item : v.items)
+    if (!all_utf8(item)) return false;
+  for (const auto& [key, member] : v.members)
+    if (!valid(key) || !all_utf8(member)) return false;
+  return v.keys.size() == v.members.size();
+}
 
 template <size_t N>
 void clear(const char* const (&vars)[N]) {
@@ -45,8 +65,9 @@ void run(uint8_t mode, const std::string& rest) {
   using namespace rs::nccl;
   switch (mode % 6) {
     case 0: {
-      const json::Value v = json::parse(rest, "input");
-      FUZZ_CHECK(v.type_name() != nullptr);
+      const rs::json::Value v = rs::json::parse(rest, "input");
+      FUZZ_CHECK(v.type_name() != nullptr && all_utf8(v));
+      FUZZ_CHECK(rs::cluster::py_repr(v).size() <= rs::cluster::kReprMax + 3);
       break;
     }
     case 1:

@@ -12,10 +12,12 @@
 #include <cstring>
 #include <fstream>
 #include <memory>
+#include <set>
 #include <sstream>
 
+#include "cluster/repr.h"
+#include "cluster/spec.h"
 #include "common/error.h"
-#include "nccl_plugin/json.h"
 #include "net/socket.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
@@ -104,34 +106,20 @@ std::vector<std::string> split_list(const std::string& s) {
   return out;
 }
 
-// The reducer entries of a CLUSTER_SPEC / TF_CONFIG pool, with RS_PORT replacing their ports.
-std::vector<std::string> pool_addresses(const json::Value& doc, const char* source, const char* pool,
-                                        const char* hint) {
-  const json::Value* cluster = doc.get("cluster");
-  if (doc.type != json::Value::Type::Object || !cluster || cluster->type != json::Value::Type::Object)
-    throw Error(ErrorKind::Config, std::string(source) + " must be a JSON object with a 'cluster' object");
-  const json::Value* entries = cluster->get(pool);
-  if (!entries || entries->type == json::Value::Type::Null || (entries->type == json::Value::Type::Array && entries->items.empty())) {
-    std::string pools;
-    for (const auto& kv : cluster->members) pools += (pools.empty() ? "" : ", ") + kv.first;
-    throw Error(ErrorKind::Config, std::string(source) + " has no " + pool + " pool (reducers): found pools " +
-                                       (pools.empty() ? "(none)" : pools) + "; " + hint);
-  }
-  if (entries->type != json::Value::Type::Array)
-    throw Error(ErrorKind::Config, std::string(source) + " pool " + pool + " must be a list of 'host:port' strings, found " +
-                                       entries->type_name());
+// The reducer pool of a CLUSTER_SPEC / TF_CONFIG (read by csrc/cluster/, as reducer.cluster reads
+// it), with RS_PORT replacing their ports.
+std::vector<std::string> pool_addresses(const cluster::Spec& spec) {
+  const std::vector<std::string>& entries = spec.pool(spec.reducer_pool);
+  if (entries.empty()) throw Error(ErrorKind::Config, spec.missing_reducers());
   std::optional<uint16_t> port;
   if (auto p = getenv_str("RS_PORT")) port = uint16_t(parse_int("RS_PORT", *p, 1, 65535));
   std::vector<std::string> out;
-  for (const auto& e : entries->items) {
-    if (e.type != json::Value::Type::String)
-      throw Error(ErrorKind::Config, std::string(source) + " pool " + pool + " must be a list of 'host:port' strings, found a " +
-                                         e.type_name());
+  for (const auto& e : entries) {
     net::HostPort hp;
     try {
-      hp = net::parse_host_port(trim(e.text));
+      hp = net::parse_host_port(trim(e));
     } catch (const Error& err) {
-      throw Error(ErrorKind::Config, std::string(source) + " pool " + pool + ": " + err.what());
+      throw Error(ErrorKind::Config, spec.source + ": bad reducer address: " + err.what());
     }
     if (port) hp.port = *port;
     out.push_back(hp.str());
@@ -143,31 +131,31 @@ std::vector<std::string> pool_addresses(const json::Value& doc, const char* sour
 
 std::optional<ReducerPool> discover_reducers() {
   ReducerPool pool;
-  if (auto spec = getenv_str("CLUSTER_SPEC")) {
-    pool.source = "CLUSTER_SPEC";
-    pool.reducers = pool_addresses(json::parse(*spec, "CLUSTER_SPEC"), "CLUSTER_SPEC", "workerpool2",
-                                   "add a reduction-server pool as workerPoolSpecs[2]");
-  } else if (auto tf = getenv_str("TF_CONFIG")) {
-    pool.source = "TF_CONFIG";
-    pool.reducers = pool_addresses(json::parse(*tf, "TF_CONFIG"), "TF_CONFIG", "ps",
-                                   "add reduction-server replicas as parameter servers");
+  const auto env = [](const char* name) -> std::optional<std::string> {
+    const char* v = std::getenv(name);
+    return v ? std::optional<std::string>(v) : std::nullopt;
+  };
+  if (const std::optional<cluster::Spec> spec = cluster::spec_from_env(env)) {
+    pool.source = spec->source;
+    pool.reducers = pool_addresses(*spec);
   } else if (auto list = getenv_str("RS_REDUCERS")) {
     pool.source = "RS_REDUCERS";
     for (const auto& a : split_list(*list)) {
       try {
         pool.reducers.push_back(net::parse_host_port(a).str());
       } catch (const Error& err) {
-        throw Error(ErrorKind::Config, std::string("RS_REDUCERS: ") + err.what());
+        throw Error(ErrorKind::Config, std::string("RS_REDUCERS: bad reducer address: ") + err.what());
       }
     }
-    if (pool.reducers.empty()) bad("RS_REDUCERS", *list, "no reducer address");
+    if (pool.reducers.empty())
+      throw Error(ErrorKind::Config, "RS_REDUCERS: the reducer pool is empty; at least one reducer address is needed");
   } else {
     return std::nullopt;
   }
-  for (size_t i = 0; i < pool.reducers.size(); ++i)
-    for (size_t j = 0; j < i; ++j)
-      if (pool.reducers[i] == pool.reducers[j])
-        throw Error(ErrorKind::Config, pool.source + ": reducer address " + pool.reducers[i] + " is listed twice");
+  std::set<std::string> seen;
+  for (const auto& a : pool.reducers)
+    if (!seen.insert(a).second)
+      throw Error(ErrorKind::Config, pool.source + ": reducer address " + cluster::py_repr(a) + " is listed twice");
   if (auto job = getenv_str("RS_JOB_ID")) pool.job_id = trim(*job);
   else if (auto cloud = getenv_str("CLOUD_ML_JOB_ID")) pool.job_id = trim(*cloud);
   else pool.job_id = "local";

@@ -1,5 +1,6 @@
 // What the plugin reads from its environment (NCCL gives a plugin no other configuration):
-// the reducers (the same discovery as reducer.init(): CLUSTER_SPEC, TF_CONFIG, RS_REDUCERS),
+// the reducers (the same discovery as reducer.init(): CLUSTER_SPEC, TF_CONFIG, RS_REDUCERS; the
+// first two read by csrc/cluster/spec.h, the reader reducer.cluster uses too),
 // the worker-client settings (RS_TIMEOUT, RS_STREAMS, ...), and the point-to-point net's
 // interface and sockets per connection. Every malformed value is an rs::Error(Config) that
 // names the variable.

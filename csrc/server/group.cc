@@ -222,10 +222,17 @@ bool Group::update_cleared() {
   if (!complete_) return false;
   uint64_t low = ~uint64_t(0);
   for (Conn* m : members_) {
-    if (!m) return false;  // a member is gone: nothing is cleared any more
+    if (!m) {
+      // A member that left between rounds (the group ended cleanly: left()) holds nobody back:
+      // no repair can involve it any more, and the others still get the CLEARs their own DONEs
+      // earn (a round they hold unreleased would otherwise wait for a CLEAR that never comes).
+      // A member gone any other way: the group failed, nothing is cleared any more.
+      if (left_.empty()) return false;
+      continue;
+    }
     low = std::min(low, m->done_round);
   }
-  if (low <= cleared_) return false;
+  if (low == ~uint64_t(0) || low <= cleared_) return false;
   cleared_ = low;
   return true;
 }

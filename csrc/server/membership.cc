@@ -108,6 +108,7 @@ void Membership::leave(Conn* c) {
     case LeaveOutcome::Kind::Left:
       if (!was_detached_before) loop_.stats.record_ended(*g);
       log_info(o.message);
+      if (g->failover()) loop_.releases.on_member_left(*g);
       break;
     case LeaveOutcome::Kind::Quiet:
       log_debug("closed " + c->peer + ": " + c->why);

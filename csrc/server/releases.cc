@@ -22,7 +22,17 @@ void Releases::queue_clear(Conn* c) {
 void Releases::on_done(Conn* c) {
   Group& g = *c->group;
   if (c->cur.round > c->done_round) c->done_round = c->cur.round;
-  if (!g.update_cleared()) return;
+  if (g.update_cleared()) mark_due(g);
+}
+
+void Releases::on_member_left(Group& g) {
+  if (g.update_cleared()) {
+    mark_due(g);
+    flush_due();
+  }
+}
+
+void Releases::mark_due(Group& g) {
   // Not written at once: the DONE that completes a release usually arrives with the data that
   // completes the next round's first chunk, so the CLEAR leaves with that chunk's result in
   // one write (one wake-up of the worker instead of two). flush_due() sends the CLEARs due

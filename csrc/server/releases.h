@@ -22,12 +22,16 @@ class Releases {
   void queue_clear(Conn* c);
   // A DONE frame from `c` (its header in c->cur).
   void on_done(Conn* c);
+  // A member left the group between rounds: the others' own DONEs may now earn them a CLEAR.
+  void on_member_left(Group& g);
   bool any_due() const { return !due_.empty(); }
   // After a data frame, after each event and first thing in reap() (so no connection in
   // `due_` is freed while listed): every member owed a CLEAR gets it.
   void flush_due();
 
  private:
+  void mark_due(Group& g);  // every member owed the group's new CLEAR joins due_
+
   Loop& loop_;
   std::vector<Conn*> due_;  // members owed a CLEAR
   bool flushing_ = false;

@@ -14,8 +14,8 @@ spread over the parameters in proportion to their size, that is ``compute x (byt
 """
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import List, Sequence, Tuple
 
 MIB = 1 << 20
 DEFAULT_FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTES
@@ -23,19 +23,19 @@ DEFAULT_FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTE
 
 @dataclass(frozen=True)
 class Bucket:
-    params: Tuple[int, ...]  # parameter indices (registration order), in the order they fill the bucket
+    params: tuple[int, ...]  # parameter indices (registration order), in the order they fill the bucket
     offset: int              # first element in the flat gradient buffer (buckets laid out in bucket order)
     count: int               # elements
 
 
 def plan_buckets(counts: Sequence[int], element_size: int, bucket_cap_bytes: int,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> List[Bucket]:
+                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> list[Bucket]:
     """DDP's buckets for parameters of `counts` elements each (registration order), in the order
     they are all-reduced."""
     if bucket_cap_bytes < 1 or first_bucket_bytes < 1:
         raise ValueError("bucket limits must be at least 1 byte")
-    buckets: List[Bucket] = []
-    params: List[int] = []
+    buckets: list[Bucket] = []
+    params: list[int] = []
     nbytes = elements = offset = 0
     for i in reversed(range(len(counts))):
         params.append(i)
@@ -50,7 +50,7 @@ def plan_buckets(counts: Sequence[int], element_size: int, bucket_cap_bytes: int
     return buckets
 
 
-def release_times(buckets: Sequence[Bucket], compute_s: float) -> List[float]:
+def release_times(buckets: Sequence[Bucket], compute_s: float) -> list[float]:
     """Seconds after the backward pass starts at which each bucket's last gradient is ready."""
     total = sum(b.count for b in buckets)
     out, done = [], 0

@@ -2,15 +2,16 @@
 this kernel has them, setting them for a pass, and how rows and the report name them."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .. import config as rs_config
 from ..errors import ConfigError
+from .emulate import available_congestion
 
 DEFAULT_CONGESTION = "default"
 
 
-def parse_congestion(text: str) -> List[str]:
+def parse_congestion(text: str) -> list[str]:
     """'cubic,bbr' -> ['cubic', 'bbr'] (in order, without repeats); 'default' = the kernel's."""
     names = list(dict.fromkeys(p.strip().lower() for p in text.split(",") if p.strip()))
     if not names:
@@ -27,11 +28,10 @@ def kernel_congestion() -> str:
         return "?"
 
 
-def check_congestion(names: Optional[List[str]]) -> None:
+def check_congestion(names: list[str] | None) -> None:
     """ConfigError if this kernel lacks one of `names` ('default' always works)."""
     if not names:
         return
-    from .emulate import available_congestion
 
     avail = available_congestion()
     bad = [n for n in names if n != DEFAULT_CONGESTION and avail and n not in avail]
@@ -40,17 +40,17 @@ def check_congestion(names: Optional[List[str]]) -> None:
                           f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)")
 
 
-def congestion_label(cc: Optional[str]) -> str:
+def congestion_label(cc: str | None) -> str:
     """The congestion control a pass ran under, as rows record it."""
     if cc is None or cc == DEFAULT_CONGESTION:
         return kernel_congestion()
     return cc
 
 
-def describe_congestion(ccs: List[Optional[str]], emulated: bool) -> str:
+def describe_congestion(ccs: list[str | None], emulated: bool) -> str:
     """The header line's account of the congestion control(s) the passes run under."""
     if ccs == [None]:
-        from .._native import core
+        from .._native import core  # noqa: PLC0415 (the C++ core: this module is loaded with the CLI, which must start without it)
 
         rs_cc = core.tcp_congestion()  # RS_TCP_CONGESTION as this process resolved it ('' = the kernel's)
         return (f"the kernel's default ({kernel_congestion()})" +
@@ -64,10 +64,10 @@ def describe_congestion(ccs: List[Optional[str]], emulated: bool) -> str:
     return f"one pass each: {names}; applied to {how}"
 
 
-def use_congestion(hosts: Any, cc: Optional[str]) -> Dict[str, str]:
+def use_congestion(hosts: Any, cc: str | None) -> dict[str, str]:
     """Set the hosts' congestion control for the passes of `cc`; returns the environment that sets
     rs's and the ring's sockets the same."""
-    extra_env: Dict[str, str] = {}
+    extra_env: dict[str, str] = {}
     if cc is not None:
         # rs's and the ring's sockets get this pass's setting ('default': the kernel's),
         # whatever the caller's environment says

@@ -13,7 +13,8 @@ Modes:
 """
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 from ..errors import ConfigError
 from . import report
@@ -22,7 +23,7 @@ MODES = ("off", "on", "ab")
 RS, RS_CP = "rs", "rs+cp"      # the A and B variants of `ab`
 
 
-def check(mode: str, algos: Sequence[str], model: Optional[str], passes: int, interval_s: float) -> None:
+def check(mode: str, algos: Sequence[str], model: str | None, passes: int, interval_s: float) -> None:
     """ConfigError for a combination that cannot run (or needs a package that is missing)."""
     if mode not in MODES:
         raise ConfigError(f"bad --control-plane {mode!r}: choose from {', '.join(MODES)}")
@@ -56,12 +57,12 @@ def with_control_plane(algo: str, mode: str) -> bool:
     return algo == RS_CP or (mode == "on" and report.uses_reducers(algo))
 
 
-def pass_order(algos: Sequence[str], mode: str, passes: int) -> List[str]:
+def pass_order(algos: Sequence[str], mode: str, passes: int) -> list[str]:
     """Algorithms in run order: with `ab`, rs becomes `passes` pairs of rs / rs+cp, alternating which
     goes first (A B B A ...), where rs stood; the others run once, as they would."""
     if mode != "ab":
         return list(algos)
-    out: List[str] = []
+    out: list[str] = []
     for a in algos:
         if a == RS:
             for k in range(passes):
@@ -71,7 +72,7 @@ def pass_order(algos: Sequence[str], mode: str, passes: int) -> List[str]:
     return out
 
 
-def describe(mode: str, interval_s: float, passes: int) -> Optional[str]:
+def describe(mode: str, interval_s: float, passes: int) -> str | None:
     """The header line of the run (None when the control plane is off)."""
     what = (f"every reducer serves gRPC (health, GetStats, Drain) and Prometheus /metrics; a poller calls GetStats "
             f"and fetches /metrics on each every {interval_s * 1e3:g} ms")
@@ -83,11 +84,11 @@ def describe(mode: str, interval_s: float, passes: int) -> Optional[str]:
     return None
 
 
-def _spread(times: Sequence[float]) -> Optional[float]:
+def _spread(times: Sequence[float]) -> float | None:
     return max(times) / min(times) - 1.0 if len(times) > 1 and min(times) > 0 else None
 
 
-def ratios(rows: List[Dict[str, Any]], min_size: int = report.MIN_BOUND_SIZE) -> Dict[str, Any]:
+def ratios(rows: list[dict[str, Any]], min_size: int = report.MIN_BOUND_SIZE) -> dict[str, Any]:
     """on/off per size, and their geometric mean over sizes >= min_size (merged rows of rs and rs+cp)."""
     off = {r["size"]: r for r in rows if r["algo"] == RS}
     on = {r["size"]: r for r in rows if r["algo"] == RS_CP}
@@ -103,10 +104,11 @@ def ratios(rows: List[Dict[str, Any]], min_size: int = report.MIN_BOUND_SIZE) ->
     return {"per_size": per, "geomean": gmean, "geomean_sizes": len(big)}
 
 
-def format_polls(polls: Dict[str, Any], interval_s: float, algo: str) -> str:
+def format_polls(polls: dict[str, Any], interval_s: float, algo: str) -> str:
     """One line: what the poller of `algo`'s passes did (merged counts of reducer.bench.poller)."""
     secs = polls.get("seconds") or 0.0
-    rate = f", {polls['get_stats'] / secs:.0f} GetStats/s and {polls['scrapes'] / secs:.0f} scrapes/s" if secs > 0 else ""
+    rate = (f", {polls['get_stats'] / secs:.0f} GetStats/s and {polls['scrapes'] / secs:.0f} scrapes/s"
+            if secs > 0 else "")
     return (f"# poller of {algo} (every {interval_s * 1e3:g} ms): {polls['get_stats']} GetStats and {polls['scrapes']} "
             f"/metrics scrapes ({polls['metrics_bytes'] / 1e6:.1f} MB) in {secs:.1f} s{rate}; {polls['errors']} "
             f"failed, {polls['late']} cycles late; the last GetStats saw {polls['rounds_seen']} rounds"
@@ -115,8 +117,8 @@ def format_polls(polls: Dict[str, Any], interval_s: float, algo: str) -> str:
             + (f"; first failure: {polls['first_error']}" if polls.get("first_error") else ""))
 
 
-def cpu_per_request_ms(reducer_cpu_s: Dict[str, Optional[float]], polls: Optional[Dict[str, Any]],
-                       passes: int) -> Optional[float]:
+def cpu_per_request_ms(reducer_cpu_s: dict[str, float | None], polls: dict[str, Any] | None,
+                       passes: int) -> float | None:
     """The reducers' CPU milliseconds per control-plane request (a GetStats or a scrape): the CPU the
     reducers used in an on pass beyond an off pass (the same all-reduces), over the requests of a pass."""
     off, on = reducer_cpu_s.get(RS), reducer_cpu_s.get(RS_CP)
@@ -126,8 +128,8 @@ def cpu_per_request_ms(reducer_cpu_s: Dict[str, Optional[float]], polls: Optiona
     return 1e3 * (on - off) / requests if requests > 0 else None
 
 
-def format_table(rows: List[Dict[str, Any]], interval_s: float, cpu_by_algo: Dict[str, Optional[float]],
-                 reducer_cpu_s: Dict[str, Optional[float]], passes: int) -> str:
+def format_table(rows: list[dict[str, Any]], interval_s: float, cpu_by_algo: dict[str, float | None],
+                 reducer_cpu_s: dict[str, float | None], passes: int) -> str:
     """The A/B table from merged rows: per size rs off / on times, on/off, each variant's pass-to-pass
     spread; then the geometric mean, what the poller did, the bench's CPU per variant and the
     reducers' CPU per control-plane request."""
@@ -159,5 +161,6 @@ def format_table(rows: List[Dict[str, Any]], interval_s: float, cpu_by_algo: Dic
                      f"{reducer_cpu_s[RS_CP]:.1f} s: {per_request:.2f} ms per GetStats or scrape")
     if cpu_by_algo.get(RS) is not None and cpu_by_algo.get(RS_CP) is not None:
         lines.append(f"# CPU of the bench's processes (user + system, share of all cores): rs {cpu_by_algo[RS]:.0f}%, "
-                     f"rs+cp {cpu_by_algo[RS_CP]:.0f}% (the reducers' gRPC and metrics threads and the poller included)")
+                     f"rs+cp {cpu_by_algo[RS_CP]:.0f}% (the reducers' gRPC and metrics threads and the poller "
+                     "included)")
     return "\n".join(lines)

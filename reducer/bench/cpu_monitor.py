@@ -15,12 +15,11 @@ import logging
 import os
 import threading
 import time
-from typing import List, Optional, Tuple
 
 __all__ = ["CpuMonitor", "read_cpu_times"]
 
 
-def read_cpu_times(path: str = "/proc/stat") -> Tuple[int, int]:
+def read_cpu_times(path: str = "/proc/stat") -> tuple[int, int]:
     """(busy, total) jiffies of the aggregate 'cpu' line."""
     with open(path) as f:
         for line in f:
@@ -39,12 +38,12 @@ class CpuMonitor:
     def __init__(self, interval: float = 0.2, path: str = "/proc/stat"):
         self.interval = float(interval)
         self.path = path
-        self.samples: List[float] = []  # percent busy per interval
-        self._first: Optional[Tuple[int, int]] = None
-        self._last: Optional[Tuple[int, int]] = None
-        self._prev: Optional[Tuple[int, int]] = None
+        self.samples: list[float] = []  # percent busy per interval
+        self._first: tuple[int, int] | None = None
+        self._last: tuple[int, int] | None = None
+        self._prev: tuple[int, int] | None = None
         self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self.ncpu = os.cpu_count() or 1
         self.t_start = self.t_end = 0.0
@@ -63,7 +62,7 @@ class CpuMonitor:
         while not self._stop.wait(self.interval):
             self._sample()
 
-    def start(self) -> "CpuMonitor":
+    def start(self) -> CpuMonitor:
         self._first = self._prev = self._last = read_cpu_times(self.path)
         self.t_start = time.monotonic()
         self._stop.clear()
@@ -79,7 +78,7 @@ class CpuMonitor:
             self._sample()
             self.t_end = time.monotonic()
 
-    def __enter__(self) -> "CpuMonitor":
+    def __enter__(self) -> CpuMonitor:
         return self.start()
 
     def __exit__(self, *exc) -> None:
@@ -102,7 +101,7 @@ class CpuMonitor:
     def summary(self) -> str:
         return f"cpu mean {self.mean_percent:.0f}% max {self.max_percent:.0f}% of {self.ncpu} cores"
 
-    def warn_if_over(self, threshold: float = 70.0, logger: Optional[logging.Logger] = None) -> bool:
+    def warn_if_over(self, threshold: float = 70.0, logger: logging.Logger | None = None) -> bool:
         """Log a warning (and return True) if the mean CPU use exceeded
         `threshold` percent: the result may then be CPU-bound, not network-bound."""
         mean = self.mean_percent

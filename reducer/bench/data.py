@@ -11,8 +11,7 @@ visible; the period (251, prime) is coprime to every segment/chunk stride used.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
-
+import ml_dtypes
 import numpy as np
 
 from ..dtypes import numpy_dtype, wire_name
@@ -31,7 +30,7 @@ def make_input(rank: int, count: int, dtype: str) -> np.ndarray:
     return np.resize(_period(rank), count).astype(numpy_dtype(dtype))
 
 
-def reference(world: int, count: int, dtype: str, op: str, wire: Optional[str] = None) -> Tuple[np.ndarray, float]:
+def reference(world: int, count: int, dtype: str, op: str, wire: str | None = None) -> tuple[np.ndarray, float]:
     """(expected result in `dtype`, relative tolerance: 0 = exact).
 
     wire: the 16-bit type the values travelled as (compression, a bfloat16 copy): sums, min and
@@ -61,8 +60,6 @@ def _eps(dt: np.dtype) -> float:
     try:
         return float(np.finfo(dt).eps)
     except ValueError:  # ml_dtypes.bfloat16
-        import ml_dtypes
-
         return float(ml_dtypes.finfo(dt).eps)
 
 

@@ -52,18 +52,22 @@ can run it.  Standard library only (``measure_tcp`` runs this file as a script i
 """
 from __future__ import annotations
 
+import argparse
 import atexit
 import ipaddress
 import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Sequence
+from types import FrameType
+from typing import Any
 
 __all__ = ["EmulationError", "EmulatedHosts", "Host", "cleanup_stale", "check_prerequisites", "unavailable_reason",
            "leftovers", "measure_tcp", "available_congestion", "parse_ss_congestion", "main"]
@@ -86,7 +90,7 @@ class Host:
 
 
 # --------------------------------------------------------------------------- helpers
-def _which(tool: str) -> Optional[str]:
+def _which(tool: str) -> str | None:
     """Find `tool` on PATH or in the sbin directories (often not on a user's PATH)."""
     path = os.environ.get("PATH", os.defpath) + os.pathsep + "/usr/sbin:/sbin:/usr/local/sbin"
     return shutil.which(tool, path=path)
@@ -98,19 +102,18 @@ def _tool(tool: str) -> str:
 
 def _run(argv: Sequence[str], check: bool = True, timeout: float = 30.0) -> subprocess.CompletedProcess:
     argv = [_tool(argv[0])] + list(argv[1:])
-    p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=timeout)
+    p = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
     if check and p.returncode != 0:
         raise EmulationError(f"command failed ({p.returncode}): {' '.join(argv)}: {p.stderr.strip()}")
     return p
 
 
-def _ip_batch(cmds: List[str], netns: Optional[str] = None) -> None:
+def _ip_batch(cmds: list[str], netns: str | None = None) -> None:
     """Run several `ip` commands in one process (much faster than one each)."""
     if not cmds:
         return
     argv = [_tool("ip")] + (["-n", netns] if netns else []) + ["-batch", "-"]
-    p = subprocess.run(argv, input="\n".join(cmds) + "\n", stdout=subprocess.PIPE,
-                       stderr=subprocess.PIPE, text=True, timeout=60)
+    p = subprocess.run(argv, input="\n".join(cmds) + "\n", capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise EmulationError(f"ip -batch failed: {p.stderr.strip()}\ncommands:\n" + "\n".join(cmds))
 
@@ -127,7 +130,7 @@ def check_prerequisites() -> None:
         raise EmulationError("emulated hosts need root and iproute2 (ip, tc): " + "; ".join(missing))
 
 
-def unavailable_reason() -> Optional[str]:
+def unavailable_reason() -> str | None:
     """None if emulated hosts can run here, else why not: root, iproute2, and a network namespace
     that can really be created (containers may forbid it). Creates and deletes one probe namespace."""
     try:
@@ -142,7 +145,7 @@ def unavailable_reason() -> Optional[str]:
     return None
 
 
-def available_congestion() -> List[str]:
+def available_congestion() -> list[str]:
     """The TCP congestion controls the kernel offers now (built in or loaded as modules)."""
     try:
         with open("/proc/sys/net/ipv4/tcp_available_congestion_control") as f:
@@ -151,11 +154,11 @@ def available_congestion() -> List[str]:
         return []
 
 
-def parse_ss_congestion(text: str) -> Dict[str, int]:
+def parse_ss_congestion(text: str) -> dict[str, int]:
     """Count the congestion controls of the established connections in `ss -tin` output: after
     each connection's line, an indented TCP_INFO line lists flags (ts, sack, ecn, ...), then the
     algorithm, then key:value fields."""
-    counts: Dict[str, int] = {}
+    counts: dict[str, int] = {}
     established = False
     for line in text.splitlines():
         if line and not line[0].isspace():
@@ -174,7 +177,7 @@ def parse_ss_congestion(text: str) -> Dict[str, int]:
     return counts
 
 
-def leftovers(prefix: str) -> List[str]:
+def leftovers(prefix: str) -> list[str]:
     """Everything named ``{prefix}-...`` that exists now: network namespaces, links in this
     namespace, /etc/netns entries (after a run with `prefix` has ended, nothing should be)."""
     names = [n for n in _list_netns() + _list_links() if n.startswith(prefix + "-")]
@@ -183,12 +186,12 @@ def leftovers(prefix: str) -> List[str]:
     return names
 
 
-def _list_netns() -> List[str]:
+def _list_netns() -> list[str]:
     p = _run(["ip", "netns", "list"], check=False)
     return [line.split()[0] for line in p.stdout.splitlines() if line.strip()]
 
 
-def _list_links() -> List[str]:
+def _list_links() -> list[str]:
     p = _run(["ip", "-o", "link", "show"], check=False)
     names = []
     for line in p.stdout.splitlines():
@@ -198,12 +201,12 @@ def _list_links() -> List[str]:
     return names
 
 
-def _netns_pids(netns: str) -> List[int]:
+def _netns_pids(netns: str) -> list[int]:
     p = _run(["ip", "netns", "pids", netns], check=False)
     return [int(x) for x in p.stdout.split() if x.isdigit() and int(x) != os.getpid()]
 
 
-def _kill_pids(pids: List[int], grace: float = 1.0) -> None:
+def _kill_pids(pids: list[int], grace: float = 1.0) -> None:
     """SIGTERM, wait up to `grace` s, then SIGKILL whatever is left."""
     if not pids:
         return
@@ -251,7 +254,7 @@ def _names(prefix: str):
     return host_ns, links
 
 
-def cleanup_stale(prefix: str) -> List[str]:
+def cleanup_stale(prefix: str) -> list[str]:
     """Remove everything a previous (possibly killed) run with `prefix` left:
     processes inside and the namespaces ``{prefix}-h{i}`` / ``{prefix}-sw``,
     and any ``{prefix}-br`` / ``{prefix}-v{i}`` / ``{prefix}-p{i}`` link in the
@@ -291,7 +294,7 @@ class EmulatedHosts:
 
     def __init__(self, n_hosts: int, gbps: float, prefix: str = "rsb", burst_bytes: int = 256 * 1024,
                  subnet: str = "10.77.0.0/24", latency_ms: float = 20.0, mtu: int = 1500,
-                 congestion: Optional[str] = None):
+                 congestion: str | None = None):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if not gbps > 0:
@@ -310,18 +313,18 @@ class EmulatedHosts:
         self.latency_ms = float(latency_ms)
         self.mtu = int(mtu)
         self.subnet = net
-        self.congestion: Optional[str] = None
+        self.congestion: str | None = None
         self._congestion_wanted = congestion
         self.switch_netns = f"{prefix}-sw"
         self.bridge = f"{prefix}-br"
-        self.hosts: List[Host] = [
+        self.hosts: list[Host] = [
             Host(index=i, ip=str(net.network_address + i + 1), netns=f"{prefix}-h{i}")
             for i in range(n_hosts)
         ]
-        self._procs: List[subprocess.Popen] = []
+        self._procs: list[subprocess.Popen] = []
         self._active = False
         self._lock = threading.RLock()
-        self._prev_sigterm = None
+        self._prev_sigterm: Callable[[int, FrameType | None], Any] | int | None = None
         self._sigterm_installed = False
 
     # -- sequence-like access
@@ -338,12 +341,12 @@ class EmulatedHosts:
     def rate_bps(self) -> int:
         return int(round(self.gbps * 1e9))
 
-    def tbf_args(self) -> List[str]:
+    def tbf_args(self) -> list[str]:
         return ["tbf", "rate", f"{self.rate_bps}bit", "burst", str(self.burst_bytes),
                 "latency", f"{self.latency_ms:g}ms"]
 
     # -- lifecycle
-    def __enter__(self) -> "EmulatedHosts":
+    def __enter__(self) -> EmulatedHosts:
         check_prerequisites()
         cleanup_stale(self.prefix)
         self._active = True
@@ -417,7 +420,7 @@ class EmulatedHosts:
         if self._congestion_wanted:
             self.set_congestion(self._congestion_wanted)
 
-    def set_congestion(self, name: Optional[str]) -> None:
+    def set_congestion(self, name: str | None) -> None:
         """Make every host's TCP connections opened from now on use congestion control `name`
         (the subnet route's ``congctl``); None or '' = the namespace's default again."""
         if name and name not in available_congestion():
@@ -429,7 +432,7 @@ class EmulatedHosts:
                   "proto", "kernel", "scope", "link", "src", h.ip] + (["congctl", name] if name else []))
         self.congestion = name or None
 
-    def flow_congestion(self, i: int) -> Dict[str, int]:
+    def flow_congestion(self, i: int) -> dict[str, int]:
         """Congestion control of host i's established TCP connections now: {algorithm: count}."""
         ss = _which("ss")
         if ss is None:
@@ -494,7 +497,7 @@ class EmulatedHosts:
             raise SystemExit(128 + signum)
 
     # -- running things inside hosts
-    def env_for(self, i: int) -> Dict[str, str]:
+    def env_for(self, i: int) -> dict[str, str]:
         """Environment additions for processes of host i (socket interface pinning)."""
         h = self.hosts[i]
         return {
@@ -505,7 +508,7 @@ class EmulatedHosts:
             "RSB_EMU_HOST_IP": h.ip,
         }
 
-    def command(self, i: int, argv: Sequence[str]) -> List[str]:
+    def command(self, i: int, argv: Sequence[str]) -> list[str]:
         return [_tool("ip"), "netns", "exec", self.hosts[i].netns] + [str(a) for a in argv]
 
     def popen(self, i: int, argv: Sequence[str], **kw) -> subprocess.Popen:
@@ -541,7 +544,6 @@ class EmulatedHosts:
 # are its helpers, run inside the namespaces as `python .../emulate.py _recv|_send ...`.
 
 def _tcp_recv(port: int) -> None:
-    import socket
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     s.bind(("0.0.0.0", port))
@@ -560,13 +562,12 @@ def _tcp_recv(port: int) -> None:
         total += n
         t_last = now
     # rate over [first byte, last byte]; the first chunk arrived at t_first
-    dt = (t_last - t_first) if t_first is not None else 0.0
+    dt = (t_last - t_first) if t_first is not None and t_last is not None else 0.0
     rate = (total - first_n) * 8 / dt if dt > 0 else 0.0
     print(f"{total} {dt:.6f} {rate:.1f}", flush=True)
 
 
 def _tcp_send(ip: str, port: int, seconds: float) -> None:
-    import socket
     c = socket.create_connection((ip, port), timeout=10)
     data = memoryview(bytearray(4 << 20))
     end = time.perf_counter() + seconds
@@ -578,12 +579,12 @@ def _tcp_send(ip: str, port: int, seconds: float) -> None:
 
 
 def measure_tcp(hosts: EmulatedHosts, pairs: Sequence[tuple], seconds: float = 2.0,
-                base_port: int = 5201) -> List[float]:
+                base_port: int = 5201) -> list[float]:
     """Run one TCP stream per (src, dst) pair at the same time; return the
     payload rate of each in bit/s (measured at the receiver)."""
     me = os.path.abspath(__file__)
     recvs, sends = [], []
-    for k, (src, dst) in enumerate(pairs):
+    for k, (_src, dst) in enumerate(pairs):
         r = hosts.popen(dst, [sys.executable, me, "_recv", str(base_port + k)],
                         stdout=subprocess.PIPE, text=True)
         assert r.stdout is not None
@@ -602,10 +603,8 @@ def measure_tcp(hosts: EmulatedHosts, pairs: Sequence[tuple], seconds: float = 2
     return rates
 
 
-def _selftest(argv: List[str]) -> int:
-    import argparse
-
-    from reducer.bench.cpu_monitor import CpuMonitor
+def _selftest(argv: list[str]) -> int:
+    from reducer.bench.cpu_monitor import CpuMonitor  # noqa: PLC0415 (run as a file inside the namespaces (`python emulate.py _recv`): the standard library only at module level)
 
     ap = argparse.ArgumentParser(prog="emulate selftest")
     ap.add_argument("--gbps", type=float, default=1.0)
@@ -624,7 +623,7 @@ def _selftest(argv: List[str]) -> int:
     return 0
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     """`selftest [--gbps G] [--seconds S] [--latency-ms L]`, or the `_recv` / `_send` helpers."""
     if len(argv) >= 1 and argv[0] == "_recv":
         _tcp_recv(int(argv[1]))

@@ -16,10 +16,10 @@ register them:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable, Dict, List, Tuple
 
-Shapes = List[Tuple[str, Tuple[int, ...]]]
+Shapes = list[tuple[str, tuple[int, ...]]]
 
 
 # ------------------------------------------------------------------------ building blocks
@@ -38,7 +38,7 @@ def _conv1d(prefix: str, n_in: int, n_out: int) -> Shapes:
 
 
 # ------------------------------------------------------------------------ architectures
-def resnet(blocks: Tuple[int, ...] = (3, 4, 6, 3), num_classes: int = 1000) -> Shapes:
+def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), num_classes: int = 1000) -> Shapes:
     """torchvision ResNet with Bottleneck blocks (expansion 4, stride on conv2, no bias on convs)."""
     expansion = 4
     out: Shapes = [("conv1.weight", (64, 3, 7, 7))] + _bn("bn1", 64)
@@ -100,14 +100,14 @@ class ModelInfo:
     description: str
 
 
-MODELS: Dict[str, ModelInfo] = {
+MODELS: dict[str, ModelInfo] = {
     "resnet50": ModelInfo(resnet, 161, 25_557_032, "torchvision resnet50 (25.6M parameters)"),
     "bert-base": ModelInfo(bert, 199, 109_482_240, "Hugging Face BertModel, bert-base-uncased (110M)"),
     "gpt2-medium": ModelInfo(gpt2, 292, 354_823_168, "Hugging Face GPT2LMHeadModel, gpt2-medium (355M)"),
 }
 
 
-def numel(shape: Tuple[int, ...]) -> int:
+def numel(shape: tuple[int, ...]) -> int:
     return math.prod(shape)
 
 

@@ -1,7 +1,7 @@
 """algbw vs size, log-log, one line per algorithm, with the link-rate bounds of ring and rs."""
 from __future__ import annotations
 
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from .report import MIN_BOUND_SIZE, TCP_PAYLOAD_FRACTION, bus_factor, rs_factor
 
@@ -15,13 +15,14 @@ def _pyplot():
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
-    except ImportError:
-        raise SystemExit("--plot needs matplotlib: pip install 'reduction-server[plot]' (or: pip install matplotlib)")
+    except ImportError as exc:
+        raise SystemExit("--plot needs matplotlib: pip install 'reduction-server[plot]' (or: pip install matplotlib)"
+                         ) from exc
     return plt
 
 
-def plot(rows: List[Dict[str, Any]], path: str, workers: int, reducers: int,
-         emulate_gbps: Optional[float] = None, title: Optional[str] = None) -> None:
+def plot(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
+         emulate_gbps: float | None = None, title: str | None = None) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     algos = [a for a in ("rs", "ring", "gloo") if any(r["algo"] == a and r.get("time_us") for r in rows)]
@@ -71,8 +72,8 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def plot_steps(rows: List[Dict[str, Any]], path: str, workers: int, reducers: int,
-               emulate_gbps: Optional[float] = None) -> None:
+def plot_steps(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
+               emulate_gbps: float | None = None) -> None:
     """Training steps: one group of bars per (bucket cap, backward time), one bar per algorithm,
     split into compute (grey) and exposed communication; speed-up over gloo on top."""
     plt = _pyplot()

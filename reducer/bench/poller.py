@@ -16,7 +16,7 @@ import threading
 import time
 import urllib.request
 from dataclasses import asdict, dataclass
-from typing import Any, Dict, List
+from typing import Any
 
 DEFAULT_INTERVAL_S = 0.1
 
@@ -35,13 +35,13 @@ class PollCounts:
     cpu_s: float = 0.0           # CPU time the poller's process used meanwhile (set by its runner)
     first_error: str = ""
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def merge_counts(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
+def merge_counts(parts: list[dict[str, Any]]) -> dict[str, Any]:
     """The counts of several passes as one (sums; the largest rounds_seen; the first error)."""
-    out: Dict[str, Any] = {}
+    out: dict[str, Any] = {}
     for p in parts:
         for k, v in p.items():
             if k == "rounds_seen":
@@ -58,7 +58,7 @@ def merge_counts(parts: List[Dict[str, Any]]) -> Dict[str, Any]:
 class Poller:
     """Polls the control plane (GetStats) and the metrics endpoint of every reducer, at a fixed rate."""
 
-    def __init__(self, control: List[str], metrics: List[str], interval: float = DEFAULT_INTERVAL_S,
+    def __init__(self, control: list[str], metrics: list[str], interval: float = DEFAULT_INTERVAL_S,
                  timeout: float = 2.0) -> None:
         from ..control.client import ControlClient
 

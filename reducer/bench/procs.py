@@ -13,8 +13,9 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence
+from typing import Any
 
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
@@ -26,13 +27,13 @@ class _LoopbackHosts:
     def bind_host(self, i: int) -> str:
         return "127.0.0.1"
 
-    def set_congestion(self, name: Optional[str]) -> None:
+    def set_congestion(self, name: str | None) -> None:
         pass  # only RS_TCP_CONGESTION (rs, ring): the machine's default is not ours to change
 
-    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+    def flow_congestion(self, i: int) -> dict[str, int] | None:
         return None  # loopback connections of the whole machine: not only ours
 
-    def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
+    def popen(self, i: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         full = dict(os.environ)
         full.update(env)
         full["GLOO_SOCKET_IFNAME"] = "lo"
@@ -48,13 +49,13 @@ class _EmulatedHosts:
     def bind_host(self, i: int) -> str:
         return self.hosts[i].ip
 
-    def set_congestion(self, name: Optional[str]) -> None:
+    def set_congestion(self, name: str | None) -> None:
         self.hosts.set_congestion(name)
 
-    def flow_congestion(self, i: int) -> Optional[Dict[str, int]]:
+    def flow_congestion(self, i: int) -> dict[str, int] | None:
         return self.hosts.flow_congestion(i)
 
-    def popen(self, i: int, argv: Sequence[str], env: Dict[str, str], **kw) -> subprocess.Popen:
+    def popen(self, i: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         return self.hosts.popen(i, argv, env=env, **kw)
 
 
@@ -62,18 +63,18 @@ class _EmulatedHosts:
 class _Proc:
     """A rank process: JSON job on stdin, MARKER lines on stdout (read by a thread)."""
 
-    def __init__(self, name: str, popen: subprocess.Popen, events: "queue.Queue", errfile: Any):
+    def __init__(self, name: str, popen: subprocess.Popen, events: queue.Queue, errfile: Any):
         self.name, self.p, self.errfile = name, popen, errfile
-        self.log: List[str] = []
+        self.log: list[str] = []
         self.finished = False  # said 'done': its exit is expected
         self.errored = False   # reported an error itself: its exit is explained
         self._t = threading.Thread(target=self._read, args=(events,), daemon=True)
         self._t.start()
 
-    def _read(self, events: "queue.Queue") -> None:
+    def _read(self, events: queue.Queue) -> None:
         # Imported here, not at module level: `python -m reducer.bench.rank` imports this package
         # first, and a module-level import of .rank would make runpy warn about a double import.
-        from .rank import MARKER
+        from .rank import MARKER  # noqa: PLC0415 (rank.py loads the C++ core and numpy: not at the CLI's start)
 
         assert self.p.stdout is not None
         for line in self.p.stdout:
@@ -93,7 +94,7 @@ class _Proc:
                 del self.log[:-50]
         events.put((self, {"event": "exit"}))
 
-    def send(self, obj: Dict[str, Any]) -> None:
+    def send(self, obj: dict[str, Any]) -> None:
         assert self.p.stdin is not None
         try:
             self.p.stdin.write(json.dumps(obj) + "\n")
@@ -139,8 +140,8 @@ class BenchError(RuntimeError):
     pass
 
 
-def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: "queue.Queue",
-           extra_env: Optional[Dict[str, str]] = None, module: str = "reducer.bench.rank",
+def _spawn(hosts: Any, host_index: int, name: str, job: dict[str, Any], events: queue.Queue,
+           extra_env: dict[str, str] | None = None, module: str = "reducer.bench.rank",
            args: Sequence[str] = ()) -> _Proc:
     """Start `python -m module *args` (a process speaking reducer.bench.rank's JSON-lines protocol)
     on host `host_index` and hand it `job`."""
@@ -155,13 +156,13 @@ def _spawn(hosts: Any, host_index: int, name: str, job: Dict[str, Any], events: 
     return proc
 
 
-def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: float,
-              on_other: Optional[Callable[[_Proc, Dict[str, Any]], None]] = None,
-              watch: Optional[List[_Proc]] = None, idle: bool = False) -> Dict[_Proc, Dict[str, Any]]:
+def _wait_all(events: queue.Queue, procs: list[_Proc], event: str, timeout: float,
+              on_other: Callable[[_Proc, dict[str, Any]], None] | None = None,
+              watch: list[_Proc] | None = None, idle: bool = False) -> dict[_Proc, dict[str, Any]]:
     """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout.
     On an error, a process of `watch` (default `procs`) that died is named as the cause.
     idle: `timeout` counts from the last message received, not from the start."""
-    got: Dict[_Proc, Dict[str, Any]] = {}
+    got: dict[_Proc, dict[str, Any]] = {}
     deadline = time.monotonic() + timeout
     while len(got) < len(procs):
         left = deadline - time.monotonic()
@@ -195,7 +196,7 @@ def _wait_all(events: "queue.Queue", procs: List[_Proc], event: str, timeout: fl
     return got
 
 
-def _dead_peer(procs: List[_Proc], reporter: _Proc, grace: float = 1.0) -> Optional[_Proc]:
+def _dead_peer(procs: list[_Proc], reporter: _Proc, grace: float = 1.0) -> _Proc | None:
     """A process of `procs` (other than `reporter`) that exited without finishing, waiting up to
     `grace` seconds: when a rank dies, its neighbours' errors (connection lost) can reach the
     runner before the dead rank's exit does."""

@@ -29,12 +29,27 @@ Poller life cycle (reducer.bench.poller; job "control", "metrics", "interval"):
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
+import threading
 import time
 import traceback
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+
+from .. import config
+from .._native import core
+from ..addresses import parse_address
+from ..communicator import Communicator
+from ..dtypes import numpy_dtype, tensor_as_numpy, torch_dtype
+from ..server import ReducerServer
+from .cpu_monitor import read_cpu_times
+from .data import count_wrong, count_wrong_tiled, fill_input, make_input, reference, step_tolerance
+from .poller import Poller
 
 MARKER = "@@rsb "
 
@@ -50,7 +65,7 @@ def emit(**msg: Any) -> None:
     sys.stdout.flush()
 
 
-def _read_json_line() -> Dict[str, Any]:
+def _read_json_line() -> dict[str, Any]:
     line = sys.stdin.readline()
     if not line:
         raise SystemExit("benchmark runner went away (stdin closed)")
@@ -61,21 +76,19 @@ def _read_json_line() -> Dict[str, Any]:
 class _Algo:
     """An all-reduce implementation as the worker loop sees it."""
 
-    def listen_port(self) -> Optional[int]:
+    dtype: str  # the job's wire dtype name, set by each implementation's constructor
+
+    def listen_port(self) -> int | None:
         return None
 
-    def connect(self, addresses: List[str]) -> None:
+    def connect(self, addresses: list[str]) -> None:
         pass
 
     def alloc(self, count: int) -> Any:
         """A work buffer of `count` elements: a numpy array (possibly sharing a tensor's memory)."""
-        import numpy as np
-
-        from ..dtypes import numpy_dtype
-
         return np.empty(count, dtype=numpy_dtype(self.dtype))
 
-    def prepare(self, buf: Any) -> Callable[[], None]:
+    def prepare(self, buf: Any) -> Callable[[], object]:
         """A no-argument function that all-reduces `buf` in place (the timed call)."""
         raise NotImplementedError
 
@@ -85,7 +98,7 @@ class _Algo:
     # -- training steps: DDP's buckets, views of one flat gradient buffer, in bucket order
     wire = "float32"  # what a gradient travels as (the result's precision)
 
-    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+    def bucket_objects(self, buf: Any, counts: list[int]) -> list[Any]:
         """What start_bucket takes for each bucket of `counts` elements laid out in `buf`."""
         raise NotImplementedError
 
@@ -93,17 +106,17 @@ class _Algo:
         """Start averaging one bucket; returns what finish_step waits for."""
         raise NotImplementedError
 
-    def finish_step(self, pending: List[Any]) -> None:
+    def finish_step(self, pending: list[Any]) -> None:
         """Wait until every bucket started is reduced."""
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return {}
 
     def close(self) -> None:
         pass
 
 
-def _slices(counts: List[int]) -> List[Tuple[int, int]]:
+def _slices(counts: list[int]) -> list[tuple[int, int]]:
     """(offset, count) of each bucket: laid out one after another in the flat gradient buffer."""
     out, off = [], 0
     for n in counts:
@@ -115,18 +128,13 @@ def _slices(counts: List[int]) -> List[Tuple[int, int]]:
 class _RS(_Algo):
     hook_name = "allreduce_hook"
 
-    def __init__(self, job: Dict[str, Any]):
+    def __init__(self, job: dict[str, Any]):
         self.job = job
         self.dtype = job["dtype"]
 
-    def connect(self, addresses: List[str]) -> None:
-        import numpy as np
-
-        from .. import config
-        from ..communicator import Communicator
-
+    def connect(self, addresses: list[str]) -> None:
         j = self.job
-        extra: Dict[str, Any] = {}
+        extra: dict[str, Any] = {}
         if "steps" in j and config.env_text("fusion_threshold") is None:
             extra["fusion_threshold"] = 0  # as reducer.torch.HookState connects for DDP's (already fused) buckets
         self.comm = Communicator(j["reducers"], rank=j["rank"], world_size=j["world"], group=j["group"],
@@ -134,7 +142,7 @@ class _RS(_Algo):
         self._tiny = np.zeros(1, dtype=np.float32)
 
     # The DDP hook path: every bucket goes through reducer.torch's hook, as DDP calls it.
-    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+    def bucket_objects(self, buf: Any, counts: list[int]) -> list[Any]:
         import torch
 
         from ..torch import hooks
@@ -147,11 +155,11 @@ class _RS(_Algo):
     def start_bucket(self, bucket: Any) -> Any:
         return self._hook(self._state, bucket)
 
-    def finish_step(self, pending: List[Any]) -> None:
+    def finish_step(self, pending: list[Any]) -> None:
         for fut in pending:
             fut.wait()
 
-    def prepare(self, buf: Any) -> Callable[[], None]:
+    def prepare(self, buf: Any) -> Callable[[], object]:
         # compression: 'bf16' / 'fp16' (the float32 buffer goes 16-bit on the wire) or 'none',
         # explicitly: RS_COMPRESSION in the environment does not change what is measured.
         comm, op, comp = self.comm, self.job["op"], self.job.get("compression") or "none"
@@ -160,7 +168,7 @@ class _RS(_Algo):
     def barrier(self) -> None:
         self.comm.allreduce(self._tiny, compression="none")
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return self.comm.stats()
 
     def close(self) -> None:
@@ -187,10 +195,7 @@ class _GradBucket:
 
 
 class _Ring(_Algo):
-    def __init__(self, job: Dict[str, Any]):
-        from .. import config
-        from .._native import core
-
+    def __init__(self, job: dict[str, Any]):
         self.job = job
         self.dtype = job["dtype"]
         # chunk: the runner's (--ring-chunk-bytes, else RS_CHUNK_BYTES); socket buffer: RS_SOCKET_BUFFER as
@@ -199,30 +204,28 @@ class _Ring(_Algo):
                               chunk_bytes=job["chunk_bytes"], socket_buffer=config.socket_buffer_arg(),
                               session=job["session"])
 
-    def listen_port(self) -> Optional[int]:
+    def listen_port(self) -> int | None:
         return int(self.ring.port)
 
-    def connect(self, addresses: List[str]) -> None:
-        import numpy as np
-
+    def connect(self, addresses: list[str]) -> None:
         self.ring.connect(addresses, self.job["connect_timeout"])
         self._tiny = np.zeros(1, dtype=np.float32)
 
-    def prepare(self, buf: Any) -> Callable[[], None]:
+    def prepare(self, buf: Any) -> Callable[[], object]:
         ring, ptr, nbytes, dtype, op = self.ring, int(buf.ctypes.data), int(buf.nbytes), self.dtype, self.job["op"]
         return lambda: ring.allreduce_ptr(ptr, nbytes, dtype, op)
 
     def barrier(self) -> None:
         self.ring.allreduce_ptr(int(self._tiny.ctypes.data), 4, "float32", "sum")
 
-    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+    def bucket_objects(self, buf: Any, counts: list[int]) -> list[Any]:
         return [(int(buf[off:].ctypes.data), n * buf.itemsize) for off, n in _slices(counts)]
 
     def start_bucket(self, bucket: Any) -> Any:
         self.ring.allreduce_ptr(bucket[0], bucket[1], self.dtype, "avg")  # one at a time, in order
         return None
 
-    def stats(self) -> Dict[str, Any]:
+    def stats(self) -> dict[str, Any]:
         return dict(self.ring.stats())
 
     def close(self) -> None:
@@ -232,9 +235,7 @@ class _Ring(_Algo):
 class _Gloo(_Algo):
     """torch.distributed with the gloo backend (a ring all-reduce on CPU tensors)."""
 
-    def __init__(self, job: Dict[str, Any]):
-        import datetime
-
+    def __init__(self, job: dict[str, Any]):
         import torch
         import torch.distributed as dist
 
@@ -247,29 +248,25 @@ class _Gloo(_Algo):
             self.store = dist.TCPStore(job["bind_host"], 0, job["world"], True, timeout=self.timeout,
                                        wait_for_workers=False)
 
-    def listen_port(self) -> Optional[int]:
+    def listen_port(self) -> int | None:
         return int(self.store.port) if self.store is not None else None
 
-    def connect(self, addresses: List[str]) -> None:
+    def connect(self, addresses: list[str]) -> None:
         dist, j = self.dist, self.job
         if self.store is None:
-            from ..addresses import parse_address
-
             host, port = parse_address(addresses[0])
             self.store = dist.TCPStore(host, port, j["world"], False, timeout=self.timeout)
         dist.init_process_group("gloo", store=self.store, rank=j["rank"], world_size=j["world"], timeout=self.timeout)
         self._tiny = self.torch.zeros(1, dtype=self.torch.float32)
 
     def alloc(self, count: int) -> Any:
-        from ..dtypes import tensor_as_numpy, torch_dtype
-
         t = self.torch.empty(count, dtype=torch_dtype(self.dtype))
         arr = tensor_as_numpy(t)
         self._tensors = getattr(self, "_tensors", {})
         self._tensors[id(arr)] = (arr, t)  # the tensor behind each numpy view
         return arr
 
-    def prepare(self, buf: Any) -> Callable[[], None]:
+    def prepare(self, buf: Any) -> Callable[[], object]:
         torch, dist = self.torch, self.dist
         t = self._tensors[id(buf)][1]
         op, world = self.job["op"], self.job["world"]
@@ -284,7 +281,7 @@ class _Gloo(_Algo):
     def release(self, buf: Any) -> None:
         self._tensors.pop(id(buf), None)
 
-    def bucket_objects(self, buf: Any, counts: List[int]) -> List[Any]:
+    def bucket_objects(self, buf: Any, counts: list[int]) -> list[Any]:
         flat = self._tensors[id(buf)][1]
         return [flat[off:off + n] for off, n in _slices(counts)]
 
@@ -293,7 +290,7 @@ class _Gloo(_Algo):
         bucket.div_(self.job["world"])
         return self.dist.all_reduce(bucket, op=self.dist.ReduceOp.SUM, async_op=True)
 
-    def finish_step(self, pending: List[Any]) -> None:
+    def finish_step(self, pending: list[Any]) -> None:
         for work in pending:
             work.wait()
 
@@ -312,7 +309,7 @@ class _GlooBF16(_Gloo):
     (cast, divide by the world size for avg, all-reduce, copy back): the baseline of rs with
     compression. The cast copies are part of the timed call, as they are in the hook."""
 
-    def prepare(self, buf: Any) -> Callable[[], None]:
+    def prepare(self, buf: Any) -> Callable[[], object]:
         torch, dist = self.torch, self.dist
         t = self._tensors[id(buf)][1]
         op, world = self.job["op"], self.job["world"]
@@ -334,7 +331,7 @@ ALGOS = {"rs": _RS, "rs+cp": _RS, "rs+bf16": _RSBf16, "ring": _Ring, "gloo": _Gl
 
 
 # ------------------------------------------------------------------------ worker
-def run_worker(job: Dict[str, Any]) -> int:
+def run_worker(job: dict[str, Any]) -> int:
     algo = ALGOS[job["algo"]](job)
     emit(event="listen", port=algo.listen_port())
     reply = _read_json_line()
@@ -354,8 +351,6 @@ class _CpuSampler:
     """Rank 0 samples the whole machine's CPU over the timed parts of the iterations."""
 
     def __init__(self, rank: int):
-        from .cpu_monitor import read_cpu_times
-
         self._read = read_cpu_times if rank == 0 else None
         self.busy = self.total = 0
         self._c0: Any = None
@@ -368,7 +363,7 @@ class _CpuSampler:
         if timed and self._c0 and c1:
             self.busy, self.total = self.busy + c1[0] - self._c0[0], self.total + c1[1] - self._c0[1]
 
-    def percent(self, samples_us: List[float]) -> Optional[float]:
+    def percent(self, samples_us: list[float]) -> float | None:
         # /proc/stat counts in clock ticks (10 ms): only meaningful over enough timed time
         return 100.0 * self.busy / self.total if self.total and sum(samples_us) >= 2e5 else None
 
@@ -400,12 +395,7 @@ def timed_iterations(size: int, iters: int, iters_bytes: int) -> int:
     return iterations_for(size, iters, iters_bytes, MAX_TIMED_ITERS)
 
 
-def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
-    import numpy as np
-
-    from ..dtypes import numpy_dtype
-    from .data import count_wrong, make_input, reference
-
+def _size_loop(algo: _Algo, job: dict[str, Any]) -> None:
     rank, world, dtype, op = job["rank"], job["world"], job["dtype"], job["op"]
     esize = numpy_dtype(dtype).itemsize
     for size in job["sizes"]:
@@ -414,7 +404,7 @@ def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
         expected, tol = reference(world, count, dtype, op, wire=job.get("wire_dtype"))
         buf = algo.alloc(count)
         fn = algo.prepare(buf)
-        samples: List[float] = []
+        samples: list[float] = []
         wrong = 0
         cpu = _CpuSampler(rank)
         warm = warmup_iterations(size, job["warmup"], job.get("warmup_bytes", 0))
@@ -436,7 +426,7 @@ def _size_loop(algo: _Algo, job: Dict[str, Any]) -> None:
         del inp, expected, buf, fn
 
 
-def step_once(algo: _Algo, buckets: List[Any], release_s: List[float]) -> None:
+def step_once(algo: _Algo, buckets: list[Any], release_s: list[float]) -> None:
     """One training step's gradient traffic: bucket k starts once release_s[k] seconds have passed."""
     t0 = time.perf_counter()
     pending = []
@@ -448,16 +438,14 @@ def step_once(algo: _Algo, buckets: List[Any], release_s: List[float]) -> None:
     algo.finish_step(pending)
 
 
-def _step_loop(algo: _Algo, job: Dict[str, Any]) -> None:
-    from .data import count_wrong_tiled, fill_input, step_tolerance
-
+def _step_loop(algo: _Algo, job: dict[str, Any]) -> None:
     rank, world = job["rank"], job["world"]
     buf = algo.alloc(job["elements"])
     tol = step_tolerance(algo.wire, world)
     n_iter = job["warmup"] + job["iters"]
     for case in job["steps"]:
         buckets = algo.bucket_objects(buf, case["counts"])
-        samples: List[float] = []
+        samples: list[float] = []
         wrong = 0
         cpu = _CpuSampler(rank)
         for it in range(n_iter):
@@ -478,9 +466,7 @@ def _step_loop(algo: _Algo, job: Dict[str, Any]) -> None:
 
 
 # ------------------------------------------------------------------------ reducer
-def run_reducer(job: Dict[str, Any]) -> int:
-    from ..server import ReducerServer
-
+def run_reducer(job: dict[str, Any]) -> int:
     srv = ReducerServer(host=job["bind_host"], port=0, threads=job.get("threads")).start()
     side = _ControlSide(srv, job["bind_host"]) if job.get("control_plane") else None
     emit(event="ready", port=srv.port, cpu_s=cpu_seconds(), **(side.addresses() if side else {}))
@@ -499,8 +485,6 @@ class _ControlSide:
     any free port of the reducer's host), with serve's liveness refresh every 0.25 s."""
 
     def __init__(self, srv: Any, host: str) -> None:
-        import threading
-
         from ..control.lifecycle import Lifecycle
         from ..control.metrics import MetricsEndpoint, reducer_registry
         from ..control.service import ControlPlane
@@ -516,7 +500,7 @@ class _ControlSide:
         while not self._stop.wait(0.25):
             self.control.refresh()
 
-    def addresses(self) -> Dict[str, str]:
+    def addresses(self) -> dict[str, str]:
         return {"control_address": self.control.address, "metrics_url": self.metrics.url}
 
     def stop(self) -> None:
@@ -527,12 +511,8 @@ class _ControlSide:
 
 
 # ------------------------------------------------------------------------ control-plane poller
-def run_poller(job: Dict[str, Any]) -> int:
+def run_poller(job: dict[str, Any]) -> int:
     """Poll the reducers' control planes (reducer.bench.poller) until the runner closes our stdin."""
-    import threading
-
-    from .poller import Poller
-
     poller = Poller(job["control"], job["metrics"], interval=job["interval"])
     stop = threading.Event()
     thread = threading.Thread(target=poller.run, args=(stop,), name="rs-poller", daemon=True)

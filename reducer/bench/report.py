@@ -9,7 +9,9 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+from collections.abc import Iterable, Sequence
+from io import StringIO
+from typing import Any
 
 from ..wording import plural  # noqa: F401 (also re-exported: callers read report.plural)
 
@@ -29,7 +31,7 @@ ALGO_TITLES = {
 ALGO_ORDER = ("rs", "ring", "gloo", "gloo-bf16")
 
 
-def wire_fraction(row: Dict[str, Any]) -> float:
+def wire_fraction(row: dict[str, Any]) -> float:
     """Bytes on the wire per byte of the buffer: 1/2 when float32 travels as a 16-bit type."""
     wire = row.get("wire_dtype")
     return 0.5 if wire in ("bfloat16", "float16") and row.get("dtype") == "float32" else 1.0
@@ -62,14 +64,14 @@ def percentile(xs: Sequence[float], q: float) -> float:
     return v[lo] + (v[hi] - v[lo]) * (pos - lo)
 
 
-def iteration_times(samples_by_rank: Sequence[Sequence[float]]) -> List[float]:
+def iteration_times(samples_by_rank: Sequence[Sequence[float]]) -> list[float]:
     """Per timed iteration, the slowest rank's time: iterations are barrier-separated, so
     sample i of every rank belongs to the same all-reduce."""
     n = min((len(s) for s in samples_by_rank), default=0)
     return [max(s[i] for s in samples_by_rank) for i in range(n)]
 
 
-def iteration_stats(samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, float]:
+def iteration_stats(samples_by_rank: Sequence[Sequence[float]]) -> dict[str, float]:
     """min / p10 / median / p90 / max of the per-iteration times (slowest rank per iteration), and
     spread = (p90 - p10) / median."""
     it = iteration_times(samples_by_rank)
@@ -91,7 +93,7 @@ def rs_bound_seconds(size: int, workers: int, reducers: int, gbps: float, wire: 
     return link_seconds(size * wire * rs_factor(workers, reducers), gbps)
 
 
-def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> Dict[str, Any]:
+def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]]) -> dict[str, Any]:
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
     algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
@@ -100,7 +102,7 @@ def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]])
 
 
 def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
-             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> Dict[str, Any]:
+             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> dict[str, Any]:
     row = {"algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
            "workers": workers, "reducers": reducers if uses_reducers(algo) else 0, "wrong": wrong}
     row.update(_timing(size, workers, samples_by_rank))
@@ -108,11 +110,11 @@ def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int
     return row
 
 
-def merge_passes(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+def merge_passes(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One row per (algo, size) from rows of several passes over the same sizes: each rank's samples
     of all passes together (time = slowest rank's median of them), #wrong and wall time summed, cpu%
     averaged; pass_time_us keeps each pass's own time, in run order."""
-    groups: Dict[Any, List[Dict[str, Any]]] = {}
+    groups: dict[Any, list[dict[str, Any]]] = {}
     for r in rows:
         groups.setdefault((r["algo"], r["size"]), []).append(r)
     out = []
@@ -130,7 +132,7 @@ def merge_passes(rows: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return out
 
 
-def bound_fraction(row: Dict[str, Any], emulate_gbps: float, reducers: int) -> float:
+def bound_fraction(row: dict[str, Any], emulate_gbps: float, reducers: int) -> float:
     """Link-rate bound / measured time for a row of an emulated run (1.0 = at the link rate).
     Bound = bytes per link / (TCP payload rate): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n,
     S halved for 16-bit wire data."""
@@ -145,18 +147,18 @@ TARGET_VS_RING = (64 << 10, 256 << 20)
 TARGET_BOUND = (4 << 20, 256 << 20, 0.95)
 
 
-def fmt_time(us: Optional[float]) -> str:
+def fmt_time(us: float | None) -> str:
     if us is None:
         return "-"
     return f"{us:.1f}" if us < 1e5 else f"{us:.0f}"
 
 
-def _fmt_cpu(p: Optional[float]) -> str:
+def _fmt_cpu(p: float | None) -> str:
     return "-" if p is None else f"{p:.0f}"
 
 
-def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reducers: int,
-                      error: Optional[str] = None, compression: Optional[str] = None) -> str:
+def format_algo_table(algo: str, rows: list[dict[str, Any]], workers: int, reducers: int,
+                      error: str | None = None, compression: str | None = None) -> str:
     title = ALGO_TITLES.get(algo, algo).format(workers=plural(workers, "worker"),
                                                reducers=plural(reducers, "reducer"))
     if compression:
@@ -174,13 +176,14 @@ def format_algo_table(algo: str, rows: List[Dict[str, Any]], workers: int, reduc
         out.append(f"# FAILED: {error}")
     if rows:
         avg = sum(r["busbw"] for r in rows) / len(rows)
-        out.append(f"# Out of bounds values : {sum(r['wrong'] for r in rows)} {'OK' if not any(r['wrong'] for r in rows) else 'FAILED'}")
+        wrong = sum(r["wrong"] for r in rows)
+        out.append(f"# Out of bounds values : {wrong} {'FAILED' if any(r['wrong'] for r in rows) else 'OK'}")
         out.append(f"# Avg bus bandwidth    : {avg:.3f} GB/s")
     return "\n".join(out)
 
 
-def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
-                   emulate_gbps: Optional[float] = None) -> str:
+def format_summary(rows: list[dict[str, Any]], workers: int, reducers: int,
+                   emulate_gbps: float | None = None) -> str:
     """The speed-up of rs per size. With emulated links, against the link theory (and %bound,
     targets); on loopback, where no link but the CPU limits the run, with the CPU use instead."""
     by = {(r["algo"], r["size"]): r for r in rows}
@@ -249,7 +252,7 @@ def format_summary(rows: List[Dict[str, Any]], workers: int, reducers: int,
     return "\n".join(lines)
 
 
-def _theory_notes(workers: int, theory: float, rsf: float, rs_wire: float, emulate_gbps: float) -> List[str]:
+def _theory_notes(workers: int, theory: float, rsf: float, rs_wire: float, emulate_gbps: float) -> list[str]:
     """What the emulated links predict: the theory, theory@R and %bound columns."""
     lines = [f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
              "reducers not the limit)"]
@@ -266,7 +269,7 @@ def _theory_notes(workers: int, theory: float, rsf: float, rs_wire: float, emula
     return lines
 
 
-def _loopback_notes(workers: int, reducers: int, rs_wire: float, cpu_of: str) -> List[str]:
+def _loopback_notes(workers: int, reducers: int, rs_wire: float, cpu_of: str) -> list[str]:
     """What limits a loopback run (docs/performance.md, "Loopback, no emulation (CPU-bound)")."""
     cores = os.cpu_count() or 1
     copies = bus_factor(workers) / 2 / rs_wire
@@ -282,8 +285,8 @@ def _loopback_notes(workers: int, reducers: int, rs_wire: float, cpu_of: str) ->
     ]
 
 
-def _target_cell(by: Dict[Any, Dict[str, Any]], size: int, check_ring: bool, check_bound: bool,
-                 emulate_gbps: Optional[float], reducers: int) -> str:
+def _target_cell(by: dict[Any, dict[str, Any]], size: int, check_ring: bool, check_bound: bool,
+                 emulate_gbps: float | None, reducers: int) -> str:
     rs = by.get(("rs", size))
     if rs is None:
         return "-"
@@ -307,14 +310,14 @@ def _size_name(n: int) -> str:
     return str(n)
 
 
-def verdicts(rows: List[Dict[str, Any]], reducers: int, emulate_gbps: Optional[float],
-             check_ring: bool = True) -> List[str]:
+def verdicts(rows: list[dict[str, Any]], reducers: int, emulate_gbps: float | None,
+             check_ring: bool = True) -> list[str]:
     """The target verdicts over one run's rows (one congestion control): one line each,
     'met' / 'NOT met' with the failing sizes, and which sizes of the range were not measured."""
     by = {(r["algo"], r["size"]): r for r in rows}
     out = []
 
-    def sizes_in(lo: int, hi: int) -> List[int]:
+    def sizes_in(lo: int, hi: int) -> list[int]:
         return sorted(s for (a, s) in by if a == "rs" and lo <= s <= hi)
 
     if check_ring:
@@ -334,7 +337,7 @@ def verdicts(rows: List[Dict[str, Any]], reducers: int, emulate_gbps: Optional[f
     return out
 
 
-def _verdict_line(what: str, sizes: List[int], bad: List[str], lo: int, hi: int, unit: str) -> str:
+def _verdict_line(what: str, sizes: list[int], bad: list[str], lo: int, hi: int, unit: str) -> str:
     if not sizes:
         return f"# verdict: {what}: not measured (no size in the range)"
     missing = []
@@ -349,7 +352,7 @@ def _verdict_line(what: str, sizes: List[int], bad: List[str], lo: int, hi: int,
     return f"# verdict: {what}: met at all {len(sizes)} sizes measured{tail}"
 
 
-def format_variance(rows: List[Dict[str, Any]]) -> str:
+def format_variance(rows: list[dict[str, Any]]) -> str:
     """Per size and algorithm, the per-iteration times (slowest rank per iteration): median and
     p10-p90, spread = (p90 - p10) / median, and min-max."""
     algos = [a for a in ALGO_ORDER if any(r["algo"] == a for r in rows)]
@@ -377,12 +380,10 @@ def _fmt_ms(ms: float) -> str:
     return f"{ms:.2f}" if ms < 10 else (f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}")
 
 
-def format_step_table(rows: List[Dict[str, Any]], title: str, width: int = 130) -> str:
+def format_step_table(rows: list[dict[str, Any]], title: str, width: int = 130) -> str:
     """Training steps (rows of reducer.bench.steps, finished) as a rich table, plus what rs hides."""
-    from io import StringIO
-
-    from rich.console import Console
-    from rich.table import Table
+    from rich.console import Console  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
+    from rich.table import Table  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     t = Table(title=title, title_justify="left", show_lines=False)
     for name, justify in (("algo", "left"), ("bucket cap", "right"), ("buckets", "right"), ("compute ms", "right"),
@@ -411,7 +412,7 @@ def format_step_table(rows: List[Dict[str, Any]], title: str, width: int = 130) 
     return "\n".join(lines)
 
 
-def write_json(path: str, rows: Iterable[Dict[str, Any]]) -> None:
+def write_json(path: str, rows: Iterable[dict[str, Any]]) -> None:
     with open(path, "w", encoding="utf-8") as f:
         json.dump(list(rows), f, indent=1)
         f.write("\n")

@@ -18,21 +18,31 @@ import platform
 import queue
 import time
 import uuid
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import control_ab, cpu_monitor, report, steps
-from .congestion import check_congestion, congestion_label, describe_congestion, use_congestion
+from ..fusion import compression_dtype
+from . import control_ab, cpu_monitor, emulate, plot, report, steps
+
 # re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
-from .congestion import DEFAULT_CONGESTION, kernel_congestion, parse_congestion  # noqa: F401
+from .congestion import (  # noqa: F401
+    DEFAULT_CONGESTION,
+    check_congestion,
+    congestion_label,
+    describe_congestion,
+    kernel_congestion,
+    parse_congestion,
+    use_congestion,
+)
 from .congestion import check_congestion as _check_congestion  # noqa: F401
+from .plot import _pyplot
 from .poller import DEFAULT_INTERVAL_S, merge_counts
-from .procs import BenchError, _EmulatedHosts, _LoopbackHosts, _Proc, _spawn, _wait_all
-from .procs import _PACKAGE_PARENT, _dead_peer  # noqa: F401 (re-exported, as the names above)
+from .procs import _PACKAGE_PARENT, BenchError, _dead_peer, _EmulatedHosts, _LoopbackHosts, _Proc, _spawn, _wait_all  # noqa: F401 (re-exported, as the names above)
 from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
@@ -46,31 +56,31 @@ EXTRA_ALGOS = ("gloo-bf16",)
 class BenchConfig:
     workers: int = 4
     reducers: int = 4
-    sizes: List[int] = field(default_factory=lambda: parse_sizes("4K:256M"))
+    sizes: list[int] = field(default_factory=lambda: parse_sizes("4K:256M"))
     dtype: str = "float32"
     op: str = "sum"
     iters: int = 10
     iters_bytes: int = 4 << 20               # and at least this many bytes of timed rounds per size
     warmup: int = 3
     warmup_bytes: int = 32 << 20             # and at least this many bytes of untimed rounds per size
-    algos: Optional[List[str]] = None        # None: every available one
-    emulate_gbps: Optional[float] = None
-    json_path: Optional[str] = None
-    plot_path: Optional[str] = None
+    algos: list[str] | None = None        # None: every available one
+    emulate_gbps: float | None = None
+    json_path: str | None = None
+    plot_path: str | None = None
     timeout: float = 60.0                    # per all-reduce, seconds without progress
     connect_timeout: float = 120.0
-    chunk_bytes: Optional[int] = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
-    compression: Optional[str] = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
+    chunk_bytes: int | None = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
+    compression: str | None = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
     netns_prefix: str = "rsb"
     # TCP congestion control(s) to run under, each a full pass over the algorithms: an algorithm name
     # ('cubic', 'bbr', ...) or 'default' (the kernel's). Emulated hosts: every connection of every
     # host (the namespaces' routes); always: rs's and the ring's sockets (RS_TCP_CONGESTION).
-    congestion: Optional[List[str]] = None
+    congestion: list[str] | None = None
     progress: bool = True
     cpu_warn_percent: float = 70.0
     # training steps (reducer.bench.steps): set `model` to measure steps instead of sizes
-    model: Optional[str] = None
-    bucket_cap_mb: List[float] = field(default_factory=lambda: [25.0])
+    model: str | None = None
+    bucket_cap_mb: list[float] = field(default_factory=lambda: [25.0])
     first_bucket_mb: float = 1.0             # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
     compute_ms: str = "0"                    # backward time(s), ms, comma list; 'gloo' = gloo's comm time
     scale: float = 1.0                       # shrink every tensor and bucket limit (tests)
@@ -80,7 +90,7 @@ class BenchConfig:
     ab_passes: int = 2                       # with ab: passes of each variant (A B B A for 2)
 
 
-def parse_sizes(text: str) -> List[int]:
+def parse_sizes(text: str) -> list[int]:
     """'4K:256M' (doubling from 4 KiB to 256 MiB), '4K:1M:4' (x4 steps), or a list '4K,64K,1M'."""
     text = text.strip()
     if ":" in text:
@@ -102,10 +112,10 @@ def parse_sizes(text: str) -> List[int]:
     return sizes
 
 
-def available_algos(steps: bool = False) -> Dict[str, Optional[str]]:
+def available_algos(steps: bool = False) -> dict[str, str | None]:
     """algo -> None if it can run here, else the reason it cannot. steps: the training-step
     algorithms, whose rs variants go through reducer.torch's DDP hooks."""
-    out: Dict[str, Optional[str]] = {"rs": None, "ring": None, "gloo": None, "gloo-bf16": None}
+    out: dict[str, str | None] = {"rs": None, "ring": None, "gloo": None, "gloo-bf16": None}
     if steps:
         out = {"rs": None, "rs+bf16": None, "ring": None, "gloo": None}
     if importlib.util.find_spec("torch") is None:
@@ -116,7 +126,7 @@ def available_algos(steps: bool = False) -> Dict[str, Optional[str]]:
     return out
 
 
-def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
+def wire_dtype(algo: str, cfg: BenchConfig) -> str | None:
     """The 16-bit type `algo` puts the float32 buffer on the wire as (None: the buffer's own)."""
     if algo == "gloo-bf16":
         return "bfloat16"
@@ -127,8 +137,6 @@ def wire_dtype(algo: str, cfg: BenchConfig) -> Optional[str]:
 
 def _check_compression(cfg: BenchConfig) -> BenchConfig:
     """cfg with compression normalised to None, 'bf16' or 'fp16'; ConfigError if it cannot apply."""
-    from ..fusion import compression_dtype
-
     wire = compression_dtype(cfg.compression)
     comp = None if wire is None else ("bf16" if wire == numpy_dtype("bfloat16") else "fp16")
     if comp and cfg.dtype != "float32":
@@ -152,7 +160,7 @@ def machine_description() -> str:
 
 
 # ------------------------------------------------------------------------ one algorithm
-RowMaker = Callable[[str, Any, List[Dict[str, Any]], float], Dict[str, Any]]
+RowMaker = Callable[[str, Any, list[dict[str, Any]], float], dict[str, Any]]
 
 
 class _Pass:
@@ -161,28 +169,28 @@ class _Pass:
     plane), the W measured ranks; `rows` collects the results as they stream in."""
 
     def __init__(self, algo: str, cfg: BenchConfig, hosts: Any, run_id: str,
-                 extra_env: Optional[Dict[str, str]]) -> None:
+                 extra_env: dict[str, str] | None) -> None:
         self.algo, self.cfg, self.hosts, self.run_id, self.extra_env = algo, cfg, hosts, run_id, extra_env
-        self.events: "queue.Queue" = queue.Queue()
-        self.procs: List[_Proc] = []  # every process started (stopped at the end), watched while waiting
-        self.rprocs: List[_Proc] = []
-        self.rready: Dict[_Proc, Dict[str, Any]] = {}
-        self.reducer_addrs: List[str] = []
-        self.poller: Optional[_Proc] = None
-        self.pready: Dict[_Proc, Dict[str, Any]] = {}
-        self.wprocs: List[_Proc] = []
-        self.ready: Dict[_Proc, Dict[str, Any]] = {}
-        self.rows: List[Dict[str, Any]] = []
+        self.events: queue.Queue = queue.Queue()
+        self.procs: list[_Proc] = []  # every process started (stopped at the end), watched while waiting
+        self.rprocs: list[_Proc] = []
+        self.rready: dict[_Proc, dict[str, Any]] = {}
+        self.reducer_addrs: list[str] = []
+        self.poller: _Proc | None = None
+        self.pready: dict[_Proc, dict[str, Any]] = {}
+        self.wprocs: list[_Proc] = []
+        self.ready: dict[_Proc, dict[str, Any]] = {}
+        self.rows: list[dict[str, Any]] = []
         self.t_rready = self.t_pready = self.t_ready = 0.0
 
     def _host(self, i: int) -> int:
         """Process i's host (workers 0..W-1, reducers W.., the poller W+R); all on one on loopback."""
         return i if self.hosts.emulated else 0
 
-    def _spawn(self, i: int, name: str, job: Dict[str, Any]) -> _Proc:
+    def _spawn(self, i: int, name: str, job: dict[str, Any]) -> _Proc:
         return _spawn(self.hosts, self._host(i), name, job, self.events, self.extra_env)
 
-    def _wait_started(self, procs: List[_Proc], event: str) -> Dict[_Proc, Dict[str, Any]]:
+    def _wait_started(self, procs: list[_Proc], event: str) -> dict[_Proc, dict[str, Any]]:
         return _wait_all(self.events, procs, event, self.cfg.connect_timeout, watch=self.procs)
 
     def start_reducers(self) -> None:
@@ -213,7 +221,7 @@ class _Pass:
         self.pready = self._wait_started([self.poller], "ready")
         self.t_pready = time.monotonic()
 
-    def start_workers(self, work: Dict[str, Any]) -> None:
+    def start_workers(self, work: dict[str, Any]) -> None:
         """The W ranks, handed `work`: each says where it listens, gets every rank's address and
         connects; returns once all are 'ready' (connected, not started)."""
         cfg, algo = self.cfg, self.algo
@@ -237,10 +245,10 @@ class _Pass:
         self.ready = self._wait_started(self.wprocs, "ready")
         self.t_ready = time.monotonic()
 
-    def flows(self) -> Optional[Dict[str, int]]:
+    def flows(self) -> dict[str, int] | None:
         """The congestion control of worker 0's (and reducer 0's) established connections, counted
         (emulated hosts only, else None)."""
-        flows: Optional[Dict[str, int]] = None
+        flows: dict[str, int] | None = None
         for h in ([0] + ([self.cfg.workers] if self.rprocs and self.hosts.emulated else [])):
             got = self.hosts.flow_congestion(h)
             if got is not None:
@@ -249,15 +257,15 @@ class _Pass:
                     flows[name] = flows.get(name, 0) + n
         return flows
 
-    def stream_results(self, make_row: RowMaker) -> Dict[_Proc, Dict[str, Any]]:
+    def stream_results(self, make_row: RowMaker) -> dict[_Proc, dict[str, Any]]:
         """Start the ranks and turn each result key's W messages into a row as they stream in;
         returns the ranks' 'done' messages, which come after their last result."""
         for p in self.wprocs:  # connected and looked at: go
             p.send({"start": True})
-        pending: Dict[Any, Dict[_Proc, Dict[str, Any]]] = {}
+        pending: dict[Any, dict[_Proc, dict[str, Any]]] = {}
         t_wall = time.monotonic()
 
-        def on_result(proc: _Proc, msg: Dict[str, Any]) -> None:
+        def on_result(proc: _Proc, msg: dict[str, Any]) -> None:
             nonlocal t_wall
             if msg.get("event") != "result":
                 return
@@ -272,7 +280,7 @@ class _Pass:
         return _wait_all(self.events, self.wprocs, "done", stall_timeout, on_other=on_result, watch=self.procs,
                          idle=True)
 
-    def collect_cpu(self, done: Dict[_Proc, Dict[str, Any]], polls: Optional[List[Dict[str, Any]]]) -> None:
+    def collect_cpu(self, done: dict[_Proc, dict[str, Any]], polls: list[dict[str, Any]] | None) -> None:
         """Stop the poller and the reducers and set every row's bench_cpu_percent (and reducer_cpu_s);
         the poller's counts are appended to `polls`."""
         wall = time.monotonic() - self.t_ready
@@ -305,9 +313,9 @@ class _Pass:
             p.kill()
 
 
-def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], make_row: RowMaker,
-              run_id: str, extra_env: Optional[Dict[str, str]] = None,
-              polls: Optional[List[Dict[str, Any]]] = None) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: dict[str, Any], make_row: RowMaker,
+              run_id: str, extra_env: dict[str, str] | None = None,
+              polls: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
     make_row(algo, key, messages in rank order, wall seconds). extra_env: added to every
@@ -334,8 +342,8 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: Dict[str, Any], mak
 
 
 # ------------------------------------------------------------------------ the run
-def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: Dict[str, Optional[str]],
-                  out: Callable[[str], None], default: Optional[Sequence[str]] = None) -> List[str]:
+def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: dict[str, str | None],
+                  out: Callable[[str], None], default: Sequence[str] | None = None) -> list[str]:
     """The algorithms asked for (--algos) or `default` (all candidates), minus those unavailable here."""
     if cfg.algos:
         unknown = [a for a in cfg.algos if a not in candidates]
@@ -357,7 +365,7 @@ def _size_row_maker(cfg: BenchConfig) -> RowMaker:
     esize = numpy_dtype(cfg.dtype).itemsize
     chunk = cfg.chunk_bytes or int(rs_config.get("chunk_bytes"))
 
-    def make(algo: str, size: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+    def make(algo: str, size: Any, msgs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
         return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
@@ -373,29 +381,29 @@ def _size_row_maker(cfg: BenchConfig) -> RowMaker:
     return make
 
 
-def run_sizes(algo: str, cfg: BenchConfig, hosts: Any, run_id: str) -> Tuple[List[Dict[str, Any]], Optional[str]]:
+def run_sizes(algo: str, cfg: BenchConfig, hosts: Any, run_id: str) -> tuple[list[dict[str, Any]], str | None]:
     """One algorithm over cfg.sizes on `hosts` (emulated or not): its rows and error, without the
     report (for benchmarks that compare something else against these baselines)."""
     return _run_algo(algo, cfg, hosts, {"sizes": list(cfg.sizes)}, _size_row_maker(cfg), run_id)
 
 
-_Key = Tuple[Optional[str], str]  # (congestion control, algorithm)
+_Key = tuple[str | None, str]  # (congestion control, algorithm)
 
 
 @dataclass
 class _RunSpec:
     """What a run does, once its configuration is checked (see _validate)."""
     cfg: BenchConfig
-    ccs: List[Optional[str]]         # a pass over the algorithms each; None: leave congestion control alone
-    algos: List[str]                 # what the tables show: with ab, rs+cp after rs
-    run_order: List[str]             # the passes over the sizes
-    sizes: List[int]
-    plan: Optional[steps.StepPlan]   # --model: training steps instead of sizes
+    ccs: list[str | None]         # a pass over the algorithms each; None: leave congestion control alone
+    algos: list[str]                 # what the tables show: with ab, rs+cp after rs
+    run_order: list[str]             # the passes over the sizes
+    sizes: list[int]
+    plan: steps.StepPlan | None   # --model: training steps instead of sizes
 
     def row_maker(self) -> RowMaker:
         return self.plan.make_row(self.cfg) if self.plan is not None else _size_row_maker(self.cfg)
 
-    def work_passes(self, all_rows: List[Dict[str, Any]]) -> Iterator[Tuple[str, Dict[str, Any], int]]:
+    def work_passes(self, all_rows: list[dict[str, Any]]) -> Iterator[tuple[str, dict[str, Any], int]]:
         """The passes of one congestion control, (algorithm, work, results expected): the model's
         steps (reading the run's rows as they grow), or every size in `run_order`."""
         if self.plan is not None:
@@ -408,13 +416,13 @@ class _RunSpec:
 class _Results:
     """What the passes produced, keyed by (congestion control, algorithm): each congestion
     control's passes are a run of their own."""
-    rows_by_cc: Dict[Optional[str], List[Dict[str, Any]]]
-    all_rows: List[Dict[str, Any]] = field(default_factory=list)  # in run order; steps.passes reads it
-    errors: Dict[_Key, Optional[str]] = field(default_factory=dict)
-    cpu_by_algo: Dict[_Key, List[Any]] = field(default_factory=dict)
-    polls_by_algo: Dict[_Key, List[Dict[str, Any]]] = field(default_factory=dict)
+    rows_by_cc: dict[str | None, list[dict[str, Any]]]
+    all_rows: list[dict[str, Any]] = field(default_factory=list)  # in run order; steps.passes reads it
+    errors: dict[_Key, str | None] = field(default_factory=dict)
+    cpu_by_algo: dict[_Key, list[Any]] = field(default_factory=dict)
+    polls_by_algo: dict[_Key, list[dict[str, Any]]] = field(default_factory=dict)
 
-    def add(self, key: _Key, rows: List[Dict[str, Any]], err: Optional[str], control_plane: str) -> None:
+    def add(self, key: _Key, rows: list[dict[str, Any]], err: str | None, control_plane: str) -> None:
         cc, algo = key
         if uses_reducers(algo):
             for r in rows:
@@ -426,7 +434,7 @@ class _Results:
             log.error("%s%s failed: %s", algo, "" if cc is None else f" ({cc})", err)
 
 
-def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> List[Dict[str, Any]]:
+def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> list[dict[str, Any]]:
     """Run the benchmark, print its tables with `out`, write JSON / plot; returns the rows.
 
     cfg.model set: training steps of that model (reducer.bench.steps); otherwise buffer sizes."""
@@ -463,16 +471,17 @@ def _validate(cfg: BenchConfig, out: Callable[[str], None]) -> _RunSpec:
     if cfg.iters < 1 or cfg.iters_bytes < 0 or cfg.warmup < 0 or cfg.warmup_bytes < 0:
         raise ConfigError("--iters must be >= 1, --iters-bytes, --warmup and --warmup-bytes >= 0")
     check_congestion(cfg.congestion)
-    ccs: List[Optional[str]] = list(cfg.congestion or [None])  # None: leave congestion control alone
+    ccs: list[str | None] = [*cfg.congestion] if cfg.congestion else [None]  # None: leave congestion control alone
     if cfg.model and len(ccs) > 1:
         raise ConfigError("--model runs one congestion control at a time: give --congestion one name")
     plan = None
-    sizes: List[int] = []
+    sizes: list[int] = []
     if cfg.model:
+        model = cfg.model
         if cfg.dtype != "float32":
             raise ConfigError("--model replays float32 gradients: --dtype must be float32")
         cfg = dataclasses.replace(cfg, op="avg")  # DDP averages
-        plan = steps.StepPlan(cfg.model, cfg.bucket_cap_mb, cfg.first_bucket_mb, cfg.compute_ms, cfg.scale)
+        plan = steps.StepPlan(model, cfg.bucket_cap_mb, cfg.first_bucket_mb, cfg.compute_ms, cfg.scale)
         algos = _choose_algos(cfg, steps.ALGOS, available_algos(steps=True), out)
         if plan.needs_gloo and "gloo" not in algos:
             raise ConfigError("--compute-ms gloo needs the gloo algorithm (and torch)")
@@ -486,13 +495,11 @@ def _validate(cfg: BenchConfig, out: Callable[[str], None]) -> _RunSpec:
     control_ab.check(cfg.control_plane, algos, cfg.model, cfg.ab_passes, cfg.poll_interval)
     run_order = control_ab.pass_order(algos, cfg.control_plane, cfg.ab_passes)
     if cfg.plot_path:
-        from .plot import _pyplot
-
         _pyplot()  # fail now, not after the run, when matplotlib is missing
     return _RunSpec(cfg, ccs, list(dict.fromkeys(run_order)), run_order, sizes, plan)
 
 
-def _background_load() -> Tuple[float, float]:
+def _background_load() -> tuple[float, float]:
     """The machine's CPU load over one second (percent of all cores) and its 1-minute load average."""
     b0 = cpu_monitor.read_cpu_times()
     time.sleep(1.0)
@@ -523,7 +530,8 @@ def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float,
     out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
         f"{load1:.2f}" + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
     out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
-        f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
+        f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) "
+        f"RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
     out(f"# TCP congestion control: {describe_congestion(spec.ccs, bool(cfg.emulate_gbps))}")
     cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
@@ -540,7 +548,6 @@ def _open_hosts(cfg: BenchConfig, n_hosts: int) -> Iterator[Any]:
     if not cfg.emulate_gbps:
         yield _LoopbackHosts()
         return
-    from . import emulate
 
     emu_ctx = None
     try:
@@ -582,9 +589,9 @@ def _run_passes(spec: _RunSpec, hosts: Any, run_id: str, res: _Results) -> None:
             prog.stop()
 
 
-def _pass_row_maker(make_row: RowMaker, cc: Optional[str], advance: Optional[Callable[[str], None]]) -> RowMaker:
+def _pass_row_maker(make_row: RowMaker, cc: str | None, advance: Callable[[str], None] | None) -> RowMaker:
     """make_row, each row marked with the pass's congestion control, the progress bar advanced."""
-    def row_and_progress(a: str, key: Any, msgs: List[Dict[str, Any]], wall: float) -> Dict[str, Any]:
+    def row_and_progress(a: str, key: Any, msgs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         row = make_row(a, key, msgs, wall)
         if cc is not None:
             row["congestion"] = congestion_label(cc)
@@ -606,12 +613,12 @@ def _report_steps(spec: _RunSpec, res: _Results, out: Callable[[str], None]) -> 
     out("")
     out(report.format_step_table(res.all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
                                                f"R={cfg.reducers}, {where_short}"))
-    for (cc, algo), err in res.errors.items():
+    for (_cc, algo), err in res.errors.items():
         if err:
             out(f"# {algo} FAILED: {err}")
 
 
-def _report_congestion(spec: _RunSpec, res: _Results, cc: Optional[str], out: Callable[[str], None]) -> None:
+def _report_congestion(spec: _RunSpec, res: _Results, cc: str | None, out: Callable[[str], None]) -> None:
     """The tables and notes of the passes under congestion control `cc` (several passes of an
     algorithm are merged into one row per size in res.rows_by_cc)."""
     cfg, sized = spec.cfg, spec.plan is None
@@ -647,8 +654,8 @@ def _report_congestion(spec: _RunSpec, res: _Results, cc: Optional[str], out: Ca
         _warn_cpu_bound(cfg, spec.algos, mine_rows, out)
 
 
-def _report_polls(spec: _RunSpec, polls_by_algo: Dict[_Key, List[Dict[str, Any]]], cc: Optional[str],
-                  rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+def _report_polls(spec: _RunSpec, polls_by_algo: dict[_Key, list[dict[str, Any]]], cc: str | None,
+                  rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
     """Each algorithm's poller counts, merged over its passes, into its rows (printed with --control-plane on)."""
     for algo in spec.algos:
         counts = polls_by_algo.get((cc, algo))
@@ -661,7 +668,7 @@ def _report_polls(spec: _RunSpec, polls_by_algo: Dict[_Key, List[Dict[str, Any]]
                 out(control_ab.format_polls(merged, spec.cfg.poll_interval, algo))
 
 
-def _report_algo_notes(algo: str, rows_a: List[Dict[str, Any]], mons: Optional[List[Any]],
+def _report_algo_notes(algo: str, rows_a: list[dict[str, Any]], mons: list[Any] | None,
                        out: Callable[[str], None]) -> None:
     """The machine's CPU during an algorithm's passes, and the congestion control of its connections."""
     mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
@@ -679,7 +686,7 @@ def _report_algo_notes(algo: str, rows_a: List[Dict[str, Any]], mons: Optional[L
             + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
 
 
-def _warn_cpu_bound(cfg: BenchConfig, algos: List[str], rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+def _warn_cpu_bound(cfg: BenchConfig, algos: list[str], rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
     """Emulated links: a warning where the machine's CPU, not the links, may have been the limit."""
     for algo in algos:
         hot = [r for r in rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
@@ -691,15 +698,13 @@ def _warn_cpu_bound(cfg: BenchConfig, algos: List[str], rows: List[Dict[str, Any
                 f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
 
 
-def _write_outputs(spec: _RunSpec, res: _Results, all_rows: List[Dict[str, Any]], out: Callable[[str], None]) -> None:
+def _write_outputs(spec: _RunSpec, res: _Results, all_rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
     """--json and --plot (sizes: one plot per congestion control)."""
     cfg = spec.cfg
     if cfg.json_path:
         report.write_json(cfg.json_path, all_rows)
         out(f"# wrote {len(all_rows)} rows to {cfg.json_path}")
     if cfg.plot_path and all_rows:
-        from . import plot
-
         if spec.plan is not None:
             plot.plot_steps(all_rows, cfg.plot_path, cfg.workers, cfg.reducers, cfg.emulate_gbps)
             out(f"# wrote plot {cfg.plot_path}")
@@ -715,9 +720,9 @@ def _suffixed(path: str, tag: str) -> str:
     return f"{root}-{tag}{ext}"
 
 
-def _mean_by_algo(rows: List[Dict[str, Any]], key: str) -> Dict[str, Optional[float]]:
+def _mean_by_algo(rows: list[dict[str, Any]], key: str) -> dict[str, float | None]:
     """The mean of rows[key] per algorithm (None where no row has it)."""
-    out: Dict[str, Optional[float]] = {}
+    out: dict[str, float | None] = {}
     for algo in dict.fromkeys(r["algo"] for r in rows):
         vals = [r[key] for r in rows if r["algo"] == algo and r.get(key) is not None]
         out[algo] = sum(vals) / len(vals) if vals else None
@@ -729,8 +734,8 @@ def _progress(cfg: BenchConfig):
     if not cfg.progress:
         return None, None
     try:
-        from rich.console import Console
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        from rich.console import Console  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
     except ImportError:
         return None, None
     prog = Progress(TextColumn("{task.description:<7}"), BarColumn(), MofNCompleteColumn(),

@@ -14,8 +14,9 @@ measured in this run with no compute (gloo runs first; the cases that need it fo
 from __future__ import annotations
 
 import math
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any
 
 from ..errors import ConfigError
 from . import report
@@ -33,9 +34,9 @@ class StepCase:
     bucket_cap_mb: float
     compute_ms: float
     compute_from: str  # "given", or "gloo": gloo's communication time for this bucket plan
-    buckets: List[Bucket]
+    buckets: list[Bucket]
 
-    def job(self) -> Dict[str, Any]:
+    def job(self) -> dict[str, Any]:
         return {"key": self.key, "counts": [b.count for b in self.buckets],
                 "release_s": release_times(self.buckets, self.compute_ms / 1e3)}
 
@@ -44,9 +45,9 @@ class StepCase:
         return f"cap {self.bucket_cap_mb:g} MiB, compute {self.compute_ms:.1f} ms"
 
 
-def parse_compute(text: str) -> List[Any]:
+def parse_compute(text: str) -> list[Any]:
     """'0', '0,120', '0,gloo' -> [0.0, 120.0] / [0.0, 'gloo'] (milliseconds)."""
-    out: List[Any] = []
+    out: list[Any] = []
     for part in (p.strip().lower() for p in str(text).split(",")):
         if not part:
             continue
@@ -87,7 +88,7 @@ class StepPlan:
         self.first_bucket_bytes = max(1, int(first_bucket_mb * MIB * scale))
         self.plans = {cap: plan_buckets(self.counts, ELEMENT_SIZE, max(1, int(cap * MIB * scale)),
                                         self.first_bucket_bytes) for cap in self.caps}
-        self.cases: Dict[int, StepCase] = {}
+        self.cases: dict[int, StepCase] = {}
 
     @property
     def needs_gloo(self) -> bool:
@@ -98,14 +99,14 @@ class StepPlan:
         self.cases[c.key] = c
         return c
 
-    def given_cases(self) -> List[StepCase]:
+    def given_cases(self) -> list[StepCase]:
         """Cases with a given backward time (0 included when 'gloo' needs gloo's communication time)."""
         given = [c for c in self.compute if c != GLOO]
         if self.needs_gloo and 0.0 not in given:
             given.insert(0, 0.0)
         return [self.case(cap, ms) for cap in self.caps for ms in given]
 
-    def gloo_cases(self, rows: Sequence[Dict[str, Any]]) -> List[StepCase]:
+    def gloo_cases(self, rows: Sequence[dict[str, Any]]) -> list[StepCase]:
         """One case per bucket plan whose backward time is gloo's zero-compute step time."""
         out = []
         for cap in self.caps:
@@ -115,7 +116,7 @@ class StepPlan:
                 out.append(self.case(cap, comm / 1e3, GLOO))
         return out
 
-    def describe(self) -> List[str]:
+    def describe(self) -> list[str]:
         info = MODELS[self.model]
         lines = [f"# model: {self.model}: {info.description}; {len(self.shapes)} tensors, {self.elements:,} "
                  f"float32 parameters = {self.nbytes / 1e6:.1f} MB of gradients per step"
@@ -127,14 +128,14 @@ class StepPlan:
                          + " ".join(f"{s / 1e6:.2f}" for s in sizes))
         return lines
 
-    def work(self, cases: Sequence[StepCase]) -> Dict[str, Any]:
+    def work(self, cases: Sequence[StepCase]) -> dict[str, Any]:
         """The part of a rank's job that describes these cases."""
         return {"steps": [c.job() for c in cases], "elements": self.elements}
 
     def make_row(self, cfg: Any) -> Any:
         """A runner RowMaker for step results."""
 
-        def row(algo: str, key: Any, msgs: List[Dict[str, Any]], wall_s: float) -> Dict[str, Any]:
+        def row(algo: str, key: Any, msgs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
             case = self.cases[int(key)]
             cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
             r = report.make_row(algo, self.nbytes, self.elements, "float32", "avg", cfg.workers, cfg.reducers,
@@ -154,7 +155,7 @@ class StepPlan:
         return row
 
 
-def passes(plan: StepPlan, algos: Sequence[str], rows: List[Dict[str, Any]]) -> Iterator[Tuple[str, List[StepCase]]]:
+def passes(plan: StepPlan, algos: Sequence[str], rows: list[dict[str, Any]]) -> Iterator[tuple[str, list[StepCase]]]:
     """(algorithm, cases) in run order. `rows` is the run's row list, read as it grows: with a
     backward time of 'gloo', gloo runs its given cases first and the cases derived from its
     communication time follow for every algorithm (gloo last)."""
@@ -171,11 +172,11 @@ def passes(plan: StepPlan, algos: Sequence[str], rows: List[Dict[str, Any]]) -> 
     yield GLOO, derived
 
 
-def finish(rows: List[Dict[str, Any]]) -> None:
+def finish(rows: list[dict[str, Any]]) -> None:
     """Add what compares rows: speed-up over gloo (same bucket plan and backward time) and, for a
     backward time > 0, how much of the algorithm's own communication (its step time with no
     compute, same bucket plan) stays exposed."""
-    def find(algo: str, cap: float, compute: float) -> Optional[Dict[str, Any]]:
+    def find(algo: str, cap: float, compute: float) -> dict[str, Any] | None:
         return next((r for r in rows if r["algo"] == algo and r["bucket_cap_mb"] == cap
                      and r["compute_ms"] == compute), None)
 
@@ -191,6 +192,6 @@ def finish(rows: List[Dict[str, Any]]) -> None:
             r["exposed_fraction"] = r["hidden_fraction"] = None
 
 
-def sort_key(r: Dict[str, Any]) -> Tuple[float, float, int]:
+def sort_key(r: dict[str, Any]) -> tuple[float, float, int]:
     order = {a: i for i, a in enumerate(ALGOS)}
     return (r["bucket_cap_mb"], r["compute_ms"], order.get(r["algo"], len(order)))

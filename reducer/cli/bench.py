@@ -3,11 +3,17 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Callable, TypeVar
+from collections.abc import Callable
+from typing import TypeVar
 
+from reducer.bench import BenchConfig, BenchError, parse_sizes
+from reducer.bench import run as run_bench
 from reducer.bench.models import MODELS
 from reducer.bench.poller import DEFAULT_INTERVAL_S
+from reducer.bench.runner import parse_congestion
+from reducer.config import parse_size
 from reducer.dtypes import OPS, SUPPORTED
+from reducer.errors import ConfigError
 
 T = TypeVar("T")
 
@@ -93,8 +99,6 @@ def register(subparsers) -> None:
 
 def size_flag(flag: str, text: str, parse: Callable[[str], T]) -> T:
     """parse(text), or a ConfigError that names the flag and says what a size looks like."""
-    from reducer.errors import ConfigError
-
     try:
         return parse(text)
     except (ConfigError, ValueError) as exc:
@@ -106,11 +110,6 @@ def size_flag(flag: str, text: str, parse: Callable[[str], T]) -> T:
 
 
 def config_from_args(args: argparse.Namespace):
-    from reducer.bench import BenchConfig, parse_sizes
-    from reducer.bench.runner import parse_congestion
-    from reducer.config import parse_size
-    from reducer.errors import ConfigError
-
     try:
         caps = [float(c) for c in args.bucket_cap_mb.split(",") if c.strip()]
     except ValueError:
@@ -124,16 +123,14 @@ def config_from_args(args: argparse.Namespace):
         emulate_gbps=args.emulate_gbps, json_path=args.json_path, plot_path=args.plot_path, timeout=args.timeout,
         chunk_bytes=size_flag("--ring-chunk-bytes", args.ring_chunk_bytes, parse_size) if args.ring_chunk_bytes
         else None,
-        netns_prefix=args.netns_prefix, compression=args.compression, progress=not args.no_progress and sys.stderr.isatty(),
+        netns_prefix=args.netns_prefix, compression=args.compression,
+        progress=not args.no_progress and sys.stderr.isatty(),
         model=args.model, bucket_cap_mb=caps, first_bucket_mb=args.first_bucket_mb, compute_ms=args.compute_ms,
         scale=args.scale, congestion=parse_congestion(args.congestion) if args.congestion else None,
         control_plane=args.control_plane, poll_interval=args.poll_interval_ms / 1e3, ab_passes=args.ab_passes)
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer.bench import BenchError, run as run_bench
-    from reducer.errors import ConfigError
-
     try:
         run_bench(config_from_args(args))
     except ConfigError as exc:

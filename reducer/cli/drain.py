@@ -14,10 +14,12 @@ import math
 import sys
 from typing import Any
 
+from reducer import config
+from reducer.cli.status import control_addresses
 from reducer.errors import ConfigError
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser("drain", help="drain reducers (stop accepting, finish rounds in flight) over gRPC",
                               description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
     p.add_argument("addresses", nargs="*", metavar="HOST:PORT",
@@ -32,9 +34,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: Any) -> int:
-    from reducer import config
-    from reducer.cli.status import control_addresses
-
     if not math.isfinite(args.timeout) or args.timeout < 0:
         print("reduction-server drain: error: --timeout must be a finite number of seconds >= 0", file=sys.stderr)
         return 2

@@ -13,7 +13,7 @@ from reducer import config
 from reducer.errors import ConfigError
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "job-token",
         help="print a worker credential that is valid for one job only",
@@ -28,7 +28,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer._native import core
+    from reducer._native import core  # noqa: PLC0415 (the C++ core: the CLI starts without it)
 
     try:
         secret = config.resolve_auth_token(None, args.auth_token_file)

@@ -5,9 +5,10 @@ import argparse
 import sys
 
 from reducer.errors import ConfigError
+from reducer.launch import launch
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "launch",
         help="run R reducers and W x L workers of COMMAND on this machine",
@@ -41,8 +42,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer.launch import launch
-
     try:
         return launch(args.command, workers=args.workers, reducers=args.reducers,
                       procs_per_worker=args.procs_per_worker, base_port=args.base_port, host=args.host,

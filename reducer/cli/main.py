@@ -10,11 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
-from typing import List, Optional
 
 from reducer import __version__
+from reducer.config import setup_logging
 
 # (name, module) in the order `--help` shows them.
 SUBCOMMANDS = [
@@ -52,9 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: Optional[List[str]] = None) -> int:
-    from reducer.config import setup_logging
-
+def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     setup_logging(args.log_level)

@@ -19,7 +19,6 @@ import os
 import shutil
 import sys
 from pathlib import Path
-from typing import Dict, List
 
 LIBRARY_NAME = "libnccl-net-reduction-server.so"
 PLUGIN_NAME = "reduction-server"  # NCCL_NET_PLUGIN: NCCL dlopens libnccl-net-<name>.so
@@ -38,7 +37,7 @@ def plugin_path() -> Path:
     return path
 
 
-def plugin_environment() -> Dict[str, str]:
+def plugin_environment() -> dict[str, str]:
     """NCCL's settings that load the plugin (from a directory on the loader's path) and enable CollNet."""
     return {"NCCL_NET_PLUGIN": PLUGIN_NAME, "NCCL_COLLNET_ENABLE": "1"}
 
@@ -49,7 +48,7 @@ def nccl_conf() -> str:
     return "".join(f"{k}={v}\n" for k, v in plugin_environment().items())
 
 
-def shell_exports(directory: Path) -> List[str]:
+def shell_exports(directory: Path) -> list[str]:
     """`export` lines for a POSIX shell: the loader's path first, then NCCL's settings."""
     lines = [f'export LD_LIBRARY_PATH="{directory}${{LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}}"']
     lines += [f"export {k}={v}" for k, v in plugin_environment().items()]
@@ -65,7 +64,7 @@ def _is_ours(path: Path) -> bool:
         return False
 
 
-def install(directory: Path) -> List[str]:
+def install(directory: Path) -> list[str]:
     """Copy the library to directory/libnccl-net-reduction-server.so and link libnccl-net.so to
     it (unless that name holds another plugin, which stays). Returns notes for the user."""
     directory.mkdir(parents=True, exist_ok=True)
@@ -73,7 +72,7 @@ def install(directory: Path) -> List[str]:
     tmp = directory / (LIBRARY_NAME + ".tmp")
     shutil.copy2(plugin_path(), tmp)
     tmp.replace(target)
-    notes: List[str] = []
+    notes: list[str] = []
     default = directory / DEFAULT_NAME
     if (default.exists() or default.is_symlink()) and not _is_ours(default):
         notes.append(f"{default} is another plugin: left as it is (NCCL_NET_PLUGIN={PLUGIN_NAME} selects this one)")
@@ -86,7 +85,7 @@ def install(directory: Path) -> List[str]:
     return notes
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "nccl-plugin",
         help="print the NCCL plugin library's path and the environment that enables it",
@@ -103,7 +102,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    notes: List[str] = []
+    notes: list[str] = []
     try:
         if args.install is not None:
             notes = install(args.install)

@@ -4,13 +4,19 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reducer.deploy.planner import (
+    DEFAULT_REDUCER_MACHINE,
+    REDUCER_CORE_GBPS,
+    REDUCER_DEFAULT_MAX_THREADS,
+    format_machine_table,
+    format_plan,
+    plan_reducers,
+)
 from reducer.errors import ConfigError
 
 
-def add_reducer_cpu_args(p: "argparse._ActionsContainer") -> None:
+def add_reducer_cpu_args(p: argparse._ActionsContainer) -> None:
     """--reducer-core-gbps / --reducer-threads: the CPU side of a reducer's bandwidth."""
-    from reducer.deploy.planner import REDUCER_CORE_GBPS, REDUCER_DEFAULT_MAX_THREADS
-
     p.add_argument("--reducer-core-gbps", type=float, default=None,
                    help=f"Gbit/s of worker data one reducer thread sums (default {REDUCER_CORE_GBPS:g}, "
                         "measured by benchmarks/bench_reducer_cpu.py; see docs/performance.md)")
@@ -19,9 +25,7 @@ def add_reducer_cpu_args(p: "argparse._ActionsContainer") -> None:
                         "for a machine of the table)")
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
-    from reducer.deploy.planner import DEFAULT_REDUCER_MACHINE
-
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "plan",
         help="size the reducer pool from the workers' network bandwidth",
@@ -33,7 +37,7 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.add_argument("--workers", type=int, required=True, help="number of worker machines (nodes)")
     p.add_argument("--worker-gbps", type=float, required=True,
                    help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100)")
-    group = p.add_argument_group("reducer bandwidth (default: %s)" % DEFAULT_REDUCER_MACHINE)
+    group = p.add_argument_group(f"reducer bandwidth (default: {DEFAULT_REDUCER_MACHINE})")
     group.add_argument("--reducer-machine", default=None,
                        help=f"reducer machine type from the table (default {DEFAULT_REDUCER_MACHINE})")
     group.add_argument("--reducer-gbps", type=float, default=None,
@@ -45,8 +49,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer.deploy.planner import format_machine_table, format_plan, plan_reducers
-
     try:
         plan = plan_reducers(args.workers, args.worker_gbps, reducer_machine=args.reducer_machine,
                              reducer_gbps=args.reducer_gbps, tier1=args.tier1,

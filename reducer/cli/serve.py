@@ -23,13 +23,17 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any
 
+from reducer import cluster, config
+from reducer.addresses import MAX_PORT, check_port, format_address
 from reducer.errors import ConfigError, ReductionError
 from reducer.wording import plural
 
@@ -40,7 +44,7 @@ DEFAULT_DRAIN_TIMEOUT = 10.0
 DEFAULT_STATS_INTERVAL = 60.0
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "serve",
         help="run a reducer node (Vertex AI workerPoolSpecs[2], a ps replica, or anywhere)",
@@ -83,8 +87,6 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
 
 
 def _port_arg(text: str) -> int:
-    from reducer import config
-
     try:
         value = config.SETTINGS["control_port"].parse(text)
     except ValueError as exc:
@@ -95,8 +97,6 @@ def _port_arg(text: str) -> int:
 
 
 def _size_arg(text: str) -> int:
-    from reducer import config
-
     try:
         return int(config.SETTINGS["max_memory_per_job"].parse(text))
     except ValueError as exc:
@@ -123,19 +123,16 @@ class ListenPlan:
     port: int
     origin: str                 # where the port came from, for the log
     cluster: Any = None         # reducer.cluster.ClusterInfo when a cluster description was read
-    warning: Optional[str] = None
+    warning: str | None = None
 
 
-def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
-                   env: Optional[Mapping[str, str]] = None) -> ListenPlan:
+def resolve_listen(host: str | None = None, port: int | None = None,
+                   env: Mapping[str, str] | None = None) -> ListenPlan:
     """Decide the address to bind from the flags, RS_HOST/RS_PORT and CLUSTER_SPEC/TF_CONFIG.
 
     Raises ConfigError when the cluster description is invalid or does not describe a reducer
     (only when the port has to come from it, i.e. without --port).
     """
-    from reducer import cluster, config
-    from reducer.addresses import check_port
-
     env = os.environ if env is None else env
     bind_host = config.get("host", host, env)
     has_cluster = bool(env.get("CLUSTER_SPEC", "").strip() or env.get("TF_CONFIG", "").strip())
@@ -170,7 +167,7 @@ def resolve_listen(host: Optional[str] = None, port: Optional[int] = None,
     return ListenPlan(bind_host, DEFAULT_PORT, "default (no CLUSTER_SPEC or TF_CONFIG)")
 
 
-def _short_list(addrs: List[str], limit: int = 6) -> str:
+def _short_list(addrs: list[str], limit: int = 6) -> str:
     if not addrs:
         return "(none)"
     if len(addrs) <= limit:
@@ -203,16 +200,13 @@ def _format_stats(stats: Mapping[str, Any]) -> str:
 @dataclass
 class SidePorts:
     """Where the control plane and the metrics listen (None = not at all)."""
-    control: Optional[int]
+    control: int | None
     control_is_default: bool     # data port + 1, chosen by us: a failed bind is only a warning
-    metrics: Optional[int]
+    metrics: int | None
 
 
-def resolve_side_ports(control: Optional[int], metrics: Optional[int], data_port: int) -> SidePorts:
+def resolve_side_ports(control: int | None, metrics: int | None, data_port: int) -> SidePorts:
     """--control-port / --metrics-port, else RS_CONTROL_PORT / RS_METRICS_PORT, else the defaults."""
-    from reducer import config
-    from reducer.addresses import MAX_PORT
-
     control = config.get("control_port", control)
     metrics = config.get("metrics_port", metrics)
     is_default = control is None
@@ -223,7 +217,7 @@ def resolve_side_ports(control: Optional[int], metrics: Optional[int], data_port
 
 
 def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecycle: Any,
-                token: Optional[str]) -> "tuple[Any, Any]":
+                token: str | None) -> tuple[Any, Any]:
     """Start the control plane and the metrics endpoint; raises OSError for a port asked for explicitly."""
     ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
     control = metrics = None
@@ -270,8 +264,6 @@ def _side_limits(server: Any, ports: SidePorts) -> Any:
 
 def _warn_unauthenticated(plan: ListenPlan, server: Any, control: Any, metrics: Any) -> None:
     """The startup WARNING of a reducer without a shared secret: every port it opened, and what is open."""
-    from reducer.addresses import format_address
-
     ports = [f"data port {format_address(plan.host, server.port)} (anyone may join any group)"]
     if control is not None:
         drain = ("anyone may Drain it: --allow-unauthenticated-drain" if control.service.allow_unauthenticated_drain
@@ -284,7 +276,7 @@ def _warn_unauthenticated(plan: ListenPlan, server: Any, control: Any, metrics: 
                 "; ".join(ports))
 
 
-def _serve_until_signalled(args: argparse.Namespace, server: Any, control: Any, signals: Dict[str, Any]) -> None:
+def _serve_until_signalled(args: argparse.Namespace, server: Any, control: Any, signals: dict[str, Any]) -> None:
     """Refresh the control plane's view (and log stats at DEBUG every --stats-interval) until a signal."""
     interval = args.stats_interval if args.stats_interval and args.stats_interval > 0 else None
     next_stats = time.monotonic() + interval if interval else None
@@ -317,10 +309,6 @@ def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, m
 
 
 def run(args: argparse.Namespace) -> int:
-    import math
-
-    from reducer import config
-
     if not math.isfinite(args.drain_timeout) or args.drain_timeout < 0:
         print("reduction-server serve: error: --drain-timeout must be a finite number >= 0", file=sys.stderr)
         return 2
@@ -339,9 +327,9 @@ def run(args: argparse.Namespace) -> int:
     else:
         log.info("no cluster description (CLUSTER_SPEC / TF_CONFIG): serving any worker that connects")
 
-    from reducer.server import ReducerServer
+    from reducer.server import ReducerServer  # noqa: PLC0415 (the C++ core: the CLI starts without it)
 
-    signals = {"count": 0, "name": ""}
+    signals: dict[str, Any] = {"count": 0, "name": ""}
 
     def on_signal(signum: int, _frame: Any) -> None:
         signals["count"] += 1

@@ -12,16 +12,18 @@ import json
 import os
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
+from reducer import cluster, config
 from reducer.errors import ConfigError
 
 DEFAULT_INTERVAL = 2.0
 DEFAULT_TIMEOUT = 5.0
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "status",
         help="show the reducers of a job and their groups (live in a terminal, else one snapshot)",
@@ -46,10 +48,8 @@ def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") 
     p.set_defaults(func=run)
 
 
-def control_addresses(addresses: Sequence[str], env: Optional[Mapping[str, str]] = None) -> List[str]:
+def control_addresses(addresses: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
     """The addresses given, else the reducers of the cluster description at their control ports."""
-    from reducer import cluster, config
-
     if addresses:
         for a in addresses:
             cluster.parse_address(a)   # ConfigError names the bad one
@@ -71,11 +71,11 @@ def control_addresses(addresses: Sequence[str], env: Optional[Mapping[str, str]]
     return out
 
 
-def snapshot(addresses: Sequence[str], timeout: float, token: Optional[str] = None) -> List[Dict[str, Any]]:
+def snapshot(addresses: Sequence[str], timeout: float, token: str | None = None) -> list[dict[str, Any]]:
     """GetStats of every reducer, in order: its answer, or {"address", "error"}."""
     from reducer.control.client import ControlClient, ControlError
 
-    def one(address: str) -> Dict[str, Any]:
+    def one(address: str) -> dict[str, Any]:
         try:
             with ControlClient(address, timeout=timeout, token=token) as client:
                 return dict(client.get_stats(), address=address)
@@ -99,7 +99,7 @@ def _age(seconds: Any) -> str:
     return f"{s}s"
 
 
-def group_ended(group: Mapping[str, Any], live_groups: Optional[int]) -> bool:
+def group_ended(group: Mapping[str, Any], live_groups: int | None) -> bool:
     """Whether a group row of GetStats is a group that has ended (no round can run in it any more).
 
     The reducer lists the last groups that ended next to its live ones. A row that says so
@@ -128,7 +128,7 @@ def no_answer_reason(error: str) -> str:
 def _table(title: str, columns: Sequence[str], left: int) -> Any:
     """A borderless table whose headers never shrink (values fold instead); the first `left`
     columns are text (left-aligned), the others numbers."""
-    from rich.table import Table
+    from rich.table import Table  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False,
                   header_style="bold")
@@ -141,8 +141,8 @@ def _table(title: str, columns: Sequence[str], left: int) -> Any:
 def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
     """The snapshot as tables that read at 80 columns: reducers, their traffic, live groups,
     ended groups (when any), and why a reducer gave no answer."""
-    from rich.console import Group
-    from rich.text import Text
+    from rich.console import Group  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
+    from rich.text import Text  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     top = _table("reducers", ("control", "data", "state", "up", "groups", "workers"), 3)
     traffic = _table("traffic", ("control", "rounds", "MB in", "MB out", "errors", "rejected", "memory MB"), 1)
@@ -150,7 +150,7 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
     ended = _table("ended groups (the last few each reducer keeps)",
                    ("reducer", "job/group", "world", "rounds", "MB in", "MB out", "ended"), 2)
     ended.columns[-1].justify = "left"
-    notes: List[Any] = []
+    notes: list[Any] = []
     for r in reducers:
         if "error" in r:
             top.add_row(r["address"], "-", "[red]no answer[/red]", "-", "-", "-")
@@ -175,7 +175,7 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
             ranks = f"{g['connected']}/{g['world_size']}"
             live.add_row(r["address"], name, ranks if g["complete"] else f"[yellow]{ranks}[/yellow]", *traffic_cells,
                          _age(g["age_s"]))
-    parts: List[Any] = [top, Text(""), traffic, Text(""), live]
+    parts: list[Any] = [top, Text(""), traffic, Text(""), live]
     if not live.row_count:
         parts.append(Text("(none)", style="dim"))
     if ended.row_count:
@@ -189,7 +189,6 @@ def run(args: argparse.Namespace) -> int:
     if args.interval <= 0 or args.timeout <= 0:
         print("reduction-server status: error: --interval and --timeout must be > 0", file=sys.stderr)
         return 2
-    from reducer import config
 
     try:
         addresses = control_addresses(args.addresses)
@@ -204,7 +203,7 @@ def run(args: argparse.Namespace) -> int:
         json.dump({"reducers": reducers}, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return status
-    from rich.console import Console
+    from rich.console import Console  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     console = Console()
     if args.once or not console.is_terminal:  # piped or redirected: one snapshot, like `kubectl get`
@@ -213,10 +212,10 @@ def run(args: argparse.Namespace) -> int:
     return _live(console, addresses, args, reducers, token)
 
 
-def _live(console: Any, addresses: Sequence[str], args: argparse.Namespace, reducers: List[Dict[str, Any]],
-          token: Optional[str]) -> int:
+def _live(console: Any, addresses: Sequence[str], args: argparse.Namespace, reducers: list[dict[str, Any]],
+          token: str | None) -> int:
     """The table refreshed every --interval seconds until Ctrl-C (a terminal only)."""
-    from rich.live import Live
+    from rich.live import Live  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     try:
         with Live(render(reducers), console=console, auto_refresh=False) as live:

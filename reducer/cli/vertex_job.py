@@ -4,12 +4,14 @@ from __future__ import annotations
 import argparse
 import shlex
 import sys
+
 from reducer.cli.plan import add_reducer_cpu_args
 from reducer.deploy.planner import DEFAULT_REDUCER_MACHINE
+from reducer.deploy.vertex import build_custom_job, gcloud_command, render_spec
 from reducer.errors import ConfigError
 
 
-def register(subparsers: "argparse._SubParsersAction[argparse.ArgumentParser]") -> None:
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     p = subparsers.add_parser(
         "vertex-job",
         help="write a Vertex AI CustomJob spec (workers + reducer pool) for gcloud",
@@ -75,8 +77,6 @@ def _command_line(args: argparse.Namespace) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer.deploy.vertex import build_custom_job, gcloud_command, render_spec
-
     try:
         job = build_custom_job(
             workers=args.workers, machine_type=args.machine_type, image=args.image,

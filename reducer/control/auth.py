@@ -17,7 +17,7 @@ import struct
 import threading
 import time
 from collections import OrderedDict
-from typing import Callable, Optional
+from collections.abc import Callable
 
 LABEL = b"reduction_server.v1.Drain\x00"
 STATS_LABEL = b"reduction_server.v1.GetStats\x00"
@@ -43,7 +43,7 @@ class NonceBook:
     def __init__(self, ttl: float = NONCE_TTL, limit: int = MAX_NONCES) -> None:
         self.ttl = ttl
         self.limit = limit
-        self._issued: "OrderedDict[bytes, float]" = OrderedDict()
+        self._issued: OrderedDict[bytes, float] = OrderedDict()
         self._lock = threading.Lock()
 
     def issue(self) -> bytes:
@@ -70,7 +70,7 @@ class NonceBook:
             del self._issued[nonce]
 
 
-def check_drain(token: Optional[str], book: NonceBook, nonce: bytes, mac: bytes, timeout_s: float) -> Optional[str]:
+def check_drain(token: str | None, book: NonceBook, nonce: bytes, mac: bytes, timeout_s: float) -> str | None:
     """None if the Drain request proves the token (or there is no token), else why not (for the
     UNAUTHENTICATED status). Whether a reducer without a token takes Drain at all is the
     service's decision (--allow-unauthenticated-drain)."""
@@ -79,14 +79,14 @@ def check_drain(token: Optional[str], book: NonceBook, nonce: bytes, mac: bytes,
     return _check("Drain", book, nonce, mac, lambda n: drain_mac(token, n, timeout_s))
 
 
-def check_stats(token: Optional[str], book: NonceBook, nonce: bytes, mac: bytes) -> Optional[str]:
+def check_stats(token: str | None, book: NonceBook, nonce: bytes, mac: bytes) -> str | None:
     """None if the GetStats request proves the token (or there is no token), else why not."""
     if not token:
         return None
     return _check("GetStats", book, nonce, mac, lambda n: stats_mac(token, n))
 
 
-def _check(rpc: str, book: NonceBook, nonce: bytes, mac: bytes, expected: Callable[[bytes], bytes]) -> Optional[str]:
+def _check(rpc: str, book: NonceBook, nonce: bytes, mac: bytes, expected: Callable[[bytes], bytes]) -> str | None:
     if not nonce or not mac:
         return (f"this reducer requires authentication: {rpc} needs a nonce from Challenge and its HMAC "
                 "(the reducer's shared secret: --auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE)")

@@ -10,7 +10,7 @@ HMAC, reducer.control.auth): pass `token` to the client or to the call.
 """
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 from google.protobuf.json_format import MessageToDict
 
@@ -36,7 +36,7 @@ class ControlError(RuntimeError):
 
 
 class ControlClient:
-    def __init__(self, address: str, timeout: float = 5.0, token: Optional[str] = None) -> None:
+    def __init__(self, address: str, timeout: float = 5.0, token: str | None = None) -> None:
         self.address = address
         self.timeout = float(timeout)
         self.token = token or None
@@ -44,7 +44,7 @@ class ControlClient:
         self._health = health_pb2_grpc.HealthStub(self._channel)
         self._reducer = reducer_pb2_grpc.ReducerStub(self._channel)
 
-    def _call(self, rpc: str, method: Any, request: Any, timeout: Optional[float] = None) -> Any:
+    def _call(self, rpc: str, method: Any, request: Any, timeout: float | None = None) -> Any:
         try:
             return method(request, timeout=self.timeout if timeout is None else timeout)
         except grpc.RpcError as exc:
@@ -58,7 +58,7 @@ class ControlClient:
     def _nonce(self) -> bytes:
         return self._call("Challenge", self._reducer.Challenge, reducer_pb2.ChallengeRequest()).nonce
 
-    def get_stats(self, token: Optional[str] = None) -> Dict[str, Any]:
+    def get_stats(self, token: str | None = None) -> dict[str, Any]:
         """GetStatsResponse as a dict (proto field names; integers stay integers). With a token (this
         call's, else the client's), proves it; a reducer that has one refuses without (UNAUTHENTICATED)."""
         token = token or self.token
@@ -74,8 +74,8 @@ class ControlClient:
                               bytes_sent=int(g["bytes_sent"])) for g in out["groups"]]
         return out
 
-    def drain(self, timeout_s: float = 0.0, wait: bool = False, token: Optional[str] = None,
-              rpc_timeout: Optional[float] = None) -> Dict[str, Any]:
+    def drain(self, timeout_s: float = 0.0, wait: bool = False, token: str | None = None,
+              rpc_timeout: float | None = None) -> dict[str, Any]:
         """Ask the reducer to drain (timeout_s 0 = its own --drain-timeout). With a token (this call's,
         else the client's), proves it with the Challenge nonce; without, a reducer that has a token
         refuses (UNAUTHENTICATED), one without refuses unless it allows unauthenticated drains
@@ -96,7 +96,7 @@ class ControlClient:
     def close(self) -> None:
         self._channel.close()
 
-    def __enter__(self) -> "ControlClient":
+    def __enter__(self) -> ControlClient:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -19,7 +19,9 @@ import selectors
 import socket
 import threading
 import time
-from typing import Any, Dict, Optional, Tuple
+from typing import Any
+
+from reducer.addresses import format_address
 
 from .limits import BLOCK_S, MAX_TRACKED_PEERS, ConnectionTable, LogThrottle, grpc_peer_host, peer_key
 
@@ -34,8 +36,6 @@ _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
 def listen_socket(host: str, port: int, backlog: int = 64) -> socket.socket:
     """A non-blocking listening TCP socket on host:port (port 0 = any free port); OSError if not."""
-    from reducer.addresses import format_address
-
     try:
         family, kind, proto, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
                                                           flags=socket.AI_PASSIVE)[0]
@@ -77,7 +77,7 @@ class SelectorFront:
         self.first_bytes_s = float(first_bytes_s)
         self.listener = listen_socket(host, port)
         self.sel = selectors.DefaultSelector()
-        self.conns: Dict[int, Conn] = {}
+        self.conns: dict[int, Conn] = {}
         self.refused = 0
         self.timed_out = 0
         self._wake_r, self._wake_w = socket.socketpair()
@@ -91,13 +91,13 @@ class SelectorFront:
         self._thread = threading.Thread(target=self._run, name=f"rs-{self.kind}", daemon=True)
         self._refusals = LogThrottle(log)
         self._blocks = LogThrottle(log)
-        self._blocked: Dict[str, float] = {}   # peer key -> until (monotonic)
+        self._blocked: dict[str, float] = {}   # peer key -> until (monotonic)
 
     @property
     def port(self) -> int:
         return int(self.listener.getsockname()[1])
 
-    def start(self) -> "SelectorFront":
+    def start(self) -> SelectorFront:
         self._thread.start()
         return self
 
@@ -214,7 +214,7 @@ class SelectorFront:
                 self.timed_out += 1
                 self.close_conn(conn, why)
 
-    def _expired(self, conn: Conn, now: float) -> Optional[str]:
+    def _expired(self, conn: Conn, now: float) -> str | None:
         if not conn.got_first and now - conn.opened > self.first_bytes_s:
             return f"sent nothing for {self.first_bytes_s:g}s"
         return None
@@ -291,12 +291,12 @@ class ControlFront(SelectorFront):
 
     kind = "control"
 
-    def __init__(self, host: str, port: int, table: ConnectionTable, upstream: Tuple[str, int],
+    def __init__(self, host: str, port: int, table: ConnectionTable, upstream: tuple[str, int],
                  first_bytes_s: float = FIRST_BYTES_S, idle_s: float = IDLE_S) -> None:
         super().__init__(host, port, table, first_bytes_s)
         self.upstream = upstream
         self.idle_s = float(idle_s)
-        self._peers: Dict[int, str] = {}   # local port of an upstream connection -> the client's peer key
+        self._peers: dict[int, str] = {}   # local port of an upstream connection -> the client's peer key
 
     def real_peer(self, grpc_peer: str) -> str:
         """The peer key of the client behind an RPC the internal server got (context.peer())."""
@@ -321,14 +321,14 @@ class ControlFront(SelectorFront):
         self._update(pipe)
 
     def _closing(self, conn: Conn) -> None:
-        pipe: Optional[_Pipe] = conn.data
+        pipe: _Pipe | None = conn.data
         if pipe is None:
             return
         self._peers.pop(pipe.local_port, None)
         _unregister(self.sel, pipe.up)
         pipe.up.close()
 
-    def _expired(self, conn: Conn, now: float) -> Optional[str]:
+    def _expired(self, conn: Conn, now: float) -> str | None:
         why = super()._expired(conn, now)
         if why is None and now - conn.last_in > self.idle_s:
             why = f"no byte from the client for {self.idle_s:g}s"

@@ -14,8 +14,8 @@ import logging
 import selectors
 import socket
 import threading
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from typing import Callable, Optional, Tuple
 
 from .front import FIRST_BYTES_S, Conn, SelectorFront
 from .limits import ConnectionTable, LogThrottle, PeerRateLimiter
@@ -26,7 +26,7 @@ MAX_REQUEST_BYTES = 8192      # request line and headers
 WRITE_TIMEOUT_S = 10.0        # to send one answer
 DEFAULT_WORKERS = 2
 
-Render = Callable[[str], Tuple[bytes, str]]
+Render = Callable[[str], tuple[bytes, str]]
 
 _REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed", 429: "Too Many Requests",
             431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
@@ -40,7 +40,7 @@ def response(status: int, body: bytes, content_type: str = "text/plain; charset=
     return lines.encode("ascii") + (b"" if head else body)
 
 
-def parse_head(raw: bytes) -> Tuple[str, str, str]:
+def parse_head(raw: bytes) -> tuple[str, str, str]:
     """(method, path, Accept header) of a request head; ValueError if it is not one."""
     lines = raw.decode("latin-1").split("\r\n")
     parts = lines[0].split(" ")
@@ -60,7 +60,7 @@ class MetricsServer(SelectorFront):
     kind = "metrics"
 
     def __init__(self, host: str, port: int, render: Render, table: ConnectionTable,
-                 limiter: Optional[PeerRateLimiter] = None, workers: int = DEFAULT_WORKERS,
+                 limiter: PeerRateLimiter | None = None, workers: int = DEFAULT_WORKERS,
                  request_timeout: float = FIRST_BYTES_S) -> None:
         super().__init__(host, port, table, request_timeout)
         self.render = render
@@ -79,7 +79,7 @@ class MetricsServer(SelectorFront):
         conn.data = bytearray()
         self.sel.register(conn.sock, selectors.EVENT_READ, conn)
 
-    def _expired(self, conn: Conn, now: float) -> Optional[str]:
+    def _expired(self, conn: Conn, now: float) -> str | None:
         # The whole request head must arrive in time, not just its first bytes.
         if now - conn.opened > self.first_bytes_s:
             return f"no complete request within {self.first_bytes_s:g}s"

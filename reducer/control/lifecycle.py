@@ -9,7 +9,8 @@ import logging
 import math
 import threading
 import time
-from typing import Any, Callable, List, Optional
+from collections.abc import Callable
+from typing import Any
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +40,7 @@ class Lifecycle:
         self._reason = ""
         self._lock = threading.RLock()   # held while listeners run: they see the changes in order
         self._done = threading.Event()
-        self._listeners: List[Listener] = []
+        self._listeners: list[Listener] = []
 
     @property
     def state(self) -> str:
@@ -60,7 +61,7 @@ class Lifecycle:
             self._listeners.append(listener)
             listener(self._state)
 
-    def drain(self, timeout: Optional[float] = None, reason: str = "") -> bool:
+    def drain(self, timeout: float | None = None, reason: str = "") -> bool:
         """Start draining (timeout: seconds for rounds in flight, None = the default).
 
         Returns False when a drain had already started (the first one's timeout holds).
@@ -77,7 +78,7 @@ class Lifecycle:
         threading.Thread(target=self._run, args=(seconds,), name="rs-drain", daemon=True).start()
         return True
 
-    def wait(self, timeout: Optional[float] = None) -> bool:
+    def wait(self, timeout: float | None = None) -> bool:
         """True once the data plane has stopped (False if `timeout` seconds passed first)."""
         return self._done.wait(timeout)
 

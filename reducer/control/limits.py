@@ -14,11 +14,16 @@ from __future__ import annotations
 
 import ipaddress
 import logging
+import resource
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Any
+
+from reducer import config
+from reducer.errors import ConfigError
 
 Clock = Callable[[], float]
 
@@ -53,7 +58,7 @@ def peer_key(host: str) -> str:
     return str(ip)
 
 
-def grpc_peer_host(peer: str) -> Tuple[str, Optional[int]]:
+def grpc_peer_host(peer: str) -> tuple[str, int | None]:
     """grpc's context.peer() ("ipv4:10.0.0.1:5000", "ipv6:[::1]:5000", "unix:/x") -> (host, port)."""
     kind, _, rest = peer.partition(":")
     if kind in ("ipv4", "ipv6"):
@@ -76,8 +81,8 @@ class PeerRateLimiter:
     full, which only helps a peer that was quiet).
     """
 
-    def __init__(self, rate: float, burst: Optional[float] = None, max_peers: int = MAX_TRACKED_PEERS,
-                 clock: Clock = time.monotonic, block_after: Optional[int] = None) -> None:
+    def __init__(self, rate: float, burst: float | None = None, max_peers: int = MAX_TRACKED_PEERS,
+                 clock: Clock = time.monotonic, block_after: int | None = None) -> None:
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(1.0, self.rate))
         self.block_after = int(block_after if block_after is not None else max(20, 2 * self.burst))
@@ -85,7 +90,7 @@ class PeerRateLimiter:
         self.clock = clock
         self.refused = 0
         # key -> [tokens, when, start of the refusal window, refusals in it]
-        self._buckets: "OrderedDict[str, List[float]]" = OrderedDict()
+        self._buckets: OrderedDict[str, list[float]] = OrderedDict()
         self._lock = threading.Lock()
 
     def allow(self, key: str) -> bool:
@@ -130,7 +135,7 @@ class _Entry:
 class Admission:
     ok: bool
     conn_id: int = 0            # the new connection's id when ok
-    evict: Optional[int] = None  # a connection to close first, to make room
+    evict: int | None = None  # a connection to close first, to make room
     why: str = ""               # why not, when refused
 
 
@@ -151,8 +156,8 @@ class ConnectionTable:
         self.clock = clock
         self.refused = 0
         self.evicted = 0
-        self._entries: Dict[int, _Entry] = {}
-        self._per_peer: Dict[str, int] = {}
+        self._entries: dict[int, _Entry] = {}
+        self._per_peer: dict[str, int] = {}
         self._next_id = 1
         self._lock = threading.Lock()
 
@@ -182,7 +187,7 @@ class ConnectionTable:
             self._per_peer[peer] = mine + 1
             return Admission(True, conn_id, victim)
 
-    def _victim(self, newcomer_count: int) -> Optional[int]:
+    def _victim(self, newcomer_count: int) -> int | None:
         heaviest = max(self._per_peer.items(), key=lambda kv: kv[1], default=("", 0))
         if heaviest[1] <= newcomer_count:
             return None
@@ -217,10 +222,10 @@ class SideLimits:
     metrics_connections: int = DEFAULT_MAX_CONNECTIONS
     per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
     rate: float = DEFAULT_RATE          # requests per second per peer key (0 = no limit), each port
-    budget_fds: Optional[int] = None    # descriptors left to the two ports (None: not derived)
+    budget_fds: int | None = None    # descriptors left to the two ports (None: not derived)
 
 
-def side_limits(nofile: Optional[int], data_max_connections: Optional[int],
+def side_limits(nofile: int | None, data_max_connections: int | None,
                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
                 per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER, rate: float = DEFAULT_RATE) -> SideLimits:
     """The caps of both ports: at most `max_connections` each, and together within the descriptors
@@ -243,9 +248,6 @@ def configured_limits(server: Any = None) -> SideLimits:
     """side_limits() from the settings (RS_CONTROL_MAX_CONNECTIONS, RS_CONTROL_MAX_CONNECTIONS_PER_PEER,
     RS_CONTROL_RATE), this process's descriptor limit and the data plane's max_connections of
     `server` (a started ReducerServer; without one, the descriptors are not counted)."""
-    from reducer import config
-    from reducer.errors import ConfigError
-
     data_max = None
     if server is not None:
         try:
@@ -259,11 +261,9 @@ def configured_limits(server: Any = None) -> SideLimits:
         raise ConfigError(f"control-plane limits: {exc}") from None
 
 
-def nofile_limit() -> Optional[int]:
+def nofile_limit() -> int | None:
     """The soft RLIMIT_NOFILE of this process (None when unlimited or unknown)."""
     try:
-        import resource
-
         soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     except (ImportError, OSError, ValueError):
         return None

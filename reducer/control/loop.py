@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from typing import Any, Awaitable, Optional
+from collections.abc import Awaitable
+from typing import Any
 
 from . import import_grpc
 
 _lock = threading.Lock()
-_loop: Optional[asyncio.AbstractEventLoop] = None
+_loop: asyncio.AbstractEventLoop | None = None
 
 
 def shared_loop() -> asyncio.AbstractEventLoop:

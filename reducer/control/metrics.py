@@ -11,39 +11,46 @@ server (docs/security.md, "Control port and metrics port").
 from __future__ import annotations
 
 import re
-from typing import Any, Dict, Iterator, Optional, Tuple
+from collections.abc import Iterator
+from typing import Any
+
+from reducer import config
+from reducer.addresses import connect_host, format_address
 
 from . import import_prometheus
+from .http import MetricsServer
 from .lifecycle import STATES, Lifecycle
-from .limits import SideLimits
+from .limits import ConnectionTable, PeerRateLimiter, SideLimits, configured_limits
 from .rows import group_rows
 
 prometheus_client = import_prometheus()
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily  # noqa: E402
+from prometheus_client.exposition import choose_encoder  # noqa: E402
 from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E402
 
 PREFIX = "reduction_server"
 
 # stats() key -> (metric name without prefix, help). Counters only grow while the process lives.
-COUNTERS: Dict[str, Tuple[str, str]] = {
+COUNTERS: dict[str, tuple[str, str]] = {
     "bytes_received": ("received_bytes", "Bytes received from workers (all groups, all streams)."),
     "bytes_sent": ("sent_bytes", "Bytes sent to workers (all groups, all streams)."),
     "rounds_completed": ("rounds", "All-reduce rounds completed (all groups)."),
     "chunks_reduced": ("chunks_reduced", "Pipeline chunks reduced (all groups)."),
 }
 # stats() key -> cause label of reduction_server_errors_total.
-ERRORS: Dict[str, str] = {
+ERRORS: dict[str, str] = {
     "errors": "connection",            # a data connection closed because of an error
     "rejected": "handshake_rejected",  # a handshake refused: auth, version, conflicts, garbage
 }
-GAUGES: Dict[str, Tuple[str, str]] = {
+GAUGES: dict[str, tuple[str, str]] = {
     "connections": ("connections", "Open data connections (after the handshake)."),
     "connected_workers": ("workers_connected", "Workers connected (stream-0 connections: one per worker process)."),
     "groups": ("groups", "Live groups (job, group) with members."),
     "memory_bytes": ("memory_bytes", "Memory held by the groups' reduction buffers (arenas)."),
-    "chunks_in_flight": ("chunks_in_flight", "Chunk slots claimed and not yet released: the reducer's chunk queue depth."),
+    "chunks_in_flight": ("chunks_in_flight",
+                         "Chunk slots claimed and not yet released: the reducer's chunk queue depth."),
 }
-HISTOGRAMS: Dict[str, Tuple[str, str]] = {
+HISTOGRAMS: dict[str, tuple[str, str]] = {
     "round_latency_seconds": ("round_latency_seconds",
                               "Round latency on the reducer: first chunk claimed to last result written (stream 0)."),
 }
@@ -58,7 +65,7 @@ def _name(suffix: str) -> str:
     return f"{PREFIX}_{suffix}"
 
 
-def _other_key(key: str) -> Optional[str]:
+def _other_key(key: str) -> str | None:
     """The metric suffix of a stats() key this module does not know (None: not exportable)."""
     suffix = re.sub(r"[^a-zA-Z0-9_]", "_", str(key))
     taken = _OWN | {s for s, _ in COUNTERS.values()} | {s for s, _ in GAUGES.values()}
@@ -70,9 +77,7 @@ class ReducerCollector(Collector):
 
     max_groups: groups with their own series (default RS_METRICS_GROUPS, else 100; 0 = none)."""
 
-    def __init__(self, server: Any, lifecycle: Optional[Lifecycle] = None, max_groups: Optional[int] = None) -> None:
-        from reducer import config
-
+    def __init__(self, server: Any, lifecycle: Lifecycle | None = None, max_groups: int | None = None) -> None:
         self.server = server
         self.lifecycle = lifecycle
         self.max_groups = int(config.get("metrics_groups", max_groups))
@@ -97,17 +102,17 @@ class ReducerCollector(Collector):
                 yield _histogram(_name(suffix), text, stats[key])
         known = set(COUNTERS) | set(ERRORS) | set(GAUGES) | set(HISTOGRAMS)
         for key, value in stats.items():
-            suffix = None if key in known else _other_key(key)
-            if suffix is None:
+            other = None if key in known else _other_key(key)
+            if other is None:
                 continue
             if isinstance(value, dict):
-                family = GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}] entries.", labels=["name"])
+                family = GaugeMetricFamily(_name(other), f"ReducerServer.stats()[{key!r}] entries.", labels=["name"])
                 for sub, v in value.items():
                     if isinstance(v, (int, float)):
                         family.add_metric([str(sub)], float(v))
                 yield family
             elif isinstance(value, (int, float)):
-                yield GaugeMetricFamily(_name(suffix), f"ReducerServer.stats()[{key!r}].", value=float(value))
+                yield GaugeMetricFamily(_name(other), f"ReducerServer.stats()[{key!r}].", value=float(value))
         yield from self._groups()
         if self.lifecycle is not None:
             state = GaugeMetricFamily(_name("state"), "1 for the reducer's current state (serving, draining, drained).",
@@ -149,7 +154,7 @@ class ReducerCollector(Collector):
         yield from (world, connected, rounds, received, sent, age, failed, omitted)
 
 
-def _histogram(name: str, text: str, h: Dict[str, Any]) -> Any:
+def _histogram(name: str, text: str, h: dict[str, Any]) -> Any:
     """A Prometheus histogram from the core's per-bucket counts (bounds[i] = upper bound of counts[i];
     the last count is above the last bound)."""
     buckets, total = [], 0
@@ -159,7 +164,7 @@ def _histogram(name: str, text: str, h: Dict[str, Any]) -> Any:
     return HistogramMetricFamily(name, text, buckets=buckets, sum_value=float(h["sum"]))
 
 
-def reducer_registry(server: Any, lifecycle: Optional[Lifecycle] = None, max_groups: Optional[int] = None) -> Any:
+def reducer_registry(server: Any, lifecycle: Lifecycle | None = None, max_groups: int | None = None) -> Any:
     """A registry holding only this reducer's metrics (plus the process metrics of this process)."""
     registry = CollectorRegistry()
     registry.register(ReducerCollector(server, lifecycle, max_groups))
@@ -171,19 +176,14 @@ class MetricsEndpoint:
     """Serves a registry in Prometheus text format over HTTP on host:port (0 = any free port), within
     `limits` (default: the settings; reducer.control.limits.configured_limits)."""
 
-    def __init__(self, registry: Any, host: str = "0.0.0.0", port: int = 0, limits: Optional[SideLimits] = None) -> None:
-        from .http import MetricsServer
-        from .limits import ConnectionTable, PeerRateLimiter, configured_limits
-
+    def __init__(self, registry: Any, host: str = "0.0.0.0", port: int = 0, limits: SideLimits | None = None) -> None:
         self.registry = registry
         self.host = host
         self.limits = limits if limits is not None else configured_limits()
         table = ConnectionTable(self.limits.metrics_connections, self.limits.per_peer)
         self._server = MetricsServer(host, port, self._render, table, PeerRateLimiter(self.limits.rate)).start()
 
-    def _render(self, accept: str) -> Tuple[bytes, str]:
-        from prometheus_client.exposition import choose_encoder
-
+    def _render(self, accept: str) -> tuple[bytes, str]:
         encoder, content_type = choose_encoder(accept)
         return encoder(self.registry), content_type
 
@@ -193,8 +193,6 @@ class MetricsEndpoint:
 
     @property
     def url(self) -> str:
-        from reducer.addresses import connect_host, format_address
-
         host = connect_host(self.host)
         return f"http://{format_address(host, self.port)}/metrics"
 

@@ -8,8 +8,9 @@ from __future__ import annotations
 
 import ipaddress
 import re
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, replace
-from typing import Any, Dict, Iterable, List, Mapping, Tuple
+from typing import Any
 
 REDACTED = "<address>"
 # Candidates: [IPv6]:port, IPv4[:port], and bare runs of hex digits, dots and colons that may be
@@ -36,11 +37,11 @@ class GroupRow:
     streams: int            # stream rows seen for the group
     ended: bool = False     # one of the last groups that ended (no round can run in it any more)
 
-    def as_dict(self) -> Dict[str, Any]:
+    def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
 
-def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
+def group_rows(rows: Iterable[Mapping[str, Any]]) -> list[GroupRow]:
     """Fold ReducerServer.group_stats() (one dict per group *stream*) into one row per (job, group).
 
     Each dict has job, group, stream, world_size, connected, complete, rounds, bytes_received,
@@ -50,10 +51,10 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
     streams; the error is stream 0's, else the first other stream's; the age is the oldest stream's.
     Rows come back sorted by (job, group, ended).
     """
-    by_key: Dict[Tuple[str, str, bool], List[Mapping[str, Any]]] = {}
+    by_key: dict[tuple[str, str, bool], list[Mapping[str, Any]]] = {}
     for row in rows:
         by_key.setdefault((str(row["job"]), str(row["group"]), bool(row.get("ended", False))), []).append(row)
-    out: List[GroupRow] = []
+    out: list[GroupRow] = []
     for (job, group, ended), listed in sorted(by_key.items()):
         # A stream listed twice among the ended (it left, then failed): its last state counts once.
         streams = sorted({int(r["stream"]): r for r in listed}.values(), key=lambda r: int(r["stream"]))
@@ -79,7 +80,7 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> List[GroupRow]:
 def redact_addresses(text: str) -> str:
     """`text` with every IP address (with its port, if any) replaced by "<address>": what the
     control plane shows a caller that has not proved the shared secret (docs/security.md)."""
-    def maybe(m: "re.Match[str]") -> str:
+    def maybe(m: re.Match[str]) -> str:
         candidate = m.group(0).split("%", 1)[0]
         try:
             ipaddress.IPv6Address(candidate)
@@ -92,21 +93,21 @@ def redact_addresses(text: str) -> str:
     return _IPV4.sub(REDACTED, text)
 
 
-def redacted(rows: Iterable[GroupRow]) -> List[GroupRow]:
+def redacted(rows: Iterable[GroupRow]) -> list[GroupRow]:
     """The rows with worker addresses removed from their last_error."""
     return [replace(r, last_error=redact_addresses(r.last_error)) if r.last_error else r for r in rows]
 
 
-def split_stats(stats: Mapping[str, Any], prefix: str = "") -> Tuple[Dict[str, int], Dict[str, float], Dict[str, str]]:
+def split_stats(stats: Mapping[str, Any], prefix: str = "") -> tuple[dict[str, int], dict[str, float], dict[str, str]]:
     """ReducerServer.stats() as (integers, other numbers, strings), whatever keys the core reports.
 
     Nested dicts (e.g. ``limits``) are flattened to ``"limits.max_group_bytes"``; booleans count
     as integers 0/1; negative integers (never a counter) go with the other numbers; anything else
     (lists, None) is left out.
     """
-    ints: Dict[str, int] = {}
-    floats: Dict[str, float] = {}
-    strings: Dict[str, str] = {}
+    ints: dict[str, int] = {}
+    floats: dict[str, float] = {}
+    strings: dict[str, str] = {}
     for key, value in stats.items():
         name = f"{prefix}{key}"
         if isinstance(value, Mapping):

@@ -24,13 +24,25 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
-from typing import Any, Dict, List, Mapping, Optional, Tuple
+from collections.abc import Mapping
+from typing import Any
+
+from reducer import __version__, config
+from reducer.addresses import connect_host, format_address
 
 from . import import_grpc, loop
 from .auth import NonceBook, check_drain, check_stats
 from .front import ControlFront
 from .lifecycle import DRAINED, SERVING, Lifecycle
-from .limits import ConnectionTable, LogThrottle, PeerRateLimiter, SideLimits, grpc_peer_host, peer_key
+from .limits import (
+    ConnectionTable,
+    LogThrottle,
+    PeerRateLimiter,
+    SideLimits,
+    configured_limits,
+    grpc_peer_host,
+    peer_key,
+)
 from .rows import GroupRow, group_rows, redacted, split_stats
 
 grpc = import_grpc()
@@ -54,7 +66,7 @@ _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
 
-def grpc_options(limits: SideLimits) -> List[Tuple[str, Any]]:
+def grpc_options(limits: SideLimits) -> list[tuple[str, Any]]:
     """The internal gRPC server's options. It listens on the loopback interface only, behind the
     front; its own connection cap (twice the front's, so that connections the front has just
     closed never crowd out new ones) bounds what a local process connecting to it directly takes."""
@@ -73,7 +85,7 @@ def grpc_options(limits: SideLimits) -> List[Tuple[str, Any]]:
     ]
 
 
-def group_messages(rows: List[Mapping[str, Any]], hide_addresses: bool = False) -> List[Any]:
+def group_messages(rows: list[Mapping[str, Any]], hide_addresses: bool = False) -> list[Any]:
     """ReducerServer.group_stats() rows (one per group stream) -> GroupStats messages (one per group)."""
     folded = group_rows(rows)
     return [group_message(r) for r in (redacted(folded) if hide_addresses else folded)]
@@ -86,8 +98,6 @@ def group_message(row: GroupRow) -> Any:
 def stats_response(server: Any, lifecycle: Lifecycle, data_address: str, auth_required: bool,
                    hide_addresses: bool = False) -> Any:
     """GetStatsResponse for a ReducerServer (its counters, whatever keys it has, and its groups)."""
-    from reducer import __version__
-
     ints, floats, strings = split_stats(server.stats())
     return reducer_pb2.GetStatsResponse(
         state=lifecycle.state, counters=ints, values=floats, info=strings,
@@ -100,7 +110,7 @@ class RequestGate:
 
     def __init__(self, rate: float) -> None:
         self.limiter = PeerRateLimiter(rate)
-        self.front: Optional[ControlFront] = None
+        self.front: ControlFront | None = None
         self._log = LogThrottle(log)
 
     def peer(self, context: Any) -> str:
@@ -128,7 +138,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
     def __init__(self, gate: RequestGate) -> None:
         self.gate = gate
-        self.statuses: Dict[str, int] = {"": _SERVING}
+        self.statuses: dict[str, int] = {"": _SERVING}
 
     def set(self, service: str, status: int) -> None:
         self.statuses[service] = status
@@ -157,7 +167,7 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 
 class ReducerService(reducer_pb2_grpc.ReducerServicer):
-    def __init__(self, server: Any, lifecycle: Lifecycle, auth_token: Optional[str], gate: RequestGate,
+    def __init__(self, server: Any, lifecycle: Lifecycle, auth_token: str | None, gate: RequestGate,
                  allow_unauthenticated_drain: bool = False) -> None:
         self.server = server
         self.lifecycle = lifecycle
@@ -212,12 +222,8 @@ class ControlPlane:
     """
 
     def __init__(self, server: Any, lifecycle: Lifecycle, host: str = "0.0.0.0", port: int = 0,
-                 auth_token: Optional[str] = None, limits: Optional[SideLimits] = None,
-                 allow_unauthenticated_drain: Optional[bool] = None) -> None:
-        from reducer import config
-
-        from .limits import configured_limits
-
+                 auth_token: str | None = None, limits: SideLimits | None = None,
+                 allow_unauthenticated_drain: bool | None = None) -> None:
         self.server = server
         self.lifecycle = lifecycle
         self.host = host
@@ -227,10 +233,10 @@ class ControlPlane:
         self.health = HealthService(self.gate)
         allow = config.get("allow_unauthenticated_drain", allow_unauthenticated_drain)
         self.service = ReducerService(server, lifecycle, auth_token, self.gate, allow)
-        self.front: Optional[ControlFront] = None
+        self.front: ControlFront | None = None
         self._grpc: Any = None
 
-    def start(self) -> "ControlPlane":
+    def start(self) -> ControlPlane:
         """Bind and serve; raises OSError if the port cannot be bound."""
         table = ConnectionTable(self.limits.control_connections, self.limits.per_peer)
         front = ControlFront(self.host, self._requested_port, table, ("127.0.0.1", 0))
@@ -246,7 +252,7 @@ class ControlPlane:
         self.lifecycle.subscribe(self._on_state)
         return self
 
-    async def _start_grpc(self) -> Tuple[Any, Tuple[str, int]]:
+    async def _start_grpc(self) -> tuple[Any, tuple[str, int]]:
         server = grpc.aio.server(options=grpc_options(self.limits),
                                  maximum_concurrent_rpcs=self.limits.control_connections * STREAMS_PER_CONNECTION + 4)
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
@@ -267,8 +273,6 @@ class ControlPlane:
 
     @property
     def address(self) -> str:
-        from reducer.addresses import connect_host, format_address
-
         return format_address(connect_host(self.host), self.port)
 
     def refresh(self) -> None:

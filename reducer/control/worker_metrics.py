@@ -12,9 +12,11 @@ instrument() is called.
 from __future__ import annotations
 
 import time
-from typing import Any, Iterator, Optional
+from collections.abc import Iterator
+from typing import Any
 
 from . import import_prometheus
+from .metrics import MetricsEndpoint
 
 prometheus_client = import_prometheus()
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily  # noqa: E402
@@ -35,7 +37,8 @@ CLIENT_COUNTERS = {
     "reducer_failovers": ("reducer_failovers", "Sessions moved to the surviving reducers after a reducer was lost."),
     "reducer_rejoins": ("reducer_rejoins", "Lost reducers taken back after they came back at their address."),
     "rejoin_probes": ("rejoin_probes", "Non-blocking connects to lost reducers started by rejoin checks."),
-    "early_releases": ("early_releases", "Small rounds handed back before the reducers' CLEAR (a copy of the results stands in)."),
+    "early_releases": ("early_releases",
+                       "Small rounds handed back before the reducers' CLEAR (a copy of the results stands in)."),
     "repaired_bytes": ("repaired_bytes", "Bytes of unfinished rounds copied or reduced again after failovers."),
 }
 
@@ -73,7 +76,7 @@ class _CommunicatorCollector(Collector):
 class CommunicatorMetrics:
     """The metrics of one Communicator; see instrument()."""
 
-    def __init__(self, comm: Any, registry: Optional[Any] = None) -> None:
+    def __init__(self, comm: Any, registry: Any | None = None) -> None:
         self.comm = comm
         self.registry = registry if registry is not None else CollectorRegistry()
         labels = [str(comm.job_id), str(comm.group), str(comm.rank)]
@@ -93,8 +96,6 @@ class CommunicatorMetrics:
 
     def serve(self, port: int = 0, host: str = "0.0.0.0") -> Any:
         """An HTTP endpoint for this registry (reducer.control.metrics.MetricsEndpoint)."""
-        from .metrics import MetricsEndpoint
-
         self.endpoint = MetricsEndpoint(self.registry, host=host, port=port)
         return self.endpoint
 
@@ -104,6 +105,6 @@ class CommunicatorMetrics:
             self.endpoint = None
 
 
-def instrument(comm: Any, registry: Optional[Any] = None) -> CommunicatorMetrics:
+def instrument(comm: Any, registry: Any | None = None) -> CommunicatorMetrics:
     """Record metrics for `comm` (once per Communicator) on `registry` (default: a new one)."""
     return CommunicatorMetrics(comm, registry)

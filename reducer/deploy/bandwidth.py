@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Dict, Optional, Tuple
 
 from ..errors import ConfigError
 
@@ -36,7 +35,7 @@ class FixedGpuMachine:
 # Accelerator-optimized machine types: GPU model and count are part of the type.
 # a3-highgpu-8g: 1,000 Gbps in total, but 800 of it are the four GPU NICs that only
 # GPUDirect-TCPX uses; TCP traffic such as a reducer's has the one 200 Gbps gVNIC.
-FIXED_GPU_MACHINES: Dict[str, FixedGpuMachine] = {
+FIXED_GPU_MACHINES: dict[str, FixedGpuMachine] = {
     "a2-highgpu-1g": FixedGpuMachine("NVIDIA_TESLA_A100", 1, 24),
     "a2-highgpu-2g": FixedGpuMachine("NVIDIA_TESLA_A100", 2, 32),
     "a2-highgpu-4g": FixedGpuMachine("NVIDIA_TESLA_A100", 4, 50),
@@ -68,7 +67,7 @@ FIXED_GPU_MACHINES: Dict[str, FixedGpuMachine] = {
 # could not be re-read here. Check them before relying on a 2- or 4-GPU figure.
 # T4/V100: the cap grows with the GPU count; P100/P4: the N1 default cap of 32 Gbps.
 # (P100 x 4 allows 96 vCPUs in most zones, 64 in a few.)
-N1_GPUS: Dict[Tuple[str, int], Tuple[float, int]] = {
+N1_GPUS: dict[tuple[str, int], tuple[float, int]] = {
     ("NVIDIA_TESLA_V100", 1): (32, 12),
     ("NVIDIA_TESLA_V100", 2): (32, 24),
     ("NVIDIA_TESLA_V100", 4): (50, 48),
@@ -102,7 +101,7 @@ def _unknown(what: str) -> ConfigError:
                        "pass --worker-gbps (or --reducers)")
 
 
-def worker_bandwidth(machine_type: str, accelerator_type: Optional[str] = None,
+def worker_bandwidth(machine_type: str, accelerator_type: str | None = None,
                      accelerator_count: int = 1) -> WorkerBandwidth:
     """The per-VM network bandwidth of a worker, with the rule that gave it (ConfigError if unknown)."""
     fixed = FIXED_GPU_MACHINES.get(machine_type)

@@ -19,7 +19,6 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
-from typing import Dict, List, Optional, Tuple
 
 from ..errors import ConfigError
 
@@ -42,13 +41,13 @@ class MachineType:
     name: str
     vcpus: int
     egress_gbps: float                 # default per-VM egress cap
-    tier1_gbps: Optional[float] = None  # with per-VM Tier_1 networking; None = not offered
+    tier1_gbps: float | None = None  # with per-VM Tier_1 networking; None = not offered
 
 
 # Reducer candidates. N1/N2: 2 Gbps per vCPU, capped at 32 Gbps by default.
 # Compute Engine offers Tier_1 networking only on N2/N2D/C2/C2D/C3 VMs with >= 30 vCPUs,
 # so no N1 type has a Tier_1 value.
-REDUCER_MACHINES: Dict[str, MachineType] = {
+REDUCER_MACHINES: dict[str, MachineType] = {
     m.name: m
     for m in (
         MachineType("n1-highcpu-8", 8, 16.0),
@@ -67,16 +66,16 @@ class Plan:
 
     workers: int
     worker_gbps: float
-    reducer_machine: Optional[str]   # None when only --reducer-gbps was given
+    reducer_machine: str | None   # None when only --reducer-gbps was given
     reducer_gbps: float              # usable bandwidth of one reducer: min(NIC, cores)
     tier1: bool
     reducers: int
     reducer_nic_gbps: float = 0.0    # egress cap of one reducer
-    reducer_threads: Optional[int] = None  # None: CPU not known (custom machine)
+    reducer_threads: int | None = None  # None: CPU not known (custom machine)
     core_gbps: float = REDUCER_CORE_GBPS
 
     @property
-    def reducer_cores_gbps(self) -> Optional[float]:
+    def reducer_cores_gbps(self) -> float | None:
         """What one reducer's threads can sum, Gbps (None if its CPU count is unknown)."""
         return None if self.reducer_threads is None else self.reducer_threads * self.core_gbps
 
@@ -127,11 +126,11 @@ def _positive(name: str, value: float) -> None:
 def plan_reducers(
     workers: int,
     worker_gbps: float,
-    reducer_machine: Optional[str] = None,
-    reducer_gbps: Optional[float] = None,
+    reducer_machine: str | None = None,
+    reducer_gbps: float | None = None,
     tier1: bool = False,
-    core_gbps: Optional[float] = None,
-    reducer_threads: Optional[int] = None,
+    core_gbps: float | None = None,
+    reducer_threads: int | None = None,
 ) -> Plan:
     """Number of reducers whose total usable bandwidth >= workers * worker_gbps.
 
@@ -196,7 +195,7 @@ def format_plan(plan: Plan) -> str:
     return "\n".join(lines)
 
 
-def machine_table_rows() -> List[Tuple[str, int, str, str]]:
+def machine_table_rows() -> list[tuple[str, int, str, str]]:
     """(name, vCPUs, default egress, Tier_1 egress) for every known reducer machine."""
     return [
         (m.name, m.vcpus, _gbps(m.egress_gbps), _gbps(m.tier1_gbps) if m.tier1_gbps else "-")

@@ -12,8 +12,11 @@ import json
 import logging
 import re
 import shlex
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any
+
+import yaml
 
 from ..errors import ConfigError
 from .bandwidth import WorkerBandwidth, worker_bandwidth
@@ -34,15 +37,15 @@ DEFAULT_PORT = 2222
 class VertexJob:
     """A generated CustomJobSpec plus how its reducer count was chosen."""
 
-    spec: Dict[str, Any]          # camelCase CustomJobSpec, as gcloud --config expects
+    spec: dict[str, Any]          # camelCase CustomJobSpec, as gcloud --config expects
     reducers: int
-    plan: Optional[Plan]          # None when the reducer count was given explicitly
-    worker_bandwidth: Optional[WorkerBandwidth] = None  # the figure the plan assumed, and why
+    plan: Plan | None          # None when the reducer count was given explicitly
+    worker_bandwidth: WorkerBandwidth | None = None  # the figure the plan assumed, and why
 
 
-def _machine_spec(machine_type: str, accelerator_type: Optional[str],
-                  accelerator_count: int) -> Dict[str, Any]:
-    spec: Dict[str, Any] = {"machineType": machine_type}
+def _machine_spec(machine_type: str, accelerator_type: str | None,
+                  accelerator_count: int) -> dict[str, Any]:
+    spec: dict[str, Any] = {"machineType": machine_type}
     if accelerator_type:
         spec["acceleratorType"] = accelerator_type
         spec["acceleratorCount"] = accelerator_count
@@ -54,15 +57,15 @@ def build_custom_job(
     machine_type: str,
     image: str,
     reducer_image: str,
-    accelerator_type: Optional[str] = None,
+    accelerator_type: str | None = None,
     accelerator_count: int = 1,
-    reducers: Optional[int] = None,
+    reducers: int | None = None,
     reducer_machine: str = DEFAULT_REDUCER_MACHINE,
-    worker_gbps: Optional[float] = None,
-    args: Optional[Sequence[str]] = None,
-    reducer_gbps: Optional[float] = None,
-    core_gbps: Optional[float] = None,
-    reducer_threads: Optional[int] = None,
+    worker_gbps: float | None = None,
+    args: Sequence[str] | None = None,
+    reducer_gbps: float | None = None,
+    core_gbps: float | None = None,
+    reducer_threads: int | None = None,
 ) -> VertexJob:
     """The CustomJobSpec of `workers` GPU workers plus a pool of reducers.
 
@@ -91,8 +94,8 @@ def build_custom_job(
                 or accelerator_count < 1:
             raise ConfigError(f"--accelerator-count must be an integer >= 1, got {accelerator_count!r}")
 
-    plan: Optional[Plan] = None
-    bandwidth: Optional[WorkerBandwidth] = None
+    plan: Plan | None = None
+    bandwidth: WorkerBandwidth | None = None
     if reducers is None:
         if worker_gbps is not None:
             bandwidth = WorkerBandwidth(float(worker_gbps), "given with --worker-gbps")
@@ -108,12 +111,12 @@ def build_custom_job(
         if reducer_machine not in REDUCER_MACHINES:
             logger.warning("reducer machine %s is not in the planner's table", reducer_machine)
 
-    worker_container: Dict[str, Any] = {"imageUri": image}
+    worker_container: dict[str, Any] = {"imageUri": image}
     if args:
         worker_container["args"] = list(args)
     worker_machine = _machine_spec(machine_type, accelerator_type, accelerator_count)
 
-    pools: List[Dict[str, Any]] = [
+    pools: list[dict[str, Any]] = [
         {"machineSpec": dict(worker_machine), "replicaCount": 1,
          "containerSpec": copy.deepcopy(worker_container)},
     ]
@@ -136,21 +139,20 @@ def gcloud_command(config_path: str, display_name: str, region: str = "REGION") 
             f" --config={shlex.quote(config_path)}")
 
 
-def render_spec(spec: Dict[str, Any], fmt: str = "yaml",
-                header: Optional[Sequence[str]] = None) -> str:
+def render_spec(spec: dict[str, Any], fmt: str = "yaml",
+                header: Sequence[str] | None = None) -> str:
     """The spec as YAML (with `header` lines as # comments) or JSON."""
     if fmt == "json":
         return json.dumps(spec, indent=2) + "\n"
     if fmt != "yaml":
         raise ConfigError(f"unknown format {fmt!r}; use yaml or json")
-    import yaml
 
     body = yaml.safe_dump(spec, sort_keys=False, default_flow_style=False)
     lines = [f"# {h}".rstrip() for h in (header or [])]
     return "\n".join(lines + [body]) if lines else body
 
 
-def to_sdk_spec(spec: Dict[str, Any]) -> Any:
+def to_sdk_spec(spec: dict[str, Any]) -> Any:
     """Parse a spec into google.cloud.aiplatform_v1.types.CustomJobSpec (validates it offline)."""
     try:
         from google.cloud.aiplatform_v1.types import CustomJobSpec

@@ -22,8 +22,9 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Callable, Deque, Iterable, NamedTuple, Optional, Sequence, Tuple, Union
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -61,8 +62,8 @@ class Described(NamedTuple):
     wire: str                 # wire name of what is sent (differs under compression)
     op: str
     numel: int
-    shape: Tuple[int, ...]
-    name: Optional[str]
+    shape: tuple[int, ...]
+    name: str | None
 
 
 def _range(label: str, a: int, b: int) -> str:
@@ -94,7 +95,7 @@ class Field:
     explain: Callable[[str, int, int], str]     # the difference, from the min and max over the workers
 
 
-FIELDS: Tuple[Field, ...] = (
+FIELDS: tuple[Field, ...] = (
     Field("size in bytes", lambda d: d.nbytes, _range),
     Field("dtype", lambda d: dtype_code(d.src), _named(SUPPORTED)),
     Field("wire dtype (compression)", lambda d: dtype_code(d.wire), _named(SUPPORTED)),
@@ -106,8 +107,9 @@ FIELDS: Tuple[Field, ...] = (
 )
 
 
-def differences(lo: Sequence[int], hi: Sequence[int]) -> str:
-    """The fields whose min and max over the workers differ, as a phrase."""
+def differences(lo: Iterable[int], hi: Iterable[int]) -> str:
+    """The fields whose min and max over the workers differ, as a phrase (lo, hi: one value per FIELDS entry,
+    e.g. the reduced int64 arrays)."""
     diffs = [f.explain(f.label, int(a), int(b)) for f, a, b in zip(FIELDS, lo, hi) if int(a) != int(b)]
     return ", ".join(diffs) or "description"
 
@@ -115,7 +117,7 @@ def differences(lo: Sequence[int], hi: Sequence[int]) -> str:
 # ---------------------------------------------------------------------- fingerprints
 class Fingerprint(NamedTuple):
     dhash: int                  # hash of the descriptor (non-zero)
-    fields: Tuple[int, ...]     # the descriptor: one value per FIELDS entry
+    fields: tuple[int, ...]     # the descriptor: one value per FIELDS entry
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -125,7 +127,7 @@ def fingerprint(d: Described) -> Fingerprint:
     return Fingerprint(h62(np.array(fields, np.int64).tobytes()), fields)
 
 
-def round_tag(kind: int, wire: str, op: str, nbytes: int, entries: Iterable[Tuple[int, int]]) -> int:
+def round_tag(kind: int, wire: str, op: str, nbytes: int, entries: Iterable[tuple[int, int]]) -> int:
     """The frame tag of a data round: a hash of its kind, dtype, op, size and (index, dhash) of
     each entry. Odd, so never 0 (0 means "no tag" to the reducers)."""
     pairs = list(entries)
@@ -141,10 +143,10 @@ class History:
     words it: it is only called if the diagnosis needs it (submission stays cheap)."""
 
     def __init__(self) -> None:
-        self._items: Deque[Tuple[Fingerprint, Union[str, Callable[[], str]]]] = deque()
+        self._items: deque[tuple[Fingerprint, str | Callable[[], str]]] = deque()
         self._lo = 0  # index of _items[0]
 
-    def add(self, fp: Fingerprint, text: Union[str, Callable[[], str]], lowest_pending: Callable[[], int]) -> None:
+    def add(self, fp: Fingerprint, text: str | Callable[[], str], lowest_pending: Callable[[], int]) -> None:
         """Record the next entry; now and then forget old completed entries."""
         self._items.append((fp, text))
         count = self._lo + len(self._items)
@@ -154,7 +156,7 @@ class History:
                 self._items.popleft()
                 self._lo += 1
 
-    def get(self, index: int) -> Optional[Tuple[Fingerprint, str]]:
+    def get(self, index: int) -> tuple[Fingerprint, str] | None:
         i = index - self._lo
         if not 0 <= i < len(self._items):
             return None
@@ -203,10 +205,10 @@ class Diagnosis:
             return err
         return MismatchError(f"{found}. The reducer reported: {err}")
 
-    def _find(self, base: int) -> Optional[str]:
+    def _find(self, base: int) -> str | None:
         client = self._make_client()
 
-        def exchange(*values: int, tail: Sequence[int] = ()) -> Tuple[np.ndarray, np.ndarray]:
+        def exchange(*values: int, tail: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
             """min and max over the workers of [values..., tail...] (zero-padded to a fixed size)."""
             v = np.zeros(_SLOTS, np.int64)
             v[:len(values)] = values
@@ -247,7 +249,7 @@ class Diagnosis:
         rec = self._history.get(index) if index < count else None
         return rec[0].dhash if rec is not None else 0
 
-    def _describe(self, exchange: Callable[..., Tuple[np.ndarray, np.ndarray]], index: int) -> str:
+    def _describe(self, exchange: Callable[..., tuple[np.ndarray, np.ndarray]], index: int) -> str:
         with self._lock:
             rec = self._history.get(index)
         assert rec is not None

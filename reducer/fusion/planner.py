@@ -21,8 +21,9 @@ flushes do. No locks, no clocks, no I/O here (the engine owns those).
 """
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
-from typing import Dict, Generic, Iterable, Iterator, List, Protocol, Tuple, TypeVar
+from typing import Generic, Protocol, TypeVar
 
 __all__ = ["FUSED", "ALONE", "Cut", "Planner"]
 
@@ -48,7 +49,7 @@ class Cut(Generic[E]):
     """One round to send: FUSED (one or more entries of one (dtype, wire dtype, op)) or ALONE."""
 
     kind: int
-    entries: List[E]
+    entries: list[E]
 
     @property
     def nbytes(self) -> int:
@@ -57,7 +58,7 @@ class Cut(Generic[E]):
 
 @dataclass
 class _Open(Generic[E]):
-    entries: List[E] = field(default_factory=list)
+    entries: list[E] = field(default_factory=list)
     nbytes: int = 0
 
 
@@ -68,14 +69,14 @@ class Planner(Generic[E]):
         if threshold < 0:
             raise ValueError(f"threshold must be >= 0 bytes, got {threshold}")
         self.threshold = threshold
-        self._open: Dict[Tuple[str, str, str], _Open[E]] = {}
+        self._open: dict[tuple[str, str, str], _Open[E]] = {}
 
-    def add(self, entry: E) -> List[Cut[E]]:
+    def add(self, entry: E) -> list[Cut[E]]:
         """Plan the next entry; returns the rounds it completes (0, 1 or 2)."""
         thr = self.threshold
         if entry.nbytes >= thr:
             return [Cut(ALONE, [entry])]
-        cuts: List[Cut[E]] = []
+        cuts: list[Cut[E]] = []
         key = (entry.src, entry.wire, entry.op)
         ob = self._open.get(key)
         if ob is None:
@@ -89,13 +90,13 @@ class Planner(Generic[E]):
             cuts.append(self._cut(key))
         return cuts
 
-    def add_all(self, entries: Iterable[E]) -> List[Cut[E]]:
-        cuts: List[Cut[E]] = []
+    def add_all(self, entries: Iterable[E]) -> list[Cut[E]]:
+        cuts: list[Cut[E]] = []
         for e in entries:
             cuts += self.add(e)
         return cuts
 
-    def flush(self) -> List[Cut[E]]:
+    def flush(self) -> list[Cut[E]]:
         """Cut every partly filled buffer, in the order of their first entries."""
         # A buffer enters the dict with its first entry, so the dict is in that order already.
         return [self._cut(k) for k in list(self._open)]
@@ -111,5 +112,5 @@ class Planner(Generic[E]):
         """Forget the buffers that are filling (the engine failed or stopped)."""
         self._open.clear()
 
-    def _cut(self, key: Tuple[str, str, str]) -> Cut[E]:
+    def _cut(self, key: tuple[str, str, str]) -> Cut[E]:
         return Cut(FUSED, self._open.pop(key).entries)

@@ -7,8 +7,9 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional
+from typing import Any
 
 NEEDS = "the GPU check needs a CUDA GPU and PyTorch with NCCL (torch.cuda.is_available() and " \
         "torch.distributed.is_nccl_available())"
@@ -45,10 +46,10 @@ print(json.dumps(out))
 class Probe:
     ok: bool
     reason: str = ""
-    info: Dict[str, Any] = field(default_factory=dict)
+    info: dict[str, Any] = field(default_factory=dict)
 
 
-def probe(python: str = sys.executable, timeout: float = 120.0, env: Optional[Mapping[str, str]] = None) -> Probe:
+def probe(python: str = sys.executable, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> Probe:
     """Whether this machine can run the check; never raises."""
     try:
         proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
@@ -67,7 +68,7 @@ def probe(python: str = sys.executable, timeout: float = 120.0, env: Optional[Ma
     return Probe(True, "", info)
 
 
-def install_plugin(directory: str, timeout: float = 60.0) -> Dict[str, str]:
+def install_plugin(directory: str, timeout: float = 60.0) -> dict[str, str]:
     """Run ``python -m reducer.cli.main nccl-plugin --install DIR`` (the package need not be pip
     installed: PYTHONPATH is enough) and return the environment it prints (``export K=V``), with
     DIR put first on LD_LIBRARY_PATH. RuntimeError with the command's output on failure."""
@@ -77,7 +78,8 @@ def install_plugin(directory: str, timeout: float = 60.0) -> Dict[str, str]:
     except subprocess.TimeoutExpired:
         raise RuntimeError(f"{' '.join(cmd)} took longer than {timeout:g}s") from None
     if proc.returncode != 0:
-        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {proc.stderr.strip() or proc.stdout.strip()}")
+        said = proc.stderr.strip() or proc.stdout.strip()
+        raise RuntimeError(f"{' '.join(cmd)} failed (exit {proc.returncode}): {said}")
     env = parse_exports(proc.stdout.splitlines())
     if not any(name.startswith("libnccl-net") for name in os.listdir(directory)):
         raise RuntimeError(f"{' '.join(cmd)} left no libnccl-net*.so in {directory}")
@@ -86,7 +88,7 @@ def install_plugin(directory: str, timeout: float = 60.0) -> Dict[str, str]:
     return env
 
 
-def parse_exports(lines: List[str]) -> Dict[str, str]:
+def parse_exports(lines: list[str]) -> dict[str, str]:
     """`export K=V` lines (comments and anything else ignored)."""
     env = {}
     for line in lines:

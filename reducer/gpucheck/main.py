@@ -23,9 +23,10 @@ import argparse
 import logging
 import os
 import sys
+import tarfile
 import tempfile
 import time
-from typing import Any, Dict, List, Optional
+from typing import Any
 
 from . import verdict as V
 from .environment import NEEDS, install_plugin, probe
@@ -41,7 +42,7 @@ NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV,COLL,
 FORCE_ALGO = "allreduce:CollNetChain,CollNetDirect"
 
 
-def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m reducer.gpucheck", description=__doc__.split("\n\n")[0])
     p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} only and 5 DDP steps")
     p.add_argument("--sizes", default=None, help="comma-separated byte sizes (overrides --quick's/the full list)")
@@ -52,13 +53,14 @@ def parse_args(argv: Optional[List[str]]) -> argparse.Namespace:
                                                       "when $OUT is a directory they are also packed into "
                                                       "$OUT/gpu-check-logs.tar.gz)")
     p.add_argument("--budget", type=float, default=540.0,
-                   help="seconds for all phases together; a phase that would start later is skipped (default %(default)s)")
+                   help="seconds for all phases together; a phase that would start later is skipped "
+                        "(default %(default)s)")
     p.add_argument("--no-force", action="store_true", help="do not run the forced-collnet phase")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
 
 
-def _out_dir() -> Optional[str]:
+def _out_dir() -> str | None:
     out = os.environ.get("OUT")
     return out if out and os.path.isdir(out) else None
 
@@ -66,17 +68,17 @@ def _out_dir() -> Optional[str]:
 class Plan:
     """Runs the phases within the budget and keeps their results."""
 
-    def __init__(self, args: argparse.Namespace, work_dir: str, plugin_env: Dict[str, str]) -> None:
+    def __init__(self, args: argparse.Namespace, work_dir: str, plugin_env: dict[str, str]) -> None:
         self.args = args
         self.work_dir = work_dir
         self.base = dict(os.environ, **NCCL_DEBUG_ENV)
         self.plugin_env = dict(self.base, **plugin_env)
         self.plain_env = dict(self.base, NCCL_NET_PLUGIN="none", NCCL_COLLNET_ENABLE="0")
         self.deadline = time.monotonic() + args.budget
-        self.phases: Dict[str, PhaseResult] = {}
+        self.phases: dict[str, PhaseResult] = {}
 
-    def run(self, name: str, task: str, env: Dict[str, str], reducers: int, limit: float,
-            extra: Optional[List[str]] = None) -> PhaseResult:
+    def run(self, name: str, task: str, env: dict[str, str], reducers: int, limit: float,
+            extra: list[str] | None = None) -> PhaseResult:
         left = self.deadline - time.monotonic()
         if left < 30:
             res = PhaseResult(name, os.path.join(self.work_dir, name), error="skipped: out of the time budget")
@@ -89,12 +91,12 @@ class Plan:
         return res
 
 
-def run_checks(args: argparse.Namespace, work_dir: str, environment: Dict[str, Any]) -> Dict[str, Any]:
+def run_checks(args: argparse.Namespace, work_dir: str, environment: dict[str, Any]) -> dict[str, Any]:
     sizes = ([int(s) for s in args.sizes.split(",") if s] if args.sizes
              else QUICK_SIZES if args.quick else FULL_SIZES)
     steps = args.ddp_steps or (5 if args.quick else 20)
     dtypes = ["float32", "bfloat16", "float16"]
-    warnings: List[str] = []
+    warnings: list[str] = []
     try:
         plugin_env = install_plugin(os.path.join(work_dir, "plugin"))
     except (RuntimeError, OSError) as exc:
@@ -127,7 +129,7 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: Dict[str, A
     return V.summarize(checks, environment, phases, warnings)
 
 
-def build_checks(phases: Dict[str, PhaseResult], sizes: List[int], dtypes: List[str]) -> List[V.Check]:
+def build_checks(phases: dict[str, PhaseResult], sizes: list[int], dtypes: list[str]) -> list[V.Check]:
     """The checks from the four main phases (collnet first)."""
     sums, bare = phases["collnet-sums"], phases["no-reducers"]
     ddp, plain = phases["collnet-ddp"], phases["plain-ddp"]
@@ -149,7 +151,7 @@ def _nccl_at_least(version: str, wanted: tuple) -> bool:
         return False
 
 
-def write_summary(summary: Dict[str, Any], path: Optional[str]) -> Optional[str]:
+def write_summary(summary: dict[str, Any], path: str | None) -> str | None:
     if path is None:
         out = _out_dir()
         path = os.path.join(out, "gpu-check.json") if out else None
@@ -159,12 +161,11 @@ def write_summary(summary: Dict[str, Any], path: Optional[str]) -> Optional[str]
     return path
 
 
-def pack_logs(work_dir: str) -> Optional[str]:
+def pack_logs(work_dir: str) -> str | None:
     """$OUT/gpu-check-logs.tar.gz with the phases' logs and results (one file: $OUT takes few)."""
     out = _out_dir()
     if not out:
         return None
-    import tarfile
 
     path = os.path.join(out, "gpu-check-logs.tar.gz")
     try:
@@ -177,7 +178,7 @@ def pack_logs(work_dir: str) -> Optional[str]:
     return path
 
 
-def main(argv: Optional[List[str]] = None) -> int:
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
                         format="%(asctime)s gpu-check %(levelname)s: %(message)s", stream=sys.stderr)

@@ -22,8 +22,9 @@ src/enqueue.cc of NCCL 2.21-2.30); every line starts with ``host:pid:tid [cudaDe
 from __future__ import annotations
 
 import re
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, Iterable, List, Optional
+from typing import Any
 
 # NCCL's algorithm enum (src/include/device.h), the same order in 2.19-2.30.
 ALGO_BY_NUMBER = ("TREE", "RING", "COLLNET_DIRECT", "COLLNET_CHAIN", "NVLS", "NVLS_TREE", "PAT")
@@ -77,24 +78,24 @@ class TuningChoice:
 class NcclLog:
     """What one process's NCCL log says."""
     lines: int = 0
-    net_plugin: Optional[str] = None          # 'reduction-server (v12)'
-    collnet_plugin: Optional[str] = None
-    networks: List[str] = field(default_factory=list)   # 'Using network X', once per communicator
+    net_plugin: str | None = None          # 'reduction-server (v12)'
+    collnet_plugin: str | None = None
+    networks: list[str] = field(default_factory=list)   # 'Using network X', once per communicator
     collnet_channels: int = 0                  # 'CollNet xx/x : r [send|receive] via COLLNET/...' lines
     collnet_connected: bool = False
-    collnet_disabled: List[str] = field(default_factory=list)
-    tuning: List[TuningChoice] = field(default_factory=list)
-    warnings: List[str] = field(default_factory=list)
-    plugin_lines: List[str] = field(default_factory=list)
+    collnet_disabled: list[str] = field(default_factory=list)
+    tuning: list[TuningChoice] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+    plugin_lines: list[str] = field(default_factory=list)
 
-    def allreduce_choices(self) -> List[TuningChoice]:
+    def allreduce_choices(self) -> list[TuningChoice]:
         return [t for t in self.tuning if t.func in ("AllReduce", "")]
 
     def collnet_bytes(self) -> int:
         """Bytes of the all-reduces the tuner put on CollNet."""
         return sum(t.nbytes for t in self.allreduce_choices() if t.collnet)
 
-    def to_dict(self) -> Dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         out = asdict(self)
         out["tuning"] = summarize_tuning(self.tuning)
         out["plugin_lines"] = self.plugin_lines[:20]
@@ -102,16 +103,16 @@ class NcclLog:
         return out
 
 
-def summarize_tuning(choices: Iterable[TuningChoice]) -> List[Dict[str, Any]]:
+def summarize_tuning(choices: Iterable[TuningChoice]) -> list[dict[str, Any]]:
     """Distinct (func, bytes, algo, proto) with a count, in first-seen order."""
-    seen: Dict[tuple, int] = {}
+    seen: dict[tuple, int] = {}
     for t in choices:
         key = (t.func, t.nbytes, t.algo, t.proto)
         seen[key] = seen.get(key, 0) + 1
     return [{"func": k[0], "bytes": k[1], "algo": k[2], "proto": k[3], "count": n} for k, n in seen.items()]
 
 
-def _tuning(body: str) -> Optional[TuningChoice]:
+def _tuning(body: str) -> TuningChoice | None:
     m = _TUNING.match(body)
     if not m:
         return None
@@ -174,7 +175,7 @@ def parse_lines(lines: Iterable[str]) -> NcclLog:
 
 def parse_file(path: str) -> NcclLog:
     try:
-        with open(path, "r", encoding="utf-8", errors="replace") as fh:
+        with open(path, encoding="utf-8", errors="replace") as fh:
             return parse_lines(fh)
     except FileNotFoundError:
         return NcclLog()

@@ -12,8 +12,11 @@ import re
 import signal
 import sys
 import threading
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
+
+from reducer.launch import launch
 
 from .nccl_log import NcclLog, parse_file
 
@@ -29,24 +32,24 @@ _STOPPED = re.compile(r"^\[reducer (\d+)\] .*stopped after (\d+) rounds \(([\d.]
 class PhaseResult:
     name: str
     run_dir: str
-    status: Optional[int] = None              # the launcher's exit status; None = not run
+    status: int | None = None              # the launcher's exit status; None = not run
     error: str = ""
-    results: List[Dict[str, Any]] = field(default_factory=list)    # one per rank that wrote one
-    logs: List[NcclLog] = field(default_factory=list)              # per rank
-    reducer_stats: List[Dict[str, int]] = field(default_factory=list)
+    results: list[dict[str, Any]] = field(default_factory=list)    # one per rank that wrote one
+    logs: list[NcclLog] = field(default_factory=list)              # per rank
+    reducer_stats: list[dict[str, int]] = field(default_factory=list)
 
-    def summary(self) -> Dict[str, Any]:
+    def summary(self) -> dict[str, Any]:
         return {"status": self.status, "error": self.error, "run_dir": self.run_dir,
                 "reducer_stats": self.reducer_stats,
                 "nccl": [lg.to_dict() for lg in self.logs],
                 "workers": [{k: v for k, v in r.items() if k not in ("sums", "ddp")} for r in self.results]}
 
 
-def parse_reducer_stats(lines: Sequence[str], reducers: int) -> List[Dict[str, int]]:
+def parse_reducer_stats(lines: Sequence[str], reducers: int) -> list[dict[str, int]]:
     """The reducers' counters from the launcher's output: the DEBUG 'final stats:' line (exact),
     else the INFO 'stopped after ... MB received' line (to 0.1 MB). Missing reducers get {}."""
-    found: Dict[int, Dict[str, int]] = {}
-    rough: Dict[int, Dict[str, int]] = {}
+    found: dict[int, dict[str, int]] = {}
+    rough: dict[int, dict[str, int]] = {}
     for line in lines:
         m = _STATS.match(line)
         if m:
@@ -61,19 +64,19 @@ def parse_reducer_stats(lines: Sequence[str], reducers: int) -> List[Dict[str, i
     return [found.get(i, rough.get(i, {})) for i in range(reducers)]
 
 
-def read_results(run_dir: str, world: int = WORLD) -> List[Dict[str, Any]]:
+def read_results(run_dir: str, world: int = WORLD) -> list[dict[str, Any]]:
     out = []
     for rank in range(world):
         path = os.path.join(run_dir, f"result-rank{rank}.json")
         try:
-            with open(path, "r", encoding="utf-8") as fh:
+            with open(path, encoding="utf-8") as fh:
                 out.append(json.load(fh))
         except (OSError, ValueError):
             continue
     return out
 
 
-def worker_command(task: str, run_dir: str, timeout: float, extra: Sequence[str] = ()) -> List[str]:
+def worker_command(task: str, run_dir: str, timeout: float, extra: Sequence[str] = ()) -> list[str]:
     return [sys.executable, "-m", "reducer.gpucheck.worker", "--task", task, "--run-dir", run_dir,
             "--timeout", f"{timeout:g}", *extra]
 
@@ -83,8 +86,6 @@ def run_phase(name: str, work_dir: str, command: Sequence[str], env: Mapping[str
     """Run `command` as `world` worker nodes with `reducers` reducers; never longer than
     `timeout` (+ the launcher's grace period): after it, SIGTERM to this process makes the
     launcher stop every child (its own signal handling)."""
-    from reducer.launch import launch
-
     run_dir = os.path.join(work_dir, name)
     os.makedirs(run_dir, exist_ok=True)
     result = PhaseResult(name, run_dir)
@@ -106,7 +107,7 @@ def run_phase(name: str, work_dir: str, command: Sequence[str], env: Mapping[str
         log.error("phase %s could not run: %s", name, result.error)
     if result.status is not None and result.status == 128 + signal.SIGTERM:
         result.error = f"stopped after the phase timeout of {timeout:g}s"
-    with open(out_path, "r", encoding="utf-8", errors="replace") as fh:
+    with open(out_path, encoding="utf-8", errors="replace") as fh:
         lines = fh.read().splitlines()
     result.reducer_stats = parse_reducer_stats(lines, reducers)
     result.results = read_results(run_dir, world)

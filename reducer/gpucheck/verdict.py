@@ -4,8 +4,9 @@ are unit tested on recorded data."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Dict, List, Mapping, Optional, Sequence
+from typing import Any
 
 from .nccl_log import NcclLog, summarize_tuning
 
@@ -16,9 +17,9 @@ DDP_RTOL = 1e-6   # relative; world 2 sums a+b in either order, so equal runs ar
 @dataclass
 class Check:
     name: str
-    ok: Optional[bool]           # None = skipped (not counted against the verdict)
+    ok: bool | None           # None = skipped (not counted against the verdict)
     detail: str
-    data: Dict[str, Any] = field(default_factory=dict)
+    data: dict[str, Any] = field(default_factory=dict)
 
 
 def check_collnet(logs: Sequence[NcclLog], plugin: str = PLUGIN_NAME) -> Check:
@@ -83,7 +84,7 @@ def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtype
     """Every rank checked every (dtype, size) and found no element off the CPU reference."""
     problems = []
     rows_total = 0
-    seconds: Dict[str, float] = {}
+    seconds: dict[str, float] = {}
     for res in results:
         rank = res.get("rank", "?")
         rows = {(r["dtype"], r["bytes"]): r for r in res.get("sums", [])}
@@ -112,11 +113,11 @@ def check_ddp(with_plugin: Sequence[Mapping[str, Any]], without: Sequence[Mappin
     """Same seeds and data, the gradients summed by CollNet or by NCCL's own ring: the losses of
     every rank at every step agree to rtol (in practice bitwise: a+b for two ranks is one IEEE
     addition whatever the algorithm, and DDP divides by 2 exactly)."""
-    def losses(results: Sequence[Mapping[str, Any]]) -> Dict[int, List[float]]:
+    def losses(results: Sequence[Mapping[str, Any]]) -> dict[int, list[float]]:
         return {int(r["rank"]): list(r.get("ddp", {}).get("losses", [])) for r in results}
 
     a, b = losses(with_plugin), losses(without)
-    data: Dict[str, Any] = {"with_plugin": a, "without_plugin": b}
+    data: dict[str, Any] = {"with_plugin": a, "without_plugin": b}
     if not a or not b or sorted(a) != sorted(b) or any(not v for v in a.values()):
         return Check("ddp", False, "DDP losses missing from one of the runs", data)
     worst = 0.0
@@ -135,7 +136,7 @@ def check_ddp(with_plugin: Sequence[Mapping[str, Any]], without: Sequence[Mappin
     return Check("ddp", True, f"{steps} steps x {len(a)} ranks, losses with and without the plugin {how}", data)
 
 
-def check_teardown(name: str, status: Optional[int], results: Sequence[Mapping[str, Any]], world: int = 2,
+def check_teardown(name: str, status: int | None, results: Sequence[Mapping[str, Any]], world: int = 2,
                    why: str = "") -> Check:
     """The phase's processes exited 0 and each got past destroy_process_group()."""
     states = {int(r.get("rank", -1)): r.get("teardown") for r in results}
@@ -163,7 +164,7 @@ def check_plain_network(log: NcclLog, plugin: str = PLUGIN_NAME) -> Check:
 
 
 def summarize(checks: Sequence[Check], environment: Mapping[str, Any], phases: Mapping[str, Any],
-              warnings: Sequence[str] = ()) -> Dict[str, Any]:
+              warnings: Sequence[str] = ()) -> dict[str, Any]:
     failed = [c for c in checks if c.ok is False]
     return {
         "verdict": "FAIL" if failed or not any(c.ok for c in checks) else "PASS",

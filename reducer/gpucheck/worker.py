@@ -18,35 +18,34 @@ A watchdog (faulthandler) ends the process with a traceback after --timeout seco
 from __future__ import annotations
 
 import argparse
+import datetime
 import faulthandler
 import json
 import os
 import sys
 import time
-from typing import Any, Dict, List
+from typing import Any
+
+import numpy as np
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
-def _base(n: int) -> "Any":
-    import numpy as np
-
+def _base(n: int) -> Any:
     i = np.arange(n, dtype=np.int64)
     return (i * 7 + (i >> 12) * 3 + (i >> 9)) % 17
 
 
-def pattern(n: int, rank: int, base: "Any" = None) -> "Any":
+def pattern(n: int, rank: int, base: Any = None) -> Any:
     """Rank `rank`'s input as a numpy int64 array: small integers in [-8, 8] with no short
     period (a misplaced chunk changes the values), so sums of 2 are exact in every dtype checked."""
     b = _base(n) if base is None else base
     return ((b + rank * 5) % 17) - 8
 
 
-def expected_sum(n: int, world: int, base: "Any" = None) -> "Any":
+def expected_sum(n: int, world: int, base: Any = None) -> Any:
     """The float64 reference: the sum of every rank's pattern."""
-    import numpy as np
-
     b = _base(n) if base is None else base
     total = np.zeros(n, dtype=np.float64)
     for r in range(world):
@@ -54,17 +53,15 @@ def expected_sum(n: int, world: int, base: "Any" = None) -> "Any":
     return total
 
 
-def _write(path: str, result: Dict[str, Any]) -> None:
+def _write(path: str, result: dict[str, Any]) -> None:
     tmp = f"{path}.tmp"
     with open(tmp, "w", encoding="utf-8") as fh:
         json.dump(result, fh, indent=1)
     os.replace(tmp, path)
 
 
-def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: List[int],
-             dtypes: List[str]) -> List[Dict[str, Any]]:
-    import numpy as np
-
+def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: list[int],
+             dtypes: list[str]) -> list[dict[str, Any]]:
     out = []
     for name in dtypes:
         dtype = getattr(torch, name)
@@ -80,7 +77,7 @@ def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: List
             got = x.float().cpu().numpy().astype(np.float64)
             want = expected_sum(n, world, base)
             bad = np.nonzero(got != want)[0]
-            row: Dict[str, Any] = {"dtype": name, "bytes": n * _ITEMSIZE[name], "count": n,
+            row: dict[str, Any] = {"dtype": name, "bytes": n * _ITEMSIZE[name], "count": n,
                                    "mismatches": int(bad.size), "seconds": round(seconds, 6)}
             if bad.size:
                 k = int(bad[0])
@@ -95,7 +92,7 @@ def _sync(torch: Any, dev: Any) -> None:
         torch.cuda.synchronize()
 
 
-def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> Dict[str, Any]:
+def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> dict[str, Any]:
     """Deterministic DDP steps (same seed, same data on every run); returns losses and a
     checksum of the final parameters."""
     from torch.nn.parallel import DistributedDataParallel as DDP
@@ -122,7 +119,7 @@ def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> Dict[str
     return {"losses": losses, "param_checksum": checksum, "parameters": params}
 
 
-def parse_args(argv: List[str]) -> argparse.Namespace:
+def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m reducer.gpucheck.worker")
     p.add_argument("--task", choices=("sums", "ddp", "teardown"), required=True)
     p.add_argument("--run-dir", required=True)
@@ -148,16 +145,14 @@ def prepare_env(args: argparse.Namespace, rank: int) -> None:
             os.environ.pop(key, None)
 
 
-def main(argv: List[str]) -> int:
+def main(argv: list[str]) -> int:
     args = parse_args(argv)
     faulthandler.dump_traceback_later(args.timeout, exit=True)   # a hang becomes exit 1 with a traceback
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     prepare_env(args, rank)
     path = os.path.join(args.run_dir, f"result-rank{rank}.json")
-    result: Dict[str, Any] = {"rank": rank, "world": world, "task": args.task, "teardown": "not reached"}
+    result: dict[str, Any] = {"rank": rank, "world": world, "task": args.task, "teardown": "not reached"}
     _write(path, result)
-
-    import datetime
 
     import torch
     import torch.distributed as dist

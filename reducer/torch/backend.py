@@ -23,15 +23,21 @@ from __future__ import annotations
 import datetime
 import logging
 import uuid
-from typing import Any, Callable, List, Optional, Sequence
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+import reducer
 
 from .. import config
 from ..dtypes import OPS, SUPPORTED, torch_dtype
 from ..errors import ConfigError
 from .hooks import close_completer, cpp_future, reduce_async
+
+# torch.distributed has it at runtime, but its stubs do not re-export it
+_AllgatherOptions = dist.distributed_c10d.AllgatherOptions
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +50,7 @@ _REDUCER_DTYPES = frozenset(torch_dtype(name) for name in SUPPORTED)
 _REDUCER_OPS = tuple((getattr(dist.ReduceOp, name.upper()), name) for name in OPS)
 
 
-def _op_name(reduce_op: Any) -> Optional[str]:
+def _op_name(reduce_op: Any) -> str | None:
     for red, name in _REDUCER_OPS:
         try:
             if reduce_op == red:
@@ -120,16 +126,19 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
     Communicator passed as ``comm`` stays open when the group shuts down.
     """
 
+    # The collectives below are the backend API that torch calls as (tensors, opts), the form
+    # ProcessGroupGloo implements; torch's stub of ProcessGroup declares the public overloads
+    # instead, hence the `type: ignore[override]` (and [assignment] on the aliases).
+
     def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
                  comm: Any = None, **init_kwargs: Any) -> None:
-        super().__init__(rank, size)
+        # the binding's (rank, size) form; torch's stub lists only (store, rank, size)
+        super().__init__(rank, size)  # type: ignore[call-arg]
         self._rank = int(rank)
         self._size = int(size)
         self._fallback = _gloo_group(store, rank, size, timeout)
         self._owns_comm = comm is None  # shutdown() closes only a connection made here
         if comm is None:
-            import reducer
-
             group = f"{config.get('group', init_kwargs.pop('group', None))}.torch.{_group_id(store, rank)}"
             try:
                 comm = reducer.init(rank=rank, world_size=size, group=group, **init_kwargs)
@@ -157,7 +166,7 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         return f"ReductionServerProcessGroup(rank={self._rank}, size={self._size}, {self._comm!r})"
 
     # -- routing helpers ---------------------------------------------------------------------
-    def _op_for(self, collective: str, tensors: Sequence[torch.Tensor], reduce_op: Any) -> Optional[str]:
+    def _op_for(self, collective: str, tensors: Sequence[torch.Tensor], reduce_op: Any) -> str | None:
         """The reducer op name if these tensors can go through the reducers, else None (use gloo)."""
         op = _op_name(reduce_op)
         if op is not None and all(t.dtype in _REDUCER_DTYPES for t in tensors):
@@ -169,10 +178,10 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         return None
 
     def _reduce(self, tensors: Sequence[torch.Tensor], op: str, name: str,
-                after: Optional[Callable[[], None]] = None, result: Any = None) -> torch.futures.Future:
+                after: Callable[[], None] | None = None, result: Any = None) -> torch.futures.Future:
         """All-reduce `tensors` through the reducers (copies for non-contiguous ones), then after()."""
-        targets: List[torch.Tensor] = []
-        copies: List[tuple] = []
+        targets: list[torch.Tensor] = []
+        copies: list[tuple] = []
         for t in tensors:
             if t.is_contiguous():
                 targets.append(t)
@@ -192,7 +201,7 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         return reduce_async(self._comm, targets, op, finish, name=name)
 
     # -- all-reduce --------------------------------------------------------------------------
-    def allreduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         if isinstance(tensors, torch.Tensor):
             tensors = [tensors]
         opts = dist.AllreduceOptions() if opts is None else opts
@@ -201,14 +210,14 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
             return self._fallback.allreduce(tensors, opts)
         return _work(self._reduce(tensors, op, "all_reduce"))
 
-    def allreduce_coalesced(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+    def allreduce_coalesced(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:
         opts = dist.AllreduceCoalescedOptions() if opts is None else opts
         op = self._op_for("allreduce_coalesced", tensors, opts.reduceOp)
         if op is None:
             return self._fallback.allreduce_coalesced(tensors, opts)
         return _work(self._reduce(tensors, op, "allreduce_coalesced"))
 
-    def reduce(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+    def reduce(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         opts = dist.ReduceOptions() if opts is None else opts
         op = self._op_for("reduce", tensors, opts.reduceOp)
         if op is None:
@@ -224,8 +233,12 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         return _work(self._reduce([token], "sum", "barrier", result=[token]))
 
     # -- reduce-scatter: the reducers reduce the whole input, each rank keeps its slice --------
-    def reduce_scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]],
-                       opts: Any = None) -> dist.Work:
+    def reduce_scatter(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> dist.Work:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         flat_inputs = [t for lst in input_lists for t in lst]
         op = self._op_for("reduce_scatter", flat_inputs + list(outputs), opts.reduceOp)
@@ -245,9 +258,9 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
     def _reduce_scatter_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
         return self.reduce_scatter_tensor_coalesced([output], [input], opts)
 
-    reduce_scatter_single = _reduce_scatter_base
+    reduce_scatter_single = _reduce_scatter_base  # type: ignore[assignment]
 
-    def reduce_scatter_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         op = self._op_for("reduce_scatter_tensor", list(inputs) + list(outputs), opts.reduceOp)
@@ -269,53 +282,62 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
 
         return _work(self._reduce(fulls, op, "reduce_scatter_tensor", after=scatter, result=list(outputs)))
 
-    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced
+    reduce_scatter_single_coalesced = reduce_scatter_tensor_coalesced  # type: ignore[assignment]
 
     # -- through gloo --------------------------------------------------------------------------
-    def broadcast(self, tensors: List[torch.Tensor], opts: Any = None) -> dist.Work:
+    def broadcast(self, tensors: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         return self._fallback.broadcast(tensors, dist.BroadcastOptions() if opts is None else opts)
 
-    def allgather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor],
-                  opts: Any = None) -> dist.Work:
-        return self._fallback.allgather(output_lists, inputs, dist.AllgatherOptions() if opts is None else opts)
+    def allgather(  # type: ignore[override]
+        self,
+        output_lists: list[list[torch.Tensor]],
+        inputs: list[torch.Tensor],
+        opts: Any = None,
+    ) -> dist.Work:
+        return self._fallback.allgather(output_lists, inputs, _AllgatherOptions() if opts is None else opts)
 
     def _allgather_base(self, output: torch.Tensor, input: torch.Tensor, opts: Any = None) -> dist.Work:
-        return self._fallback._allgather_base(output, input, dist.AllgatherOptions() if opts is None else opts)
+        return self._fallback._allgather_base(output, input, _AllgatherOptions() if opts is None else opts)
 
     all_gather_single = _allgather_base
 
-    def allgather_coalesced(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor],
+    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
                             opts: Any = None) -> dist.Work:
         return self._fallback.allgather_coalesced(output_lists, inputs,
-                                                  dist.AllgatherOptions() if opts is None else opts)
+                                                  _AllgatherOptions() if opts is None else opts)
 
-    def allgather_into_tensor_coalesced(self, outputs: List[torch.Tensor], inputs: List[torch.Tensor],
+    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
                                         opts: Any = None) -> dist.Work:
         return self._fallback.allgather_into_tensor_coalesced(outputs, inputs,
-                                                              dist.AllgatherOptions() if opts is None else opts)
+                                                              _AllgatherOptions() if opts is None else opts)
 
-    all_gather_single_coalesced = allgather_into_tensor_coalesced
+    all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
 
-    def gather(self, output_lists: List[List[torch.Tensor]], inputs: List[torch.Tensor], opts: Any = None) -> dist.Work:
+    def gather(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None) -> dist.Work:  # type: ignore[override]
         return self._fallback.gather(output_lists, inputs, dist.GatherOptions() if opts is None else opts)
 
-    def scatter(self, outputs: List[torch.Tensor], input_lists: List[List[torch.Tensor]], opts: Any = None) -> dist.Work:
+    def scatter(  # type: ignore[override]
+        self,
+        outputs: list[torch.Tensor],
+        input_lists: list[list[torch.Tensor]],
+        opts: Any = None,
+    ) -> dist.Work:
         return self._fallback.scatter(outputs, input_lists, dist.ScatterOptions() if opts is None else opts)
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: List[int],
-                      input_split_sizes: List[int], opts: Any = None) -> dist.Work:
+    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
+                      input_split_sizes: list[int], opts: Any = None) -> dist.Work:
         return self._fallback.alltoall_base(output, input, output_split_sizes, input_split_sizes,
                                             dist.AllToAllOptions() if opts is None else opts)
 
-    all_to_all_single = alltoall_base
+    all_to_all_single = alltoall_base  # type: ignore[assignment]
 
-    def send(self, tensors: List[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> dist.Work:
         return self._fallback.send(tensors, dst, tag)
 
-    def recv(self, tensors: List[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> dist.Work:
         return self._fallback.recv(tensors, src, tag)
 
-    def recv_anysource(self, tensors: List[torch.Tensor], tag: int = 0) -> dist.Work:
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> dist.Work:
         return self._fallback.recv_anysource(tensors, tag)
 
     # -- unsupported -----------------------------------------------------------------------------

@@ -16,10 +16,14 @@ import logging
 import queue
 import threading
 import weakref
-from typing import Any, Callable, Optional, Sequence, Tuple
+from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+import reducer
+from reducer import config
 
 from .. import lifetime
 from ..errors import ReductionError
@@ -42,7 +46,7 @@ class _Completer:
     """
 
     def __init__(self, name: str) -> None:
-        self._queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+        self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -88,7 +92,7 @@ class _Completer:
             self._complete(fut, value, None)
 
     @staticmethod
-    def _complete(fut: torch.futures.Future, value: Any, error: Optional[BaseException]) -> None:
+    def _complete(fut: torch.futures.Future, value: Any, error: BaseException | None) -> None:
         # Never let one future take the thread down: every later future would hang.
         try:
             if error is None:
@@ -129,7 +133,8 @@ def close_completer(comm: Any) -> None:
 
 
 def _future_for(tensors: Sequence[torch.Tensor]) -> torch.futures.Future:
-    devices = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
+    names = sorted({str(t.device) for t in tensors if t.device.type != "cpu"})
+    devices: list[int | str | torch.device] = list(names)
     return torch.futures.Future(devices=devices) if devices else torch.futures.Future()
 
 
@@ -147,7 +152,7 @@ def _value(fut: torch.futures.Future) -> Any:
 
 
 def reduce_async(comm: Any, tensors: Sequence[torch.Tensor], op: str, finish: Callable[[], Any],
-                 name: Optional[str] = None) -> torch.futures.Future:
+                 name: str | None = None) -> torch.futures.Future:
     """Submit every tensor with comm.allreduce_async; the returned Future gets finish()'s value.
 
     The tensors must be contiguous (they are reduced in place). Futures of one communicator
@@ -208,11 +213,9 @@ class HookState:
         return f"HookState({self.comm!r})"
 
 
-def _connect(process_group: Any, init_kwargs: dict) -> Tuple[Any, bool]:
+def _connect(process_group: Any, init_kwargs: dict) -> tuple[Any, bool]:
     """(communicator, whether the caller owns it) for HookState(comm=None)."""
     global _default_comm
-    import reducer
-    from reducer import config
 
     pg = process_group
     if pg is None and dist.is_initialized():

@@ -1,10 +1,11 @@
-#include "nccl_plugin/json.h"
+#include "common/json.h"
 
+#include <cstdint>
 #include <cstdlib>
 
 #include "common/error.h"
 
-namespace rs::nccl::json {
+namespace rs::json {
 
 const Value* Value::get(const std::string& key) const {
   if (type != Type::Object) return nullptr;
@@ -64,42 +65,43 @@ class Parser {
     return true;
   }
 
+  // The items of an object or array, the opening bracket at pos_: item() reads one, then ',' or `close`.
+  template <typename ReadItem>
+  void sequence(char close, const ReadItem& item) {
+    ++pos_;
+    if (peek() == close) {
+      ++pos_;
+      return;
+    }
+    for (;;) {
+      item();
+      const char d = peek();
+      ++pos_;
+      if (d == close) return;
+      if (d != ',') fail(std::string("expected ',' or '") + close + "'");
+    }
+  }
+
   Value value(int depth) {
     if (depth > kMaxDepth) fail("nested too deeply");
     Value v;
     char c = peek();
     if (c == '{') {
       v.type = Value::Type::Object;
-      ++pos_;
-      if (peek() == '}') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
+      sequence('}', [&] {
         if (peek() != '"') fail("expected a member name");
         std::string key = string();
         expect(':');
-        v.members[key] = value(depth + 1);
-        char d = peek();
-        ++pos_;
-        if (d == '}') return v;
-        if (d != ',') fail("expected ',' or '}'");
-      }
+        Value item = value(depth + 1);
+        auto placed = v.members.insert_or_assign(std::move(key), std::move(item));
+        if (placed.second) v.keys.push_back(placed.first->first);
+      });
+      return v;
     }
     if (c == '[') {
       v.type = Value::Type::Array;
-      ++pos_;
-      if (peek() == ']') {
-        ++pos_;
-        return v;
-      }
-      for (;;) {
-        v.items.push_back(value(depth + 1));
-        char d = peek();
-        ++pos_;
-        if (d == ']') return v;
-        if (d != ',') fail("expected ',' or ']'");
-      }
+      sequence(']', [&] { v.items.push_back(value(depth + 1)); });
+      return v;
     }
     if (c == '"') {
       v.type = Value::Type::String;
@@ -119,6 +121,8 @@ class Parser {
     if (c == '-' || (c >= '0' && c <= '9')) {
       size_t start = pos_;
       if (s_[pos_] == '-') ++pos_;
+      if (pos_ + 1 < s_.size() && s_[pos_] == '0' && s_[pos_ + 1] >= '0' && s_[pos_ + 1] <= '9')
+        fail("leading zero in a number");
       auto digits = [&] {
         size_t b = pos_;
         while (pos_ < s_.size() && s_[pos_] >= '0' && s_[pos_] <= '9') ++pos_;
@@ -160,6 +164,15 @@ class Parser {
     }
   }
 
+  // One multi-byte character whose lead byte was just read, checked, so that every string handed
+  // out is valid UTF-8.
+  void utf8_sequence(std::string* out) {
+    const size_t n = utf8_char_len(s_, --pos_);
+    if (n < 2) fail("invalid UTF-8 in a string");  // at the offset of the byte
+    out->append(s_, pos_, n);
+    pos_ += n;
+  }
+
   uint32_t hex4() {
     if (pos_ + 4 > s_.size()) fail("truncated \\u escape");
     uint32_t v = 0;
@@ -182,6 +195,10 @@ class Parser {
       char c = s_[pos_++];
       if (c == '"') return out;
       if (static_cast<unsigned char>(c) < 0x20) fail("control character in a string");
+      if (static_cast<unsigned char>(c) >= 0x80) {
+        utf8_sequence(&out);
+        continue;
+      }
       if (c != '\\') {
         out.push_back(c);
         continue;
@@ -204,6 +221,8 @@ class Parser {
             uint32_t lo = hex4();
             if (lo < 0xDC00 || lo >= 0xE000) fail("bad surrogate pair");
             cp = 0x10000 + ((cp - 0xD800) << 10) + (lo - 0xDC00);
+          } else if (cp >= 0xD800 && cp < 0xE000) {
+            fail("lone surrogate in a \\u escape");
           }
           put_utf8(&out, cp);
           break;
@@ -222,4 +241,21 @@ class Parser {
 
 Value parse(const std::string& text, const std::string& what) { return Parser(text, what).document(); }
 
-}  // namespace rs::nccl::json
+size_t utf8_char_len(const std::string& s, size_t at) {
+  if (at >= s.size()) return 0;
+  const auto lead = static_cast<unsigned char>(s[at]);
+  if (lead < 0x80) return 1;
+  const size_t extra = lead >= 0xF0 ? 3 : lead >= 0xE0 ? 2 : lead >= 0xC0 ? 1 : 0;
+  if (extra == 0 || lead > 0xF4 || at + extra >= s.size()) return 0;
+  uint32_t cp = lead & (0x3Fu >> extra);
+  for (size_t i = 1; i <= extra; ++i) {
+    const auto b = static_cast<unsigned char>(s[at + i]);
+    if ((b & 0xC0) != 0x80) return 0;
+    cp = (cp << 6) | (b & 0x3F);
+  }
+  static constexpr uint32_t kMin[4] = {0, 0x80, 0x800, 0x10000};
+  if (cp < kMin[extra] || cp > 0x10FFFF || (cp >= 0xD800 && cp < 0xE000)) return 0;
+  return extra + 1;
+}
+
+}  // namespace rs::json
