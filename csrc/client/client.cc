@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/text.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 
@@ -162,9 +163,7 @@ std::string Client::session_group() const {
       h *= 1099511628211ull;
     }
   }
-  static const char hex[] = "0123456789abcdef";
-  std::string suffix = "#f";
-  for (int b = 15; b >= 0; --b) suffix += hex[(h >> (4 * b)) & 15];
+  const std::string suffix = "#f" + rs::hex_u64(h);
   std::string base = opts_.group.substr(0, proto::kMaxNameBytes - suffix.size());
   return base + suffix;
 }
@@ -278,7 +277,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
                           uint64_t tag, Compression comp, bool may_wait, RoundId* out) {
   const bool compressed = comp != Compression::None;
   if (compressed && dtype != DType::F32)
-    throw Error(ErrorKind::Config, std::string("compression ") + compression_name(comp) +
+    throw Error(ErrorKind::Config, std::string("compression ") + rs::wire_compression_name(comp) +
                                        " needs a float32 buffer, got " + dtype_name(dtype));
   const size_t es = dtype_size(dtype);
   uint64_t nbytes = 0;
@@ -293,7 +292,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     throw Error(ErrorKind::Config, "buffer of " + std::to_string(nbytes) + " bytes is not a whole number of " +
                                        dtype_name(dtype) + " elements");
   // Everything below is planned on the wire bytes: a compressed round is a 16-bit round there.
-  const DType wire = compressed ? wire_dtype(comp) : dtype;
+  const DType wire = compressed ? rs::wire_compression_dtype(comp) : dtype;
   const size_t wes = dtype_size(wire);
   const uint64_t elems = nbytes / es;
   const size_t max_rounds = size_t(opts_.max_rounds_in_flight);

@@ -52,6 +52,7 @@
 #include "kernels/kernels.h"
 #include "net/deadline.h"
 #include "net/frame_io.h"
+#include "common/compression.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/plan.h"
@@ -59,11 +60,8 @@
 namespace rs::client {
 
 
-// 16-bit wire compression of a float32 round.
-enum class Compression : uint8_t { None = 0, BF16 = 1, F16 = 2 };
-// "" / "none" -> None, "bf16" / "bfloat16" -> BF16, "fp16" / "float16" / "half" -> F16; false if unknown.
-bool parse_compression(const std::string& s, Compression* out);
-const char* compression_name(Compression c);  // "none", "bf16", "fp16"
+// 16-bit wire compression of a float32 round: its names live in common/compression.h.
+using Compression = rs::WireCompression;
 
 // The defaults are the settings table's (common/settings.h); client_settings.h reads RS_* into one.
 struct ClientOptions {

@@ -2,24 +2,6 @@
 
 namespace rs::client {
 
-bool parse_compression(const std::string& s, Compression* out) {
-  if (s.empty() || s == "none") *out = Compression::None;
-  else if (s == "bf16" || s == "bfloat16") *out = Compression::BF16;
-  else if (s == "fp16" || s == "float16" || s == "half") *out = Compression::F16;
-  else return false;
-  return true;
-}
-
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::BF16: return "bf16";
-    case Compression::F16: return "fp16";
-    default: return "none";
-  }
-}
-
-DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
-
 void convert(const net::Segments& buf, DType wire, uint64_t off, uint64_t len, uint8_t* chunk, bool narrow) {
   for_each_piece(buf, off * 2, len * 2, [&](const iovec& piece) {
     const size_t elems = piece.iov_len / sizeof(float);

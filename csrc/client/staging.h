@@ -20,9 +20,6 @@ namespace rs::client {
 // Narrowed chunks one link may have queued and not yet written (its staging ring), at most.
 constexpr size_t kMaxStagingSlots = 4;
 
-// The 16-bit type a compressed round carries on the wire.
-DType wire_dtype(Compression c);
-
 // Calls f(piece) for each contiguous piece of bytes [off, off + len) of `buf`, in order.
 template <class F>
 void for_each_piece(const net::Segments& buf, uint64_t off, uint64_t len, F&& f) {
