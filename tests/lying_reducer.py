@@ -4,7 +4,8 @@
 independent encoder) to ONE real worker of a group whose other members are imaginary: it answers
 every hello with `reply` (Ok by default, without authentication), every DATA chunk with what
 `on_data` returns (by default the honest RESULT: the worker's own chunk, as if the other members
-contributed zeros) and every DONE with the CLEAR it asks for. A script decides where it lies.
+contributed zeros) and every DONE with what `on_done` returns (by default the CLEAR it asks for).
+A script decides where it lies.
 
 Every connection is served by a thread of its own; every socket wait has a timeout.
 """
@@ -76,14 +77,17 @@ def clear_frame(round_: int) -> bytes:
 
 # on_data(connection index, header, payload) -> bytes to send, or None for the honest result.
 OnData = Callable[[int, Header, bytes], bytes | None]
+# on_done(connection index, header) -> bytes to send, or None for the honest CLEAR.
+OnDone = Callable[[int, Header], bytes | None]
 
 
 class LyingReducer:
     """Listens on 127.0.0.1 (any free port); serves at most `max_conns` connections."""
 
     def __init__(self, on_data: OnData | None = None, reply: tuple[int, bytes] = (Status.OK, b"welcome"),
-                 max_conns: int = 8, timeout: float = 20.0) -> None:
+                 max_conns: int = 8, timeout: float = 20.0, on_done: OnDone | None = None) -> None:
         self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
+        self.on_done = on_done
         self.data: list[tuple[int, Header]] = []   # (connection, header) of every DATA frame received
         self.errors: list[BaseException] = []      # unexpected failures of the script itself
         self._lock = threading.Lock()
@@ -136,7 +140,8 @@ class LyingReducer:
                     out = self.on_data(index, h, payload) if self.on_data else None
                     conn.sendall(result_for(h, payload) if out is None else out)
                 elif h.type == DONE:
-                    conn.sendall(clear_frame(h.round))
+                    out = self.on_done(index, h) if self.on_done else None
+                    conn.sendall(clear_frame(h.round) if out is None else out)
                 elif h.type == BYE:
                     return
         except (OSError, ConnectionError, struct.error):

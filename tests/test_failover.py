@@ -22,7 +22,9 @@ from typing import Any
 import async_tasks
 import numpy as np
 import pytest
+from attack_tools import ERR_SHUTDOWN
 from conftest import addresses
+from lying_reducer import Header, LyingReducer, error_frame
 from tasks import make_data, reference
 from test_fusion import run_workers
 
@@ -899,3 +901,43 @@ def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(redu
             c.close()
     finally:
         proxy.close()
+
+
+@pytest.mark.sanitize
+def test_a_session_lost_while_draining_for_a_rejoin_check_raises_its_own_error():
+    """The session fails inside start() while it drains for a rejoin check, and every round in
+    flight was released early (its caller has it, nobody else hears the error): start() raises
+    that error (every reducer lost). The old code returned round id 0 there, so the caller's
+    wait() said "round 0 was already waited for" instead (seen in soaks with reducer kills)."""
+    last_tag = 31  # the round before the first rejoin check (at RoundId 32)
+    marked: dict[str, int] = {}
+
+    def lose_b(conn: int, h: Header, payload: bytes) -> bytes | None:
+        return error_frame(ERR_SHUTDOWN, b"reducer b shutting down")
+
+    def note_last(conn: int, h: Header, payload: bytes) -> bytes | None:
+        if h.tag == last_tag:
+            marked["wire"] = h.round
+        return None
+
+    def shut_down_after_last(conn: int, h: Header) -> bytes | None:
+        # The DONE covering the last round gets no CLEAR: reducer a shuts down instead.
+        if "wire" in marked and h.round > marked["wire"]:
+            return error_frame(ERR_SHUTDOWN, b"reducer a shutting down")
+        return None
+
+    with LyingReducer(note_last, on_done=shut_down_after_last) as a, LyingReducer(lose_b) as b:
+        client = core.Client([a.address, b.address], 0, 1, "drain-loss", "local", 10.0, 10.0, "", 1, 1 << 20)
+        try:
+            for k in range(last_tag + 1):  # round 0 fails over to a alone; 1..31 run on it
+                x = np.full(1024, float(k), np.float32)
+                client.wait(client.start(x, "float32", "sum", tag=k))
+                assert float(x[0]) == float(k)
+            assert client.stats()["reducers_active"] == 1
+            assert client.stats()["early_releases"] >= 1
+            with pytest.raises(reducer.PeerLostError, match="every reducer is lost"):
+                rid = client.start(np.zeros(1024, np.float32), "float32", "sum", tag=last_tag + 1)
+                client.wait(rid)  # the old code: ConfigError "round 0 was already waited for"
+        finally:
+            client.close()
+        assert not a.errors and not b.errors

@@ -106,7 +106,7 @@ def test_worker_checks_unit_tests_in_cpp(tmp_path):
     from cpp_build import build_and_run
 
     sources = ["tests/cpp/test_worker_lies.cc", "csrc/client/failover.cc", "csrc/client/peer_text.cc",
-               "csrc/client/reducer_frames.cc", "csrc/common/common.cc"]
+               "csrc/client/reducer_frames.cc", "csrc/common/common.cc", "csrc/common/text.cc"]
     san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
     build_and_run(tmp_path, "test_worker_lies", sources, flags=san)
 

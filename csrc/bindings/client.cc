@@ -35,17 +35,11 @@ struct Round {  // one round's arguments, parsed with the GIL held
   Compression comp;
 };
 
-// The names are common/compression.h's; the client's enum has the same values (a shim until the
-// client uses rs::WireCompression itself).
-static_assert(uint8_t(Compression::None) == uint8_t(rs::WireCompression::None) &&
-              uint8_t(Compression::BF16) == uint8_t(rs::WireCompression::BF16) &&
-              uint8_t(Compression::F16) == uint8_t(rs::WireCompression::F16));
-
 Compression compression_arg(const std::string& s) {
-  rs::WireCompression c;
+  Compression c;
   if (!rs::parse_wire_compression(s, &c))
     throw py::value_error("unknown compression '" + s + "' (use " + rs::kCompressionChoices + ")");
-  return Compression(uint8_t(c));
+  return c;
 }
 
 Round buffer_round(py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,

@@ -2,7 +2,11 @@
 
 #include "client/failover.h"
 #include "client/handshake.h"
+#include "client/recovery.h"
 #include "client/reducer_frames.h"
+#include "client/round.h"
+#include "client/schedule.h"
+#include "client/staging.h"
 
 #include <poll.h>
 #include <sys/eventfd.h>
@@ -15,7 +19,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
-#include "common/raised.h"
+#include "common/text.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 
@@ -28,191 +32,10 @@ namespace {
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
 
-// Narrowed chunks one link may have queued and not yet written (its staging ring), at most.
-constexpr size_t kMaxStagingSlots = 4;
-
-// A frame's token in the link's writer: the round number, and whether the payload sits in a
-// staging slot (which the write frees); kDoneToken for a DONE frame.
-uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
-constexpr uint64_t kDoneToken = ~uint64_t(0);
-
-// With failover, a round of at most this many buffer bytes is handed back as soon as its
-// results are in, before the reducers' CLEAR (one more worker -> reducer -> worker trip, which
-// cost 64 KiB rounds 30-40%): its results are copied aside first, and until the CLEARs the copy
-// stands in for the caller's buffer (a failover repairs from it), so the caller may reuse its
-// memory at once. Larger rounds wait for the CLEAR: the trip is a small share of their time, and
-// the copy would cost memory (docs/protocol.md section 6, "Early release of small rounds").
-constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
-
-// The fingerprint of the failover exchange rounds (all workers send the same).
-constexpr uint64_t kExchangeTag = 0x5245564f4c494146ull;  // "FAILOVER"
-
-// How long a worker that is leaving for a failover waits to finish a frame it is half-way
-// through writing, so that its goodbye is read as one (the others then learn it is a failover).
-constexpr int kByeFinishMs = 1000;
-
-// After a reducer reports that another worker left, how long this worker waits for a reducer
-// loss of its own that would explain it (that worker may have left for a failover, its goodbye lost).
-constexpr int kPeerLeftGraceMs = 200;
-
-// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
-// on every worker) whether they came back (with the probes the previous check started).
-constexpr RoundId kRejoinEvery = 32;
-
-// Failover sessions (a failover's exchange starts again when another loss interrupts it) since a
-// user round last finished: beyond this many (plus one per reducer) something keeps interrupting
-// them (a reducer that keeps answering ERROR Failover) and the rounds fail instead.
-constexpr int kMaxRecoverRestarts = 16;
-
-DType wire_dtype(Compression c) { return c == Compression::F16 ? DType::F16 : DType::BF16; }
-
 }  // namespace
 
-bool parse_compression(const std::string& s, Compression* out) {
-  if (s.empty() || s == "none") *out = Compression::None;
-  else if (s == "bf16" || s == "bfloat16") *out = Compression::BF16;
-  else if (s == "fp16" || s == "float16" || s == "half") *out = Compression::F16;
-  else return false;
-  return true;
-}
-
-const char* compression_name(Compression c) {
-  switch (c) {
-    case Compression::BF16: return "bf16";
-    case Compression::F16: return "fp16";
-    default: return "none";
-  }
-}
-
-// A round: its buffer, and its progress on every link.
-struct Client::Round {
-  enum class Role : uint8_t { User, Repair, Exchange };
-  Role role = Role::User;
-  RoundId id = 0;
-  uint64_t wire = 0;  // round number on the wire (per session)
-  DType dtype = DType::F32;
-  Op op = Op::Sum;
-  uint64_t tag = 0;
-  uint64_t nbytes = 0;        // on the wire (compressed: half the buffer's)
-  Compression comp = Compression::None;  // comp != None: dtype is the 16-bit wire type, buf float32
-  net::Segments buf;
-  // Offsets and sizes below are wire bytes; in the buffer they are twice that when compressed.
-  struct Part : LinkShare {  // this round on one link: the link's share of its reducer's shard
-    uint64_t shard_off = 0;    // of the shard in the buffer
-    uint64_t next_send = 0;    // next chunk index to queue (stream, stream + S, ...)
-    bool cleared = false;      // the reducer said CLEAR for this round (failover)
-  };
-  std::vector<Part> parts;     // by link
-  size_t parts_left = 0;       // parts still waiting for results
-  size_t clears_left = 0;      // parts still waiting for CLEAR (failover)
-  bool in_session = false;     // in session_, planned on the current links
-  enum class State { Running, Done, Failed } state = State::Running;
-  bool collected = false;      // done (or released) and reported, freed when it leaves session_
-  // Released (failover, small rounds): every result is in, the CLEARs are not. The caller has it
-  // back (test() true); `buf` points at `copy`, a copy of the results, until the round is done.
-  bool released = false;
-  std::vector<uint8_t> copy;
-  ErrorKind kind = ErrorKind::Internal;
-  std::string error;
-  // Failover (client/failover.h).
-  failover::Intervals held;    // User: wire bytes known to hold results (as of the last failover)
-  size_t children = 0;         // User: repair rounds not yet done
-  Round* parent = nullptr;     // Repair: the user round whose bytes it completes
-  struct Span {
-    uint64_t at, pos, len;     // Repair: its wire bytes [at, at + len) are the parent's [pos, pos + len)
-  };
-  std::vector<Span> map;
-  std::vector<int64_t> store;  // Exchange: the table being all-reduced
-  uint64_t scale() const { return comp != Compression::None ? 2 : 1; }  // buffer bytes per wire byte
-};
-
-struct Client::Link {
-  net::Fd fd;
-  std::string peer;  // "reducer host:port (stream s)"
-  size_t reducer = 0;
-  int stream = 0;
-  net::FrameWriter out;
-  net::FrameReader in;
-  uint64_t send_wire = 0;   // the round whose chunks this link queues next
-  uint64_t in_flight = 0;   // chunks queued or sent whose result is not back (all rounds)
-  Round* reading = nullptr; // the round of the result frame being read
-  std::string error_text;   // payload of an Error frame being read
-  bool closed = false;      // lost, or the reducer sent an error: nothing more is read or written
-  // Releases (failover): DONE sent, CLEAR received.
-  uint64_t done_next = 0;   // rounds below this one are complete on this link
-  uint64_t done_sent = 0;
-  bool done_owed = false;   // a round with a part on this link completed since the last DONE
-  bool done_queued = false; // a DONE is in `out`, not yet written (one at a time: they are cumulative)
-  bool cork = false;        // `out` holds only a DONE that may wait in the kernel (fill())
-  bool corked = false;      // a DONE written with MSG_MORE may still wait there
-  uint64_t cleared = 0;     // rounds below this one are cleared on this link
-  // Compressed rounds' staging, allocated at the session's first compressed round on this link:
-  std::vector<uint8_t> tx;  // staging_slots() chunks: narrowed payloads queued, not yet written
-  uint64_t tx_pushed = 0;   // narrowed frames queued (slot = tx_pushed % slots)
-  uint64_t tx_written = 0;  // narrowed frames written (they free their slots in order)
-  std::vector<uint8_t> rx;  // one chunk: the 16-bit result being read, widened into place when complete
-};
-
-namespace {
-
-ErrorKind kind_of(proto::ErrorCode code) {
-  switch (code) {
-    case proto::ErrorCode::Mismatch: return ErrorKind::Mismatch;
-    case proto::ErrorCode::Protocol: return ErrorKind::Protocol;
-    case proto::ErrorCode::PeerLost:
-    case proto::ErrorCode::Failover:
-    case proto::ErrorCode::Shutdown: return ErrorKind::PeerLost;
-    default: return ErrorKind::Internal;
-  }
-}
-
-// Calls f(piece) for each contiguous piece of bytes [off, off + len) of `buf`, in order.
-template <class F>
-void for_each_piece(const net::Segments& buf, uint64_t off, uint64_t len, F&& f) {
-  constexpr int kPieces = 16;
-  while (len > 0) {
-    iovec piece[kPieces];
-    int n = 0;
-    const uint64_t got = buf.gather(off, len, piece, &n, kPieces);
-    for (int i = 0; i < n; ++i) f(piece[i]);
-    off += got;
-    len -= got;
-  }
-}
-
-// Converts between the 16-bit wire chunk `wire` and bytes [2 off, 2 (off + len)) of a compressed
-// round's float32 buffer (off, len: wire bytes): narrow (buffer -> wire) or widen (wire -> buffer).
-// Segments hold whole floats (start_locked checks it), so every piece gather() returns does too.
-void convert(const net::Segments& buf, DType wire, uint64_t off, uint64_t len, uint8_t* chunk, bool narrow) {
-  for_each_piece(buf, off * 2, len * 2, [&](const iovec& piece) {
-    const size_t elems = piece.iov_len / sizeof(float);
-    float* f = static_cast<float*>(piece.iov_base);
-    if (narrow) kernels::narrow(wire, chunk, f, elems);
-    else kernels::widen(wire, f, chunk, elems);
-    chunk += elems * 2;
-  });
-}
-
-// Writes the identity of a sum over wire bytes [2 off or off, ...) of a round's buffer: -0.0 for
-// floats (x + -0.0 == x bit for bit, also for x = +0.0), 0 for integers. `buf_dtype` is the
-// buffer's type (float32 for compressed rounds).
-void fill_identity(const net::Segments& buf, DType buf_dtype, uint64_t off, uint64_t len) {
-  const size_t es = dtype_size(buf_dtype);
-  uint64_t at = off;  // elements start at multiples of es in the round's buffer
-  for_each_piece(buf, off, len, [&](const iovec& piece) {
-    uint8_t* p = static_cast<uint8_t*>(piece.iov_base);
-    std::memset(p, 0, piece.iov_len);
-    if (buf_dtype != DType::I32 && buf_dtype != DType::I64) {
-      // Little-endian: the sign bit is the top bit of each element's last byte.
-      for (size_t b = size_t(es - 1 - at % es); b < piece.iov_len; b += es) p[b] = 0x80;
-    }
-    at += piece.iov_len;
-  });
-}
-
-}  // namespace
-
-Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeout) {
+Client::Client(ClientOptions opts)
+    : opts_(std::move(opts)), sched_(std::make_unique<Schedule>(opts_)), timer_(opts_.timeout) {
   if (opts_.reducers.empty()) throw Error(ErrorKind::Config, "no reducers given");
   if (opts_.world_size < 1) throw Error(ErrorKind::Config, "world_size must be at least 1");
   if (opts_.rank >= opts_.world_size)
@@ -231,7 +54,7 @@ Client::Client(ClientOptions opts) : opts_(std::move(opts)), timer_(opts_.timeou
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
-  lost_.assign(addrs_.size(), 0);
+  recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   connect_all();
@@ -311,7 +134,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
     l->in.set_max_payload(opts_.chunk_bytes);
   }
   links_ = std::move(links);
-  wire_next_ = 0;
+  sched_->next_wire = 0;
   session_gen_++;
 }
 
@@ -340,9 +163,7 @@ std::string Client::session_group() const {
       h *= 1099511628211ull;
     }
   }
-  static const char hex[] = "0123456789abcdef";
-  std::string suffix = "#f";
-  for (int b = 15; b >= 0; --b) suffix += hex[(h >> (4 * b)) & 15];
+  const std::string suffix = "#f" + rs::hex_u64(h);
   std::string base = opts_.group.substr(0, proto::kMaxNameBytes - suffix.size());
   return base + suffix;
 }
@@ -360,11 +181,13 @@ void Client::disconnect(bool say_bye) {
     }
   }
   links_.clear();
-  probes_.clear();
+  recovery_->drop_probes();
   session_gen_++;
 }
 
 void Client::fail_all(ErrorKind kind, const std::string& why) {
+  dropped_kind_ = kind;
+  dropped_why_ = why;
   auto fail = [&](Round* r) {
     if (r->role != Round::Role::User) return;
     if (r->collected) {
@@ -378,21 +201,15 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
       r->error = why;
     }
   };
-  for (Round* r : session_) fail(r);
+  for (Round* r : sched_->rounds) fail(r);
   for (Round* r : parents_) fail(r);
-  session_.clear();
+  sched_->rounds.clear();
   parents_.clear();
   internal_.clear();
-  check_ = nullptr;  // a rejoin check under way is over (the boundary is not checked again)
-  check_open_ = false;
+  recovery_->reset();  // a rejoin check under way is over too (the boundary is not checked again)
   open_ = 0;
   running_ = 0;
   released_open_ = 0;
-  std::fill(lost_.begin(), lost_.end(), 0);
-  loss_pending_ = false;
-  loss_why_.clear();
-  peer_left_.clear();
-  recoveries_ = 0;
   // The session is out of step with the group now: drop it; the next start() reconnects.
   // Links at a frame boundary say goodbye, so groups that were idle on them do not report
   // this worker as lost (which could reach the others before the real cause).
@@ -404,7 +221,7 @@ void Client::close() {
   std::lock_guard<std::mutex> lock(mu_);
   // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
   // Released rounds still waiting for their CLEARs leave with the session (their callers have them).
-  if (running_ > 0 || released_open_ > 0 || check_open_)
+  if (running_ > 0 || released_open_ > 0 || recovery_->check_open())
     fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
 }
@@ -439,7 +256,8 @@ RoundId Client::start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint6
   std::unique_lock<std::mutex> lk(mu_);
   Driving driving(this);
   RoundId id = 0;
-  start_locked(lk, segs, nsegs, dtype, op, tag, comp, true, &id);
+  if (!start_locked(lk, segs, nsegs, dtype, op, tag, comp, true, &id))
+    throw Error(ErrorKind::Internal, "start() returned without starting the round");  // never: it waits
   return id;
 }
 
@@ -459,7 +277,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
                           uint64_t tag, Compression comp, bool may_wait, RoundId* out) {
   const bool compressed = comp != Compression::None;
   if (compressed && dtype != DType::F32)
-    throw Error(ErrorKind::Config, std::string("compression ") + compression_name(comp) +
+    throw Error(ErrorKind::Config, std::string("compression ") + rs::wire_compression_name(comp) +
                                        " needs a float32 buffer, got " + dtype_name(dtype));
   const size_t es = dtype_size(dtype);
   uint64_t nbytes = 0;
@@ -474,11 +292,11 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     throw Error(ErrorKind::Config, "buffer of " + std::to_string(nbytes) + " bytes is not a whole number of " +
                                        dtype_name(dtype) + " elements");
   // Everything below is planned on the wire bytes: a compressed round is a 16-bit round there.
-  const DType wire = compressed ? wire_dtype(comp) : dtype;
+  const DType wire = compressed ? rs::wire_compression_dtype(comp) : dtype;
   const size_t wes = dtype_size(wire);
   const uint64_t elems = nbytes / es;
   const size_t max_rounds = size_t(opts_.max_rounds_in_flight);
-  check_probes();
+  recovery_->check_probes();
   if (running_ >= max_rounds) pump();
   if (running_ >= max_rounds) {
     if (!may_wait) return false;
@@ -492,18 +310,18 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   // (A worker that started this round before the failover did not check: only rounds that no
   // worker had started then are checked, so every worker checks at the same ones. A check that
   // try_start() left under way holds every start until it is over.)
-  if ((check_open_ || check_due()) && !try_rejoin(may_wait)) return false;
+  if (!recovery_->before_start(may_wait)) return false;
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
-  r.wire = wire_next_++;
+  r.wire = sched_->next_wire++;
   r.dtype = wire;
   r.op = op;
   r.tag = tag;
   r.nbytes = elems * wes;
   r.comp = comp;
   r.buf.assign(segs, nsegs);
-  plan(r);
+  sched_->plan(r, links_, active_.size());
   if (r.parts_left == 0) {
     r.state = Round::State::Done;  // an empty buffer: nothing to send
     stats_.rounds++;
@@ -512,7 +330,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     running_++;
     open_++;
   }
-  session_.push_back(&r);
+  sched_->rounds.push_back(&r);
   rounds_.emplace(r.id, std::move(owned));
   *out = r.id;
   pump();  // start streaming now
@@ -520,42 +338,10 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   return true;
 }
 
-// Splits a round over the current links: one contiguous shard per reducer of active_, in
-// chunks dealt round-robin to its streams.
-void Client::plan(Round& r) {
-  const size_t wes = dtype_size(r.dtype);
-  const uint64_t es = wes * r.scale();  // bytes per element in the buffer
-  const uint64_t S = uint64_t(opts_.streams);
-  proto::ShardPlan sp = proto::plan_round(r.nbytes / wes, wes, active_.size(), opts_.world_size, r.wire);
-  r.parts.assign(links_.size(), Round::Part{});
-  r.parts_left = 0;
-  r.clears_left = 0;
-  for (size_t li = 0; li < links_.size(); ++li) {
-    const Link& l = *links_[li];
-    const size_t pos = li / size_t(S);  // the reducer's place in active_
-    Round::Part& p = r.parts[li];
-    p.shard_off = sp.offset[pos] * wes;
-    p.shard_bytes = sp.count[pos] * wes;
-    // Chunks as large on the wire as the uncompressed round's (chunk_for of the shard's buffer
-    // bytes, so 32 per shard instead of 64): a reducer holds a few chunks per stream at once, so
-    // the chunk size bounds the bytes in flight per link (measured: half-size chunks reached 40%
-    // of a 1 Gbit/s link instead of 70-90%).
-    p.chunk = proto::chunk_for(p.shard_bytes / wes * es, opts_.chunk_bytes);
-    p.nchunks = (p.shard_bytes + p.chunk - 1) / p.chunk;
-    p.next_send = uint64_t(l.stream);
-    p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
-    if (p.expected > 0) {
-      r.parts_left++;
-      if (opts_.failover) r.clears_left++;
-    }
-  }
-  r.in_session = true;
-}
-
 // Plans an internal or re-planned round on the current links and appends it to the session.
 void Client::enqueue(Round* r) {
-  plan(*r);
-  session_.push_back(r);
+  sched_->plan(*r, links_, active_.size());
+  sched_->rounds.push_back(r);
   open_++;
   settle(*r);  // an empty one (nothing on any link) is done at once
 }
@@ -573,14 +359,14 @@ void Client::settle(Round& r) {
   if (r.in_session) open_--;
   switch (r.role) {
     case Round::Role::User:
-      recoveries_ = 0;
+      recovery_->round_finished();
       if (r.released) released_open_--;  // (counted in stats and left running_ when it was released)
       else {
         running_--;
         stats_.rounds++;
       }
       // A repaired round leaves parents_ now: once collected it is freed (collect()). One the
-      // caller collected when it was released is in neither parents_ nor session_ any more:
+      // caller collected when it was released is in neither parents_ nor sched_->rounds any more:
       // nothing else frees it.
       parents_.erase(std::remove(parents_.begin(), parents_.end(), &r), parents_.end());
       if (r.collected && !r.in_session) rounds_.erase(r.id);  // (r is gone)
@@ -601,10 +387,9 @@ void Client::settle(Round& r) {
 // Every result of user round `r` is in, a CLEAR is still owed: hands it back now if it is small
 // (kEarlyReleaseBytes). Its results are copied aside and `buf` points at the copy from here on,
 // so a failover before the CLEARs repairs from the copy, never from memory the caller has back.
-bool Client::small_user_round(const Round& r) { return r.role == Round::Role::User && r.buf.size() <= kEarlyReleaseBytes; }
 
 void Client::release_early(Round& r) {
-  if (r.released || !small_user_round(r) || released_open_ >= size_t(opts_.max_rounds_in_flight)) return;
+  if (r.released || !r.small_user() || released_open_ >= size_t(opts_.max_rounds_in_flight)) return;
   if (!spare_copies_.empty()) {
     r.copy = std::move(spare_copies_.back());
     spare_copies_.pop_back();
@@ -633,24 +418,8 @@ void Client::recycle_copy(Round& r) {
 
 void Client::finish_part(size_t li, Round& r) {
   r.parts_left--;
-  advance_done(li);
+  sched_->advance_done(*links_[li], li);
   settle(r);
-}
-
-// DONE(n): this worker holds the results of every round below n on this link (fill() sends it).
-// Only a round with a part on the link makes one owed: the reducer knows nothing of the others
-// (a small round uses some of the reducers), and a DONE for them would cost both ends a frame
-// and a wake-up, and the reducer a CLEAR to every worker, for nothing.
-void Client::advance_done(size_t li) {
-  if (!opts_.failover) return;
-  Link& l = *links_[li];
-  if (!session_.empty()) l.done_next = std::max(l.done_next, session_.front()->wire);
-  while (Round* r = by_wire(l.done_next)) {
-    const Round::Part& p = r->parts[li];
-    if (p.received < p.expected) break;
-    if (p.expected) l.done_owed = true;
-    l.done_next++;
-  }
 }
 
 // CLEAR(n) on link li: every worker holds the results of the rounds below n on this link.
@@ -658,9 +427,9 @@ void Client::apply_clear(size_t li, uint64_t upto) {
   Link& l = *links_[li];
   const std::string bad = check_clear(upto, l.done_sent, opts_.failover);
   if (!bad.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + bad);
-  const uint64_t from = std::max(l.cleared, session_.empty() ? wire_next_ : session_.front()->wire);
+  const uint64_t from = std::max(l.cleared, sched_->oldest_wire());
   for (uint64_t w = from; w < upto; ++w) {
-    Round* r = by_wire(w);
+    Round* r = sched_->by_wire(w);
     if (!r) continue;
     Round::Part& p = r->parts[li];
     if (p.expected == 0 || p.cleared) continue;
@@ -682,9 +451,9 @@ Client::Driving::~Driving() {
 }
 
 void Client::retire() {
-  while (!session_.empty() && session_.front()->state != Round::State::Running) {
-    Round* r = session_.front();
-    session_.pop_front();
+  while (!sched_->rounds.empty() && sched_->rounds.front()->state != Round::State::Running) {
+    Round* r = sched_->rounds.front();
+    sched_->rounds.pop_front();
     r->in_session = false;
     if (r->role == Round::Role::User) {
       if (r->collected) rounds_.erase(r->id);
@@ -695,102 +464,10 @@ void Client::retire() {
   }
 }
 
-Client::Round* Client::by_wire(uint64_t wire) const {
-  if (session_.empty() || wire < session_.front()->wire) return nullptr;
-  uint64_t i = wire - session_.front()->wire;
-  return i < session_.size() ? session_[size_t(i)] : nullptr;
-}
-
-size_t Client::staging_slots() const { return std::min(size_t(opts_.window), kMaxStagingSlots); }
-
-void Client::fill(size_t li) {
-  Link& l = *links_[li];
-  if (l.closed) return;
-  const uint64_t S = uint64_t(opts_.streams);
-  // With fewer reducers than workers (as after a failover from R = W) each reducer's link is
-  // oversubscribed W/R times: half the window keeps the bytes queued toward it within a switch
-  // queue's reach (measured, docs/performance.md "Reducer failover": 1.04x the R = W - 1 bound
-  // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
-  const uint64_t window = active_.size() < size_t(opts_.world_size) && opts_.window > 1
-                              ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
-  // Rounds before the oldest unfinished one are complete, so this link sent all of them.
-  if (session_.empty()) l.send_wire = wire_next_;
-  else l.send_wire = std::max(l.send_wire, session_.front()->wire);
-  while (l.in_flight < window && !l.out.full()) {
-    Round* r = by_wire(l.send_wire);
-    if (!r) break;
-    Round::Part& p = r->parts[li];
-    if (p.next_send >= p.nchunks) {
-      l.send_wire++;  // this round's chunks on this link are all queued: the next round's follow
-      continue;
-    }
-    const bool staged = r->comp != Compression::None;
-    if (staged && l.tx.empty()) {  // the staging of compressed rounds: once per session and link
-      l.tx.resize(staging_slots() * opts_.chunk_bytes);
-      l.rx.resize(opts_.chunk_bytes);
-    }
-    if (staged && l.tx_pushed - l.tx_written >= staging_slots()) break;  // every slot waits to be written
-    const uint64_t off = p.next_send * p.chunk;
-    const uint64_t len = std::min<uint64_t>(p.chunk, p.shard_bytes - off);
-    proto::FrameHeader h;
-    h.type = proto::FrameType::Data;
-    h.dtype = uint8_t(r->dtype);
-    h.op = uint8_t(r->op);
-    h.flags = (p.next_send + S >= p.nchunks) ? proto::kLastInStream : 0;
-    h.length = uint32_t(len);
-    h.round = r->wire;
-    h.total_bytes = r->nbytes;
-    h.shard_bytes = p.shard_bytes;
-    h.offset = off;
-    h.tag = r->tag;
-    uint8_t hdr[proto::kFrameHeaderBytes];
-    proto::encode(h, hdr);
-    if (staged) {
-      uint8_t* slot = l.tx.data() + (l.tx_pushed++ % staging_slots()) * opts_.chunk_bytes;
-      convert(r->buf, r->dtype, p.shard_off + off, len, slot, true);
-      l.out.push(hdr, sizeof hdr, net::Payload::bytes(slot, len), frame_token(r->wire, true));
-    } else {
-      l.out.push(hdr, sizeof hdr, net::Payload::range(r->buf, p.shard_off + off, len), frame_token(r->wire, false));
-    }
-    p.next_send += S;
-    l.in_flight++;
-    l.cork = false;
-  }
-  // The DONE goes out with what this link writes anyway. Alone, when only rounds released early
-  // wait for it (their copies do, no caller), it is written with MSG_MORE: the kernel keeps it
-  // for the link's next write (the next round on this reducer, usually within a round or two),
-  // about 200 ms at most. That spares the reducer a wake-up per DONE, and its CLEARs then leave
-  // with that round's results. A round this worker cannot hand back before the CLEAR
-  // (done_urgent), a drain or a pool of copies (nearly) full (copies_short) send it at once.
-  if (!l.done_queued && l.done_owed && l.done_sent < l.done_next && !l.out.full()) {
-    l.cork = l.out.empty() && l.in_flight == 0 && !copies_short() && !done_urgent(li);
-    proto::FrameHeader h;
-    h.type = proto::FrameType::Done;
-    h.round = l.done_next;
-    uint8_t hdr[proto::kFrameHeaderBytes];
-    proto::encode(h, hdr);
-    l.out.push(hdr, sizeof hdr, net::Payload::none(), kDoneToken);
-    l.done_queued = true;
-    l.done_owed = false;
-    l.done_sent = l.done_next;
-  }
-}
+void Client::fill(size_t li) { sched_->fill(*links_[li], li, active_.size(), copies_short()); }
 
 bool Client::copies_short() const {
   return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight);
-}
-
-// True if a round the DONE owed on link li covers will wait for its CLEAR in its caller's hands
-// (not released early): an internal round or a large one. (A small one the pool of copies has no
-// room for waits too; then copies_short() holds, which sends every DONE at once anyway.)
-bool Client::done_urgent(size_t li) const {
-  const Link& l = *links_[li];
-  for (uint64_t w = l.done_sent; w < l.done_next; ++w) {
-    const Round* r = by_wire(w);
-    if (r && r->parts[li].expected > 0 && r->state == Round::State::Running && !r->released && !small_user_round(*r))
-      return true;
-  }
-  return false;
 }
 
 void Client::watch(std::vector<pollfd>* pfds) {
@@ -807,149 +484,20 @@ void Client::watch(std::vector<pollfd>* pfds) {
   }
 }
 
+// One non-blocking pass over the links: each link that can move bytes takes its turn
+// (pump_link), then finished rounds retire and the recovery coordinator looks at losses and
+// stalls. Any error that is not a reducer's loss fails every round in flight.
 bool Client::pump(const pollfd* ready) {
   if (links_.empty() || open_ == 0) return false;
-  const int S = opts_.streams;
   bool moved = false;
   try {
-    // A poll says which links can move bytes; only those are touched (no syscalls that
-    // would only report EAGAIN).
-    if (!ready) {
-      watch(&pfds_);
-      int pr = ::poll(pfds_.data(), pfds_.size(), 0);
-      if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-      if (pr < 0) for (pollfd& p : pfds_) p.revents = 0;
-      ready = pfds_.data();
-    }
-    for (size_t li = 0; li < links_.size(); ++li) {
-      if (ready[li].revents == 0) continue;
-      Link& l = *links_[li];
-      if (l.closed) continue;
-      auto written = [&](uint64_t token) {
-        if (token == kDoneToken) {
-          l.done_queued = false;
-          return;
-        }
-        if (token & 1) l.tx_written++;
-        if (Round* r = by_wire(token >> 1)) r->parts[li].written++;
-      };
-      auto on_header = [&](const proto::FrameHeader& h, const std::string& err) -> net::Sink {
-        if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
-        if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
-        if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
-        if (h.type != proto::FrameType::Result)
-          throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
-        Round* r = by_wire(h.round);
-        if (r && r->state != Round::State::Running) r = nullptr;
-        const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
-        const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
-                                             uint64_t(l.stream), uint64_t(S));
-        if (!bad.empty())
-          throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
-                                               std::to_string(h.offset) + ", " + std::to_string(h.length) +
-                                               " bytes) this worker did not ask for: " + bad);
-        l.reading = r;
-        if (r->comp != Compression::None) return net::Sink::memory(l.rx.data());  // widened in on_frame
-        // Whole elements only: after a failure each element is either the input or the result.
-        return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
-      };
-      auto on_frame = [&](const proto::FrameHeader& h) -> bool {
-        if (h.type == proto::FrameType::Error) {
-          const auto code = proto::ErrorCode(h.flags);
-          const std::string msg = reducer_error_text(addrs_[l.reducer].str(), l.error_text);
-          if (!opts_.failover) throw Error(kind_of(code), msg);
-          l.closed = true;  // the reducer closes this connection after its error
-          switch (code) {
-            case proto::ErrorCode::Shutdown:
-              note_lost(l.reducer, msg);
-              return false;
-            case proto::ErrorCode::Failover:  // another worker lost reducers: the tag says which
-              for (size_t i = 0; i < addrs_.size() && i < 64; ++i)
-                if (h.tag >> i & 1) note_lost(i, "another worker of the group lost it (" + msg + ")");
-              loss_pending_ = true;  // (beyond 64 reducers the mask is empty: connecting finds them)
-              if (loss_why_.empty()) loss_why_ = msg;
-              return false;
-            case proto::ErrorCode::PeerLost:  // a worker left: fatal unless a reducer loss explains it
-              if (peer_left_.empty()) {
-                peer_left_ = msg;
-                peer_left_until_ = Clock::now() + std::chrono::milliseconds(kPeerLeftGraceMs);
-              }
-              return false;
-            default:
-              throw Error(kind_of(code), msg);
-          }
-        }
-        if (h.type == proto::FrameType::Clear) {
-          apply_clear(li, h.round);
-          return true;
-        }
-        Round& r = *l.reading;
-        Round::Part& p = r.parts[li];
-        if (r.comp != Compression::None) convert(r.buf, r.dtype, p.shard_off + h.offset, h.length, l.rx.data(), false);
-        p.received++;
-        l.in_flight--;
-        if (p.received == p.expected) finish_part(li, r);
-        return true;
-      };
-      net::IoBudget budget(kLinkBudget);
-      uint64_t sent = 0, got = 0;
-      auto write_out = [&] {  // (a write without MSG_MORE takes along whatever waited in the kernel)
-        net::IoResult wr = l.out.flush(l.fd.get(), l.peer, &budget, written, l.cork);
-        if (wr.bytes) l.corked = l.cork;
-        return wr;
-      };
-      const short rev = ready[li].revents;
-      try {
-        if (rev & POLLOUT) {
-          net::IoResult wr = write_out();
-          sent += wr.bytes;
-          // Written frames free staging slots: queue (narrow) and write the next ones now.
-          if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
-            fill(li);
-            sent += write_out().bytes;
-          }
-        }
-        if (rev & (POLLIN | POLLHUP | POLLERR)) {
-          net::IoResult rd = l.in.pump(l.fd.get(), l.peer, &budget, on_header, on_frame);
-          got += rd.bytes;
-          // Results free window slots: queue and write more before the next link's turn.
-          if (rd.frames > 0 && !budget.spent() && !l.closed) {
-            fill(li);
-            sent += write_out().bytes;
-          }
-        }
-      } catch (const Error& e) {
-        // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
-        if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
-        l.closed = true;
-        note_lost(l.reducer, e.what());
-      }
-      stats_.bytes_sent += sent;
-      stats_.bytes_received += got;
-      if (sent || got) {
-        moved = true;
-        timer_.progress();
-      }
-    }
+    if (!ready) ready = poll_links();
+    for (size_t li = 0; li < links_.size(); ++li)
+      if (ready[li].revents != 0 && !links_[li]->closed && pump_link(li, ready[li].revents)) moved = true;
     retire();
-    if (loss_pending_) {
-      if (!recovering_) recover();
-      wake_waiters();
-      return true;
-    }
-    if (!peer_left_.empty() && Clock::now() >= peer_left_until_) throw Error(ErrorKind::PeerLost, peer_left_);
-    if (open_ > 0 && timer_.expired()) {
-      size_t k = 0;
-      if (opts_.failover && stall_is_one_reducer(&k)) {
-        note_lost(k, "no progress from it for " + std::to_string(opts_.timeout) + " s while the others finished");
-        if (!recovering_) recover();
-        wake_waiters();
-        return true;
-      }
-      throw Error(ErrorKind::Timeout, describe_stall());
-    }
+    if (recovery_->after_pass()) return true;  // a loss moved the session
   } catch (const Error& e) {
-    if (recovering_) throw;  // recover() unwinds, then the outer pump fails the rounds
+    if (recovery_->recovering()) throw;  // recover() unwinds, then the outer pump fails the rounds
     fail_all(e.kind(), e.what());
     return true;
   }
@@ -957,8 +505,131 @@ bool Client::pump(const pollfd* ready) {
   return moved;
 }
 
+// A poll without waiting says which links can move bytes; only those are touched (no syscalls
+// that would only report EAGAIN).
+const pollfd* Client::poll_links() {
+  watch(&pfds_);
+  int pr = ::poll(pfds_.data(), pfds_.size(), 0);
+  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+  if (pr < 0)
+    for (pollfd& p : pfds_) p.revents = 0;
+  return pfds_.data();
+}
+
+// Link li's turn (poll said `rev`), up to kLinkBudget bytes: it writes, then reads; frames
+// written or results read make room, so it queues and writes more before the next link's turn.
+// True if bytes moved.
+bool Client::pump_link(size_t li, short rev) {
+  Link& l = *links_[li];
+  net::IoBudget budget(kLinkBudget);
+  uint64_t sent = 0, got = 0;
+  try {
+    if (rev & POLLOUT) {
+      net::IoResult wr = write_link(li, &budget);
+      sent += wr.bytes;
+      // Written frames free staging slots: queue (narrow) and write the next ones now.
+      if (wr.frames > 0 && !wr.blocked && !budget.spent()) {
+        fill(li);
+        sent += write_link(li, &budget).bytes;
+      }
+    }
+    if (rev & (POLLIN | POLLHUP | POLLERR)) {
+      net::IoResult rd = l.in.pump(
+          l.fd.get(), l.peer, &budget,
+          [&](const proto::FrameHeader& h, const std::string& err) { return on_header(li, h, err); },
+          [&](const proto::FrameHeader& h) { return on_frame(li, h); });
+      got += rd.bytes;
+      // Results free window slots: queue and write more before the next link's turn.
+      if (rd.frames > 0 && !budget.spent() && !l.closed) {
+        fill(li);
+        sent += write_link(li, &budget).bytes;
+      }
+    }
+  } catch (const Error& e) {
+    // A connection that closes or resets is a lost reducer (failover); anything else fails the rounds.
+    if (!opts_.failover || e.kind() != ErrorKind::PeerLost) throw;
+    l.closed = true;
+    recovery_->note_lost(l.reducer, e.what());
+  }
+  return count_io(sent, got);
+}
+
+// Writes link li's queued frames (a write without MSG_MORE takes along whatever waited in the kernel).
+net::IoResult Client::write_link(size_t li, net::IoBudget* budget) {
+  Link& l = *links_[li];
+  net::IoResult wr = l.out.flush(l.fd.get(), l.peer, budget, [&](uint64_t token) { on_written(li, token); }, l.cork);
+  if (wr.bytes) l.corked = l.cork;
+  return wr;
+}
+
+// The frame with `token` (schedule.h) is written on link li.
+void Client::on_written(size_t li, uint64_t token) {
+  Link& l = *links_[li];
+  if (token == kDoneToken) {
+    l.done_queued = false;
+    return;
+  }
+  if (token & 1) l.staging.written();
+  if (Round* r = sched_->by_wire(token >> 1)) r->parts[li].written++;
+}
+
+// Where the payload of a frame from link li goes: an ERROR's text, nothing for a CLEAR, and a
+// RESULT (checked against what this worker sent) straight into its round's buffer, or into the
+// link's staging chunk for a compressed round.
+net::Sink Client::on_header(size_t li, const proto::FrameHeader& h, const std::string& err) {
+  Link& l = *links_[li];
+  if (!err.empty()) throw Error(ErrorKind::Protocol, "bad frame from " + l.peer + ": " + err);
+  if (h.type == proto::FrameType::Error) return net::Sink::text_into(&l.error_text);
+  if (h.type == proto::FrameType::Clear) return net::Sink::discard();  // no payload: on_frame applies it
+  if (h.type != proto::FrameType::Result)
+    throw Error(ErrorKind::Protocol, "unexpected frame type " + std::to_string(int(h.type)) + " from " + l.peer);
+  Round* r = sched_->by_wire(h.round);
+  if (r && r->state != Round::State::Running) r = nullptr;
+  const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
+  const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
+                                       uint64_t(l.stream), uint64_t(opts_.streams));
+  if (!bad.empty())
+    throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
+                                         std::to_string(h.offset) + ", " + std::to_string(h.length) +
+                                         " bytes) this worker did not ask for: " + bad);
+  l.reading = r;
+  if (r->comp != Compression::None) return net::Sink::memory(l.staging.result_chunk());  // widened in on_frame
+  // Whole elements only: after a failure each element is either the input or the result.
+  return net::Sink::scatter(r->buf, r->parts[li].shard_off + h.offset, uint32_t(dtype_size(r->dtype)));
+}
+
+// A complete frame from link li. False: nothing more is read from it (an ERROR).
+bool Client::on_frame(size_t li, const proto::FrameHeader& h) {
+  Link& l = *links_[li];
+  if (h.type == proto::FrameType::Error) {
+    recovery_->on_reducer_error(l, proto::ErrorCode(h.flags), h.tag,
+                                reducer_error_text(addrs_[l.reducer].str(), l.error_text));
+    return false;
+  }
+  if (h.type == proto::FrameType::Clear) {
+    apply_clear(li, h.round);
+    return true;
+  }
+  Round& r = *l.reading;
+  Round::Part& p = r.parts[li];
+  if (r.comp != Compression::None) l.staging.widen(r.buf, r.dtype, p.shard_off + h.offset, h.length);
+  p.received++;
+  l.in_flight--;
+  if (p.received == p.expected) finish_part(li, r);
+  return true;
+}
+
+// The bytes a link's turn moved: counted, and progress for the no-progress timer. True if any.
+bool Client::count_io(uint64_t sent, uint64_t got) {
+  stats_.bytes_sent += sent;
+  stats_.bytes_received += got;
+  if (!sent && !got) return false;
+  timer_.progress();
+  return true;
+}
+
 std::string Client::describe_stall() const {
-  const Round& r = *session_.front();
+  const Round& r = *sched_->rounds.front();
   std::string waiting;
   for (size_t li = 0; li < links_.size(); ++li) {
     const Round::Part& p = r.parts[li];
@@ -972,420 +643,11 @@ std::string Client::describe_stall() const {
          " s (a worker of the group may be missing or slow): " + waiting + more;
 }
 
-// ---- reducer failover ------------------------------------------------------------------
-
-void Client::note_lost(size_t reducer, const std::string& why) {
-  if (reducer >= lost_.size()) return;
-  if (!lost_[reducer] && std::find(active_.begin(), active_.end(), reducer) != active_.end())
-    log_warn("reducer " + addrs_[reducer].str() + " lost (rank " + std::to_string(opts_.rank) + ", group " +
-             opts_.group + "): " + why);
-  lost_[reducer] = 1;
-  loss_pending_ = true;
-  if (loss_why_.empty()) loss_why_ = addrs_[reducer].str() + ": " + why;
-}
-
-// No progress for `timeout`: a lost reducer if it alone still owes this worker results or
-// clears (a slow or missing worker would hold up every reducer).
-bool Client::stall_is_one_reducer(size_t* reducer) const {
-  if (active_.size() < 2) return false;
-  std::vector<uint8_t> owing(addrs_.size(), 0);
-  for (const Round* r : session_) {
-    if (r->state != Round::State::Running) continue;
-    for (size_t li = 0; li < links_.size(); ++li) {
-      const Round::Part& p = r->parts[li];
-      if (p.received < p.expected || (p.expected > 0 && opts_.failover && !p.cleared)) owing[links_[li]->reducer] = 1;
-    }
-  }
-  size_t n = 0;
-  for (size_t i = 0; i < owing.size(); ++i)
-    if (owing[i]) {
-      n++;
-      *reducer = i;
-    }
-  return n == 1;
-}
-
-// Adds what this session's rounds received to their user rounds' `held` (wire bytes).
-void Client::collect_held() {
-  const uint64_t S = uint64_t(opts_.streams);
-  for (Round* r : session_) {
-    if (r->state != Round::State::Running || r->role == Round::Role::Exchange) continue;
-    failover::Intervals got;
-    for (size_t li = 0; li < links_.size(); ++li) {
-      const Round::Part& p = r->parts[li];
-      const Link& l = *links_[li];
-      for (uint64_t k = 0; k < p.received; ++k) {
-        const uint64_t off = (uint64_t(l.stream) + k * S) * p.chunk;
-        got.add(p.shard_off + off, p.shard_off + std::min(off + p.chunk, p.shard_bytes));
-      }
-      // A result being read: its first whole elements are in place (compressed rounds widen
-      // only complete frames, so nothing of theirs is).
-      if (l.reading == r && l.in.reading_payload() && l.in.header().type == proto::FrameType::Result &&
-          r->comp == Compression::None) {
-        if (l.in.torn())
-          throw Error(ErrorKind::Internal, "reducer failover: a result from " + l.peer +
-                                               " ended inside an element; the round cannot be repaired");
-        const uint64_t off = p.shard_off + l.in.header().offset;
-        got.add(off, off + l.in.payload_in_place());
-      }
-    }
-    if (r->role == Round::Role::User) {
-      for (const auto& sp : got.spans()) r->held.add(sp.first, sp.second);
-      continue;
-    }
-    for (const auto& sp : got.spans())  // Repair: its bytes map onto the parent's
-      for (const Round::Span& m : r->map) {
-        const uint64_t a = std::max(sp.first, m.at), b = std::min(sp.second, m.at + m.len);
-        if (a < b) r->parent->held.add(m.pos + (a - m.at), m.pos + (b - m.at));
-      }
-  }
-}
-
-// Tells every surviving reducer that this worker leaves for a failover and which reducers were
-// lost (BYE with kByeFailover, tag = mask): each fails the group's session with
-// ErrorCode::Failover, so the other workers learn it even if they have not noticed the loss.
-void Client::say_failover_bye() {
-  uint64_t mask = 0;
-  bool any = false;
-  for (size_t i = 0; i < lost_.size(); ++i) {
-    if (!lost_[i]) continue;
-    any = true;
-    if (i < 64) mask |= uint64_t(1) << i;
-  }
-  proto::FrameHeader h;
-  h.type = proto::FrameType::Bye;
-  h.flags = any ? proto::kByeFailover : 0;  // a rejoin leaves between rounds: an ordinary goodbye
-  h.tag = mask;
-  uint8_t bye[proto::kFrameHeaderBytes];
-  proto::encode(h, bye);
-  const auto until = Clock::now() + std::chrono::milliseconds(kByeFinishMs);
-  for (auto& lp : links_) {
-    Link& l = *lp;
-    if (l.closed || lost_[l.reducer]) continue;
-    try {
-      // Frames queued are written first (a half-written one would swallow the goodbye, and with
-      // frame integrity every queued frame has taken its place in the sequence).
-      while (!l.out.empty() && Clock::now() < until) {
-        pollfd p{l.fd.get(), POLLOUT, 0};
-        if (::poll(&p, 1, net::ms_until(until, 50)) <= 0) continue;
-        l.out.flush(l.fd.get(), l.peer, nullptr, [](uint64_t) {});
-      }
-      l.out.send_now(l.fd.get(), l.peer, bye, sizeof bye);
-    } catch (const Error&) {
-      // gone too: its own loss shows when connecting the survivors
-    }
-    ::shutdown(l.fd.get(), SHUT_WR);
-  }
-  links_.clear();
-  probes_.clear();  // the next check only starts probes (for the set the new session leaves out)
-  session_gen_++;
-}
-
-// An exchange round over its own table (x->store, int64), with the next round number.
-void Client::seal_exchange(Round* x, Op op) {
-  x->dtype = DType::I64;
-  x->op = op;
-  x->tag = kExchangeTag;
-  x->nbytes = x->store.size() * sizeof(int64_t);
-  x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-  x->wire = wire_next_++;
-}
-
-Client::Round* Client::new_internal(int kind) {
-  internal_.push_back(std::make_unique<Round>());
-  Round* r = internal_.back().get();
-  r->role = Round::Role(kind);
-  r->id = ~RoundId(0);  // never in rounds_
-  return r;
-}
-
-// Finishes every round in flight (with the lock held). False if it would have to wait and
-// `may_wait` is false, or if the session failed meanwhile.
-bool Client::drain(bool may_wait) {
-  std::vector<pollfd> pfds;
-  Raised force(force_dones_);  // every round must end: no DONE may wait in the kernel meanwhile
-  while (open_ > 0 && !links_.empty()) {
-    if (!may_wait) {
-      pump();
-      if (open_ > 0) return false;
-      break;
-    }
-    watch(&pfds);
-    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
-    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    pump(pr > 0 ? pfds.data() : nullptr);
-  }
-  return !links_.empty();
-}
-
-// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
-// kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
-// every worker reached with the probe it started at the previous check, move the session to
-// the larger set if there are any, and start the probes the next check reads. Nothing here
-// waits for a connect: a probe still under way counts as not reached (so the first check
-// after a failover only starts probes, and a reducer that is back rejoins one check later).
-// False: try_start() (`may_wait` false) would have had to wait, for the drain or for the other
-// workers to reach the check; the check then stays open (check_open_) and every later start
-// comes back here, so nothing else starts before it is over. try_start() never waits for the
-// MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
-// (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
-bool Client::check_due() const {
-  return opts_.failover && active_.size() < addrs_.size() && id_next_ >= rejoin_from_ && id_next_ > 0 &&
-         id_next_ % kRejoinEvery == 0 && rejoin_checked_ != id_next_;
-}
-
-bool Client::try_rejoin(bool may_wait) {
-  if (!check_open_) {
-    if (!drain(may_wait)) return false;
-    if (!links_.empty() && !check_due()) return true;  // a failover while draining moved the boundary
-    rejoin_checked_ = id_next_;
-    if (links_.empty()) return true;  // the session failed while draining: the caller reconnects
-    open_check();
-  }
-  try {
-    bool agreed = false;
-    if (check_) {  // else a failover in an earlier call dropped it: that call recovered already
-      Raised flag(recovering_);  // a loss during the check is handled below (recover() frees the round)
-      if (may_wait) {
-        agreed = run_internal(nullptr, check_);
-      } else {
-        pump();
-        if (check_->state == Round::State::Running && !loss_pending_) return false;  // not every worker is there
-        agreed = !loss_pending_;
-      }
-    }
-    Round* x = check_;
-    check_ = nullptr;  // (still owned by internal_: the next check frees it)
-    check_open_ = false;
-    if (!agreed) {
-      if (x) recover();
-      // A failover abandoned the check. Whether a worker had opened it before the loss differs
-      // between workers (another may have noticed the loss while draining, then opened the
-      // check in the new session), so every worker decides again from agreed values only
-      // (rejoin_from_, id_next_): the check is redone in the new session if still due.
-      rejoin_checked_ = 0;
-      if (!links_.empty() && check_due()) return try_rejoin(may_wait);
-      start_probes();
-      return true;
-    }
-    const size_t R = addrs_.size();
-    std::vector<size_t> back;
-    for (size_t i = 0; i < R; ++i)
-      if (x->store[i] == 1 && std::find(active_.begin(), active_.end(), i) == active_.end()) back.push_back(i);
-    if (!back.empty()) {
-      std::string names;
-      for (size_t i : back) {
-        names += (names.empty() ? "" : ", ") + addrs_[i].str();
-        active_.push_back(i);
-      }
-      std::sort(active_.begin(), active_.end());
-      stats_.reducer_rejoins += back.size();
-      log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(opts_.rank) + ", group " + opts_.group +
-               "): continuing on " + std::to_string(active_.size()) + " of " + std::to_string(R) + " reducers");
-      recover();  // no round in flight: a new session on the larger set
-    }
-    start_probes();
-    return true;
-  } catch (const Error& e) {
-    // Out of step with the group (the check's round is left half done): drop the session, as
-    // pump() does for any error; the next start reconnects.
-    fail_all(e.kind(), e.what());
-    throw;
-  }
-}
-
-// Enqueues the check's MIN all-reduce (every round in flight is done): 1 for each reducer of
-// the session and each lost one whose probe connected.
-void Client::open_check() {
-  const size_t R = addrs_.size();
-  internal_.erase(std::remove_if(internal_.begin(), internal_.end(),  // earlier checks' rounds
-                                 [](const auto& p) { return p->role == Round::Role::Exchange && !p->in_session; }),
-                  internal_.end());
-  Round* x = new_internal(int(Round::Role::Exchange));
-  x->store.assign(R, 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
-  for (size_t i : active_) x->store[i] = 1;
-  for (auto& [i, probe] : probes_)  // connected (the reducer logs the close at debug level)
-    if (probe.check() == net::ConnectProbe::State::Reached) x->store[i] = 1;
-  probes_.clear();
-  seal_exchange(x, Op::Min);
-  timer_.progress();  // the no-progress clock starts with the round, as for a user round
-  enqueue(x);
-  check_ = x;
-  check_open_ = true;
-}
-
-// Starts a connect to every reducer the session leaves out, for the next rejoin check.
-void Client::start_probes() {
-  probes_.clear();
-  if (links_.empty()) return;
-  for (size_t i = 0; i < addrs_.size(); ++i) {
-    if (std::find(active_.begin(), active_.end(), i) != active_.end()) continue;
-    probes_.emplace_back(i, net::ConnectProbe(addrs_[i]));
-    stats_.rejoin_probes++;
-  }
-}
-
-// Closes the probes whose connect is over, at each round start and test() (so a reducer sees a
-// probe's connection closed soon, normally long before its handshake timeout); their outcome
-// stays for the next check.
-void Client::check_probes() {
-  for (auto& p : probes_) p.second.check();
-}
-
-// Drives the session until internal round `r` is done, with the lock held (other threads
-// wait: nothing else may start while the workers agree). False if a reducer was lost meanwhile.
-bool Client::run_internal(std::unique_lock<std::mutex>*, Round* r) {
-  std::vector<pollfd> pfds;
-  while (r->state == Round::State::Running) {
-    if (loss_pending_) return false;
-    if (links_.empty()) throw Error(ErrorKind::PeerLost, "reducer failover: the new session was dropped");
-    watch(&pfds);
-    int pr = ::poll(pfds.data(), pfds.size(), timer_.poll_ms(peer_left_.empty() ? 200 : 20));
-    if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-    pump(pr > 0 ? pfds.data() : nullptr);
-  }
-  return !loss_pending_;
-}
-
-// Moves the session to the surviving reducers and sets up the repair of every unfinished round
-// (see client/failover.h and docs/protocol.md, "Reducer failover"). Blocks until the workers
-// have agreed (two small all-reduces); the repairs then run like any round.
-void Client::recover() {
-  Raised flag(recovering_);
-  // Rounds not finished here, by RoundId: their progress so far goes into `held`.
-  collect_held();
-  std::vector<Round*> pending;
-  for (Round* r : session_)
-    if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
-  for (Round* r : parents_)
-    if (r->state == Round::State::Running) pending.push_back(r);
-  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
-  for (;;) {
-    if (++recoveries_ > kMaxRecoverRestarts + int(addrs_.size()))  // a reducer that keeps saying "failover"
-      throw Error(ErrorKind::PeerLost, "reducer failover: " + std::to_string(recoveries_ - 1) +
-                                           " failover sessions without a round finishing (last: " + loss_why_ + ")");
-    // 1. Leave the session, telling the survivors why.
-    say_failover_bye();
-    for (Round* r : pending) {
-      r->parts.clear();
-      r->in_session = false;
-      r->parts_left = r->clears_left = r->children = 0;
-    }
-    parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
-    session_.clear();
-    internal_.clear();
-    check_ = nullptr;  // a rejoin check under way is abandoned: try_rejoin() sees it
-    open_ = 0;
-    std::vector<size_t> next;
-    std::string lost_names;
-    for (size_t i : active_) {
-      if (!lost_[i]) next.push_back(i);
-      else lost_names += (lost_names.empty() ? "" : ", ") + addrs_[i].str();
-    }
-    const std::string why = loss_why_;
-    std::fill(lost_.begin(), lost_.end(), 0);
-    loss_pending_ = false;
-    loss_why_.clear();
-    peer_left_.clear();
-    if (next.empty()) throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
-    const bool changed = next.size() != active_.size();
-    active_ = next;
-    if (changed) stats_.reducer_failovers++;
-    const std::string line = "(rank " + std::to_string(opts_.rank) + ", group " + opts_.group + "): " +
-                             (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
-                             "; continuing on " + std::to_string(active_.size()) + " of " +
-                             std::to_string(addrs_.size()) + " reducers with " + std::to_string(pending.size()) +
-                             " round(s) to finish";
-    if (why.empty()) log_info("new session on " + std::to_string(active_.size()) + " reducers (rank " +
-                              std::to_string(opts_.rank) + ", group " + opts_.group + ")");  // a rejoin
-    else log_warn("reducer failover " + line);
-    // 2. A session on the survivors (a reducer that refuses it is lost too: start again).
-    std::vector<size_t> refused;
-    connect_all(&refused);
-    if (!refused.empty()) {
-      for (size_t i : refused) note_lost(i, "it refused the failover session");
-      continue;
-    }
-    timer_.progress();
-    // 3. The exchange: what every worker holds of every unfinished round. Every row that comes
-    // back is checked before anything is sized from it (failover::Limits).
-    failover::Limits lim;
-    lim.rank = opts_.rank;
-    for (Round* r : pending) lim.add_round(r->id, r->held, r->nbytes, dtype_size(r->dtype));
-    lim.finish(id_next_);
-    const uint32_t W = opts_.world_size, me = opts_.rank;
-    auto exchange = [&](size_t words) -> Round* {  // an all-gather: SUM of rows, each worker fills its own
-      Round* x = new_internal(int(Round::Role::Exchange));
-      x->store.assign(words, 0);
-      return x;
-    };
-    auto launch = [&](Round* x) {
-      seal_exchange(x, Op::Sum);
-      enqueue(x);
-    };
-    Round* x1 = exchange(size_t(W) * failover::kSummaryWords);
-    failover::put_summary(&x1->store, me, lim.own);
-    launch(x1);
-    if (!run_internal(nullptr, x1)) continue;
-    const std::vector<int64_t> summaries = x1->store;
-    const uint64_t max_e = failover::check_summaries(W, summaries, lim);
-    Round* x2 = exchange(failover::table_words(W, max_e));
-    failover::put_entries(&x2->store, me, max_e, lim.mine);
-    launch(x2);
-    if (!run_internal(nullptr, x2)) continue;
-    failover::Table table(W, summaries, x2->store, max_e, &lim);
-    rejoin_from_ = table.max_next();
-    // 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
-    std::vector<Round*> parents;
-    for (Round* r : pending) {
-      if (r->id >= table.hi()) {
-        if (!r->held.empty())
-          throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
-                                               " has results here but was not started on every worker");
-        r->wire = wire_next_++;
-        enqueue(r);
-        continue;
-      }
-      const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
-      const DType buf_dtype = r->comp != Compression::None ? DType::F32 : r->dtype;
-      for (int pass = 0; pass < 2; ++pass) {  // copies first, then reductions
-        const bool copy = pass == 0;
-        Round* c = nullptr;
-        std::vector<iovec> segs;
-        for (const auto& pc : pieces) {
-          if ((pc.holder >= 0) != copy) continue;
-          if (!c) {
-            c = new_internal(int(Round::Role::Repair));
-            c->parent = r;
-            c->dtype = r->dtype;
-            c->op = copy ? Op::Sum : r->op;
-            c->tag = r->tag;
-            c->comp = r->comp;
-          }
-          const uint64_t len = pc.end - pc.begin;
-          c->map.push_back({c->nbytes, pc.begin, len});
-          c->nbytes += len;
-          if (copy && pc.holder != int64_t(me)) fill_identity(r->buf, buf_dtype, pc.begin * r->scale(), len * r->scale());
-          for_each_piece(r->buf, pc.begin * r->scale(), len * r->scale(),
-                         [&](const iovec& piece) { segs.push_back(piece); });
-        }
-        if (!c) continue;
-        c->buf.assign(segs.data(), segs.size());
-        c->wire = wire_next_++;
-        enqueue(c);
-        r->children++;
-      }
-      if (r->children > 0) parents.push_back(r);
-      else {
-        r->held.clear();
-        settle(*r);  // every worker holds all of it
-      }
-    }
-    parents_ = parents;
-    timer_.progress();
-    wake_waiters();
-    return;
-  }
+void Client::poll_and_pump(std::vector<pollfd>* pfds, int ms) {
+  watch(pfds);
+  int pr = ::poll(pfds->data(), pfds->size(), ms);
+  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
+  pump(pr > 0 ? pfds->data() : nullptr);
 }
 
 void Client::wake_waiters() {
@@ -1410,7 +672,7 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
     watch(&pfds);
     pfds.push_back({wake_.get(), POLLIN, 0});
     const uint64_t gen = session_gen_;
-    const int ms = timer_.poll_ms(peer_left_.empty() ? 200 : 20);
+    const int ms = recovery_->poll_ms();
     pollers_++;
     lk.unlock();
     int pr = ::poll(pfds.data(), pfds.size(), ms);
@@ -1440,15 +702,15 @@ bool Client::collect(RoundId id) {
   if (r.collected)
     throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
   if (r.state == Round::State::Running && !r.released) return false;
-  if (r.state == Round::State::Failed) {  // failed rounds are no longer in session_
+  if (r.state == Round::State::Failed) {  // failed rounds are no longer in sched_->rounds
     Error e(r.kind, r.error);
     rounds_.erase(it);
     throw e;
   }
-  // A finished round may still sit in session_ behind an unfinished older one, and a released
-  // one waits for its CLEARs in session_ (or for its repair in parents_): each is freed when it
+  // A finished round may still sit in sched_->rounds behind an unfinished older one, and a released
+  // one waits for its CLEARs in sched_->rounds (or for its repair in parents_): each is freed when it
   // leaves them (retire, settle, fail_all).
-  if (r.state == Round::State::Running || by_wire(r.wire) == &r) r.collected = true;
+  if (r.state == Round::State::Running || sched_->by_wire(r.wire) == &r) r.collected = true;
   else rounds_.erase(it);
   return true;
 }
@@ -1457,7 +719,7 @@ bool Client::test(RoundId id) {
   std::unique_lock<std::mutex> lk(mu_);
   Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
-  check_probes();
+  recovery_->check_probes();
   pump();
   return collect(id);
 }

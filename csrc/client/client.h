@@ -7,8 +7,10 @@
 // round n drains). On each connection a round's chunks follow the previous round's, and
 // every worker starts the same rounds in the same order, so the reducer (which keys chunks
 // by their sequence number on the stream) pairs them up; results are matched back to rounds
-// by round number and offset. The byte moving is csrc/net/frame_io.h; this file keeps only
-// the schedule (which chunk goes next on which connection) and the checks on results.
+// by round number and offset. The byte moving is csrc/net/frame_io.h. The implementation is in
+// parts: client.cc (rounds, links, the pump over them), schedule.{h,cc} (which chunk goes next on
+// which connection), staging.{h,cc} (compression), recovery.{h,cc} (failover and rejoin; its
+// pure decisions are failover.{h,cc}), round.h (the state they share).
 //
 // Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
 // buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
@@ -50,6 +52,7 @@
 #include "kernels/kernels.h"
 #include "net/deadline.h"
 #include "net/frame_io.h"
+#include "common/compression.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/plan.h"
@@ -57,11 +60,8 @@
 namespace rs::client {
 
 
-// 16-bit wire compression of a float32 round.
-enum class Compression : uint8_t { None = 0, BF16 = 1, F16 = 2 };
-// "" / "none" -> None, "bf16" / "bfloat16" -> BF16, "fp16" / "float16" / "half" -> F16; false if unknown.
-bool parse_compression(const std::string& s, Compression* out);
-const char* compression_name(Compression c);  // "none", "bf16", "fp16"
+// 16-bit wire compression of a float32 round: its names live in common/compression.h.
+using Compression = rs::WireCompression;
 
 // The defaults are the settings table's (common/settings.h); client_settings.h reads RS_* into one.
 struct ClientOptions {
@@ -98,6 +98,11 @@ struct ClientStats {
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when
 // the session reconnects).
 using RoundId = uint64_t;
+
+struct Link;   // client/round.h
+struct Round;
+class Schedule;  // client/schedule.h
+class Recovery;  // client/recovery.h
 
 class Client {
  public:
@@ -155,57 +160,39 @@ class Client {
   // so it is dropped (links at a frame boundary say goodbye) and the next start() reconnects.
 
  private:
-  struct Link;
-  struct Round;
   // Connects every link of the current reducer set (active_). With `lost` (failover) a reducer
   // that refuses the connection is reported there instead of failing the call.
   void connect_all(std::vector<size_t>* lost = nullptr);
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;             // the group name of this reducer set
-  void plan(Round& r);                            // splits a round over the current links
-  void enqueue(Round* r);                         // plan() and append to session_
+  void enqueue(Round* r);                         // plan and append to the session's rounds
   void settle(Round& r);                          // Done once its results are in and cleared
   void release_early(Round& r);                   // a small round's results are in: back to the caller
   void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
   void finish_part(size_t li, Round& r);          // a link's share of a round is complete
-  void advance_done(size_t li);                   // DONE: rounds complete on this link
   void apply_clear(size_t li, uint64_t upto);
-  // Failover (client/failover.h): note a lost reducer; recover() moves the session.
-  void note_lost(size_t reducer, const std::string& why);
-  void recover();
-  bool stall_is_one_reducer(size_t* reducer) const;
-  void collect_held();
-  void say_failover_bye();
-  // While reducers are lost: every kRejoinEvery rounds the workers drain, agree (a MIN
-  // all-reduce) on the lost reducers every worker reached with the probe started at the
-  // previous check (never waited for), take those back, and start the next probes.
-  // With `may_wait` false it never waits for the other workers: false until the check is over.
-  bool try_rejoin(bool may_wait);
-  bool check_due() const;                         // a rejoin check is due at the next RoundId
-  void open_check();                              // enqueues the check's MIN all-reduce (check_)
-  void start_probes();                            // a probe per reducer not in active_
-  void check_probes();                            // notes probes that finished (never waits)
-  bool drain(bool may_wait);                      // every round in flight done (false: would block)
-  bool run_internal(std::unique_lock<std::mutex>* lk, Round* r);
-  Round* new_internal(int kind);
-  void seal_exchange(Round* x, Op op);
   void disconnect(bool say_bye);
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
                     uint64_t tag, Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
+  void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
+  // pump()'s handlers, in the order a pass meets them:
+  const pollfd* poll_links();                     // which links can move bytes now (poll, no wait)
+  bool pump_link(size_t li, short rev);           // link li's turn: write, read, queue more
+  net::IoResult write_link(size_t li, net::IoBudget* budget);
+  void on_written(size_t li, uint64_t token);     // a frame is written: its staging slot is free
+  net::Sink on_header(size_t li, const proto::FrameHeader& h, const std::string& err);  // where a payload goes
+  bool on_frame(size_t li, const proto::FrameHeader& h);  // a complete ERROR, CLEAR or RESULT
+  bool count_io(uint64_t sent, uint64_t got);     // stats and the no-progress timer
   void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
-  void fill(size_t li);                           // queue the frames the window allows on link li
-  static bool small_user_round(const Round& r);   // released early when its results are in (pool permitting)
-  bool done_urgent(size_t li) const;              // a DONE owed on li is waited for: it may not wait in the kernel
+  void fill(size_t li);                           // queue the frames the window allows on link li (Schedule)
   bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
-  size_t staging_slots() const;                   // narrowed chunks a link may have queued, unwritten
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
-  Round* by_wire(uint64_t wire) const;            // a round of this session by round number
   bool collect(RoundId id);                       // true (and forgets it) if done; rethrows its error
-  void retire();                                  // drops finished rounds from the front of session_
+  void retire();                                  // drops finished rounds from the front of the session's
   std::string describe_stall() const;
   void wake_waiters();
 
@@ -214,35 +201,22 @@ class Client {
   proto::Credential credential_;
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[i * streams + s], i indexes active_
   std::vector<size_t> active_;                // reducers (indices into addrs_) of the current session
-  uint64_t wire_next_ = 0;                    // round number of the next round of this session
   RoundId id_next_ = 0;
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
-  std::deque<Round*> session_;  // this session's rounds from the oldest unfinished one, in round order
-  size_t open_ = 0;             // rounds in session_ not finished (user, repair, exchange)
-  size_t running_ = 0;          // user rounds not finished (in session_ or being repaired), not released
+  std::unique_ptr<Schedule> sched_;  // this session's rounds, in round order, and how they go on the links
+  size_t open_ = 0;             // rounds in the session not finished (user, repair, exchange)
+  size_t running_ = 0;          // user rounds not finished (in the session or being repaired), not released
   size_t released_open_ = 0;    // user rounds released (release_early), not yet done: at most max_rounds_in_flight
   std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
   std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
   std::vector<Round*> parents_; // user rounds waiting for their repair rounds
-  std::vector<uint8_t> lost_;   // by reducer: lost and not yet handled
-  bool loss_pending_ = false;
-  std::string loss_why_;
-  bool recovering_ = false;
-  int recoveries_ = 0;          // failover sessions started since a user round last finished
-  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
-  // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
-  // by internal_ (null once recover() dropped it: the check is then over, without a rejoin;
-  // fail_all() closes the check).
-  bool check_open_ = false;
-  Round* check_ = nullptr;
-  RoundId rejoin_from_ = 0;     // checks start here: a RoundId no worker had started at the last failover
-  // The connects to lost reducers started at the last rejoin check, by reducer; the next check
-  // reads them. Closed when links_ is dropped (close, error, failover, rejoin).
-  std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
-  std::string peer_left_;       // a reducer said a worker left: fails unless a reducer loss explains it
-  net::Clock::time_point peer_left_until_{};
+  // Reducer failover and rejoin checks (client/recovery.h); it works on this client's state.
+  friend class Recovery;
+  std::unique_ptr<Recovery> recovery_;
+  ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
+  std::string dropped_why_;
   net::ProgressTimer timer_;   // no progress while some thread drives the rounds
-  bool force_dones_ = false;    // drain(): every round must end, so no DONE waits in the kernel (fill())
+  bool force_dones_ = false;    // Recovery::drain(): every round must end, so no DONE waits in the kernel (Schedule::fill)
   struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
     explicit Driving(Client* c);
     ~Driving();

@@ -1,6 +1,6 @@
 // Reducer failover, the part that needs no sockets: what each worker reports about the rounds
 // it has not finished when a reducer is lost, and what the workers then do with every byte of
-// those rounds. client.cc runs the exchange (two small all-reduces on the surviving reducers)
+// those rounds. client/recovery.cc runs the exchange (two small all-reduces on the surviving reducers)
 // and the repair rounds; docs/protocol.md ("Reducer failover") describes the whole sequence.
 //
 // A worker reduces in place, so each byte of an unfinished round is, on each worker, either

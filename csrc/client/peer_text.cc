@@ -1,12 +1,13 @@
 #include "client/peer_text.h"
 
+#include "common/text.h"
+
 namespace rs::client {
 
 namespace {
 
 // How one byte of peer text is quoted.
 std::string escaped(unsigned char ch) {
-  static const char hex[] = "0123456789abcdef";
   switch (ch) {
     case '\\': return "\\\\";
     case '\n': return "\\n";
@@ -15,7 +16,7 @@ std::string escaped(unsigned char ch) {
     default: break;
   }
   if (ch >= 0x20 && ch < 0x7f) return std::string(1, char(ch));
-  return std::string("\\x") + hex[ch >> 4] + hex[ch & 15];
+  return "\\x" + rs::hex_byte(ch);
 }
 
 }  // namespace

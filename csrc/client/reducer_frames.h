@@ -11,7 +11,7 @@
 
 namespace rs::client {
 
-// A round's share on one link as this worker planned and sent it (wire bytes; client.cc's
+// A round's share on one link as this worker planned and sent it (wire bytes; client/round.h's
 // Round::Part extends it).
 struct LinkShare {
   uint64_t shard_bytes = 0;  // this link's reducer's shard of the round
