@@ -28,11 +28,9 @@
 namespace rs::nccl {
 
 std::optional<std::string> getenv_str(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return std::nullopt;
-  std::string s(v);
-  if (s.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
-  return s;
+  std::optional<std::string> v = settings::process_env()(name);
+  if (v && trim(*v).empty()) return std::nullopt;
+  return v;
 }
 
 namespace {
