@@ -40,6 +40,7 @@ import numpy as np
 
 import reducer
 from reducer.bench.models import Shapes, parameters
+from reducer.config import COMPRESSION_NAMES
 
 # Not a model: 1,000 tensors of 256 float32 (1 KiB each), where per-round latency dominates (the
 # case tensor fusion exists for, like the biases and norm weights of a large model).
@@ -101,7 +102,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--steps", type=int, default=7, help="timed steps per model and mode (after one warm-up)")
     ap.add_argument("--thresholds", default="64M,4M",
                     help="fusion thresholds to compare with fusion off (default: 64M, the default setting, and 4M)")
-    ap.add_argument("--compression", default=None, choices=("bf16", "fp16", "none"),
+    ap.add_argument("--compression", default=None, choices=(*COMPRESSION_NAMES, "none"),
                     help="wire compression of the float32 gradients (default: RS_COMPRESSION, else none)")
     args = ap.parse_args(argv)
 

@@ -36,10 +36,10 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-import ml_dtypes
 import numpy as np
 
 import reducer
+from reducer.config import compression_wire
 from reducer.dtypes import numpy_dtype
 
 DTYPES = ("float32", "float64", "float16", "bfloat16", "int32", "int64")
@@ -66,7 +66,8 @@ def data(seed: int, i: int, rank: int, dtype: str, n: int) -> np.ndarray:
 def expected(seed: int, i: int, world: int, dtype: str, op: str, n: int, comp: str) -> np.ndarray:
     """The reducers' arithmetic: inputs on the wire type, folded in rank order (16-bit types in
     float32), rounded once."""
-    wire = {"bf16": ml_dtypes.bfloat16, "fp16": np.float16}.get(comp)
+    wire_name = compression_wire(comp)
+    wire = None if wire_name is None else numpy_dtype(wire_name)
     xs = [data(seed, i, r, dtype, n) for r in range(world)]
     if wire is not None:
         xs = [x.astype(wire) for x in xs]

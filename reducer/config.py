@@ -179,6 +179,16 @@ def compression_wire(compression: str | None) -> str | None:
     return None if compression is None else _core.compression_wire(str(compression))
 
 
+# The canonical compression names ('bf16', 'fp16'), for command-line choices.
+COMPRESSION_NAMES: tuple[str, ...] = tuple(sorted(set(_core.COMPRESSIONS.values()) - {"none"}))
+
+
+def compression_name(compression: str | None) -> str | None:
+    """The canonical name ('bf16', 'fp16') of a compression name (as compression_wire), None for none."""
+    wire = compression_wire(compression)
+    return None if wire is None else str(_core.COMPRESSIONS[wire])
+
+
 def socket_buffer_arg(value: int | None = None) -> int:
     """The socket_buffer setting in bytes (0 = kernel autotuning; the default is the C++ table's)."""
     return int(get("socket_buffer", value))

@@ -48,7 +48,7 @@ for src in "${helpers[@]}"; do
   "${CXX_HELPERS:-g++}" "${common[@]}" -c "$src" -o "$obj"
   objs+=("$obj")
 done
-protocol=(csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc)
+protocol=(csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc csrc/common/text.cc)
 "$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc "${protocol[@]}" "${objs[@]}" -o "$out/make_seeds"
 
 build() {  # build TARGET: $out/TARGET_fuzz
@@ -58,11 +58,11 @@ build() {  # build TARGET: $out/TARGET_fuzz
     failover) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/failover_fuzz.cc csrc/client/failover.cc \
                 "${objs[@]}" -o "$out/failover_fuzz" ;;
     reducer_frames) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/reducer_frames_fuzz.cc \
-                      csrc/client/reducer_frames.cc csrc/client/peer_text.cc csrc/common/text.cc csrc/client/handshake.cc \
+                      csrc/client/reducer_frames.cc csrc/client/peer_text.cc csrc/client/handshake.cc \
                       csrc/net/frame_io.cc csrc/net/frame_auth.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" \
                       -lcrypto -o "$out/reducer_frames_fuzz" ;;
     plugin_env) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/plugin_env_fuzz.cc csrc/nccl_plugin/plugin_env.cc \
-                  csrc/common/settings.cc csrc/common/text.cc csrc/client/client_settings.cc \
+                  csrc/common/settings.cc csrc/client/client_settings.cc \
                   csrc/cluster/spec.cc csrc/cluster/repr.cc csrc/common/json.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" -o "$out/plugin_env_fuzz" ;;
     *) echo "fuzz.sh: unknown target $1 (wire, failover, reducer_frames, plugin_env)" >&2; exit 2 ;;
   esac

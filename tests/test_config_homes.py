@@ -12,7 +12,9 @@ from cpp_build import build_and_run
 
 from reducer import _core, addresses, config
 from reducer.communicator import Communicator
+from reducer.dtypes import wire_name
 from reducer.errors import ConfigError
+from reducer.fusion import compression_dtype
 
 
 def test_common_helpers_cpp(tmp_path: Path) -> None:
@@ -37,6 +39,9 @@ def test_every_compression_name_in_any_case_on_every_path(comm: Communicator, na
     wire = WIRE[_core.COMPRESSIONS[name]]
     for text in (name, f" {name.upper()} "):
         assert config.compression_wire(text) == wire
+        assert config.compression_name(text) == (None if wire is None else _core.COMPRESSIONS[name])
+        fused = compression_dtype(text)  # the fusion engine's and the bench runner's reader
+        assert (None if fused is None else wire_name(fused)) == wire
         x = np.arange(256, dtype=np.float32)  # exact in bf16 and fp16: one worker's sum is itself
         comm.allreduce(x, compression=text)  # the Python path
         assert np.array_equal(x, np.arange(256, dtype=np.float32))
@@ -49,10 +54,16 @@ def test_every_compression_name_in_any_case_on_every_path(comm: Communicator, na
 def test_unknown_compression_is_refused_everywhere(comm: Communicator, bad: str) -> None:
     with pytest.raises(ConfigError, match=f"unknown compression '{bad}'"):
         config.compression_wire(bad)
+    with pytest.raises(ConfigError, match=f"unknown compression '{bad}'"):
+        compression_dtype(bad)
     with pytest.raises(ConfigError, match="unknown compression"):
         comm.allreduce(np.zeros(8, dtype=np.float32), compression=bad)
     with pytest.raises(ValueError, match="unknown compression"):
         comm._client.allreduce(np.zeros(8, dtype=np.float32), "float32", "sum", compression=bad)
+
+
+def test_compression_choices_are_the_canonical_names() -> None:
+    assert config.COMPRESSION_NAMES == ("bf16", "fp16")
 
 
 # -- default ports and the control-port rule: reducer/addresses.py --------------------------------

@@ -194,6 +194,12 @@ def test_control_addresses_from_cluster_spec() -> None:
         control_addresses([], {})
     with pytest.raises(ConfigError, match="no port"):
         control_addresses(["nohost"], {})
+    # data port 65535: no next port (addresses.control_port_for), so no default control address
+    top = json.dumps({"cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:65535"]},
+                      "task": {"type": "workerpool0", "index": 0}})
+    with pytest.raises(ConfigError, match="data port 65535"):
+        control_addresses([], {"CLUSTER_SPEC": top})
+    assert control_addresses([], {"CLUSTER_SPEC": top, "RS_CONTROL_PORT": "7000"}) == ["r0:7000"]
 
 
 def test_side_ports() -> None:

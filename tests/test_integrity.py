@@ -364,7 +364,7 @@ def test_transport_unit_tests_in_cpp(tmp_path):
 
     sources = ["tests/cpp/test_frame_auth.cc", "csrc/net/frame_auth.cc", "csrc/net/frame_io.cc", "csrc/net/socket.cc",
                "csrc/protocol/auth.cc", "csrc/protocol/hmac.cc", "csrc/protocol/wire.cc", "csrc/protocol/plan.cc",
-               "csrc/common/common.cc"]
+               "csrc/common/common.cc", "csrc/common/text.cc"]
     out = build_and_run(tmp_path, "test_frame_auth", sources + kernel_sources(), libs=["crypto"])
     assert "libcrypto allocations over 1000 frames: 0" in out
 

@@ -349,6 +349,6 @@ def test_frame_reader_unit_tests_in_cpp(tmp_path):
 
     sources = ["tests/cpp/test_frame_io.cc", "csrc/net/frame_auth.cc", "csrc/net/frame_io.cc", "csrc/net/socket.cc",
                "csrc/protocol/auth.cc", "csrc/protocol/hmac.cc", "csrc/protocol/wire.cc", "csrc/protocol/plan.cc",
-               "csrc/common/common.cc"]
+               "csrc/common/common.cc", "csrc/common/text.cc"]
     san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
     build_and_run(tmp_path, "test_frame_io", sources + kernel_sources(), libs=["crypto"], flags=san)

@@ -1,6 +1,6 @@
 #include "cluster/repr.h"
 
-#include <cstdio>
+#include "common/text.h"
 
 namespace rs::cluster {
 
@@ -23,9 +23,7 @@ void quote(std::string* out, const std::string& s) {
     } else if (c == '\t') {
       *out += "\\t";
     } else if (n == 0 || static_cast<unsigned char>(c) < 0x20 || c == 0x7f) {
-      char hex[8];
-      std::snprintf(hex, sizeof hex, "\\x%02x", static_cast<unsigned char>(c));
-      *out += hex;
+      *out += "\\x" + rs::hex_byte(static_cast<uint8_t>(c));
     } else {
       out->append(s, i, n);
       i += n;

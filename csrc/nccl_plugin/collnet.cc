@@ -8,6 +8,8 @@
 #include <string>
 
 #include "common/error.h"
+#include "common/settings.h"
+#include "common/text.h"
 #include "nccl_plugin/collnet_handle.h"
 #include "nccl_plugin/collnet_rounds.h"
 #include "nccl_plugin/mem_region.h"
@@ -71,16 +73,6 @@ uint64_t fingerprint(const ReducerPool& p) {
   for (const auto& r : p.reducers) text += r + ",";
   proto::Digest d = proto::sha256(text.data(), text.size());
   return proto::get_u64(d.data());
-}
-
-std::string hex(const uint8_t* p, size_t n) {
-  static const char* digits = "0123456789abcdef";
-  std::string s;
-  for (size_t i = 0; i < n; ++i) {
-    s.push_back(digits[p[i] >> 4]);
-    s.push_back(digits[p[i] & 15]);
-  }
-  return s;
 }
 
 ReducerPool current_pool() {
@@ -216,9 +208,9 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   proto::Digest d = proto::sha256(ident.data(), ident.size());
 
   auto cc = std::make_unique<CollComm>();
-  cc->group = "nccl-" + hex(d.data(), 16);
+  cc->group = "nccl-" + rs::hex_bytes(d.data(), 16);
   client::ClientOptions opts = client_options_from_env();
-  if (!getenv_str("RS_WINDOW")) opts.window = kCollNetWindow;
+  if (!settings::read(settings::spec("window"), settings::process_env())) opts.window = kCollNetWindow;
   opts.reducers = lc->pool.reducers;
   opts.job_id = lc->pool.job_id;
   opts.group = cc->group;

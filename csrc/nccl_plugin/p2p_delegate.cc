@@ -4,6 +4,7 @@
 
 #include <mutex>
 
+#include "common/settings.h"
 #include "nccl_plugin/plugin_env.h"
 #include "nccl_plugin/plugin_log.h"
 
@@ -25,7 +26,7 @@ class Library {
   void* handle() {
     if (tried_) return handle_;
     tried_ = true;
-    auto path = getenv_str("RS_NCCL_P2P_PLUGIN");
+    auto path = settings::read_text(settings::spec("nccl_p2p_plugin"), settings::process_env());
     if (!path) return nullptr;
     path_ = *path;
     ::dlerror();

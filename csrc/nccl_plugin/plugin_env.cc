@@ -20,6 +20,7 @@
 #include "cluster/spec.h"
 #include "common/error.h"
 #include "common/settings.h"
+#include "common/text.h"
 #include "net/socket.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
@@ -27,19 +28,12 @@
 namespace rs::nccl {
 
 std::optional<std::string> getenv_str(const char* name) {
-  const char* v = std::getenv(name);
-  if (!v) return std::nullopt;
-  std::string s(v);
-  if (s.find_first_not_of(" \t\r\n") == std::string::npos) return std::nullopt;
-  return s;
+  std::optional<std::string> v = settings::process_env()(name);
+  if (v && trim(*v).empty()) return std::nullopt;
+  return v;
 }
 
 namespace {
-
-std::string trim(const std::string& s) {
-  size_t b = s.find_first_not_of(" \t\r\n"), e = s.find_last_not_of(" \t\r\n");
-  return b == std::string::npos ? "" : s.substr(b, e - b + 1);
-}
 
 [[noreturn]] void bad(const char* var, const std::string& raw, const std::string& why) {
   throw Error(ErrorKind::Config, std::string(var) + "='" + raw + "' is not valid: " + why);
@@ -99,11 +93,7 @@ std::vector<std::string> pool_addresses(const cluster::Spec& spec) {
 
 std::optional<ReducerPool> discover_reducers() {
   ReducerPool pool;
-  const auto env = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    return v ? std::optional<std::string>(v) : std::nullopt;
-  };
-  if (const std::optional<cluster::Spec> spec = cluster::spec_from_env(env)) {
+  if (const std::optional<cluster::Spec> spec = cluster::spec_from_env(settings::process_env())) {
     pool.source = spec->source;
     pool.reducers = pool_addresses(*spec);
   } else if (auto list = getenv_str("RS_REDUCERS")) {

@@ -1,6 +1,7 @@
 #include "protocol/auth.h"
 
 #include "common/error.h"
+#include "common/text.h"
 
 namespace rs::proto {
 
@@ -12,13 +13,6 @@ std::string key_bytes(const Key& k) { return std::string(reinterpret_cast<const 
 
 std::string nonce_bytes(const std::array<uint8_t, kNonceBytes>& n) {
   return std::string(reinterpret_cast<const char*>(n.data()), n.size());
-}
-
-int hex_value(char c) {
-  if (c >= '0' && c <= '9') return c - '0';
-  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
-  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
-  return -1;
 }
 
 }  // namespace
@@ -44,7 +38,7 @@ Credential Credential::parse(const std::string& token) {
     throw Error(ErrorKind::Config, "malformed job credential: expected rsjob1:<job id>:<64 hex digits> "
                                    "(made by `reduction-server job-token --job ID`)");
   for (size_t i = 0; i < c.key_.size(); ++i) {
-    const int hi = hex_value(hex[2 * i]), lo = hex_value(hex[2 * i + 1]);
+    const int hi = rs::hex_value(hex[2 * i]), lo = rs::hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) throw Error(ErrorKind::Config, "malformed job credential: the key is not hexadecimal");
     c.key_[i] = uint8_t(hi * 16 + lo);
   }
@@ -66,13 +60,7 @@ Key Credential::key_for(const std::string& job) const {
 }
 
 std::string format_job_token(const std::string& job, const Key& key) {
-  static const char hex[] = "0123456789abcdef";
-  std::string out = kJobTokenPrefix + job + ":";
-  for (uint8_t b : key) {
-    out += hex[b >> 4];
-    out += hex[b & 15];
-  }
-  return out;
+  return kJobTokenPrefix + job + ":" + rs::hex_bytes(key.data(), key.size());
 }
 
 Digest hello_mac(const Key& key, const Hello& h, const std::array<uint8_t, kNonceBytes>& challenge_nonce) {

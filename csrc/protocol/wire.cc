@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "common/dtype.h"
+#include "common/text.h"
 #include "protocol/plan.h"
 
 namespace rs::proto {
@@ -90,11 +91,7 @@ std::string check_name(const char* what, const std::string& name) {
     const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
                     std::strchr("._-:/@+=#", ch) != nullptr;
     if (!ok || ch == 0) {
-      static const char hex[] = "0123456789abcdef";
-      std::string code = "0x";
-      code += hex[ch >> 4];
-      code += hex[ch & 15];
-      return std::string(what) + " has byte " + code + " at position " + std::to_string(i) + ": it must be " + kNameRule;
+      return std::string(what) + " has byte 0x" + rs::hex_byte(ch) + " at position " + std::to_string(i) + ": it must be " + kNameRule;
     }
   }
   return "";

@@ -25,7 +25,7 @@ struct ServerOptions {
   int threads = 0;               // event loops; 0: number of CPUs, at most 8
   std::string auth_token;        // the shared secret; empty: no authentication
   int group_slots = 4;           // chunk slots per group stream (memory bound, see docs/protocol.md)
-  double handshake_timeout = 10.0;      // seconds for a connection to complete its hello
+  double handshake_timeout = kDefaultHandshakeTimeout;  // seconds for a connection to complete its hello
   double group_timeout = 300.0;         // seconds for a group stream to gather all its ranks
   int socket_buffer = kDefaultSocketBuffer;
   uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream

@@ -26,7 +26,6 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from ..fusion import compression_dtype
 from . import control_ab, cpu_monitor, emulate, plot, report, steps
 
 # re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
@@ -131,14 +130,13 @@ def wire_dtype(algo: str, cfg: BenchConfig) -> str | None:
     if algo == "gloo-bf16":
         return "bfloat16"
     if control_ab.base_algo(algo) == "rs" and cfg.compression:
-        return {"bf16": "bfloat16", "fp16": "float16"}[cfg.compression]
+        return rs_config.compression_wire(cfg.compression)
     return None
 
 
 def _check_compression(cfg: BenchConfig) -> BenchConfig:
     """cfg with compression normalised to None, 'bf16' or 'fp16'; ConfigError if it cannot apply."""
-    wire = compression_dtype(cfg.compression)
-    comp = None if wire is None else ("bf16" if wire == numpy_dtype("bfloat16") else "fp16")
+    comp = rs_config.compression_name(cfg.compression)
     if comp and cfg.dtype != "float32":
         raise ConfigError(f"--compression {comp} compresses float32 buffers: use --dtype float32 (not {cfg.dtype})")
     if cfg.dtype != "float32" and cfg.algos and "gloo-bf16" in cfg.algos:

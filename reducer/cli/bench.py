@@ -11,7 +11,7 @@ from reducer.bench import run as run_bench
 from reducer.bench.models import MODELS
 from reducer.bench.poller import DEFAULT_INTERVAL_S
 from reducer.bench.runner import parse_congestion
-from reducer.config import parse_size
+from reducer.config import COMPRESSION_NAMES, parse_size
 from reducer.dtypes import OPS, SUPPORTED
 from reducer.errors import ConfigError
 
@@ -40,7 +40,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="comma list of rs, ring, gloo, gloo-bf16 (with --model: rs, rs+bf16, ring, gloo) "
                         "(default: rs, ring, gloo, and gloo-bf16 with --compression; gloo and, with --model, rs and "
                         "rs+bf16 need torch)")
-    p.add_argument("--compression", default=None, choices=("bf16", "fp16"),
+    p.add_argument("--compression", default=None, choices=COMPRESSION_NAMES,
                    help="rs sends the float32 buffer as bfloat16 / float16 on the wire (converted chunk by chunk "
                         "in the transport); gloo-bf16 is its baseline: gloo all-reducing a bfloat16 copy")
     m = p.add_argument_group("training step (--model): one step's gradient traffic as PyTorch DDP produces it")

@@ -33,13 +33,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from reducer import cluster, config
-from reducer.addresses import MAX_PORT, check_port, format_address
+from reducer.addresses import DEFAULT_PORT, check_port, control_port_for, format_address
 from reducer.errors import ConfigError, ReductionError
 from reducer.wording import plural
 
 log = logging.getLogger("reducer.serve")
 
-DEFAULT_PORT = 2222
 DEFAULT_DRAIN_TIMEOUT = 10.0
 DEFAULT_STATS_INTERVAL = 60.0
 
@@ -211,7 +210,7 @@ def resolve_side_ports(control: int | None, metrics: int | None, data_port: int)
     metrics = config.get("metrics_port", metrics)
     is_default = control is None
     if is_default:
-        control = data_port + 1 if data_port < MAX_PORT else None
+        control = control_port_for(data_port)
     return SidePorts(None if control == config.OFF else control, is_default,
                      None if metrics is None or metrics == config.OFF else metrics)
 

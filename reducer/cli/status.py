@@ -17,6 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from reducer import cluster, config
+from reducer.addresses import control_port_for
 from reducer.errors import ConfigError
 
 DEFAULT_INTERVAL = 2.0
@@ -67,7 +68,11 @@ def control_addresses(addresses: Sequence[str], env: Mapping[str, str] | None = 
     out = []
     for addr in info.reducers:
         host, data_port = cluster.parse_address(addr)
-        out.append(cluster.format_address(host, port if port is not None else data_port + 1))
+        control = port if port is not None else control_port_for(data_port)
+        if control is None:
+            raise ConfigError(f"reducer {addr!r} has data port {data_port}, so no default control port "
+                              "(data port + 1): pass its control address instead")
+        out.append(cluster.format_address(host, control))
     return out
 
 

@@ -30,8 +30,6 @@ KNOWN_ACCELERATORS = (
     "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
 )
 
-DEFAULT_PORT = 2222
-
 
 @dataclass(frozen=True)
 class VertexJob:

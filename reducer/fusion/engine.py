@@ -39,7 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from ..dtypes import BFLOAT16, check_op
+from .. import config
+from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError, ReductionError, ReductionTimeout
 from ..frameworks import stage
 from ..lifetime import join_threads
@@ -64,17 +65,10 @@ _SETTLE_WAIT = 10.0
 
 
 def compression_dtype(compression: str | None) -> np.dtype | None:
-    """The 16-bit wire dtype for float32 under `compression` (None, 'bf16', 'fp16')."""
-    if compression is None:
-        return None
-    c = str(compression).strip().lower()
-    if c in ("", "none", "off", "no", "0", "false"):
-        return None
-    if c in ("bf16", "bfloat16"):
-        return BFLOAT16
-    if c in ("fp16", "float16", "half"):
-        return np.dtype(np.float16)
-    raise ConfigError(f"unknown compression {compression!r}; use 'bf16', 'fp16' or none")
+    """The 16-bit wire dtype for float32 under `compression` (None, 'bf16', 'fp16', ...: the names
+    of config.compression_wire); ConfigError for an unknown name."""
+    wire = config.compression_wire(compression)
+    return None if wire is None else numpy_dtype(wire)
 
 
 class FusionEngine:
