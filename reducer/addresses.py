@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import config
+from ._native import core
 from .errors import ConfigError
 
 __all__ = ["parse_address", "format_address", "connect_host", "check_port", "is_ipv6", "resolve_job_id",
@@ -106,11 +107,9 @@ def parse_address(addr: str) -> tuple[str, int]:
 
 
 def resolve_job_id(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:
-    """The job id: `explicit` if given (not empty), else RS_JOB_ID, else CLOUD_ML_JOB_ID, else 'local'.
+    """The job id: `explicit` if given (not blank), else RS_JOB_ID, else CLOUD_ML_JOB_ID, else 'local',
+    trimmed; blank counts as unset. One rule with the NCCL plugin (csrc/cluster/job.cc).
 
-    `env` defaults to os.environ; blank variables count as unset (reducer.config)."""
-    value = config.get("job_id", explicit or None, env)
-    if value:
-        return str(value)
-    cloud = (os.environ if env is None else env).get("CLOUD_ML_JOB_ID", "")
-    return cloud if cloud.strip() else "local"
+    `env` defaults to os.environ."""
+    source = os.environ if env is None else env
+    return str(core.cluster.resolve_job_id(source.get, explicit or ""))

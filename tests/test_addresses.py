@@ -106,6 +106,9 @@ def test_check_port(port: Any, any_port: bool, ok: bool) -> None:
     ("", {"RS_JOB_ID": "mine"}, "mine"),                       # an empty argument is no argument
     (None, {"RS_JOB_ID": "", "CLOUD_ML_JOB_ID": "123"}, "123"),  # blank variables count as unset
     (None, {"RS_JOB_ID": " ", "CLOUD_ML_JOB_ID": "  "}, "local"),
+    (None, {"RS_JOB_ID": " mine\n"}, "mine"),                 # trimmed, as the NCCL plugin does
+    (None, {"CLOUD_ML_JOB_ID": " 123 "}, "123"),
+    (" arg ", {}, "arg"),
 ])
 def test_resolve_job_id(explicit: Optional[str], env: Dict[str, str], expected: str) -> None:
     assert resolve_job_id(explicit, env) == expected

@@ -165,6 +165,8 @@ DISCOVERY_CASES = [
      "TF_CONFIG: bad reducer address: "),
     ({"RS_REDUCERS": "a:1,a:1"}, "RS_REDUCERS: reducer address 'a:1' is listed twice"),
     ({"RS_REDUCERS": "127.0.0.1:7001,[::1]:7002", "RS_JOB_ID": "j7"}, "127.0.0.1:7001,[::1]:7002"),
+    ({"RS_REDUCERS": "127.0.0.1:7001", "RS_JOB_ID": " spaced ", "CLOUD_ML_JOB_ID": "v"}, "127.0.0.1:7001"),
+    ({"RS_REDUCERS": "127.0.0.1:7001", "RS_JOB_ID": "  ", "CLOUD_ML_JOB_ID": " v2 "}, "127.0.0.1:7001"),
     ({"CLUSTER_SPEC": " \t", "TF_CONFIG": _spec({"worker": ["w:1"], "ps": ["p:2"]}, type="worker", index="0"),
       "CLOUD_ML_JOB_ID": "vertex-9"}, "p:2"),
     ({"TF_CONFIG": _spec({"chief": ["c:1"], "master": ["m:1"], "ps": ["p:2"]}, type="chief")},
@@ -239,7 +241,8 @@ def test_collnet_and_reducer_init_discover_the_same_reducers(plugin_env, env, ex
     else:
         assert plugin == library, (plugin, library)
         assert plugin["reducers"] == expect
-        assert plugin["job"] == env.get("RS_JOB_ID", env.get("CLOUD_ML_JOB_ID", "local"))
+        ids = [v.strip() for v in (env.get("RS_JOB_ID", ""), env.get("CLOUD_ML_JOB_ID", "")) if v.strip()]
+        assert plugin["job"] == (ids + ["local"])[0]
 
 
 def test_collnet_heads_with_different_reducers_all_refuse(plugin_env):

@@ -3,6 +3,7 @@
 #include <string>
 
 #include "bindings/common.h"
+#include "cluster/job.h"
 #include "cluster/spec.h"
 
 namespace rs::py_bind {
@@ -55,6 +56,20 @@ void bind_cluster(py::module_& parent) {
       py::arg("lookup"),
       "lookup(name) -> str or None reads the environment: CLUSTER_SPEC if set and not blank, else "
       "TF_CONFIG, parsed; None when neither is set. ConfigError if the one in force is malformed.");
+  m.def(
+      "resolve_job_id",
+      [](const py::object& lookup, const std::string& explicit_id) {
+        return cluster::resolve_job_id(
+            [&lookup](const char* name) -> std::optional<std::string> {
+              py::object value = lookup(name);
+              if (value.is_none()) return std::nullopt;
+              return utf8_of(value);
+            },
+            explicit_id);
+      },
+      py::arg("lookup"), py::arg("explicit_id") = "",
+      "The job id: `explicit_id` if not blank, else RS_JOB_ID, else CLOUD_ML_JOB_ID, else 'local' "
+      "(trimmed; blank counts as unset). The NCCL plugin uses the same rule.");
 }
 
 }  // namespace rs::py_bind

@@ -16,6 +16,7 @@
 #include <sstream>
 
 #include "client/client_settings.h"
+#include "cluster/job.h"
 #include "cluster/repr.h"
 #include "cluster/spec.h"
 #include "common/error.h"
@@ -114,9 +115,7 @@ std::optional<ReducerPool> discover_reducers() {
   for (const auto& a : pool.reducers)
     if (!seen.insert(a).second)
       throw Error(ErrorKind::Config, pool.source + ": reducer address " + cluster::py_repr(a) + " is listed twice");
-  if (auto job = getenv_str("RS_JOB_ID")) pool.job_id = trim(*job);
-  else if (auto cloud = getenv_str("CLOUD_ML_JOB_ID")) pool.job_id = trim(*cloud);
-  else pool.job_id = "local";
+  pool.job_id = cluster::resolve_job_id(settings::process_env());
   return pool;
 }
 
