@@ -16,7 +16,6 @@ import os
 from collections.abc import Mapping
 from typing import Any
 
-from . import config
 from ._native import core
 from .errors import ConfigError
 

@@ -24,8 +24,9 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Union
 
 from . import config
 from ._native import core
@@ -63,8 +64,8 @@ class ClusterInfo:
     """
 
     role: str                # "worker", "reducer", "evaluator"
-    reducers: List[str]      # "host:port" addresses of the reducers, in pool order
-    workers: List[str]       # worker node addresses (pool0 then pool1); [] in RS_REDUCERS mode
+    reducers: list[str]      # "host:port" addresses of the reducers, in pool order
+    workers: list[str]       # worker node addresses (pool0 then pool1); [] in RS_REDUCERS mode
     node_rank: int           # index among worker nodes (reducer: index in the reducer pool)
     num_nodes: int           # number of worker nodes (reducer: size of the reducer pool)
     local_rank: int
@@ -73,15 +74,15 @@ class ClusterInfo:
     world_size: int          # num_nodes * local_world_size (workers only)
     job_id: str
     source: str              # "CLUSTER_SPEC", "TF_CONFIG" or "RS_REDUCERS"
-    bind_port: Optional[int] = None
+    bind_port: int | None = None
     task_type: str = ""      # as written in the description: "workerpool2", "ps", ... ("" for RS_REDUCERS)
 
 
 # -- local ranks and reducer lists (settings read from `env` with config.get) ------------------
 
 
-def _local(local_rank: Optional[int], local_world_size: Optional[int],
-           env: Mapping[str, str]) -> Tuple[int, int]:
+def _local(local_rank: int | None, local_world_size: int | None,
+           env: Mapping[str, str]) -> tuple[int, int]:
     lr = config.get("local_rank", local_rank, env)
     lws = config.get("local_world_size", local_world_size, env)
     lws_env = config.SETTINGS["local_world_size"].env
@@ -106,7 +107,7 @@ def _local(local_rank: Optional[int], local_world_size: Optional[int],
     return int(lr), int(lws)
 
 
-def _explicit_reducers(reducers: Reducers) -> Optional[List[str]]:
+def _explicit_reducers(reducers: Reducers) -> list[str] | None:
     if reducers is None:
         return None
     if isinstance(reducers, str):
@@ -114,10 +115,10 @@ def _explicit_reducers(reducers: Reducers) -> Optional[List[str]]:
     return [str(a).strip() for a in reducers]
 
 
-def _check_reducers(addrs: List[str], where: str) -> List[str]:
+def _check_reducers(addrs: list[str], where: str) -> list[str]:
     if not addrs:
         raise ConfigError(f"{where}: the reducer pool is empty; at least one reducer address is needed")
-    seen: Dict[Tuple[str, int], str] = {}
+    seen: dict[tuple[str, int], str] = {}
     for a in addrs:
         try:
             key = parse_address(a)
@@ -129,7 +130,7 @@ def _check_reducers(addrs: List[str], where: str) -> List[str]:
     return list(addrs)
 
 
-def _with_port(addrs: List[str], port: Optional[int], where: str) -> List[str]:
+def _with_port(addrs: list[str], port: int | None, where: str) -> list[str]:
     out = []
     for a in addrs:
         try:
@@ -143,16 +144,16 @@ def _with_port(addrs: List[str], port: Optional[int], where: str) -> List[str]:
 # -- discovery ----------------------------------------------------------------------------------
 
 
-def _from_spec(spec: Any, *, env: Mapping[str, str], reducers: Reducers, rank: Optional[int],
-               world_size: Optional[int], local_rank: Optional[int], local_world_size: Optional[int],
-               reducer_port: Optional[int], job_id: Optional[str]) -> ClusterInfo:
+def _from_spec(spec: Any, *, env: Mapping[str, str], reducers: Reducers, rank: int | None,
+               world_size: int | None, local_rank: int | None, local_world_size: int | None,
+               reducer_port: int | None, job_id: str | None) -> ClusterInfo:
     """ClusterInfo from `spec`, a parsed description (reducer._core.cluster.Spec)."""
-    pools: Dict[str, List[str]] = {name: list(addrs) for name, addrs in spec.pools}
+    pools: dict[str, list[str]] = {name: list(addrs) for name, addrs in spec.pools}
     src = spec.source
-    worker_pools: List[str] = list(spec.worker_pools)
+    worker_pools: list[str] = list(spec.worker_pools)
     role = spec.role
 
-    workers: List[str] = []
+    workers: list[str] = []
     for p in worker_pools:
         workers.extend(pools.get(p, []))
 
@@ -172,7 +173,7 @@ def _from_spec(spec: Any, *, env: Mapping[str, str], reducers: Reducers, rank: O
             raise ConfigError(f"{spec.missing_reducers()} (or pass reducers=)")
         reducer_addrs = _check_reducers(_with_port(pool2, port, where), where) if pool2 else []
 
-    bind_port: Optional[int] = None
+    bind_port: int | None = None
     if role == WORKER:
         if src == "CLUSTER_SPEC" and not pools.get("workerpool0"):
             raise ConfigError(
@@ -229,9 +230,9 @@ def _check_rank(rank: Any, world_size: Any, rank_name: str, world_name: str) -> 
         )
 
 
-def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: Optional[int], world_size: Optional[int],
-             local_rank: Optional[int], local_world_size: Optional[int], reducer_port: Optional[int],
-             job_id: Optional[str]) -> Optional[ClusterInfo]:
+def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: int | None, world_size: int | None,
+             local_rank: int | None, local_world_size: int | None, reducer_port: int | None,
+             job_id: str | None) -> ClusterInfo | None:
     red_env = config.SETTINGS["reducers"].env
     rank_env = config.SETTINGS["rank"].env
     world_env = config.SETTINGS["world_size"].env
@@ -272,17 +273,17 @@ def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: Optional[int],
     )
 
 
-def discover(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = None, rank: Optional[int] = None,
-             world_size: Optional[int] = None, local_rank: Optional[int] = None,
-             local_world_size: Optional[int] = None, reducer_port: Optional[int] = None,
-             job_id: Optional[str] = None) -> ClusterInfo:
+def discover(env: Mapping[str, str] | None = None, *, reducers: Reducers = None, rank: int | None = None,
+             world_size: int | None = None, local_rank: int | None = None,
+             local_world_size: int | None = None, reducer_port: int | None = None,
+             job_id: str | None = None) -> ClusterInfo:
     """Discover the cluster from CLUSTER_SPEC, else TF_CONFIG, else RS_REDUCERS/RS_RANK/RS_WORLD_SIZE.
 
     `env` defaults to os.environ. Explicit arguments override what the environment says; `rank` and
     `world_size` are global. Returns the info for any role (worker, reducer, evaluator).
     """
     env = os.environ if env is None else env
-    kwargs: Dict[str, Any] = dict(reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
+    kwargs: dict[str, Any] = dict(reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
                                   local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
     spec = core.cluster.spec_from_env(env.get)
     info = _from_spec(spec, env=env, **kwargs) if spec is not None else _from_rs(env, **kwargs)
@@ -296,10 +297,10 @@ def discover(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = No
     return info
 
 
-def discover_worker(env: Optional[Mapping[str, str]] = None, *, reducers: Reducers = None,
-                    rank: Optional[int] = None, world_size: Optional[int] = None,
-                    local_rank: Optional[int] = None, local_world_size: Optional[int] = None,
-                    reducer_port: Optional[int] = None, job_id: Optional[str] = None) -> ClusterInfo:
+def discover_worker(env: Mapping[str, str] | None = None, *, reducers: Reducers = None,
+                    rank: int | None = None, world_size: int | None = None,
+                    local_rank: int | None = None, local_world_size: int | None = None,
+                    reducer_port: int | None = None, job_id: str | None = None) -> ClusterInfo:
     """Like discover(), but this process must be a worker of the all-reduce group."""
     env = os.environ if env is None else env
     info = discover(env, reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
@@ -316,7 +317,7 @@ def discover_worker(env: Optional[Mapping[str, str]] = None, *, reducers: Reduce
     return info
 
 
-def discover_reducer(env: Optional[Mapping[str, str]] = None) -> ClusterInfo:
+def discover_reducer(env: Mapping[str, str] | None = None) -> ClusterInfo:
     """For `reduction-server serve` without flags: this process must be workerpool2 (Vertex) or ps."""
     env = os.environ if env is None else env
     if core.cluster.spec_from_env(env.get) is None:

@@ -34,7 +34,7 @@ import json
 import os
 import sys
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any
 
 import nccl_harness as H
 
@@ -64,8 +64,8 @@ PER_LOAD, PER_COMM = "per_load", "per_comm"
 class Release:
     tag: str
     code: int  # NCCL_VERSION_CODE
-    net: Tuple[int, ...]  # table versions looked up, newest first
-    coll: Tuple[int, ...]
+    net: tuple[int, ...]  # table versions looked up, newest first
+    coll: tuple[int, ...]
     names: str  # "prefixed": libnccl-net-<v>.so only; "both": <v> then libnccl-net-<v>.so;
     #             "both_unless_path": the second only for a plain name (no '/', not lib*.so)
     plugin_list: bool  # NCCL_NET_PLUGIN is a comma-separated list
@@ -95,11 +95,11 @@ RELEASES = [
 BY_TAG = {r.tag: r for r in RELEASES}
 
 
-def file_names(rel: Release, value: Optional[str]) -> List[str]:
+def file_names(rel: Release, value: str | None) -> list[str]:
     """The names rel dlopens, in order, for NCCL_NET_PLUGIN=value (None: unset)."""
     if not value:
         return ["libnccl-net.so"]
-    out: List[str] = []
+    out: list[str] = []
     for entry in (value.split(",") if rel.plugin_list else [value]):
         if not entry:
             continue
@@ -117,13 +117,13 @@ def file_names(rel: Release, value: Optional[str]) -> List[str]:
 class Loaded:
     """What rel found: the library (opened by `name`) and the tables it will use."""
 
-    def __init__(self, name: str, lib: C.CDLL, net_v: Optional[int], coll_v: Optional[int],
-                 crash: Optional[str] = None) -> None:
+    def __init__(self, name: str, lib: C.CDLL, net_v: int | None, coll_v: int | None,
+                 crash: str | None = None) -> None:
         self.name, self.lib, self.net_v, self.coll_v, self.crash = name, lib, net_v, coll_v, crash
 
 
-def load(rel: Release, value: Optional[str]) -> Tuple[Optional[Loaded], List[str]]:
-    tried: List[str] = []
+def load(rel: Release, value: str | None) -> tuple[Loaded | None, list[str]]:
+    tried: list[str] = []
     for name in file_names(rel, value):
         tried.append(name)
         try:
@@ -142,8 +142,8 @@ def load(rel: Release, value: Optional[str]) -> Tuple[Optional[Loaded], List[str
 class Logger:
     """NCCL's logger, as `how` provides the NCCL version: see the module docstring."""
 
-    def __init__(self, how: str, stub_path: Optional[str], code: int) -> None:
-        self.lines: List[str] = []
+    def __init__(self, how: str, stub_path: str | None, code: int) -> None:
+        self.lines: list[str] = []
         self.py = H.LOGGER(self._log)
         self.stub = None
         if how != "none":
@@ -167,12 +167,12 @@ class Nccl:
                      if found.coll_v else None)
         self.coll_state = "init_ready" if self.coll else "absent"  # -> "enabled" / "disabled"
         self.net_ready = False
-        self.events: List[str] = []
+        self.events: list[str] = []
 
     # -- communicator set-up (ncclNetInit) --------------------------------------------------
 
-    def comm_init(self, comm_hash: int) -> Dict[str, Any]:
-        comm: Dict[str, Any] = {"net_ctx": C.c_void_p(), "coll_ctx": C.c_void_p(), "collnet": None}
+    def comm_init(self, comm_hash: int) -> dict[str, Any]:
+        comm: dict[str, Any] = {"net_ctx": C.c_void_p(), "coll_ctx": C.c_void_p(), "collnet": None}
         per_comm = self.rel.collnet_init == PER_COMM
         if per_comm or not self.net_ready:
             if self.found.net_v >= 11:
@@ -203,7 +203,7 @@ class Nccl:
 
     # -- the tuner's rule for all-gather / reduce-scatter, and the call it leads to ----------
 
-    def gather_outcome(self, comm: Dict[str, Any], member: str) -> str:
+    def gather_outcome(self, comm: dict[str, Any], member: str) -> str:
         """"ruled_out": NCCL never picks CollNet for it; "error": NCCL may pick it, the call
         fails; "crash": NCCL may pick it and jumps to NULL; "no_collnet": CollNet is off."""
         if comm["collnet"] is None:
@@ -229,7 +229,7 @@ class Nccl:
 
     # -- communicator destroy (ncclNetFinalize) ---------------------------------------------
 
-    def comm_destroy(self, comm: Dict[str, Any]) -> str:
+    def comm_destroy(self, comm: dict[str, Any]) -> str:
         """"ok", or "crash" where rel would call finalize through a NULL table."""
         if self.found.net_v >= 11:
             self.net.finalize(comm["net_ctx"])
@@ -244,10 +244,10 @@ class Nccl:
         return "ok"
 
 
-def emulate(rel: Release, scenario: Dict[str, Any]) -> Dict[str, Any]:
+def emulate(rel: Release, scenario: dict[str, Any]) -> dict[str, Any]:
     logger = Logger(scenario.get("version_via", "global"), scenario.get("stub"), rel.code)
     found, tried = load(rel, os.environ.get("NCCL_NET_PLUGIN"))  # set, or read from nccl.conf, by then
-    out: Dict[str, Any] = {"tried": tried, "opened": found.name if found else None}
+    out: dict[str, Any] = {"tried": tried, "opened": found.name if found else None}
     if not found or not found.net_v:
         out["net_v"] = None
         return out
@@ -283,7 +283,7 @@ def _mapped_path(lib: C.CDLL, symbol: str) -> str:
     return os.path.realpath(info.fname.decode())
 
 
-def run(scenario: Dict[str, Any]) -> Dict[str, Any]:
+def run(scenario: dict[str, Any]) -> dict[str, Any]:
     """Every release in scenario["releases"] (default: all), one after the other in this process."""
     tags = scenario.get("releases") or [r.tag for r in RELEASES]
     return {tag: emulate(BY_TAG[tag], scenario) for tag in tags}

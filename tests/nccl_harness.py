@@ -9,8 +9,9 @@ from __future__ import annotations
 import ctypes as C
 import os
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any
 
 import numpy as np
 
@@ -44,7 +45,7 @@ class PropsV8(C.Structure):
                 ("netDeviceVersion", C.c_int)]
 
 
-def _props_v9_on(ndevs: int, multi: bool, rail: bool) -> List[Tuple[str, Any]]:
+def _props_v9_on(ndevs: int, multi: bool, rail: bool) -> list[tuple[str, Any]]:
     """v9/v10 (4 virtual devices, no maxMultiRequestSize), v11 (+ maxMultiRequestSize), v12 (8, + rail/plane)."""
     fields = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
               ("regIsGlobal", C.c_int), ("forceFlush", C.c_int), ("speed", C.c_int), ("port", C.c_int),
@@ -88,7 +89,7 @@ def _fn(*args: Any) -> Any:
     return C.CFUNCTYPE(R, *args)
 
 
-def _net_fields(v: int) -> List[Tuple[str, Any]]:
+def _net_fields(v: int) -> list[tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
     reg_size = C.c_int if v == 7 else C.c_size_t
     listen = _fn(P, C.c_int, P, PP) if has_ctx(v) else _fn(C.c_int, P, PP)
@@ -117,7 +118,7 @@ def _net_fields(v: int) -> List[Tuple[str, Any]]:
     return fields
 
 
-def _coll_fields(v: int) -> List[Tuple[str, Any]]:
+def _coll_fields(v: int) -> list[tuple[str, Any]]:
     props = C.POINTER(PROPS[v])
     if has_ctx(v):
         init, listen = _fn(PP, C.c_uint64, LOGGER), _fn(P, C.c_int, P, PP)
@@ -157,10 +158,10 @@ def library_path() -> str:
 class Plugin:
     """The dlopened library, with NCCL's logger collecting the plugin's lines."""
 
-    def __init__(self, path: Optional[str] = None) -> None:
+    def __init__(self, path: str | None = None) -> None:
         self.path = path or library_path()
         self.lib = C.CDLL(self.path, mode=os.RTLD_LOCAL | os.RTLD_NOW)
-        self.log: List[Tuple[int, str]] = []
+        self.log: list[tuple[int, str]] = []
         self.logger = LOGGER(self._log)
 
     def _log(self, level: int, flags: int, file: bytes, line: int, fmt: bytes, text: bytes) -> None:
@@ -190,7 +191,7 @@ def loaded(path: str) -> bool:
         return any(real in line for line in f)
 
 
-def check(rc: int, what: str, plugin: Optional[Plugin] = None) -> None:
+def check(rc: int, what: str, plugin: Plugin | None = None) -> None:
     if rc != SUCCESS:
         log = plugin.log_text() if plugin else ""
         raise RuntimeError(f"{what} returned {rc}; plugin log:\n{log}")
@@ -205,7 +206,7 @@ def publish(dirpath: str, name: str, data: bytes) -> None:
     os.replace(tmp, Path(dirpath) / name)
 
 
-def gather(dirpath: str, names: Sequence[str], timeout: float = 60.0) -> List[bytes]:
+def gather(dirpath: str, names: Sequence[str], timeout: float = 60.0) -> list[bytes]:
     deadline = time.monotonic() + timeout
     while True:
         paths = [Path(dirpath) / n for n in names]
@@ -216,7 +217,7 @@ def gather(dirpath: str, names: Sequence[str], timeout: float = 60.0) -> List[by
         time.sleep(0.01)
 
 
-def with_env(env: Dict[str, Optional[str]], fn: Callable[[], Any]) -> Any:
+def with_env(env: dict[str, str | None], fn: Callable[[], Any]) -> Any:
     """Run fn with os.environ changed (pool processes are shared between tests)."""
     old = {k: os.environ.get(k) for k in env}
     try:
@@ -249,7 +250,7 @@ def init_net(plugin: Plugin, v: int) -> Any:
     return net
 
 
-def init_coll(plugin: Plugin, v: int, comm_id: int) -> Tuple[Any, C.c_void_p]:
+def init_coll(plugin: Plugin, v: int, comm_id: int) -> tuple[Any, C.c_void_p]:
     coll = plugin.coll(v)
     ctx = C.c_void_p()
     if not has_ctx(v):
@@ -259,7 +260,7 @@ def init_coll(plugin: Plugin, v: int, comm_id: int) -> Tuple[Any, C.c_void_p]:
     return coll, ctx
 
 
-def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) -> Tuple[Any, C.c_void_p]:
+def listen(plugin: Plugin, table: Any, version: int, ctx: C.c_void_p | None) -> tuple[Any, C.c_void_p]:
     """listen() of a net or CollNet table: (the 128-byte handle buffer, the listen comm)."""
     handle = C.create_string_buffer(HANDLE_BYTES)
     lcomm = C.c_void_p()
@@ -273,7 +274,7 @@ def listen(plugin: Plugin, table: Any, version: int, ctx: Optional[C.c_void_p]) 
 # -- point-to-point ---------------------------------------------------------------------------
 
 
-def listen_address(handle: Any) -> Tuple[int, str, int]:
+def listen_address(handle: Any) -> tuple[int, str, int]:
     """(family, host, port) in a point-to-point listen handle (csrc/nccl_plugin/p2p_net.cc layout)."""
     import socket
 
@@ -296,8 +297,8 @@ def _wait(fn: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
 
 
 def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int], nsocks: int = 2,
-             extra: int = 100, env: Optional[Dict[str, Optional[str]]] = None,
-             check_unloaded: Sequence[str] = ()) -> Dict[str, Any]:
+             extra: int = 100, env: dict[str, str | None] | None = None,
+             check_unloaded: Sequence[str] = ()) -> dict[str, Any]:
     """Two peers (rank 0, 1) each send `sizes` to the other and receive the other's messages.
 
     Messages go out with up to 32 requests in flight per direction (the slot ring: the 33rd
@@ -306,7 +307,7 @@ def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int]
     (None unsets); check_unloaded: libraries that must be unmapped after the plugin's dlclose
     (result "unloaded_others").
     """
-    variables: Dict[str, Optional[str]] = {"RS_NCCL_NSOCKS": str(nsocks), "RS_NCCL_SOCKET_IFNAME": "lo",
+    variables: dict[str, str | None] = {"RS_NCCL_NSOCKS": str(nsocks), "RS_NCCL_SOCKET_IFNAME": "lo",
                                            "RS_NCCL_P2P_PLUGIN": None}
     variables.update(env or {})
     result = with_env(variables, lambda: _p2p_peer(rank, rdv, version, sizes, extra))
@@ -314,7 +315,7 @@ def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int]
     return result
 
 
-def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: int) -> Dict[str, Any]:
+def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: int) -> dict[str, Any]:
     tasks_before = len(os.listdir("/proc/self/task"))
     plugin = Plugin()
     net = init_net(plugin, version)
@@ -357,13 +358,13 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
 
     outgoing = [payload(1000 * rank + i, s) for i, s in enumerate(sizes)]
     offsets = np.concatenate([[0], np.cumsum([s + extra for s in sizes])])[:-1].astype(int)
-    send_reqs: List[Tuple[int, C.c_void_p]] = []
-    recv_reqs: List[Tuple[int, C.c_void_p]] = []
+    send_reqs: list[tuple[int, C.c_void_p]] = []
+    recv_reqs: list[tuple[int, C.c_void_p]] = []
     next_recv = 0
-    got_sizes: Dict[int, int] = {}
+    got_sizes: dict[int, int] = {}
     done_flag, size_out = C.c_int(), C.c_int()
 
-    def post_send(i: int) -> Optional[C.c_void_p]:
+    def post_send(i: int) -> C.c_void_p | None:
         req = C.c_void_p()
         buf = outgoing[i]
         if version <= 8:
@@ -373,7 +374,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         check(rc, "isend", plugin)
         return req if req.value else None
 
-    def post_recv(i: int) -> Optional[C.c_void_p]:
+    def post_recv(i: int) -> C.c_void_p | None:
         req = C.c_void_p()
         data = (C.c_void_p * 1)(region.ctypes.data + int(offsets[i]))
         tags = (C.c_int * 1)(7)
@@ -386,8 +387,8 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         check(rc, "irecv", plugin)
         return req if req.value else None
 
-    def post_until(post: Callable[[int], Optional[C.c_void_p]], reqs: List[Tuple[int, C.c_void_p]], nxt: int,
-                   limit: int) -> Tuple[int, bool]:
+    def post_until(post: Callable[[int], C.c_void_p | None], reqs: list[tuple[int, C.c_void_p]], nxt: int,
+                   limit: int) -> tuple[int, bool]:
         """Post messages nxt, nxt + 1, ... while fewer than `limit` are outstanding; (next, got a NULL)."""
         while nxt < len(sizes) and len(reqs) < limit:
             req = post(nxt)
@@ -465,10 +466,10 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
     return out
 
 
-def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[Tuple[int, int, int]],
+def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[tuple[int, int, int]],
                  seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
-                 extra_env: Optional[Dict[str, str]] = None, count_skew: int = 0, delay: float = 0.0,
-                 stall: Optional[Tuple[int, float]] = None, abandon: int = 0) -> Dict[str, Any]:
+                 extra_env: dict[str, str] | None = None, count_skew: int = 0, delay: float = 0.0,
+                 stall: tuple[int, float] | None = None, abandon: int = 0) -> dict[str, Any]:
     """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
 
     Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
@@ -486,7 +487,7 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     closeColl + finalize + dlclose took).
     """
     calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
-    env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
+    env: dict[str, str | None] = {k: None for k in CLUSTER_VARS}
     env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "30",
                 "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
     env.update(extra_env or {})
@@ -498,8 +499,8 @@ class CallTimes:
     """Wall-clock durations of calls into the plugin (test() must never block NCCL's proxy thread)."""
 
     def __init__(self) -> None:
-        self.samples: List[float] = []
-        self.gaps: List[float] = []  # from the end of one call to the start of the next
+        self.samples: list[float] = []
+        self.gaps: list[float] = []  # from the end of one call to the start of the next
         self._end = 0.0
 
     def time(self, fn: Callable[[], int]) -> int:
@@ -511,7 +512,7 @@ class CallTimes:
         self.samples.append(self._end - t0)
         return rc
 
-    def summary(self, name: str) -> Dict[str, float]:
+    def summary(self, name: str) -> dict[str, float]:
         xs, gaps = self.samples or [0.0], self.gaps or [0.0]
         return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs)), f"{name}_calls": len(self.samples),
                 f"{name}_gap_p50_s": float(np.median(gaps)), f"{name}_gap_p99_s": float(np.percentile(gaps, 99))}
@@ -522,7 +523,7 @@ NSLOTS = 80  # more than the plugin's 64 rounds in flight: the harness sees NULL
 
 
 def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: str, comm_id: int
-                    ) -> Tuple[Any, C.c_void_p, C.c_void_p, Dict[str, Any]]:
+                    ) -> tuple[Any, C.c_void_p, C.c_void_p, dict[str, Any]]:
     """NCCL's CollNet set-up on one head: init (after the net), devices, properties, reduceSupport
     table, listen, handle exchange through `rdv`, connect. (table, ctx, collComm, facts); the
     collComm is NULL if connect failed (facts["connect_rc"])."""
@@ -545,30 +546,30 @@ def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: st
     handles = (C.c_void_p * heads)(*[C.addressof(b) for b in bufs])
     ccomm = C.c_void_p()
     rc = coll.connect(handles, heads, rank, lcomm, C.byref(ccomm))
-    facts: Dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
+    facts: dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
                              "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
     check(coll.closeListen(lcomm), "collnet closeListen", plugin)
     return coll, ctx, ccomm, facts
 
 
 def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccomm: C.c_void_p,
-                  mhs: Sequence[C.c_void_p]) -> Dict[str, Any]:
+                  mhs: Sequence[C.c_void_p]) -> dict[str, Any]:
     """deregMr (if mhs), closeColl, finalize, dlclose: {"log", "unloaded"}."""
     for mh in mhs:
         check(coll.deregMr(ccomm, mh), "deregMr", plugin)
     check(coll.closeColl(ccomm), "closeColl", plugin)
     if has_ctx(version):
         check(coll.finalize(ctx), "collnet finalize", plugin)
-    out: Dict[str, Any] = {"log": plugin.log_text()}
+    out: dict[str, Any] = {"log": plugin.log_text()}
     path = plugin.path
     plugin.close()
     out["unloaded"] = not loaded(path)
     return out
 
 
-def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[Tuple[int, int, int]], seed: int,
+def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[tuple[int, int, int]], seed: int,
                   comm_id: int, stream_until_error: float, delay: float,
-                  stall: Optional[Tuple[int, float]], abandon: int = 0) -> Dict[str, Any]:
+                  stall: tuple[int, float] | None, abandon: int = 0) -> dict[str, Any]:
     plugin = Plugin()
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
@@ -600,10 +601,10 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
             raise RuntimeError(f"iallreduce rc {rc}\n{plugin.log_text()}")
         return req
 
-    outstanding: List[Tuple[int, int, C.c_void_p]] = []  # (call index, slot, request)
+    outstanding: list[tuple[int, int, C.c_void_p]] = []  # (call index, slot, request)
     free_slots = list(range(NSLOTS))
     nulls = 0
-    mismatches: List[Tuple[int, str, str, float]] = []
+    mismatches: list[tuple[int, str, str, float]] = []
     done_flag, size_out = C.c_int(), C.c_int()
     error_rc = SUCCESS
     error_at = 0.0
@@ -696,8 +697,8 @@ def _close(got: np.ndarray, ref: np.ndarray, dtype: str, exact: bool, heads: int
     return bool(np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref)) * heads))
 
 
-def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[Tuple[int, int, int]],
-                      delay: float = 0.0) -> Dict[str, Any]:
+def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[tuple[int, int, int]],
+                      delay: float = 0.0) -> dict[str, Any]:
     """Ranks 0-1 and 2-3 are two communicators (two heads each) of the same job on the same reducers."""
     comm = rank // 2
     sub = os.path.join(rdv, f"comm{comm}")
@@ -713,7 +714,7 @@ STREAM_SLOTS = 64  # NCCL's requests per collComm: one staging slot each
 
 def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: int, call_bytes: int, passes: int,
                    comm_id: int = 91, timeout: float = 60.0, ifname: str = "lo", idle_sleep: float = 2e-4,
-                   extra_env: Optional[Dict[str, str]] = None) -> Dict[str, Any]:
+                   extra_env: dict[str, str] | None = None) -> dict[str, Any]:
     """`passes` all-reduces of `total_bytes` (float32 sums), each a stream of `call_bytes`
     iallreduce calls the way NCCL's proxy issues them (up to 64 outstanding, the oldest polled
     with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved, 0: a
@@ -721,7 +722,7 @@ def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: 
     are drained one by one; "times" has each pass's seconds on this head, from its first call to
     its last result. Every result is compared exactly with the sum of all heads' inputs (small
     integers, per staging slot)."""
-    env: Dict[str, Optional[str]] = {k: None for k in CLUSTER_VARS}
+    env: dict[str, str | None] = {k: None for k in CLUSTER_VARS}
     env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "120",
                 "RS_NCCL_SOCKET_IFNAME": ifname, "RS_JOB_ID": "nccl-stream"})
     env.update(extra_env or {})
@@ -734,7 +735,7 @@ def _stream_input(head: int, slot: int, count: int) -> np.ndarray:
 
 
 def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_bytes: int, passes: int, comm_id: int,
-                    idle_sleep: float) -> Dict[str, Any]:
+                    idle_sleep: float) -> dict[str, Any]:
     if call_bytes % 4 or total_bytes % call_bytes:
         raise ValueError("call_bytes must be a multiple of 4 and divide total_bytes")
     plugin = Plugin()
@@ -749,12 +750,12 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
     for mh, arr in zip(mhs, (send, recv)):
         check(coll.regMr(ccomm, arr.ctypes.data, arr.nbytes, PTR_HOST, C.byref(mh)), "regMr", plugin)
     done_flag, size_out = C.c_int(), C.c_int()
-    times: List[float] = []
+    times: list[float] = []
     wrong = nulls = 0
     test_times = CallTimes()
     cpu0 = time.process_time()
     for _ in range(passes):
-        outstanding: List[Tuple[int, C.c_void_p]] = []
+        outstanding: list[tuple[int, C.c_void_p]] = []
         issued = finished = 0
         t0 = time.perf_counter()
         while finished < ncalls:

@@ -2,14 +2,13 @@
 from the environment (reducer/config.py). Pure Python, no C++ extension."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional
+from typing import Any
 
 import pytest
 
 from reducer import config
 from reducer.addresses import check_port, connect_host, format_address, parse_address, resolve_job_id
 from reducer.errors import ConfigError
-
 
 # -- addresses ----------------------------------------------------------------------------------
 
@@ -110,7 +109,7 @@ def test_check_port(port: Any, any_port: bool, ok: bool) -> None:
     (None, {"CLOUD_ML_JOB_ID": " 123 "}, "123"),
     (" arg ", {}, "arg"),
 ])
-def test_resolve_job_id(explicit: Optional[str], env: Dict[str, str], expected: str) -> None:
+def test_resolve_job_id(explicit: str | None, env: dict[str, str], expected: str) -> None:
     assert resolve_job_id(explicit, env) == expected
 
 
@@ -138,7 +137,7 @@ def test_resolve_job_id_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> Non
     ("socket_buffer", {"RS_SOCKET_BUFFER": "4M"}, None, 4 << 20),
     ("reducers", {"RS_REDUCERS": "a:1, b:2"}, None, ["a:1", "b:2"]),
 ])
-def test_config_get(name: str, env: Dict[str, str], override: Any, expected: Any) -> None:
+def test_config_get(name: str, env: dict[str, str], override: Any, expected: Any) -> None:
     assert config.get(name, override, env) == expected
 
 

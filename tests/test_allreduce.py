@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-
 import tasks
 from conftest import addresses, run_ranks
 

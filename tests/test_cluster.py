@@ -7,7 +7,7 @@ import json
 import logging
 import re
 from pathlib import Path
-from typing import Any, Dict
+from typing import Any
 
 import pytest
 
@@ -36,7 +36,7 @@ WORKERS = [
 ]
 
 
-def cluster_spec(task_type: str, index: int, cluster: Dict[str, Any] = VERTEX_CLUSTER, **extra: str) -> Dict[str, str]:
+def cluster_spec(task_type: str, index: int, cluster: dict[str, Any] = VERTEX_CLUSTER, **extra: str) -> dict[str, str]:
     spec = {
         "cluster": cluster,
         "environment": "cloud",
@@ -53,13 +53,13 @@ TF_CLUSTER = {
 }
 
 
-def tf_config(task_type: str, index: int, cluster: Dict[str, Any] = TF_CLUSTER, **extra: str) -> Dict[str, str]:
+def tf_config(task_type: str, index: int, cluster: dict[str, Any] = TF_CLUSTER, **extra: str) -> dict[str, str]:
     cfg = {"cluster": cluster, "task": {"type": task_type, "index": index, "cloud": "x"},
            "environment": "cloud", "job": {}}
     return {"TF_CONFIG": json.dumps(cfg), **extra}
 
 
-def rs_env(**extra: str) -> Dict[str, str]:
+def rs_env(**extra: str) -> dict[str, str]:
     return {"RS_REDUCERS": "10.0.0.5:2222,10.0.0.6:2223", **extra}
 
 

@@ -5,12 +5,11 @@ import inspect
 
 import numpy as np
 import pytest
+from attack_tools import serve
 
 import reducer
 from reducer.communicator import Communicator
 from reducer.errors import ConfigError
-
-from attack_tools import serve
 
 
 def _options() -> list:

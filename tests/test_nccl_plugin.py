@@ -14,12 +14,11 @@ import shutil
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List
-
-import numpy as np
-import pytest
+from typing import Any
 
 import nccl_harness as H
+import numpy as np
+import pytest
 from conftest import addresses, run_ranks
 
 NET_VERSIONS = H.NET_VERSIONS  # 7, 8, 10, 11, 12
@@ -36,11 +35,11 @@ LIVENESS_MAX_S = 1.0
 LIVENESS_P50_S = 0.005
 
 
-def assert_live(r: Dict[str, Any]) -> None:
+def assert_live(r: dict[str, Any]) -> None:
     assert r["test_max_s"] < LIVENESS_MAX_S and r["test_p50_s"] < LIVENESS_P50_S, (r["test_max_s"], r["test_p50_s"])
 
 
-def assert_all_correct(r: Dict[str, Any], ncalls: int) -> None:
+def assert_all_correct(r: dict[str, Any], ncalls: int) -> None:
     """A head connected, finished every call with the reference result, and test() never blocked."""
     assert r["connect_rc"] == H.SUCCESS, r.get("log")
     assert r["calls_done"] == ncalls and r["mismatches"] == [], r["mismatches"][:5]
@@ -144,7 +143,7 @@ def test_collnet_reduce_support_and_properties(plugin_env, version):
     plugin.close()
 
 
-def _spec(cluster: Dict[str, Any], **task: Any) -> str:
+def _spec(cluster: dict[str, Any], **task: Any) -> str:
     return json.dumps({"cluster": cluster, "task": task})
 
 
@@ -183,7 +182,7 @@ DISCOVERY_CASES = [
 ]
 
 
-def _plugin_discovers(plugin_env, env: Dict[str, str]) -> Dict[str, Any]:
+def _plugin_discovers(plugin_env, env: dict[str, str]) -> dict[str, Any]:
     """What CollNet init decides from `env`: {"reducers", "source", "job"} or {"error"} (None: no cluster)."""
     for k, v in env.items():
         plugin_env.setenv(k, v)
@@ -201,7 +200,7 @@ def _plugin_discovers(plugin_env, env: Dict[str, str]) -> Dict[str, Any]:
     if rc == H.SUCCESS:
         assert found, log
         assert coll.finalize(ctx) == H.SUCCESS
-        answer: Dict[str, Any] = {"reducers": found.group(2), "source": found.group(1), "job": found.group(3)}
+        answer: dict[str, Any] = {"reducers": found.group(2), "source": found.group(1), "job": found.group(3)}
     else:
         assert "NCCL runs without CollNet" in log
         failed = re.search(r"CollNet disabled: (.*) \(CollNet init fails", log)
@@ -212,7 +211,7 @@ def _plugin_discovers(plugin_env, env: Dict[str, str]) -> Dict[str, Any]:
     return answer
 
 
-def _library_discovers(env: Dict[str, str]) -> Dict[str, Any]:
+def _library_discovers(env: dict[str, str]) -> dict[str, Any]:
     """The same question to the worker library (reducer.cluster.discover_worker, one process per node)."""
     from reducer.cluster import discover_worker
     from reducer.errors import ConfigError
@@ -248,8 +247,8 @@ def test_collnet_and_reducer_init_discover_the_same_reducers(plugin_env, env, ex
 def test_collnet_heads_with_different_reducers_all_refuse(plugin_env):
     """connect() decides from the handles only, so every head takes the same decision."""
     plugin = H.Plugin()
-    handles: List[Any] = []
-    listens: List[C.c_void_p] = []
+    handles: list[Any] = []
+    listens: list[C.c_void_p] = []
     for reducers in ("127.0.0.1:7001", "127.0.0.1:7002"):
         plugin_env.setenv("RS_REDUCERS", reducers)
         coll, ctx = H.init_coll(plugin, 12, comm_id=9)
@@ -284,7 +283,7 @@ def test_p2p_net_between_two_processes(pool, tmp_path, version, nsocks):
         assert r["unloaded"], "the library stayed mapped after close/finalize + dlclose (a thread left?)"
 
 
-def _calls(itemsize_limit: int = H.SLOT_BYTES) -> List[tuple]:
+def _calls(itemsize_limit: int = H.SLOT_BYTES) -> list[tuple]:
     calls = []
     for t, name in H.SUPPORTED_DTYPES.items():
         itemsize = H.np_dtype(name).itemsize
@@ -365,7 +364,7 @@ def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
 
 
-def _random_calls(seed: int, n: int, max_bytes: int = H.SLOT_BYTES) -> List[tuple]:
+def _random_calls(seed: int, n: int, max_bytes: int = H.SLOT_BYTES) -> list[tuple]:
     """n calls of random supported dtype / op and random count (1 element .. max_bytes)."""
     rng = np.random.default_rng(seed)
     dtypes, ops = list(H.SUPPORTED_DTYPES), list(H.SUPPORTED_OPS)
@@ -495,7 +494,7 @@ def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, 
     killed_at = time.time()
     servers[1].stop()
     for f in futs:
-        r: Dict[str, Any] = f.result(timeout=90)
+        r: dict[str, Any] = f.result(timeout=90)
         assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
         assert r["error_at"] - killed_at < timeout + 5.0
         assert r["calls_done"] > 0
@@ -517,7 +516,7 @@ def test_collnet_reducer_stopped_mid_stream_fails_over(pool, reducers, tmp_path)
     served_before = servers[0].stats()["rounds_completed"]
     servers[1].stop()
     for f in futs:
-        r: Dict[str, Any] = f.result(timeout=180)
+        r: dict[str, Any] = f.result(timeout=180)
         assert r["error_rc"] == H.SUCCESS, r.get("log") or r
         assert r["calls_done"] == len(calls) and r["mismatches"] == [], r
         assert r["unloaded"]

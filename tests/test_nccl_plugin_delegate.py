@@ -13,9 +13,8 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import pytest
-
 import nccl_harness as H
+import pytest
 from conftest import run_ranks
 
 MIB = 1 << 20

@@ -3,11 +3,9 @@ layout, round trip, and null / short / corrupted handles refused with a Protocol
 from __future__ import annotations
 
 import ctypes as C
-from typing import Tuple
-
-import pytest
 
 import nccl_harness as H
+import pytest
 from cpp_build import build_and_run
 
 SOURCES = ["tests/cpp/test_collnet_handle.cc", "csrc/nccl_plugin/collnet_handle.cc"]
@@ -22,7 +20,7 @@ def test_collnet_handle_codec_under_sanitizers(tmp_path):
                   flags=["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"])
 
 
-def _connect_with(monkeypatch, mutate) -> Tuple[int, str]:
+def _connect_with(monkeypatch, mutate) -> tuple[int, str]:
     """One head: listen (v12), then connect with its own handle changed by `mutate` (bytes ->
     bytes or None for a NULL pointer). Nothing reaches the reducers: the handles are refused first."""
     for k in H.CLUSTER_VARS:

@@ -8,7 +8,6 @@ import math
 import os
 import socket
 import time
-from typing import List
 
 import nccl_harness as H
 
@@ -26,7 +25,7 @@ def accept_once(plugin, net, lcomm) -> C.c_void_p:
     return rcomm
 
 
-def connect_many(plugin, net, lcomm, addr, n: int, payload: bytes = b"") -> List[socket.socket]:
+def connect_many(plugin, net, lcomm, addr, n: int, payload: bytes = b"") -> list[socket.socket]:
     """n connections, NCCL's accept() called after every 16 (the kernel's accept queue is short)."""
     family, host, port = addr
     out = []
@@ -42,7 +41,7 @@ def connect_many(plugin, net, lcomm, addr, n: int, payload: bytes = b"") -> List
     return out
 
 
-def drop_lines(plugin) -> List[str]:
+def drop_lines(plugin) -> list[str]:
     return [t for lvl, t in plugin.log if "accept: dropping a connection" in t]
 
 
@@ -57,7 +56,7 @@ def test_listener_bounds_silent_and_junk_connections(monkeypatch):
     handle, lcomm = H.listen(plugin, net, 12, None)
     addr = H.listen_address(handle)
     base = open_fds()
-    clients: List[socket.socket] = []
+    clients: list[socket.socket] = []
     try:
         # 300 connections that never send their hello: the listener keeps at most MAX_PENDING.
         clients += connect_many(plugin, net, lcomm, addr, 300)

@@ -3,10 +3,9 @@ semantics: NCCL_SOCKET_NTHREADS threads x NCCL_NSOCKS_PERTHREAD sockets; RS_NCCL
 socket count directly). Every byte is compared; the progress threads are counted."""
 from __future__ import annotations
 
+import nccl_harness as H
 import numpy as np
 import pytest
-
-import nccl_harness as H
 from conftest import run_ranks
 
 MIB = 1 << 20

@@ -12,12 +12,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Dict, Optional
-
-import pytest
+from typing import Any
 
 import nccl_emulator as E
 import nccl_harness as H
+import pytest
 
 TESTS = Path(__file__).resolve().parent
 ROOT = TESTS.parent
@@ -50,8 +49,8 @@ def stub(tmp_path_factory) -> str:
     return str(lib)
 
 
-def emulate(scenario: Dict[str, Any], reducers: Optional[str], env: Optional[Dict[str, str]] = None,
-            shell_prefix: str = "") -> Dict[str, Dict[str, Any]]:
+def emulate(scenario: dict[str, Any], reducers: str | None, env: dict[str, str] | None = None,
+            shell_prefix: str = "") -> dict[str, dict[str, Any]]:
     """Runs nccl_emulator.py in a fresh process; by default the library is found the documented
     way (its directory on LD_LIBRARY_PATH, NCCL_NET_PLUGIN=reduction-server)."""
     child = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("NCCL_")}
@@ -69,7 +68,7 @@ def emulate(scenario: Dict[str, Any], reducers: Optional[str], env: Optional[Dic
     return json.loads(lines[-1][len("EMULATOR "):])
 
 
-def finalize_events(r: Dict[str, Any]) -> list:
+def finalize_events(r: dict[str, Any]) -> list:
     return [e for e in r["events"] if e.startswith("collnet finalize")]
 
 
@@ -131,7 +130,7 @@ def test_unknown_version_refuses_and_never_jumps_to_null(stub):
         assert "NCCL unknown" in r["log"] and r["destroy"] == ["ok", "ok"]
 
 
-def _tables_only_library(tmp_path: Path, name: str, symbols: Dict[str, int]) -> Path:
+def _tables_only_library(tmp_path: Path, name: str, symbols: dict[str, int]) -> Path:
     """A library that only exports tables of zeros (symbol -> pointers): enough for a loader."""
     cc = shutil.which("cc") or shutil.which("gcc")
     assert cc, "a C compiler is needed (the package itself is built with one)"

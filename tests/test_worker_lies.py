@@ -19,14 +19,12 @@ import struct
 import subprocess
 import sys
 from dataclasses import replace
-from typing import Any, Dict, Optional
+from typing import Any
 
 import numpy as np
 import pytest
-
 from attack_tools import BYE, ERR_PROTOCOL, ERR_SHUTDOWN, Status
-from lying_reducer import (EXCHANGE_TAG, ERR_FAILOVER, Header, LyingReducer, clear_frame, error_frame,
-                           result_for)
+from lying_reducer import ERR_FAILOVER, EXCHANGE_TAG, Header, LyingReducer, clear_frame, error_frame, result_for
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -68,7 +66,7 @@ print(json.dumps(out))
 """
 
 
-def run_worker(address: str, failover: bool = True) -> Dict[str, Any]:
+def run_worker(address: str, failover: bool = True) -> dict[str, Any]:
     """Runs the worker against `address`; returns its report after checking it ended cleanly."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
@@ -85,7 +83,7 @@ def printable(text: str) -> bool:
     return all(32 <= ord(c) < 127 for c in text)
 
 
-def expect_error(report: Dict[str, Any], kind: str, *parts: str) -> str:
+def expect_error(report: dict[str, Any], kind: str, *parts: str) -> str:
     assert report["error"] == kind, report
     message = report["message"]
     for p in parts:
@@ -117,7 +115,7 @@ U64 = 1 << 64
 WRAPPED = (U64 + 5) // 6      # 2 x WRAPPED x 3 words = 2^64 + 2: a 2-word table on the old code
 
 
-def failover_script(row: Optional[tuple] = None, entries: Optional[list] = None):
+def failover_script(row: tuple | None = None, entries: list | None = None):
     """on_data for a failover: the first connection answers the worker's round with ERROR Failover
     (another worker lost a reducer), so the worker reconnects and runs the exchange; the imaginary
     rank 1 reports `row` (oldest, next, entries) in the first all-reduce and `entries` (flat
@@ -125,7 +123,7 @@ def failover_script(row: Optional[tuple] = None, entries: Optional[list] = None)
     row = (0, 1, 1) if row is None else row
     entries = [0, -1, -1] if entries is None else entries
 
-    def on_data(conn: int, h: Header, payload: bytes) -> Optional[bytes]:
+    def on_data(conn: int, h: Header, payload: bytes) -> bytes | None:
         if conn == 0:
             return error_frame(ERR_FAILOVER, b"another worker lost a reducer")
         if h.tag != EXCHANGE_TAG:

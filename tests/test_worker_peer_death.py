@@ -12,7 +12,8 @@ import multiprocessing as mp
 import os
 import struct
 import time
-from typing import Any, Dict, List, Sequence
+from collections.abc import Sequence
+from typing import Any
 
 import numpy as np
 import pytest
@@ -38,7 +39,7 @@ def _wait_for(cond: Any, what: str, seconds: float = 60.0) -> None:
 
 
 def join_then_round(addrs: Sequence[str], rank: int, group: str, n: int, go_file: str,
-                    connect_timeout: float = 60.0) -> Dict[str, Any]:
+                    connect_timeout: float = 60.0) -> dict[str, Any]:
     """Joins the 2-worker group, enters one all-reduce of n float32 once `go_file` exists (at once
     if empty), and reports how it ended."""
     comm = reducer.Communicator(addrs, rank, 2, group=group, timeout=CLIENT_TIMEOUT, connect_timeout=connect_timeout)
@@ -101,7 +102,7 @@ def test_soak_drain_drops_a_pipe_cut_mid_message_and_keeps_the_others():
     w0.close()
     for i in range(3):
         w1.send(("done", 1, i, None))
-    got: List[tuple] = []
+    got: list[tuple] = []
     conns = {r0: 0, r1: 1}
     for _ in range(50):  # a bound, not a timing: each call handles what is ready
         if len(got) == 4 and r0 not in conns:
