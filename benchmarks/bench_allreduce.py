@@ -6,6 +6,7 @@
 The implementation is reducer/bench/ (so the installed CLI has it); this script is the
 runnable entry point in the source tree. See docs/performance.md.
 """
+
 import sys
 
 from reducer.cli.main import main

@@ -15,6 +15,7 @@ W worker processes and R reducers (ReducerServer in this process) talk over loop
 per mode: the median step time of the slowest worker, GB/s of buffer reduced, and the ratio
 serial / inflight. Results are checked against the exact sum on every step.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,11 +34,13 @@ from reducer.config import parse_size
 MODES = ("serial", "inflight")
 
 
-def _worker(rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, steps: int, max_in_flight: int,
-            queue: mp.Queue) -> None:
+def _worker(
+    rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, steps: int, max_in_flight: int, queue: mp.Queue
+) -> None:
     try:
-        client = core.Client(addrs, rank, world, "bench-async", "local", 60.0, 60.0, "", 1,
-                             max_rounds_in_flight=max_in_flight)
+        client = core.Client(
+            addrs, rank, world, "bench-async", "local", 60.0, 60.0, "", 1, max_rounds_in_flight=max_in_flight
+        )
         bufs = [np.empty(nbytes // 4, np.float32) for _ in range(rounds)]
         ptrs = [(b.ctypes.data, b.nbytes) for b in bufs]
         times: dict[str, list[float]] = {m: [] for m in MODES}
@@ -84,12 +87,18 @@ def main(argv: list[str] = None) -> int:
     addrs = [s.address for s in servers]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker, args=(r, args.workers, addrs, args.rounds, nbytes, args.steps,
-                                               args.max_in_flight, queue)) for r in range(args.workers)]
-    print(f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}; {args.rounds} x {nbytes} B float32 sum per step; "
-          f"max_rounds_in_flight {args.max_in_flight}; {args.steps} timed steps per mode (interleaved), "
-          f"median of the slowest worker")
+    procs = [
+        ctx.Process(
+            target=_worker, args=(r, args.workers, addrs, args.rounds, nbytes, args.steps, args.max_in_flight, queue)
+        )
+        for r in range(args.workers)
+    ]
+    print(
+        f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}; {args.rounds} x {nbytes} B float32 sum per step; "
+        f"max_rounds_in_flight {args.max_in_flight}; {args.steps} timed steps per mode (interleaved), "
+        f"median of the slowest worker"
+    )
     for p in procs:
         p.start()
     per_rank = []
@@ -111,8 +120,10 @@ def main(argv: list[str] = None) -> int:
     print(f"{'mode':<10} {'step (ms)':>10} {'GB/s':>6}")
     for m in MODES:
         print(f"{m:<10} {med[m] * 1e3:>10.1f} {total / 1e9 / med[m]:>6.2f}")
-    print(f"# inflight speed-up over serial: {med['serial'] / med['inflight']:.2f}x "
-          f"(load average now {os.getloadavg()[0]:.2f})")
+    print(
+        f"# inflight speed-up over serial: {med['serial'] / med['inflight']:.2f}x "
+        f"(load average now {os.getloadavg()[0]:.2f})"
+    )
     return 0
 
 

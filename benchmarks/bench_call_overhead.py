@@ -14,6 +14,7 @@ reduce the same numpy buffer, interleaved `--repeat` times, each timed over `--c
 Prints each one's median time per call and what it adds to the baseline measured in the same
 run. Small rounds are where this matters (DDP's first buckets, the fusion engine's probes).
 """
+
 from __future__ import annotations
 
 import argparse

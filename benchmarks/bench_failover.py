@@ -33,6 +33,7 @@ Printed: the ratios failover round / normal round, following rounds / R-1 bound 
 rounds / fresh R-1 session, with the verdicts against issue 13's targets (<= 1.6x, within 5%), and the
 release A/B ratio on/off. The load average is printed before and after; above 2 the numbers are marked PRELIMINARY.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -57,11 +58,11 @@ from reducer.bench import emulate, report, runner
 from reducer.bench.rank import _read_json_line, cpu_seconds, emit
 from reducer.communicator import Communicator
 
-LOAD_LIMIT = 2.0          # above this load average the numbers are preliminary
-FAILOVER_LIMIT = 1.6      # issue 13: the failover round takes at most 1.6x a normal round
-FOLLOWING_LIMIT = 0.05    # issue 13: the following rounds are within 5% of the R-1 link bound
+LOAD_LIMIT = 2.0  # above this load average the numbers are preliminary
+FAILOVER_LIMIT = 1.6  # issue 13: the failover round takes at most 1.6x a normal round
+FOLLOWING_LIMIT = 0.05  # issue 13: the following rounds are within 5% of the R-1 link bound
 SEED = 13
-CLOSE_WAIT_S = 15.0       # a worker's Communicator.close() taking longer is reported as hung
+CLOSE_WAIT_S = 15.0  # a worker's Communicator.close() taking longer is reported as hung
 
 
 # ------------------------------------------------------------------------ pure helpers
@@ -106,8 +107,12 @@ def verdicts(normal_s: float, failover_s: float, following_s: float, bound_s: fl
     """Issue 13's two targets: failover round / normal round <= 1.6, following / R-1 bound <= 1.05."""
     fo = failover_s / normal_s
     fl = following_s / bound_s
-    return {"failover_ratio": fo, "failover_ok": fo <= FAILOVER_LIMIT,
-            "following_ratio": fl, "following_ok": fl <= 1.0 + FOLLOWING_LIMIT}
+    return {
+        "failover_ratio": fo,
+        "failover_ok": fo <= FAILOVER_LIMIT,
+        "following_ratio": fl,
+        "following_ok": fl <= 1.0 + FOLLOWING_LIMIT,
+    }
 
 
 # ------------------------------------------------------------------------ worker process
@@ -129,8 +134,8 @@ class _Checker:
     def __init__(self, world: int, count: int) -> None:
         self.world, self.count = world, count
         self.first: np.ndarray | None = None
-        self.wrong = 0    # elements outside the float64 tolerance (first result)
-        self.differ = 0   # elements whose bits differ from the first result (later ones)
+        self.wrong = 0  # elements outside the float64 tolerance (first result)
+        self.differ = 0  # elements whose bits differ from the first result (later ones)
 
     def check(self, buf: np.ndarray) -> int:
         if self.first is None:
@@ -152,9 +157,16 @@ def _worker(job: dict[str, Any]) -> None:
     rank, world = job["rank"], job["world"]
 
     def connect(failover: bool) -> Communicator:
-        return Communicator(job["reducers"], rank=rank, world_size=world,
-                            group=f"{job['group']}-{'on' if failover else 'off'}", job_id="bench-failover",
-                            timeout=job["timeout"], connect_timeout=job["connect_timeout"], failover=failover)
+        return Communicator(
+            job["reducers"],
+            rank=rank,
+            world_size=world,
+            group=f"{job['group']}-{'on' if failover else 'off'}",
+            job_id="bench-failover",
+            timeout=job["timeout"],
+            connect_timeout=job["connect_timeout"],
+            failover=failover,
+        )
 
     comms = {"off": connect(False), "on": connect(True)}
     tiny = np.zeros(1, np.float32)
@@ -167,7 +179,7 @@ def _worker(job: dict[str, Any]) -> None:
         chk = _Checker(world, count)
         samples: dict[str, list[float]] = {"off": [], "on": []}
         for it in range(1 + job["ab_rounds"]):  # iteration 0 warms up
-            for mode in (("off", "on") if it % 2 == 0 else ("on", "off")):
+            for mode in ("off", "on") if it % 2 == 0 else ("on", "off"):
                 dt = _timed(comms[mode], buf, inp, tiny)
                 chk.check(buf)
                 if it > 0:
@@ -214,14 +226,21 @@ def _worker(job: dict[str, Any]) -> None:
 
     # 4. the following rounds on the survivors, interleaved with a fresh session on them
     survivors = [a for k, a in enumerate(job["reducers"]) if k != job["victim"]]
-    fresh = Communicator(survivors, rank=rank, world_size=world, group=f"{job['group']}-fresh",
-                         job_id="bench-failover", timeout=job["timeout"], connect_timeout=job["connect_timeout"])
+    fresh = Communicator(
+        survivors,
+        rank=rank,
+        world_size=world,
+        group=f"{job['group']}-fresh",
+        job_id="bench-failover",
+        timeout=job["timeout"],
+        connect_timeout=job["connect_timeout"],
+    )
     _timed(fresh, buf, inp, tiny)  # its first round warms it up (connections, buffers), as for the normal rounds
     differ = chk.check(buf)
     following: list[float] = []
     baseline: list[float] = []
     for it in range(job["rounds"]):
-        for which in (("following", "fresh") if it % 2 == 0 else ("fresh", "following")):
+        for which in ("following", "fresh") if it % 2 == 0 else ("fresh", "following"):
             if which == "following":
                 following.append(_timed(comm, buf, inp, tiny))
             else:
@@ -280,8 +299,11 @@ class _Inbox:
         got = {p: self.kept.pop((p, event)) for p in procs if (p, event) in self.kept}
         rest = [p for p in procs if p not in got]
         if rest:
-            got.update(runner._wait_all(self.events, rest, event, self.timeout, on_other=self._keep,
-                                        watch=self.procs, idle=True))
+            got.update(
+                runner._wait_all(
+                    self.events, rest, event, self.timeout, on_other=self._keep, watch=self.procs, idle=True
+                )
+            )
         return [got[p] for p in procs]
 
 
@@ -295,19 +317,39 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         rprocs = []
         for k in range(R):
             h = W + k
-            rprocs.append(runner._spawn(hosts, h, f"reducer {k}", {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                                                   "threads": rs_config.get("threads")}, events))
+            rprocs.append(
+                runner._spawn(
+                    hosts,
+                    h,
+                    f"reducer {k}",
+                    {"role": "reducer", "bind_host": hosts.bind_host(h), "threads": rs_config.get("threads")},
+                    events,
+                )
+            )
         procs += rprocs
         rready = runner._wait_all(events, rprocs, "ready", args.connect_timeout, watch=procs)
         addrs = [format_address(hosts.bind_host(W + k), rready[p]["port"]) for k, p in enumerate(rprocs)]
         group = f"failover-{uuid.uuid4().hex[:8]}"
         wprocs = []
         for i in range(W):
-            job = {"rank": i, "world": W, "reducers": addrs, "group": group, "timeout": args.round_timeout,
-                   "connect_timeout": args.connect_timeout, "size": args.size, "rounds": args.rounds,
-                   "ab_sizes": args.ab_sizes, "ab_rounds": args.ab_rounds, "victim": args.victim}
-            wprocs.append(runner._spawn(hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover",
-                                        args=["--worker"]))
+            job = {
+                "rank": i,
+                "world": W,
+                "reducers": addrs,
+                "group": group,
+                "timeout": args.round_timeout,
+                "connect_timeout": args.connect_timeout,
+                "size": args.size,
+                "rounds": args.rounds,
+                "ab_sizes": args.ab_sizes,
+                "ab_rounds": args.ab_rounds,
+                "victim": args.victim,
+            }
+            wprocs.append(
+                runner._spawn(
+                    hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover", args=["--worker"]
+                )
+            )
         procs += wprocs
         inbox = _Inbox(events, procs, phase_timeout)
         inbox.wait(wprocs, "ready")
@@ -318,8 +360,16 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
             msgs = inbox.wait(wprocs, f"ab {size}")
             off = slowest([m["samples"]["off"] for m in msgs])
             on = slowest([m["samples"]["on"] for m in msgs])
-            ab.append({"size": size, "off_s": off, "on_s": on, "ratio": on / off,
-                       "wrong": sum(m["wrong"] for m in msgs), "differ": sum(m["differ"] for m in msgs)})
+            ab.append(
+                {
+                    "size": size,
+                    "off_s": off,
+                    "on_s": on,
+                    "ratio": on / off,
+                    "wrong": sum(m["wrong"] for m in msgs),
+                    "differ": sum(m["differ"] for m in msgs),
+                }
+            )
         note("release A/B done")
         msgs = inbox.wait(wprocs, "normal")
         note("normal rounds done")
@@ -350,16 +400,27 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         fresh_s = slowest([m["fresh"] for m in lmsgs])
         bound_r = report.rs_bound_seconds(args.size, W, R, args.gbps)
         bound_s = report.rs_bound_seconds(args.size, W, R - 1, args.gbps)
-        out = {"normal_s": normal_s, "failover_s": failover_s, "following_s": following_s,
-               "following_first_s": max(m["samples"][0] for m in lmsgs),
-               "following_rounds_s": [max(m["samples"][i] for m in lmsgs) for i in range(args.rounds)], "bound_R_s": bound_r,
-               "fresh_s": fresh_s, "fresh_rounds_s": [max(m["fresh"][i] for m in lmsgs) for i in range(args.rounds)],
-               "following_over_fresh": following_s / fresh_s,
-               "bound_R1_s": bound_s, "kill_after_s": fmsgs[0].get("killed_after_s"), "planned_kill_s": after_s,
-               "wrong": wrong + sum(m["wrong"] for m in fmsgs),
-               "differ": differ + sum(m["differ"] for m in fmsgs) + sum(m["differ"] for m in lmsgs),
-               "stats": [m["stats"] for m in lmsgs], "ab": ab, "log": log_lines, "close_hung": close_hung,
-               "load": (load_before, os.getloadavg()[0])}
+        out = {
+            "normal_s": normal_s,
+            "failover_s": failover_s,
+            "following_s": following_s,
+            "following_first_s": max(m["samples"][0] for m in lmsgs),
+            "following_rounds_s": [max(m["samples"][i] for m in lmsgs) for i in range(args.rounds)],
+            "bound_R_s": bound_r,
+            "fresh_s": fresh_s,
+            "fresh_rounds_s": [max(m["fresh"][i] for m in lmsgs) for i in range(args.rounds)],
+            "following_over_fresh": following_s / fresh_s,
+            "bound_R1_s": bound_s,
+            "kill_after_s": fmsgs[0].get("killed_after_s"),
+            "planned_kill_s": after_s,
+            "wrong": wrong + sum(m["wrong"] for m in fmsgs),
+            "differ": differ + sum(m["differ"] for m in fmsgs) + sum(m["differ"] for m in lmsgs),
+            "stats": [m["stats"] for m in lmsgs],
+            "ab": ab,
+            "log": log_lines,
+            "close_hung": close_hung,
+            "load": (load_before, os.getloadavg()[0]),
+        }
         out.update(verdicts(normal_s, failover_s, following_s, bound_s))
         return out
     except runner.BenchError as exc:
@@ -380,11 +441,15 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
     lb, la = run["load"]
     ok = "PASS" if run["failover_ok"] else "FAIL"
     ok2 = "PASS" if run["following_ok"] else "FAIL"
-    lines = [f"# load average {lb:.2f} before, {la:.2f} after" + ("  ** PRELIMINARY (load > 2) **"
-                                                                    if max(lb, la) > LOAD_LIMIT else "")]
+    lines = [
+        f"# load average {lb:.2f} before, {la:.2f} after"
+        + ("  ** PRELIMINARY (load > 2) **" if max(lb, la) > LOAD_LIMIT else "")
+    ]
     for a in run["ab"]:
-        lines.append(f"  release A/B {a['size']:>10} B: failover off {1e3 * a['off_s']:8.1f} ms, on "
-                     f"{1e3 * a['on_s']:8.1f} ms, on/off {a['ratio']:.3f}")
+        lines.append(
+            f"  release A/B {a['size']:>10} B: failover off {1e3 * a['off_s']:8.1f} ms, on "
+            f"{1e3 * a['on_s']:8.1f} ms, on/off {a['ratio']:.3f}"
+        )
     kill = run["kill_after_s"]
     lines += [
         f"  normal round (R={R})    {1e3 * run['normal_s']:8.1f} ms  ({100 * run['bound_R_s'] / run['normal_s']:.1f}% "
@@ -405,8 +470,10 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
         f"reducer_rejoins {_stat(run['stats'], 'reducer_rejoins')}",
     ]
     if run["close_hung"]:
-        lines.append(f"  WARNING: Communicator.close() did not return within {CLOSE_WAIT_S:g} s on worker(s) "
-                     f"{run['close_hung']} after the failover")
+        lines.append(
+            f"  WARNING: Communicator.close() did not return within {CLOSE_WAIT_S:g} s on worker(s) "
+            f"{run['close_hung']} after the failover"
+        )
     lines += [f"  rank 0 log: {line.strip()}" for line in run["log"][-4:]]
     return "\n".join(lines)
 
@@ -431,8 +498,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reducers", type=int, default=4, help="R (4; one of them is killed)")
     ap.add_argument("--size", type=rs_config.parse_size, default=64 << 20, help="bytes of float32 per round (64M)")
     ap.add_argument("--rounds", type=int, default=5, help="timed normal and following rounds (5 each)")
-    ap.add_argument("--ab-sizes", type=_parse_sizes, default=_parse_sizes("1M,64M"),
-                    help="sizes of the release A/B, failover off vs on ('1M,64M'; '' for none)")
+    ap.add_argument(
+        "--ab-sizes",
+        type=_parse_sizes,
+        default=_parse_sizes("1M,64M"),
+        help="sizes of the release A/B, failover off vs on ('1M,64M'; '' for none)",
+    )
     ap.add_argument("--ab-rounds", type=int, default=6, help="timed rounds of each A/B variant per size (6)")
     ap.add_argument("--kill-at", type=float, default=0.5, help="kill this fraction of a normal round into the round")
     ap.add_argument("--victim", type=int, default=1, help="index of the reducer killed (1)")
@@ -454,24 +525,32 @@ def main(argv: list[str] | None = None) -> int:
         print(f"SKIPPED: bench_failover needs emulated hosts (root + ip netns): {reason}", file=sys.stderr)
         return 2
     W, R = args.workers, args.reducers
-    print(f"# reducer failover: {args.gbps:g} Gbit/s emulated hosts, W={W} R={R}, {args.size} B float32 sum, "
-          f"reducer {args.victim} SIGKILLed {args.kill_at:g} x a normal round into the failover round; "
-          f"rounds={args.rounds}; {runner.machine_description()}")
-    print(f"# link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s): R={R} "
-          f"{1e3 * report.rs_bound_seconds(args.size, W, R, args.gbps):.1f} ms, R={R - 1} "
-          f"{1e3 * report.rs_bound_seconds(args.size, W, R - 1, args.gbps):.1f} ms")
+    print(
+        f"# reducer failover: {args.gbps:g} Gbit/s emulated hosts, W={W} R={R}, {args.size} B float32 sum, "
+        f"reducer {args.victim} SIGKILLed {args.kill_at:g} x a normal round into the failover round; "
+        f"rounds={args.rounds}; {runner.machine_description()}"
+    )
+    print(
+        f"# link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s): R={R} "
+        f"{1e3 * report.rs_bound_seconds(args.size, W, R, args.gbps):.1f} ms, R={R - 1} "
+        f"{1e3 * report.rs_bound_seconds(args.size, W, R - 1, args.gbps):.1f} ms"
+    )
     with emulate.EmulatedHosts(W + R, args.gbps, prefix=args.prefix) as emu:
         runs = [_run_and_print(args, runner._EmulatedHosts(emu), k) for k in range(args.repeat)]
     if len(runs) > 1:
         fo = statistics.median(r["failover_ratio"] for r in runs)
         fl = statistics.median(r["following_ratio"] for r in runs)
-        print(f"# median of {len(runs)} runs: failover round {fo:.2f}x normal "
-              f"({'PASS' if fo <= FAILOVER_LIMIT else 'FAIL'} vs {FAILOVER_LIMIT}x), following rounds {fl:.3f}x the "
-              f"R={R - 1} bound ({'PASS' if fl <= 1 + FOLLOWING_LIMIT else 'FAIL'} vs {1 + FOLLOWING_LIMIT:.2f}x), "
-              f"following / fresh session {statistics.median(r['following_over_fresh'] for r in runs):.3f}, "
-              f"fresh session {statistics.median(r['fresh_s'] / r['bound_R1_s'] for r in runs):.3f}x the bound")
+        print(
+            f"# median of {len(runs)} runs: failover round {fo:.2f}x normal "
+            f"({'PASS' if fo <= FAILOVER_LIMIT else 'FAIL'} vs {FAILOVER_LIMIT}x), following rounds {fl:.3f}x the "
+            f"R={R - 1} bound ({'PASS' if fl <= 1 + FOLLOWING_LIMIT else 'FAIL'} vs {1 + FOLLOWING_LIMIT:.2f}x), "
+            f"following / fresh session {statistics.median(r['following_over_fresh'] for r in runs):.3f}, "
+            f"fresh session {statistics.median(r['fresh_s'] / r['bound_R1_s'] for r in runs):.3f}x the bound"
+        )
         for i, size in enumerate(args.ab_sizes):
-            print(f"# median release A/B on/off at {size} B: {statistics.median(r['ab'][i]['ratio'] for r in runs):.3f}")
+            print(
+                f"# median release A/B on/off at {size} B: {statistics.median(r['ab'][i]['ratio'] for r in runs):.3f}"
+            )
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
             json.dump(runs, f, indent=1)

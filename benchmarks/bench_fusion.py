@@ -26,6 +26,7 @@ Hugging Face's ``BertModel`` (embeddings, 12 identical encoder layers of 16 tens
 199 tensors, 109,482,240 parameters). ``small1000`` (1,000 tensors of 1 KiB) shows the case
 fusion is for: many tensors too small to fill the network on their own.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,12 +47,23 @@ from reducer.config import COMPRESSION_NAMES
 # case tensor fusion exists for, like the biases and norm weights of a large model).
 SMALL1000: Shapes = [(f"small.{i}", (256,)) for i in range(1000)]
 
-MODELS: dict[str, Shapes] = {"resnet50": parameters("resnet50"), "bert-base": parameters("bert-base"),
-                             "small1000": SMALL1000}
+MODELS: dict[str, Shapes] = {
+    "resnet50": parameters("resnet50"),
+    "bert-base": parameters("bert-base"),
+    "small1000": SMALL1000,
+}
 
 
-def _worker(rank: int, world: int, addrs: list[str], models: list[str], modes: list[str], steps: int,
-            compression: str | None, queue: mp.Queue) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    addrs: list[str],
+    models: list[str],
+    modes: list[str],
+    steps: int,
+    compression: str | None,
+    queue: mp.Queue,
+) -> None:
     try:
         for model in models:
             shapes = MODELS[model]
@@ -59,15 +71,21 @@ def _worker(rank: int, world: int, addrs: list[str], models: list[str], modes: l
             comms = {}
             for mode in modes:  # one communicator (reducer group) per mode, all open at once
                 threshold = 0 if mode == "off" else mode
-                comms[mode] = reducer.Communicator(addrs, rank, world, group=f"bench-{model}-{mode}",
-                                                   fusion_threshold=threshold, compression=compression)
+                comms[mode] = reducer.Communicator(
+                    addrs,
+                    rank,
+                    world,
+                    group=f"bench-{model}-{mode}",
+                    fusion_threshold=threshold,
+                    compression=compression,
+                )
             times: dict[str, list[float]] = {m: [] for m in modes}
             cpu: dict[str, list[float]] = {m: [] for m in modes}
             rounds: dict[str, list[int]] = {m: [] for m in modes}
             ok = True
             for step in range(steps + 1):  # step 0 warms up (page faults, fusion buffers)
                 # interleave the modes, rotating their order, so load drift hits them alike
-                for mode in modes[step % len(modes):] + modes[:step % len(modes)]:
+                for mode in modes[step % len(modes) :] + modes[: step % len(modes)]:
                     comm = comms[mode]
                     for g in grads:
                         g.fill(1.0 + rank)
@@ -100,10 +118,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--reducers", type=int, default=2)
     ap.add_argument("--steps", type=int, default=7, help="timed steps per model and mode (after one warm-up)")
-    ap.add_argument("--thresholds", default="64M,4M",
-                    help="fusion thresholds to compare with fusion off (default: 64M, the default setting, and 4M)")
-    ap.add_argument("--compression", default=None, choices=(*COMPRESSION_NAMES, "none"),
-                    help="wire compression of the float32 gradients (default: RS_COMPRESSION, else none)")
+    ap.add_argument(
+        "--thresholds",
+        default="64M,4M",
+        help="fusion thresholds to compare with fusion off (default: 64M, the default setting, and 4M)",
+    )
+    ap.add_argument(
+        "--compression",
+        default=None,
+        choices=(*COMPRESSION_NAMES, "none"),
+        help="wire compression of the float32 gradients (default: RS_COMPRESSION, else none)",
+    )
     args = ap.parse_args(argv)
 
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -115,13 +140,16 @@ def main(argv: list[str] | None = None) -> int:
     addrs = [s.address for s in servers]
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_worker,
-                         args=(r, args.workers, addrs, models, modes, args.steps, args.compression, queue))
-             for r in range(args.workers)]
-    print(f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
-          f"load average {os.getloadavg()[0]:.2f}; cycle time {reducer.config.get('cycle_time_ms')} ms; "
-          f"compression {reducer.config.get('compression', args.compression) or 'none'}; "
-          f"{args.steps} timed steps per row (modes interleaved), median of the slowest worker")
+    procs = [
+        ctx.Process(target=_worker, args=(r, args.workers, addrs, models, modes, args.steps, args.compression, queue))
+        for r in range(args.workers)
+    ]
+    print(
+        f"# W={args.workers} workers (processes), R={args.reducers} reducers, loopback, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.2f}; cycle time {reducer.config.get('cycle_time_ms')} ms; "
+        f"compression {reducer.config.get('compression', args.compression) or 'none'}; "
+        f"{args.steps} timed steps per row (modes interleaved), median of the slowest worker"
+    )
     t_start = time.time()
     for p in procs:
         p.start()
@@ -141,8 +169,10 @@ def main(argv: list[str] | None = None) -> int:
         for s in servers:
             s.stop()
 
-    print(f"{'model':<10} {'tensors':>7} {'MB':>6} {'fusion':>10} {'rounds/step':>11} {'probes':>6} {'inflight':>8} "
-          f"{'step (ms)':>9} {'GB/s':>5} {'vs off':>6} {'cpu (ms)':>8}")
+    print(
+        f"{'model':<10} {'tensors':>7} {'MB':>6} {'fusion':>10} {'rounds/step':>11} {'probes':>6} {'inflight':>8} "
+        f"{'step (ms)':>9} {'GB/s':>5} {'vs off':>6} {'cpu (ms)':>8}"
+    )
     for m in models:
         shapes = MODELS[m]
         mb = sum(math.prod(s) for _, s in shapes) * 4 / 1e6
@@ -158,10 +188,14 @@ def main(argv: list[str] | None = None) -> int:
             cpu = statistics.median(max(cs) for cs in zip(*[p[3][mode] for p in per_rank]))
             label = "off" if mode == "off" else f"on {mode}"
             ratio = f"{med['off'] / med[mode]:.2f}x" if mode != "off" else ""
-            print(f"{m:<10} {len(shapes):>7} {mb:>6.1f} {label:>10} {rounds:>11.0f} {probes:>6.1f} {inflight:>8} "
-                  f"{med[mode] * 1e3:>9.1f} {mb / 1e3 / med[mode]:>5.2f} {ratio:>6} {cpu * 1e3:>8.1f}")
-    print(f"# rounds completed per reducer (warm-up included): {red_rounds}; {time.time() - t_start:.0f} s; "
-          f"load average at the end {os.getloadavg()[0]:.2f}")
+            print(
+                f"{m:<10} {len(shapes):>7} {mb:>6.1f} {label:>10} {rounds:>11.0f} {probes:>6.1f} {inflight:>8} "
+                f"{med[mode] * 1e3:>9.1f} {mb / 1e3 / med[mode]:>5.2f} {ratio:>6} {cpu * 1e3:>8.1f}"
+            )
+    print(
+        f"# rounds completed per reducer (warm-up included): {red_rounds}; {time.time() - t_start:.0f} s; "
+        f"load average at the end {os.getloadavg()[0]:.2f}"
+    )
     return 0
 
 

@@ -18,6 +18,7 @@ Two measurements in one run:
    tag + trailer over a `--gmac-size` payload) against a memory copy of the same size (numpy),
    best of `--repeat`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -40,14 +41,18 @@ SECRET = "bench-integrity-secret"
 
 def _worker(rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, steps: int, queue: mp.Queue) -> None:
     try:
-        clients = {m: core.Client(addrs, rank, world, f"bench-integrity-{m}", "bench", 120.0, 120.0, SECRET, 1,
-                                  integrity=(m == "on")) for m in MODES}
+        clients = {
+            m: core.Client(
+                addrs, rank, world, f"bench-integrity-{m}", "bench", 120.0, 120.0, SECRET, 1, integrity=(m == "on")
+            )
+            for m in MODES
+        }
         buf = np.empty(nbytes // 4, np.float32)
         expect = float(sum(1 + r for r in range(world)))
         times: dict[str, list[float]] = {m: [] for m in MODES}
         ok = True
         for step in range(steps + 1):  # step 0 warms up (page faults, connections)
-            for mode in (MODES if step % 2 == 0 else MODES[::-1]):
+            for mode in MODES if step % 2 == 0 else MODES[::-1]:
                 t0 = time.perf_counter()
                 for _ in range(rounds):
                     buf.fill(1.0 + rank)
@@ -62,15 +67,20 @@ def _worker(rank: int, world: int, addrs: list[str], rounds: int, nbytes: int, s
         queue.put((rank, {}, False, repr(exc)))
 
 
-def allreduce_ratio(workers: int, reducers: int, rounds: int, nbytes: int, steps: int, threads: int) -> dict[str, float]:
-    servers = [reducer.ReducerServer(host="127.0.0.1", port=0, threads=threads, auth_token=SECRET, integrity="on").start()
-               for _ in range(reducers)]
+def allreduce_ratio(
+    workers: int, reducers: int, rounds: int, nbytes: int, steps: int, threads: int
+) -> dict[str, float]:
+    servers = [
+        reducer.ReducerServer(host="127.0.0.1", port=0, threads=threads, auth_token=SECRET, integrity="on").start()
+        for _ in range(reducers)
+    ]
     try:
         addrs = [s.address for s in servers]
         ctx = mp.get_context("spawn")
         queue = ctx.Queue()
-        procs = [ctx.Process(target=_worker, args=(r, workers, addrs, rounds, nbytes, steps, queue))
-                 for r in range(workers)]
+        procs = [
+            ctx.Process(target=_worker, args=(r, workers, addrs, rounds, nbytes, steps, queue)) for r in range(workers)
+        ]
         for p in procs:
             p.start()
         results = [queue.get(timeout=1800) for _ in procs]
@@ -131,8 +141,10 @@ def main(argv: list[str] | None = None) -> int:
     gsize = parse_size(args.gmac_size)
 
     g = gmac_vs_memcpy(gsize, args.repeat)
-    print(f"one core, {gsize >> 20} MiB: GMAC (header tag + trailer) {g['gmac']:.2f} GB/s, "
-          f"memcpy {g['memcpy']:.2f} GB/s, GMAC/memcpy {g['gmac'] / g['memcpy']:.2f}")
+    print(
+        f"one core, {gsize >> 20} MiB: GMAC (header tag + trailer) {g['gmac']:.2f} GB/s, "
+        f"memcpy {g['memcpy']:.2f} GB/s, GMAC/memcpy {g['gmac'] / g['memcpy']:.2f}"
+    )
 
     cpu = {m: measure("float32", args.workers, args.cpu_nbytes, args.cpu_iters, SECRET, m == "on") for m in MODES}
     print(f"reducer CPU per byte, W={args.workers}, {args.cpu_nbytes >> 20} MiB x {args.cpu_iters}, 1 thread:")
@@ -142,8 +154,10 @@ def main(argv: list[str] | None = None) -> int:
 
     t = allreduce_ratio(args.workers, args.reducers, args.rounds, nbytes, args.steps, args.threads)
     gbps = {m: args.rounds * nbytes / t[m] / 1e9 for m in MODES}
-    print(f"all-reduce W={args.workers} R={args.reducers} {args.rounds} x {nbytes >> 20} MiB float32, loopback, "
-          f"median of {args.steps} steps:")
+    print(
+        f"all-reduce W={args.workers} R={args.reducers} {args.rounds} x {nbytes >> 20} MiB float32, loopback, "
+        f"median of {args.steps} steps:"
+    )
     for m in MODES:
         print(f"  integrity {m:3s}  {t[m] * 1e3:8.1f} ms/step  {gbps[m]:6.2f} GB/s")
     print(f"  throughput on/off = {gbps['on'] / gbps['off']:.2f}  (cost {100 * (1 - gbps['on'] / gbps['off']):.0f}%)")

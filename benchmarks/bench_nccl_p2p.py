@@ -18,6 +18,7 @@ CPU-second, the plugin/baseline ratios, and the load average before and after.
 
 Every received message is checked (its first and last 8 bytes carry the message number).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -85,13 +86,17 @@ def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> dict[
     comm = C.c_void_p()
     if role == "recv":
         H.publish(rdv, "handle", handle.raw)
-        H._wait(lambda: H.check(net.accept(lcomm, C.byref(comm), None), "accept", plugin) or bool(comm.value),
-                "accept", 120)
+        H._wait(
+            lambda: H.check(net.accept(lcomm, C.byref(comm), None), "accept", plugin) or bool(comm.value), "accept", 120
+        )
     else:
         (raw,) = H.gather(rdv, ["handle"], 120)
         peer = C.create_string_buffer(raw, H.HANDLE_BYTES)
-        H._wait(lambda: H.check(net.connect(None, 0, peer, C.byref(comm), None), "connect", plugin)
-                or bool(comm.value), "connect", 120)
+        H._wait(
+            lambda: H.check(net.connect(None, 0, peer, C.byref(comm), None), "connect", plugin) or bool(comm.value),
+            "connect",
+            120,
+        )
     data_tids = [t for t in tasks() if t not in before]
     bufs = [np.zeros(size, dtype=np.uint8) for _ in range(depth)]
     inflight: list[tuple] = []
@@ -128,8 +133,13 @@ def plugin_side(role: str, rdv: str, size: int, count: int, depth: int) -> dict[
     if lcomm is not None:
         H.check(net.closeListen(lcomm), "closeListen", plugin)
     plugin.close()
-    return {"wall_s": wall, "data_cpu_s": data_cpu, "proc_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
-            "bad": bad, "data_threads": len(data_tids)}
+    return {
+        "wall_s": wall,
+        "data_cpu_s": data_cpu,
+        "proc_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        "bad": bad,
+        "data_threads": len(data_tids),
+    }
 
 
 # -- plain multi-stream TCP -------------------------------------------------------------------------
@@ -169,9 +179,9 @@ def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str)
         off, n = parts[s]
         for i in range(count):
             if role == "send":
-                socks[s].sendall(view[off:off + n])  # returns once the kernel holds a copy
+                socks[s].sendall(view[off : off + n])  # returns once the kernel holds a copy
             else:
-                got = socks[s].recv_into(view[off:off + n], n, socket.MSG_WAITALL)
+                got = socks[s].recv_into(view[off : off + n], n, socket.MSG_WAITALL)
                 if got != n:
                     raise RuntimeError(f"socket {s}: short receive {got} of {n}")
             barrier.wait()  # message i complete on every socket (the plugin's per-message completion)
@@ -195,8 +205,13 @@ def tcp_side(role: str, rdv: str, size: int, count: int, nsocks: int, host: str)
     cpu1 = os.times()
     for c in socks:
         c.close()
-    return {"wall_s": wall, "data_cpu_s": sum(cpu), "proc_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
-            "bad": bad[0], "data_threads": nsocks}
+    return {
+        "wall_s": wall,
+        "data_cpu_s": sum(cpu),
+        "proc_cpu_s": (cpu1.user + cpu1.system) - (cpu0.user + cpu0.system),
+        "bad": bad[0],
+        "data_threads": nsocks,
+    }
 
 
 def H_publish(rdv: str, name: str, data: bytes) -> None:
@@ -226,7 +241,7 @@ def side_main(args: argparse.Namespace) -> int:
 
 def result_of(kind: str, out: str, err: str, returncode: int) -> dict[str, Any]:
     """The JSON a side printed after "RESULT "."""
-    found = [x[len("RESULT "):] for x in out.splitlines() if x.startswith("RESULT ")]
+    found = [x[len("RESULT ") :] for x in out.splitlines() if x.startswith("RESULT ")]
     if returncode != 0 or not found:
         raise RuntimeError(f"{kind} side failed (exit {returncode}):\n{err[-3000:]}")
     return json.loads(found[0])
@@ -238,17 +253,39 @@ def run_pair(kind: str, args: argparse.Namespace, hosts: Any | None) -> dict[str
         procs = []
         for i, role in enumerate(("recv", "send")):
             host = hosts.hosts[0].ip if hosts else "127.0.0.1"
-            argv = [sys.executable, os.path.abspath(__file__), "--role", f"{kind}-{role}", "--rdv", rdv,
-                    "--size", str(args.size), "--count", str(args.count), "--depth", str(args.depth),
-                    "--nsocks", str(args.nsocks), "--host", host]
-            env = {"PYTHONPATH": os.pathsep.join([ROOT, TESTS]), "OMP_NUM_THREADS": "1",
-                   "RS_NCCL_NSOCKS": str(args.nsocks), "NCCL_SOCKET_NTHREADS": str(args.threads),
-                   "RS_NCCL_SOCKET_IFNAME": "eth0" if hosts else "lo"}
+            argv = [
+                sys.executable,
+                os.path.abspath(__file__),
+                "--role",
+                f"{kind}-{role}",
+                "--rdv",
+                rdv,
+                "--size",
+                str(args.size),
+                "--count",
+                str(args.count),
+                "--depth",
+                str(args.depth),
+                "--nsocks",
+                str(args.nsocks),
+                "--host",
+                host,
+            ]
+            env = {
+                "PYTHONPATH": os.pathsep.join([ROOT, TESTS]),
+                "OMP_NUM_THREADS": "1",
+                "RS_NCCL_NSOCKS": str(args.nsocks),
+                "NCCL_SOCKET_NTHREADS": str(args.threads),
+                "RS_NCCL_SOCKET_IFNAME": "eth0" if hosts else "lo",
+            }
             if hosts:
                 procs.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
             else:
-                procs.append(subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                              stderr=subprocess.PIPE, text=True))
+                procs.append(
+                    subprocess.Popen(
+                        argv, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+                    )
+                )
         try:
             outputs = [(p.communicate(timeout=args.timeout), p.returncode) for p in procs]
         except subprocess.TimeoutExpired as exc:
@@ -256,11 +293,14 @@ def run_pair(kind: str, args: argparse.Namespace, hosts: Any | None) -> dict[str
                 q.kill()
             raise RuntimeError(f"{kind}: no result within {args.timeout} s") from exc
     recv, send = (result_of(kind, out, err, rc) for (out, err), rc in outputs)
-    return {"gbps": args.size * args.count * 8 / recv["wall_s"] / 1e9, "bad": recv["bad"] + send["bad"],
-            "data_cpu_s": recv["data_cpu_s"] + send["data_cpu_s"],
-            "proc_cpu_s": recv["proc_cpu_s"] + send["proc_cpu_s"],
-            "bytes_per_cpu_s": args.size * args.count / max(1e-9, recv["data_cpu_s"] + send["data_cpu_s"]),
-            "data_threads": recv["data_threads"]}
+    return {
+        "gbps": args.size * args.count * 8 / recv["wall_s"] / 1e9,
+        "bad": recv["bad"] + send["bad"],
+        "data_cpu_s": recv["data_cpu_s"] + send["data_cpu_s"],
+        "proc_cpu_s": recv["proc_cpu_s"] + send["proc_cpu_s"],
+        "bytes_per_cpu_s": args.size * args.count / max(1e-9, recv["data_cpu_s"] + send["data_cpu_s"]),
+        "data_threads": recv["data_threads"],
+    }
 
 
 def measure(args: argparse.Namespace, hosts: Any | None) -> list[dict[str, Any]]:
@@ -270,13 +310,22 @@ def measure(args: argparse.Namespace, hosts: Any | None) -> list[dict[str, Any]]
         order = ("plugin", "tcp") if rep % 2 == 0 else ("tcp", "plugin")
         got = {kind: run_pair(kind, args, hosts) for kind in order}
         p, t = got["plugin"], got["tcp"]
-        row = {"rep": rep, "load_before": round(load, 2), "load_after": round(os.getloadavg()[0], 2),
-               "plugin": p, "tcp": t, "throughput_ratio": p["gbps"] / t["gbps"],
-               "bytes_per_cpu_ratio": p["bytes_per_cpu_s"] / t["bytes_per_cpu_s"]}
+        row = {
+            "rep": rep,
+            "load_before": round(load, 2),
+            "load_after": round(os.getloadavg()[0], 2),
+            "plugin": p,
+            "tcp": t,
+            "throughput_ratio": p["gbps"] / t["gbps"],
+            "bytes_per_cpu_ratio": p["bytes_per_cpu_s"] / t["bytes_per_cpu_s"],
+        }
         if args.emulate_gbps:
             bound = args.emulate_gbps * TCP_PAYLOAD
-            row.update(plugin_of_link=p["gbps"] / args.emulate_gbps, plugin_of_tcp_bound=p["gbps"] / bound,
-                       tcp_of_link=t["gbps"] / args.emulate_gbps)
+            row.update(
+                plugin_of_link=p["gbps"] / args.emulate_gbps,
+                plugin_of_tcp_bound=p["gbps"] / bound,
+                tcp_of_link=t["gbps"] / args.emulate_gbps,
+            )
         rows.append(row)
         print(fmt_row(row, args), flush=True)
     return rows
@@ -284,17 +333,21 @@ def measure(args: argparse.Namespace, hosts: Any | None) -> list[dict[str, Any]]
 
 def fmt_row(r: dict[str, Any], args: argparse.Namespace) -> str:
     p, t = r["plugin"], r["tcp"]
-    text = (f"rep {r['rep']}: plugin {p['gbps']:.3f} Gbit/s ({p['bytes_per_cpu_s'] / 2**30:.2f} GiB per "
-            f"data-CPU-s, data CPU {p['data_cpu_s']:.2f} s, process CPU {p['proc_cpu_s']:.2f} s, "
-            f"{p['data_threads']} thread(s)) | "
-            f"tcp {t['gbps']:.3f} Gbit/s ({t['bytes_per_cpu_s'] / 2**30:.2f} GiB per data-CPU-s, data CPU "
-            f"{t['data_cpu_s']:.2f} s) | plugin/tcp throughput {r['throughput_ratio']:.3f}, bytes/CPU-s "
-            f"{r['bytes_per_cpu_ratio']:.3f} | load {r['load_before']}->{r['load_after']} | "
-            f"wrong {p['bad'] + t['bad']}")
+    text = (
+        f"rep {r['rep']}: plugin {p['gbps']:.3f} Gbit/s ({p['bytes_per_cpu_s'] / 2**30:.2f} GiB per "
+        f"data-CPU-s, data CPU {p['data_cpu_s']:.2f} s, process CPU {p['proc_cpu_s']:.2f} s, "
+        f"{p['data_threads']} thread(s)) | "
+        f"tcp {t['gbps']:.3f} Gbit/s ({t['bytes_per_cpu_s'] / 2**30:.2f} GiB per data-CPU-s, data CPU "
+        f"{t['data_cpu_s']:.2f} s) | plugin/tcp throughput {r['throughput_ratio']:.3f}, bytes/CPU-s "
+        f"{r['bytes_per_cpu_ratio']:.3f} | load {r['load_before']}->{r['load_after']} | "
+        f"wrong {p['bad'] + t['bad']}"
+    )
     if args.emulate_gbps:
-        text += (f" | plugin {100 * r['plugin_of_link']:.1f}% of the {args.emulate_gbps:g} Gbit/s link "
-                 f"({100 * r['plugin_of_tcp_bound']:.1f}% of its TCP payload bound), "
-                 f"tcp {100 * r['tcp_of_link']:.1f}%")
+        text += (
+            f" | plugin {100 * r['plugin_of_link']:.1f}% of the {args.emulate_gbps:g} Gbit/s link "
+            f"({100 * r['plugin_of_tcp_bound']:.1f}% of its TCP payload bound), "
+            f"tcp {100 * r['tcp_of_link']:.1f}%"
+        )
     return text
 
 
@@ -315,9 +368,12 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.role:
         return side_main(args)
-    print(f"# NCCL plugin p2p vs plain TCP: {args.count} x {args.size} B, {args.nsocks} socket(s), plugin "
-          f"{args.threads} thread(s), depth {args.depth}, {os.cpu_count()} CPUs, "
-          + (f"emulated {args.emulate_gbps:g} Gbit/s" if args.emulate_gbps else "loopback"), flush=True)
+    print(
+        f"# NCCL plugin p2p vs plain TCP: {args.count} x {args.size} B, {args.nsocks} socket(s), plugin "
+        f"{args.threads} thread(s), depth {args.depth}, {os.cpu_count()} CPUs, "
+        + (f"emulated {args.emulate_gbps:g} Gbit/s" if args.emulate_gbps else "loopback"),
+        flush=True,
+    )
     if args.emulate_gbps:
         reason = emulate.unavailable_reason()
         if reason:

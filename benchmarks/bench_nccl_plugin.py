@@ -22,6 +22,7 @@ one worker link carries, at the TCP payload rate tbf lets through), and ring / p
 machine's load average is printed before and after: above 2 (other work on the cores) the numbers
 are marked PRELIMINARY.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,26 +57,51 @@ def _head_main(job_json: str) -> int:
     return 0
 
 
-def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, passes: int,
-               head_env: dict[str, str], reducer_env: dict[str, str], timeout: float,
-               idle_sleep: float) -> list[dict[str, Any]]:
+def run_plugin(
+    hosts: Any,
+    workers: int,
+    reducers: int,
+    size: int,
+    call: int,
+    passes: int,
+    head_env: dict[str, str],
+    reducer_env: dict[str, str],
+    timeout: float,
+    idle_sleep: float,
+) -> list[dict[str, Any]]:
     """Reducer processes on hosts W..W+R-1, heads on hosts 0..W-1; each head's collnet_stream result."""
     events: queue.Queue = queue.Queue()
     rprocs = []
     try:
         for k in range(reducers):
             h = workers + k
-            rprocs.append(runner._spawn(hosts, h, f"reducer {k}",
-                                        {"role": "reducer", "bind_host": hosts.bind_host(h),
-                                         "threads": rs_config.get("threads")}, events, extra_env=reducer_env))
+            rprocs.append(
+                runner._spawn(
+                    hosts,
+                    h,
+                    f"reducer {k}",
+                    {"role": "reducer", "bind_host": hosts.bind_host(h), "threads": rs_config.get("threads")},
+                    events,
+                    extra_env=reducer_env,
+                )
+            )
         ready = runner._wait_all(events, rprocs, "ready", 120.0, watch=rprocs)
         addrs = ",".join(format_address(hosts.bind_host(workers + k), ready[p]["port"]) for k, p in enumerate(rprocs))
         with tempfile.TemporaryDirectory(prefix="rs-nccl-bench-") as rdv:
             heads = []
             for i in range(workers):
-                job = {"rank": i, "world": workers, "rdv": rdv, "reducers": addrs, "total_bytes": size,
-                       "call_bytes": call, "passes": passes, "ifname": "eth0", "extra_env": head_env,
-                       "idle_sleep": idle_sleep}
+                job = {
+                    "rank": i,
+                    "world": workers,
+                    "rdv": rdv,
+                    "reducers": addrs,
+                    "total_bytes": size,
+                    "call_bytes": call,
+                    "passes": passes,
+                    "ifname": "eth0",
+                    "extra_env": head_env,
+                    "idle_sleep": idle_sleep,
+                }
                 env = {"PYTHONPATH": os.pathsep.join([ROOT, TESTS]), "OMP_NUM_THREADS": "1"}
                 argv = [sys.executable, "-m", "benchmarks.bench_nccl_plugin", "--head", json.dumps(job)]
                 heads.append(hosts.popen(i, argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True))
@@ -91,7 +117,7 @@ def run_plugin(hosts: Any, workers: int, reducers: int, size: int, call: int, pa
                 line = next((x for x in out.splitlines() if x.startswith("RESULT ")), None)
                 if p.returncode != 0 or line is None:
                     raise RuntimeError(f"plugin head {i} failed (exit {p.returncode}):\n{err[-3000:]}")
-                results.append(json.loads(line[len("RESULT "):]))
+                results.append(json.loads(line[len("RESULT ") :]))
         for p in rprocs:
             p.close_stdin()
         rdone = runner._wait_all(events, rprocs, "done", 30.0)
@@ -109,29 +135,58 @@ bound_seconds = report.rs_bound_seconds  # the bytes one worker link carries at 
 
 def plugin_row(results: list[dict[str, Any]], warmup: int, args: argparse.Namespace) -> dict[str, Any]:
     samples = [[t * 1e6 for t in r["times"][warmup:]] for r in results]
-    row = report.make_row("plugin", args.size, args.size // 4, "float32", "sum", args.workers, args.reducers,
-                          samples, sum(r["wrong"] for r in results), emulate_gbps=args.gbps, call_bytes=args.call,
-                          nulls=sum(r["nulls"] for r in results),
-                          test_max_ms=1e3 * max(r["test_max_s"] for r in results),
-                          test_gap_p99_ms=1e3 * max(r["test_gap_p99_s"] for r in results),
-                          head_cpu_ms=1e3 * sum(r["cpu_s"] for r in results) / len(results) / len(results[0]["times"]),
-                          reducer_cpu_ms=1e3 * results[0]["reducer_cpu_s"] / args.reducers / len(results[0]["times"]))
+    row = report.make_row(
+        "plugin",
+        args.size,
+        args.size // 4,
+        "float32",
+        "sum",
+        args.workers,
+        args.reducers,
+        samples,
+        sum(r["wrong"] for r in results),
+        emulate_gbps=args.gbps,
+        call_bytes=args.call,
+        nulls=sum(r["nulls"] for r in results),
+        test_max_ms=1e3 * max(r["test_max_s"] for r in results),
+        test_gap_p99_ms=1e3 * max(r["test_gap_p99_s"] for r in results),
+        head_cpu_ms=1e3 * sum(r["cpu_s"] for r in results) / len(results) / len(results[0]["times"]),
+        reducer_cpu_ms=1e3 * results[0]["reducer_cpu_s"] / args.reducers / len(results[0]["times"]),
+    )
     row["algo"] = "plugin"
     return row
 
 
 def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
-    head_env = {k: v for k, v in (("RS_WINDOW", args.window), ("RS_STREAMS", args.streams),
-                                  ("RS_CHUNK_BYTES", args.chunk)) if v}
+    head_env = {
+        k: v for k, v in (("RS_WINDOW", args.window), ("RS_STREAMS", args.streams), ("RS_CHUNK_BYTES", args.chunk)) if v
+    }
     reducer_env = {"RS_GROUP_SLOTS": args.group_slots} if args.group_slots else {}
     passes = args.warmup + args.iters
     load_before = os.getloadavg()[0]
     rows: dict[str, dict[str, Any]] = {}
-    results = run_plugin(hosts, args.workers, args.reducers, args.size, args.call, passes, head_env, reducer_env,
-                         args.timeout, args.idle_sleep)
+    results = run_plugin(
+        hosts,
+        args.workers,
+        args.reducers,
+        args.size,
+        args.call,
+        passes,
+        head_env,
+        reducer_env,
+        args.timeout,
+        args.idle_sleep,
+    )
     rows["plugin"] = plugin_row(results, args.warmup, args)
-    cfg = runner.BenchConfig(workers=args.workers, reducers=args.reducers, sizes=[args.size], iters=args.iters,
-                             warmup=args.warmup, emulate_gbps=args.gbps, progress=False)
+    cfg = runner.BenchConfig(
+        workers=args.workers,
+        reducers=args.reducers,
+        sizes=[args.size],
+        iters=args.iters,
+        warmup=args.warmup,
+        emulate_gbps=args.gbps,
+        progress=False,
+    )
     for algo in args.baselines:
         rid = uuid.uuid4().hex[:8]
         got, err = runner.run_sizes(algo, cfg, hosts, rid)
@@ -147,18 +202,22 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
     rows = run["rows"]
     lb, la = run["load"]
     prelim = max(lb, la) > LOAD_LIMIT
-    lines = [f"# load average {lb:.2f} before, {la:.2f} after" + ("  ** PRELIMINARY (load > 2) **" if prelim else ""),
-             f"# {'algo':<7} {'time(ms)':>9} {'%rs-bound':>10} {'ring/this':>10} {'#wrong':>7}"]
+    lines = [
+        f"# load average {lb:.2f} before, {la:.2f} after" + ("  ** PRELIMINARY (load > 2) **" if prelim else ""),
+        f"# {'algo':<7} {'time(ms)':>9} {'%rs-bound':>10} {'ring/this':>10} {'#wrong':>7}",
+    ]
     ring = rows.get("ring", {}).get("time_us")
     for algo, r in rows.items():
         t = r["time_us"]
         ratio = f"{ring / t:>9.2f}x" if ring else f"{'-':>10}"
         lines.append(f"  {algo:<7} {t / 1e3:>9.1f} {100 * bound / (t * 1e-6):>9.1f}% {ratio} {r['wrong']:>7}")
     p = rows["plugin"]
-    lines.append(f"# plugin: {args.size // args.call} calls of {args.call} B per all-reduce, NULL requests "
-                 f"{p['nulls']}, slowest test() {p['test_max_ms']:.1f} ms, 99th percentile of the gaps between "
-                 f"test() calls {p['test_gap_p99_ms']:.1f} ms; CPU per all-reduce: {p['head_cpu_ms']:.0f} ms per head, "
-                 f"{p['reducer_cpu_ms']:.0f} ms per reducer")
+    lines.append(
+        f"# plugin: {args.size // args.call} calls of {args.call} B per all-reduce, NULL requests "
+        f"{p['nulls']}, slowest test() {p['test_max_ms']:.1f} ms, 99th percentile of the gaps between "
+        f"test() calls {p['test_gap_p99_ms']:.1f} ms; CPU per all-reduce: {p['head_cpu_ms']:.0f} ms per head, "
+        f"{p['reducer_cpu_ms']:.0f} ms per reducer"
+    )
     return "\n".join(lines)
 
 
@@ -178,8 +237,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--streams", default=None, help="RS_STREAMS for the plugin heads")
     ap.add_argument("--chunk", default=None, help="RS_CHUNK_BYTES for the plugin heads")
     ap.add_argument("--group-slots", default=None, help="RS_GROUP_SLOTS for the plugin's reducers")
-    ap.add_argument("--idle-sleep", type=float, default=2e-4,
-                    help="seconds a head pauses when a pass over its requests moved nothing")
+    ap.add_argument(
+        "--idle-sleep",
+        type=float,
+        default=2e-4,
+        help="seconds a head pauses when a pass over its requests moved nothing",
+    )
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--prefix", default="rsnp", help="network namespace prefix")
     ap.add_argument("--json", default=None, help="write every run's rows here")
@@ -191,11 +254,15 @@ def main(argv: list[str] | None = None) -> int:
     if reason:
         print(f"emulated hosts unavailable: {reason}", file=sys.stderr)
         return 2
-    print(f"# NCCL plugin vs ring: {args.gbps:g} Gbit/s emulated hosts, W={args.workers} heads, R={args.reducers} "
-          f"reducers, {args.size} B float32 sum as {args.call} B iallreduce calls (up to 64 outstanding); "
-          f"iters={args.iters} warmup={args.warmup}; {runner.machine_description()}")
-    print(f"# rs link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s) = "
-          f"{1e3 * bound_seconds(args.size, args.workers, args.reducers, args.gbps):.1f} ms")
+    print(
+        f"# NCCL plugin vs ring: {args.gbps:g} Gbit/s emulated hosts, W={args.workers} heads, R={args.reducers} "
+        f"reducers, {args.size} B float32 sum as {args.call} B iallreduce calls (up to 64 outstanding); "
+        f"iters={args.iters} warmup={args.warmup}; {runner.machine_description()}"
+    )
+    print(
+        f"# rs link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s) = "
+        f"{1e3 * bound_seconds(args.size, args.workers, args.reducers, args.gbps):.1f} ms"
+    )
     runs = []
     with emulate.EmulatedHosts(args.workers + args.reducers, args.gbps, prefix=args.prefix) as emu:
         hosts = runner._EmulatedHosts(emu)

@@ -16,6 +16,7 @@ limit (reducer/deploy/planner.py: REDUCER_CORE_GBPS). For comparison the same ru
 kernel (kernels_accumulate) on one core. Wall-clock rates are printed too, but on a shared
 machine only the CPU-time figure is meaningful.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -41,13 +42,31 @@ def _cpu_seconds() -> float:
     return ru.ru_utime + ru.ru_stime
 
 
-def _worker(rank: int, world: int, addr: str, dtype: str, nbytes: int, iters: int,
-            barrier: Any, out: Any, auth_token: str = "", integrity: bool = False) -> None:
+def _worker(
+    rank: int,
+    world: int,
+    addr: str,
+    dtype: str,
+    nbytes: int,
+    iters: int,
+    barrier: Any,
+    out: Any,
+    auth_token: str = "",
+    integrity: bool = False,
+) -> None:
     try:
         dt = numpy_dtype(dtype)
         a = np.ones(nbytes // dt.itemsize, dt)
-        with reducer.Communicator([addr], rank, world, group="cpu-bench", timeout=120, connect_timeout=30,
-                                  auth_token=auth_token or None, integrity="on" if integrity else "off") as comm:
+        with reducer.Communicator(
+            [addr],
+            rank,
+            world,
+            group="cpu-bench",
+            timeout=120,
+            connect_timeout=30,
+            auth_token=auth_token or None,
+            integrity="on" if integrity else "off",
+        ) as comm:
             comm.allreduce(a)  # warm up: connections, buffers
             barrier.wait(BARRIER_TIMEOUT)
             for _ in range(iters):
@@ -77,17 +96,23 @@ def kernel_gbps(dtype: str, nbytes: int, rounds: int = 5) -> float:
     return nbytes / best / 1e9
 
 
-def measure(dtype: str, workers: int, nbytes: int, iters: int, auth_token: str = "",
-            integrity: bool = False) -> dict[str, float]:
+def measure(
+    dtype: str, workers: int, nbytes: int, iters: int, auth_token: str = "", integrity: bool = False
+) -> dict[str, float]:
     """One run; with `integrity` (needs `auth_token`) every frame carries its GMAC tags."""
     ctx = mp.get_context("spawn")
     barrier = ctx.Barrier(workers + 1)
     out = ctx.Queue()
-    with ReducerServer(host="127.0.0.1", port=0, threads=1, auth_token=auth_token or None,
-                       integrity="on" if integrity else "off") as srv:
-        procs = [ctx.Process(target=_worker, args=(r, workers, srv.address, dtype, nbytes, iters, barrier, out,
-                                                   auth_token, integrity))
-                 for r in range(workers)]
+    with ReducerServer(
+        host="127.0.0.1", port=0, threads=1, auth_token=auth_token or None, integrity="on" if integrity else "off"
+    ) as srv:
+        procs = [
+            ctx.Process(
+                target=_worker,
+                args=(r, workers, srv.address, dtype, nbytes, iters, barrier, out, auth_token, integrity),
+            )
+            for r in range(workers)
+        ]
         for p in procs:
             p.start()
         try:
@@ -106,8 +131,13 @@ def measure(dtype: str, workers: int, nbytes: int, iters: int, auth_token: str =
         raise SystemExit("; ".join(bad))
     received = rx1 - rx0
     cpu, wall = cpu1 - cpu0, t1 - t0
-    return {"received_GB": received / 1e9, "cpu_s": cpu, "wall_s": wall,
-            "core_GBps": received / cpu / 1e9, "wall_GBps": received / wall / 1e9}
+    return {
+        "received_GB": received / 1e9,
+        "cpu_s": cpu,
+        "wall_s": wall,
+        "core_GBps": received / cpu / 1e9,
+        "wall_GBps": received / wall / 1e9,
+    }
 
 
 def main(argv: list[str]) -> int:
@@ -118,17 +148,23 @@ def main(argv: list[str]) -> int:
     ap.add_argument("--dtypes", default="float32,bfloat16", help="comma-separated (default float32,bfloat16)")
     args = ap.parse_args(argv)
     load = os.getloadavg()
-    print(f"reducer CPU per byte: W={args.workers}, {args.nbytes} B per worker, {args.iters} iterations, "
-          f"1 reducer thread; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    print(
+        f"reducer CPU per byte: W={args.workers}, {args.nbytes} B per worker, {args.iters} iterations, "
+        f"1 reducer thread; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
     rows: list[tuple[str, dict[str, float], float]] = []
     for dtype in args.dtypes.split(","):
         r = measure(dtype, args.workers, args.nbytes, args.iters)
         rows.append((dtype, r, kernel_gbps(dtype, args.nbytes)))
-    print(f"{'dtype':10s} {'received':>10s} {'cpu s':>7s} {'wall s':>7s} {'GB/s/core':>10s} "
-          f"{'wall GB/s':>10s} {'kernel GB/s':>12s} {'reducer/kernel':>15s}")
+    print(
+        f"{'dtype':10s} {'received':>10s} {'cpu s':>7s} {'wall s':>7s} {'GB/s/core':>10s} "
+        f"{'wall GB/s':>10s} {'kernel GB/s':>12s} {'reducer/kernel':>15s}"
+    )
     for dtype, r, k in rows:
-        print(f"{dtype:10s} {r['received_GB']:8.2f}GB {r['cpu_s']:7.2f} {r['wall_s']:7.2f} {r['core_GBps']:10.2f} "
-              f"{r['wall_GBps']:10.2f} {k:12.2f} {r['core_GBps'] / k:14.2f}x")
+        print(
+            f"{dtype:10s} {r['received_GB']:8.2f}GB {r['cpu_s']:7.2f} {r['wall_s']:7.2f} {r['core_GBps']:10.2f} "
+            f"{r['wall_GBps']:10.2f} {k:12.2f} {r['core_GBps'] / k:14.2f}x"
+        )
     load = os.getloadavg()
     print(f"load average after: {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0

@@ -7,6 +7,7 @@ The implementation is reducer/bench/emulate.py (`reduction-server bench --emulat
 this script is the runnable entry point in the source tree, the same as
 `python -m reducer.bench.emulate`. Needs root and iproute2.
 """
+
 import sys
 
 from reducer.bench.emulate import main

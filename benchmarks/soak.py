@@ -20,6 +20,7 @@ bound themselves (--connect-timeout + --timeout: a worker whose peer dies just b
 session waits for it there up to connect_timeout, then raises).
 Results: docs/performance.md ("Soak").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -59,7 +60,7 @@ def spec(seed: int, i: int, max_elems: int) -> tuple[str, str, int, str]:
 def data(seed: int, i: int, rank: int, dtype: str, n: int) -> np.ndarray:
     rng = np.random.default_rng([seed, i, rank])
     if dtype.startswith("int"):
-        return rng.integers(-(2 ** 20), 2 ** 20, size=n).astype(numpy_dtype(dtype))
+        return rng.integers(-(2**20), 2**20, size=n).astype(numpy_dtype(dtype))
     return rng.standard_normal(n).astype(np.float32).astype(numpy_dtype(dtype))
 
 
@@ -104,13 +105,22 @@ def serve(port_file: str, port: int) -> None:
         time.sleep(3600)
 
 
-def worker(rank: int, world: int, addrs: list[str], group: str, seed: int, first: int, last: int,
-           max_elems: int, timeouts: tuple[float, float], events: Any) -> None:
+def worker(
+    rank: int,
+    world: int,
+    addrs: list[str],
+    group: str,
+    seed: int,
+    first: int,
+    last: int,
+    max_elems: int,
+    timeouts: tuple[float, float],
+    events: Any,
+) -> None:
     """Runs rounds [first, last); reports ("done", rank, i, wrong_text) per round, then ("stats", ...),
     on `events`: the write end of this worker's own pipe (see the module's docstring)."""
     try:
-        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeouts[0],
-                                     connect_timeout=timeouts[1])
+        comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeouts[0], connect_timeout=timeouts[1])
     except Exception as exc:  # noqa: BLE001 - reported by cause
         events.send(("error", rank, first, f"{type(exc).__name__}: {str(exc)[:120]}"))
         return
@@ -194,17 +204,23 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--reducer-kill-every", type=int, default=400, help="mean rounds between reducer kills")
     p.add_argument("--worker-kill-every", type=int, default=2500, help="mean rounds between worker kills")
     p.add_argument("--timeout", type=float, default=20.0, help="the workers' timeout (no progress in a round)")
-    p.add_argument("--connect-timeout", type=float, default=120.0,
-                   help="the workers' connect_timeout: the group rendezvous, also of a failover session")
+    p.add_argument(
+        "--connect-timeout",
+        type=float,
+        default=120.0,
+        help="the workers' connect_timeout: the group rendezvous, also of a failover session",
+    )
     p.add_argument("--hang-seconds", type=float, default=180.0, help="no round finished for this long = a hang")
     p.add_argument("--seed", type=int, default=1)
     args = p.parse_args(argv)
     # A worker whose peer dies just before a failover session waits there for it up to
     # connect_timeout (docs/protocol.md), after up to `timeout` to notice the loss: bounded, not a hang.
     if args.hang_seconds <= args.connect_timeout + args.timeout:
-        p.error(f"--hang-seconds {args.hang_seconds:g} must exceed the workers' longest bounded wait, "
-                f"--connect-timeout + --timeout = {args.connect_timeout + args.timeout:g} s "
-                f"(a smaller --connect-timeout, or a larger --hang-seconds)")
+        p.error(
+            f"--hang-seconds {args.hang_seconds:g} must exceed the workers' longest bounded wait, "
+            f"--connect-timeout + --timeout = {args.connect_timeout + args.timeout:g} s "
+            f"(a smaller --connect-timeout, or a larger --hang-seconds)"
+        )
     return args
 
 
@@ -212,8 +228,9 @@ class Epoch:
     """One start of every worker, from round `first` (the last round they all finished): the
     rounds each has finished since, who has ended, and the rounds at which to kill next."""
 
-    def __init__(self, first: int, procs: list[Any], conns: list[Any], rng: random.Random,
-                 args: argparse.Namespace) -> None:
+    def __init__(
+        self, first: int, procs: list[Any], conns: list[Any], rng: random.Random, args: argparse.Namespace
+    ) -> None:
         self.first, self.procs = first, procs
         self.conns: dict[Any, int] = {c: w for w, c in enumerate(conns)}  # read ends still open -> rank
         self.done_by_rank: dict[int, int] = {w: first for w in range(len(procs))}  # rounds finished (checked)
@@ -235,18 +252,21 @@ class Soak:
         for r in self.reducers:
             r.start()
         self.addrs = [f"127.0.0.1:{r.port}" for r in self.reducers]
-        self.finished = 0                          # rounds every worker finished
+        self.finished = 0  # rounds every worker finished
         self.wrong_results: list[str] = []
         self.errors: collections.Counter = collections.Counter()
         self.failovers = self.rejoins = self.epochs = self.hangs = self.reducer_kills = self.worker_kills = 0
-        self.crashes = 0                           # workers that exited on an error of their own
+        self.crashes = 0  # workers that exited on an error of their own
         self.restarts: list[tuple[float, Reducer]] = []  # (when, reducer) killed, to start again
         self.t0 = time.monotonic()
 
     def run(self) -> int:
         args = self.args
-        print(f"soak: {args.rounds} rounds, {args.workers} workers, {args.reducers} reducers, seed {args.seed}; "
-              f"load average {os.getloadavg()[0]:.2f}", flush=True)
+        print(
+            f"soak: {args.rounds} rounds, {args.workers} workers, {args.reducers} reducers, seed {args.seed}; "
+            f"load average {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
         while self.finished < args.rounds:
             self.run_epoch()
             if self.hangs or self.crashes:
@@ -265,10 +285,25 @@ class Soak:
         first = self.finished
         group = f"soak-{args.seed}-{self.epochs}"
         pipes = [self.ctx.Pipe(duplex=False) for _ in range(args.workers)]  # (read end, write end)
-        procs = [self.ctx.Process(target=worker, args=(w, args.workers, self.addrs, group, args.seed, first,
-                                                       args.rounds, args.max_elems, (args.timeout, args.connect_timeout),
-                                                       pipes[w][1]), daemon=True)
-                 for w in range(args.workers)]
+        procs = [
+            self.ctx.Process(
+                target=worker,
+                args=(
+                    w,
+                    args.workers,
+                    self.addrs,
+                    group,
+                    args.seed,
+                    first,
+                    args.rounds,
+                    args.max_elems,
+                    (args.timeout, args.connect_timeout),
+                    pipes[w][1],
+                ),
+                daemon=True,
+            )
+            for w in range(args.workers)
+        ]
         for pr, (_, w_end) in zip(procs, pipes):
             try:  # room for ~20k reports: a worker's rounds never wait while the driver restarts a reducer
                 fcntl.fcntl(w_end.fileno(), fcntl.F_SETPIPE_SZ, 1 << 20)
@@ -287,8 +322,11 @@ class Soak:
         for conn in pipes:
             conn[0].close()
         self.finished = max(self.finished, min(ep.done_by_rank.values()))
-        print(f"soak: epoch {self.epochs}: rounds {first}..{self.finished}, failovers so far {self.failovers}, "
-              f"errors {sum(self.errors.values())}, {time.monotonic() - self.t0:.0f} s", flush=True)
+        print(
+            f"soak: epoch {self.epochs}: rounds {first}..{self.finished}, failovers so far {self.failovers}, "
+            f"errors {sum(self.errors.values())}, {time.monotonic() - self.t0:.0f} s",
+            flush=True,
+        )
 
     def tick(self, ep: Epoch) -> bool:
         """Restart the reducers due, take the workers' messages, kill what is due; False on a hang."""
@@ -322,8 +360,9 @@ class Soak:
             ep.done_by_rank[rank] = i + 1
             ep.last_progress = now
             if payload:
-                self.wrong_results.append(f"round {i} rank {rank}: {spec(self.args.seed, i, self.args.max_elems)}: "
-                                          f"{payload}")
+                self.wrong_results.append(
+                    f"round {i} rank {rank}: {spec(self.args.seed, i, self.args.max_elems)}: {payload}"
+                )
         elif kind == "error":
             self.errors[payload.split(":")[0] + ": " + payload.split(":", 1)[-1][:60].strip()] += 1
             ep.ended.add(rank)

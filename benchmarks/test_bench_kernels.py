@@ -171,6 +171,7 @@ def _repeat(fn, n):
     def many():
         for _ in range(reps):
             fn()
+
     return many, reps
 
 
@@ -212,11 +213,13 @@ def test_kernel_convert(benchmark, wire, direction, size, isa):
 
 def conversion_report():
     load = " ".join(f"{v:.2f}" for v in os.getloadavg())
-    lines = ["", f"conversions, GB/s of input bytes, 1 thread (best ISA here: {BEST}); target >= 8; "
-                 f"load average {load}",
-             "(GB/s: median round; best: fastest round; /copy: to the 64 MiB np.copyto of the same run,",
-             " the memory ceiling of the 64 MiB cases)",
-             f"{'case':40s} {'GB/s':>8s} {'best':>8s} {'/astype':>8s} {'/copy':>8s}"]
+    lines = [
+        "",
+        f"conversions, GB/s of input bytes, 1 thread (best ISA here: {BEST}); target >= 8; load average {load}",
+        "(GB/s: median round; best: fastest round; /copy: to the 64 MiB np.copyto of the same run,",
+        " the memory ceiling of the 64 MiB cases)",
+        f"{'case':40s} {'GB/s':>8s} {'best':>8s} {'/astype':>8s} {'/copy':>8s}",
+    ]
     for case, gbs in CONV.items():
         parts = case.split("/")
         base = f"astype/{parts[1]}/{parts[2]}/{parts[-1]}"
@@ -230,7 +233,9 @@ def conversion_report():
                 case = f"convert/{direction}/{wire}/{BEST}/{size}"
                 if case in CONV:
                     verdict = "met" if CONV[case] >= 8 else "MISSED"
-                    lines.append(f"  {case} = {CONV[case]:.2f} GB/s, best {CONV_BEST[case]:.2f} (target >= 8): {verdict}")
+                    lines.append(
+                        f"  {case} = {CONV[case]:.2f} GB/s, best {CONV_BEST[case]:.2f} (target >= 8): {verdict}"
+                    )
     return lines
 
 

@@ -11,6 +11,7 @@ The C++ core (reducer._core) is loaded on first use: `import reducer` alone does
 reducer.config, and everything that reads a setting, needs it: the settings the core reads are
 defined there (csrc/common/settings.h).
 """
+
 from __future__ import annotations
 
 import importlib

@@ -1,5 +1,6 @@
 """Loads the C++ core, routes its log lines into Python's logging ("reducer.core") and applies
 the process-wide socket settings (RS_TCP_CONGESTION)."""
+
 from __future__ import annotations
 
 import atexit
@@ -41,6 +42,7 @@ def set_tcp_congestion(name: str | None = None) -> str:
     except Exception as exc:
         src = f"{config.SETTINGS['tcp_congestion'].env}={value!r}" if name is None else repr(value)
         raise type(exc)(f"{src}: {exc}") from None
+
 
 set_tcp_congestion()
 

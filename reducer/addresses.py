@@ -9,6 +9,7 @@ names a group on the reducers. Used by the worker library, the reducer node and 
 - The job id is the argument, else ``RS_JOB_ID``, else ``CLOUD_ML_JOB_ID`` (Vertex AI), else
   ``local``.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -19,8 +20,17 @@ from typing import Any
 from ._native import core
 from .errors import ConfigError
 
-__all__ = ["parse_address", "format_address", "connect_host", "check_port", "is_ipv6", "resolve_job_id",
-           "MAX_PORT", "DEFAULT_PORT", "control_port_for"]
+__all__ = [
+    "parse_address",
+    "format_address",
+    "connect_host",
+    "check_port",
+    "is_ipv6",
+    "resolve_job_id",
+    "MAX_PORT",
+    "DEFAULT_PORT",
+    "control_port_for",
+]
 
 MAX_PORT = 65535
 DEFAULT_PORT = 2222  # a reducer's data port when nothing says otherwise
@@ -75,7 +85,7 @@ def parse_address(addr: str) -> tuple[str, int]:
         if close < 0:
             raise ConfigError(f"address {addr!r} has '[' without ']': expected '[ipv6]:port'")
         host = text[1:close]
-        rest = text[close + 1:]
+        rest = text[close + 1 :]
         if not rest.startswith(":"):
             raise ConfigError(f"address {addr!r} has no port: expected '[{host}]:port'")
         port_text = rest[1:]
@@ -85,9 +95,7 @@ def parse_address(addr: str) -> tuple[str, int]:
             raise ConfigError(f"address {addr!r}: {host!r} inside [] is not an IPv6 address") from None
     else:
         if text.count(":") > 1:
-            raise ConfigError(
-                f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'"
-            )
+            raise ConfigError(f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'")
         host, sep, port_text = text.rpartition(":")
         if not sep:
             raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")

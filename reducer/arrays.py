@@ -4,6 +4,7 @@ numpy arrays, torch CPU tensors, CPU DLPack objects and other C-contiguous buffe
 place (zero copy); reducer.frameworks does the per-framework work. Device arrays (torch CUDA,
 CuPy) need staging through host memory: use Communicator.allreduce_async, which stages them.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,10 +17,10 @@ from .frameworks import check_host, host_array
 
 @dataclass(frozen=True)
 class HostView:
-    ptr: int          # address of the first byte
+    ptr: int  # address of the first byte
     nbytes: int
-    dtype: str        # wire dtype name
-    owner: Any        # keeps the memory alive while the view is in use
+    dtype: str  # wire dtype name
+    owner: Any  # keeps the memory alive while the view is in use
 
 
 def host_view(array: Any) -> HostView:

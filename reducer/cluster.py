@@ -20,6 +20,7 @@ from torchrun (or the arguments). An explicit argument always wins over the envi
 The port workers use to reach the reducers is ``reducer_port``, else ``RS_PORT`` (the port the
 reducers bind), else the port of the pool-2 / ``ps`` entries.
 """
+
 from __future__ import annotations
 
 import logging
@@ -63,26 +64,25 @@ class ClusterInfo:
     port of its own entry in the cluster description).
     """
 
-    role: str                # "worker", "reducer", "evaluator"
-    reducers: list[str]      # "host:port" addresses of the reducers, in pool order
-    workers: list[str]       # worker node addresses (pool0 then pool1); [] in RS_REDUCERS mode
-    node_rank: int           # index among worker nodes (reducer: index in the reducer pool)
-    num_nodes: int           # number of worker nodes (reducer: size of the reducer pool)
+    role: str  # "worker", "reducer", "evaluator"
+    reducers: list[str]  # "host:port" addresses of the reducers, in pool order
+    workers: list[str]  # worker node addresses (pool0 then pool1); [] in RS_REDUCERS mode
+    node_rank: int  # index among worker nodes (reducer: index in the reducer pool)
+    num_nodes: int  # number of worker nodes (reducer: size of the reducer pool)
     local_rank: int
     local_world_size: int
-    rank: int                # global rank = node_rank * local_world_size + local_rank (workers only)
-    world_size: int          # num_nodes * local_world_size (workers only)
+    rank: int  # global rank = node_rank * local_world_size + local_rank (workers only)
+    world_size: int  # num_nodes * local_world_size (workers only)
     job_id: str
-    source: str              # "CLUSTER_SPEC", "TF_CONFIG" or "RS_REDUCERS"
+    source: str  # "CLUSTER_SPEC", "TF_CONFIG" or "RS_REDUCERS"
     bind_port: int | None = None
-    task_type: str = ""      # as written in the description: "workerpool2", "ps", ... ("" for RS_REDUCERS)
+    task_type: str = ""  # as written in the description: "workerpool2", "ps", ... ("" for RS_REDUCERS)
 
 
 # -- local ranks and reducer lists (settings read from `env` with config.get) ------------------
 
 
-def _local(local_rank: int | None, local_world_size: int | None,
-           env: Mapping[str, str]) -> tuple[int, int]:
+def _local(local_rank: int | None, local_world_size: int | None, env: Mapping[str, str]) -> tuple[int, int]:
     lr = config.get("local_rank", local_rank, env)
     lws = config.get("local_world_size", local_world_size, env)
     lws_env = config.SETTINGS["local_world_size"].env
@@ -90,8 +90,7 @@ def _local(local_rank: int | None, local_world_size: int | None,
     if lws is None:
         if lr is not None and lr > 0:
             raise ConfigError(
-                f"{lr_env}={lr} but {lws_env} (processes per node) is not set: set {lws_env} "
-                f"or pass local_world_size="
+                f"{lr_env}={lr} but {lws_env} (processes per node) is not set: set {lws_env} or pass local_world_size="
             )
         lws = 1
     if lr is None:
@@ -101,9 +100,7 @@ def _local(local_rank: int | None, local_world_size: int | None,
     if lr < 0:
         raise ConfigError(f"{lr_env}={lr} is not valid: must be >= 0")
     if lr >= lws:
-        raise ConfigError(
-            f"{lr_env}={lr} is out of range for {lws_env}={lws}: local rank must be < local world size"
-        )
+        raise ConfigError(f"{lr_env}={lr} is out of range for {lws_env}={lws}: local rank must be < local world size")
     return int(lr), int(lws)
 
 
@@ -144,9 +141,18 @@ def _with_port(addrs: list[str], port: int | None, where: str) -> list[str]:
 # -- discovery ----------------------------------------------------------------------------------
 
 
-def _from_spec(spec: Any, *, env: Mapping[str, str], reducers: Reducers, rank: int | None,
-               world_size: int | None, local_rank: int | None, local_world_size: int | None,
-               reducer_port: int | None, job_id: str | None) -> ClusterInfo:
+def _from_spec(
+    spec: Any,
+    *,
+    env: Mapping[str, str],
+    reducers: Reducers,
+    rank: int | None,
+    world_size: int | None,
+    local_rank: int | None,
+    local_world_size: int | None,
+    reducer_port: int | None,
+    job_id: str | None,
+) -> ClusterInfo:
     """ClusterInfo from `spec`, a parsed description (reducer._core.cluster.Spec)."""
     pools: dict[str, list[str]] = {name: list(addrs) for name, addrs in spec.pools}
     src = spec.source
@@ -230,9 +236,17 @@ def _check_rank(rank: Any, world_size: Any, rank_name: str, world_name: str) -> 
         )
 
 
-def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: int | None, world_size: int | None,
-             local_rank: int | None, local_world_size: int | None, reducer_port: int | None,
-             job_id: str | None) -> ClusterInfo | None:
+def _from_rs(
+    env: Mapping[str, str],
+    *,
+    reducers: Reducers,
+    rank: int | None,
+    world_size: int | None,
+    local_rank: int | None,
+    local_world_size: int | None,
+    reducer_port: int | None,
+    job_id: str | None,
+) -> ClusterInfo | None:
     red_env = config.SETTINGS["reducers"].env
     rank_env = config.SETTINGS["rank"].env
     world_env = config.SETTINGS["world_size"].env
@@ -256,7 +270,9 @@ def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: int | None, wo
             f"{'is' if len(missing) == 1 else 'are'} not set: set {rank_env} and {world_env} "
             f"(global: one rank per process) or pass rank= and world_size="
         )
-    _check_rank(g_rank, g_world, rank_env if rank is None else "rank", world_env if world_size is None else "world_size")
+    _check_rank(
+        g_rank, g_world, rank_env if rank is None else "rank", world_env if world_size is None else "world_size"
+    )
     lr, lws = _local(local_rank, local_world_size, env)
     return ClusterInfo(
         role=WORKER,
@@ -273,42 +289,78 @@ def _from_rs(env: Mapping[str, str], *, reducers: Reducers, rank: int | None, wo
     )
 
 
-def discover(env: Mapping[str, str] | None = None, *, reducers: Reducers = None, rank: int | None = None,
-             world_size: int | None = None, local_rank: int | None = None,
-             local_world_size: int | None = None, reducer_port: int | None = None,
-             job_id: str | None = None) -> ClusterInfo:
+def discover(
+    env: Mapping[str, str] | None = None,
+    *,
+    reducers: Reducers = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+    reducer_port: int | None = None,
+    job_id: str | None = None,
+) -> ClusterInfo:
     """Discover the cluster from CLUSTER_SPEC, else TF_CONFIG, else RS_REDUCERS/RS_RANK/RS_WORLD_SIZE.
 
     `env` defaults to os.environ. Explicit arguments override what the environment says; `rank` and
     `world_size` are global. Returns the info for any role (worker, reducer, evaluator).
     """
     env = os.environ if env is None else env
-    kwargs: dict[str, Any] = dict(reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
-                                  local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
+    kwargs: dict[str, Any] = dict(
+        reducers=reducers,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        reducer_port=reducer_port,
+        job_id=job_id,
+    )
     spec = core.cluster.spec_from_env(env.get)
     info = _from_spec(spec, env=env, **kwargs) if spec is not None else _from_rs(env, **kwargs)
     if info is None:
         raise ConfigError(_NO_CLUSTER)
     logger.debug(
         "discovered cluster from %s: role=%s node=%d/%d local=%d/%d rank=%d/%d reducers=%s bind_port=%s job_id=%s",
-        info.source, info.role, info.node_rank, info.num_nodes, info.local_rank, info.local_world_size,
-        info.rank, info.world_size, ",".join(info.reducers), info.bind_port, info.job_id,
+        info.source,
+        info.role,
+        info.node_rank,
+        info.num_nodes,
+        info.local_rank,
+        info.local_world_size,
+        info.rank,
+        info.world_size,
+        ",".join(info.reducers),
+        info.bind_port,
+        info.job_id,
     )
     return info
 
 
-def discover_worker(env: Mapping[str, str] | None = None, *, reducers: Reducers = None,
-                    rank: int | None = None, world_size: int | None = None,
-                    local_rank: int | None = None, local_world_size: int | None = None,
-                    reducer_port: int | None = None, job_id: str | None = None) -> ClusterInfo:
+def discover_worker(
+    env: Mapping[str, str] | None = None,
+    *,
+    reducers: Reducers = None,
+    rank: int | None = None,
+    world_size: int | None = None,
+    local_rank: int | None = None,
+    local_world_size: int | None = None,
+    reducer_port: int | None = None,
+    job_id: str | None = None,
+) -> ClusterInfo:
     """Like discover(), but this process must be a worker of the all-reduce group."""
     env = os.environ if env is None else env
-    info = discover(env, reducers=reducers, rank=rank, world_size=world_size, local_rank=local_rank,
-                    local_world_size=local_world_size, reducer_port=reducer_port, job_id=job_id)
+    info = discover(
+        env,
+        reducers=reducers,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        local_world_size=local_world_size,
+        reducer_port=reducer_port,
+        job_id=job_id,
+    )
     if info.role == EVALUATOR:
-        raise ConfigError(
-            f"this process is an evaluator ({info.task_type}) and is not part of the all-reduce group"
-        )
+        raise ConfigError(f"this process is an evaluator ({info.task_type}) and is not part of the all-reduce group")
     if info.role == REDUCER:
         raise ConfigError(
             f"this process is a reducer ({info.task_type}, index {info.node_rank}), not a worker: "

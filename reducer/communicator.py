@@ -1,4 +1,5 @@
 """Communicator: the worker side of the reduction server (blocking all-reduce)."""
+
 from __future__ import annotations
 
 import functools
@@ -98,15 +99,30 @@ class Communicator:
         self.compression: str | None = config.get("compression", compression)
         # Validated now, not on the first all-reduce: the core's compression for float32.
         self._float32_wire = config.compression_wire(self.compression) or ""
-        log.debug("rank %d/%d connecting to %d reducers (%s)", self.rank, self.world_size, len(self.reducers),
-                  ", ".join(self.reducers))
+        log.debug(
+            "rank %d/%d connecting to %d reducers (%s)",
+            self.rank,
+            self.world_size,
+            len(self.reducers),
+            ", ".join(self.reducers),
+        )
         self._client = core.Client(
-            self.reducers, self.rank, self.world_size, group=self.group, job_id=self.job_id, timeout=self.timeout,
-            connect_timeout=self.connect_timeout, auth_token=token or "", streams=self.streams,
-            chunk_bytes=self.chunk_bytes, socket_buffer=config.socket_buffer_arg(socket_buffer),
+            self.reducers,
+            self.rank,
+            self.world_size,
+            group=self.group,
+            job_id=self.job_id,
+            timeout=self.timeout,
+            connect_timeout=self.connect_timeout,
+            auth_token=token or "",
+            streams=self.streams,
+            chunk_bytes=self.chunk_bytes,
+            socket_buffer=config.socket_buffer_arg(socket_buffer),
             window=int(config.get("window", window)),
             max_rounds_in_flight=int(config.get("max_rounds_in_flight", max_rounds_in_flight)),
-            failover=self.failover, integrity=self.integrity)
+            failover=self.failover,
+            integrity=self.integrity,
+        )
         lifetime.close_at_exit(self, lifetime.CONNECTIONS)  # a process that never calls close()
 
     # -- blocking all-reduce ------------------------------------------------------------------
@@ -123,15 +139,17 @@ class Communicator:
         self.allreduce_raw(view.ptr, view.nbytes, view.dtype, op, compression=compression)
         return array
 
-    def allreduce_raw(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
-                      compression: str | None = None) -> None:
+    def allreduce_raw(
+        self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0, compression: str | None = None
+    ) -> None:
         """All-reduce `nbytes` of wire dtype `dtype` at address `ptr` (host memory), in place.
 
         compression: as in allreduce (an explicit 'bf16' / 'fp16' needs dtype float32)."""
         self._client.wait(self._start(ptr, nbytes, dtype, op, tag, compression))
 
-    def allreduce_raw_async(self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0,
-                            compression: str | None = None) -> RawRound:
+    def allreduce_raw_async(
+        self, ptr: int, nbytes: int, dtype: str, op: str = "sum", tag: int = 0, compression: str | None = None
+    ) -> RawRound:
         """Start allreduce_raw and return at once: a RawRound (.wait(), .done()).
 
         One round, no fusion; the memory must stay valid and untouched until the round is done.
@@ -144,8 +162,9 @@ class Communicator:
         if self._engine is not None:
             # Rounds go to the reducers in program order: finish what allreduce_async queued first.
             self._engine.synchronize(raise_errors=False)
-        return int(self._client.start_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1),
-                                          compression=wire))
+        return int(
+            self._client.start_ptr(int(ptr), int(nbytes), dtype, check_op(op), int(tag) & (2**64 - 1), compression=wire)
+        )
 
     def _compression_for(self, dtype: str, compression: str | None) -> str:
         """The core's compression argument ('' or a 16-bit wire name) for a round of `dtype`.
@@ -194,10 +213,15 @@ class Communicator:
                     if self._closed:
                         raise ReductionError("the communicator is closed")
                     engine = self._engine = FusionEngine(
-                        self._client, threshold=self.fusion_threshold, cycle_time_ms=self.cycle_time_ms,
-                        compression=self.compression, rank=self.rank, timeout=self.timeout,
+                        self._client,
+                        threshold=self.fusion_threshold,
+                        cycle_time_ms=self.cycle_time_ms,
+                        compression=self.compression,
+                        rank=self.rank,
+                        timeout=self.timeout,
                         probe_client=self._probe_client_factory(),
-                        diag_client=self._diagnostic_client_factory())
+                        diag_client=self._diagnostic_client_factory(),
+                    )
         return engine
 
     def _side_client_factory(self, suffix: str, reducers: Sequence[str], chunk_bytes: int) -> Any:
@@ -205,10 +229,21 @@ class Communicator:
         connection per reducer, connect bounded by the timeout.
 
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
-        return functools.partial(core.Client, list(reducers), self.rank, self.world_size, group=self.group + suffix,
-                                 job_id=self.job_id, timeout=self.timeout,
-                                 connect_timeout=min(self.connect_timeout, self.timeout), auth_token=self._auth_token,
-                                 streams=1, chunk_bytes=chunk_bytes, failover=self.failover, integrity=self.integrity)
+        return functools.partial(
+            core.Client,
+            list(reducers),
+            self.rank,
+            self.world_size,
+            group=self.group + suffix,
+            job_id=self.job_id,
+            timeout=self.timeout,
+            connect_timeout=min(self.connect_timeout, self.timeout),
+            auth_token=self._auth_token,
+            streams=1,
+            chunk_bytes=chunk_bytes,
+            failover=self.failover,
+            integrity=self.integrity,
+        )
 
     def _diagnostic_client_factory(self) -> Any:
         """Connections for the fusion fingerprint check (made when a round fails)."""
@@ -262,8 +297,10 @@ class Communicator:
             pass
 
     def __repr__(self) -> str:
-        return (f"Communicator(rank={self.rank}, world_size={self.world_size}, group={self.group!r}, "
-                f"reducers={len(self.reducers)})")
+        return (
+            f"Communicator(rank={self.rank}, world_size={self.world_size}, group={self.group!r}, "
+            f"reducers={len(self.reducers)})"
+        )
 
 
 class RawRound:

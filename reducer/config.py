@@ -13,6 +13,7 @@ Every reader of a setting goes through get() (or env_text() for the raw text), w
 an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS (a test checks
 they agree).
 """
+
 from __future__ import annotations
 
 import functools
@@ -28,8 +29,8 @@ from .errors import ConfigError
 
 @dataclass(frozen=True)
 class Setting:
-    name: str            # argument name in the Python API
-    env: str             # environment variable
+    name: str  # argument name in the Python API
+    env: str  # environment variable
     default: Any
     parse: Callable[[str], Any]
     doc: str
@@ -45,7 +46,7 @@ def _kind(kind: str) -> Callable[[str], Any]:
 _bool, _int, _size = _kind("bool"), _kind("int"), _kind("size")
 
 
-OFF = -1   # control_port / metrics_port: the listener is disabled
+OFF = -1  # control_port / metrics_port: the listener is disabled
 
 
 def _port_or_off(text: str) -> int | None:
@@ -63,69 +64,167 @@ def _port_or_off(text: str) -> int | None:
 
 _PYTHON_ONLY = [
     # -- worker client ---------------------------------------------------------
-    Setting("reducers", "RS_REDUCERS", None, lambda s: [a.strip() for a in s.split(",") if a.strip()],
-            "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no "
-            "CLUSTER_SPEC/TF_CONFIG is set."),
+    Setting(
+        "reducers",
+        "RS_REDUCERS",
+        None,
+        lambda s: [a.strip() for a in s.split(",") if a.strip()],
+        "Comma-separated reducer addresses host:port (IPv6 as [addr]:port); used when no "
+        "CLUSTER_SPEC/TF_CONFIG is set.",
+    ),
     Setting("rank", "RS_RANK", None, _int, "This worker's global rank (with RS_REDUCERS)."),
     Setting("world_size", "RS_WORLD_SIZE", None, _int, "Number of worker processes in the group (with RS_REDUCERS)."),
     Setting("group", "RS_GROUP", "default", str, "Group name: workers with the same job id and group reduce together."),
     Setting("job_id", "RS_JOB_ID", None, str, "Job id (default: CLOUD_ML_JOB_ID if set, else 'local')."),
-    Setting("fusion_threshold", "RS_FUSION_THRESHOLD", 64 << 20, _size,
-            "Fused buffer size in bytes for allreduce_async; 0 turns fusion off."),
-    Setting("cycle_time_ms", "RS_CYCLE_TIME_MS", 5.0, float,
-            "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused "
-            "buffers (cut points never depend on timing)."),
+    Setting(
+        "fusion_threshold",
+        "RS_FUSION_THRESHOLD",
+        64 << 20,
+        _size,
+        "Fused buffer size in bytes for allreduce_async; 0 turns fusion off.",
+    ),
+    Setting(
+        "cycle_time_ms",
+        "RS_CYCLE_TIME_MS",
+        5.0,
+        float,
+        "After this many milliseconds a worker asks the group for an agreed flush of partly filled fused "
+        "buffers (cut points never depend on timing).",
+    ),
     Setting("compression", "RS_COMPRESSION", None, str, "Wire compression for float32: 'bf16', 'fp16' or none."),
-    Setting("local_rank", "LOCAL_RANK", None, _int,
-            "Rank of this process on its node (set by torchrun / the launcher)."),
+    Setting(
+        "local_rank", "LOCAL_RANK", None, _int, "Rank of this process on its node (set by torchrun / the launcher)."
+    ),
     Setting("local_world_size", "LOCAL_WORLD_SIZE", None, _int, "Processes per node (set by torchrun / the launcher)."),
     # -- reducer node ----------------------------------------------------------
     Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
     Setting("port", "RS_PORT", None, _int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
     Setting("threads", "RS_THREADS", None, _int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
-    Setting("max_group_bytes", "RS_MAX_GROUP_BYTES", None, _size,
-            "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more "
-            "is refused."),
-    Setting("max_memory_bytes", "RS_MAX_MEMORY", None, _size,
-            "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory)."),
-    Setting("max_memory_per_job", "RS_MAX_MEMORY_PER_JOB", None, _size,
-            "Reducer: reduction-buffer memory of one job id's groups together (default: half of max_memory_bytes)."),
-    Setting("max_memory_per_peer", "RS_MAX_MEMORY_PER_PEER", None, _size,
-            "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, "
-            "plus the accumulator of the groups where it is rank 0 (default: half of max_memory_bytes)."),
-    Setting("memory_idle_timeout", "RS_MEMORY_IDLE_TIMEOUT", None, float,
-            "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
-            "chunk (default 60; 0 = never)."),
-    Setting("group_slots", "RS_GROUP_SLOTS", None, _int,
-            "Reducer: chunk slots per group stream (default 4); memory per group stream = "
-            "slots x (world + 2) x chunk."),
-    Setting("group_timeout", "RS_GROUP_TIMEOUT", None, float,
-            "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300)."),
-    Setting("max_connections", "RS_MAX_CONNECTIONS", None, _int,
-            "Reducer: open connections (default 4096, at most the descriptor limit minus 64)."),
-    Setting("max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", None, _int,
-            "Reducer: open connections from one IP address, in any state (default 256)."),
-    Setting("max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", None, _int,
-            "Reducer: live group streams created from one IP address (default 64)."),
+    Setting(
+        "max_group_bytes",
+        "RS_MAX_GROUP_BYTES",
+        None,
+        _size,
+        "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused.",
+    ),
+    Setting(
+        "max_memory_bytes",
+        "RS_MAX_MEMORY",
+        None,
+        _size,
+        "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory).",
+    ),
+    Setting(
+        "max_memory_per_job",
+        "RS_MAX_MEMORY_PER_JOB",
+        None,
+        _size,
+        "Reducer: reduction-buffer memory of one job id's groups together (default: half of max_memory_bytes).",
+    ),
+    Setting(
+        "max_memory_per_peer",
+        "RS_MAX_MEMORY_PER_PEER",
+        None,
+        _size,
+        "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, "
+        "plus the accumulator of the groups where it is rank 0 (default: half of max_memory_bytes).",
+    ),
+    Setting(
+        "memory_idle_timeout",
+        "RS_MEMORY_IDLE_TIMEOUT",
+        None,
+        float,
+        "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
+        "chunk (default 60; 0 = never).",
+    ),
+    Setting(
+        "group_slots",
+        "RS_GROUP_SLOTS",
+        None,
+        _int,
+        "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk.",
+    ),
+    Setting(
+        "group_timeout",
+        "RS_GROUP_TIMEOUT",
+        None,
+        float,
+        "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300).",
+    ),
+    Setting(
+        "max_connections",
+        "RS_MAX_CONNECTIONS",
+        None,
+        _int,
+        "Reducer: open connections (default 4096, at most the descriptor limit minus 64).",
+    ),
+    Setting(
+        "max_connections_per_peer",
+        "RS_MAX_CONNECTIONS_PER_PEER",
+        None,
+        _int,
+        "Reducer: open connections from one IP address, in any state (default 256).",
+    ),
+    Setting(
+        "max_groups_per_peer",
+        "RS_MAX_GROUPS_PER_PEER",
+        None,
+        _int,
+        "Reducer: live group streams created from one IP address (default 64).",
+    ),
     # -- reducer control plane -------------------------------------------------
-    Setting("control_port", "RS_CONTROL_PORT", None, _port_or_off,
-            "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none "
-            "(default: data port + 1)."),
-    Setting("metrics_port", "RS_METRICS_PORT", None, _port_or_off,
-            "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off)."),
-    Setting("allow_unauthenticated_drain", "RS_ALLOW_UNAUTHENTICATED_DRAIN", False, _bool,
-            "Reducer without a shared secret: let anyone who reaches the control port Drain it (default: refused)."),
-    Setting("control_max_connections", "RS_CONTROL_MAX_CONNECTIONS", 32, _int,
-            "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
-            "descriptors the data plane leaves free)."),
-    Setting("control_max_connections_per_peer", "RS_CONTROL_MAX_CONNECTIONS_PER_PEER", 4, _int,
-            "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the "
-            "metrics port."),
-    Setting("control_rate", "RS_CONTROL_RATE", 50.0, float,
-            "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
-            "and to the metrics port, each with a burst as large; 0 = no limit."),
-    Setting("metrics_groups", "RS_METRICS_GROUPS", 100, _int,
-            "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series."),
+    Setting(
+        "control_port",
+        "RS_CONTROL_PORT",
+        None,
+        _port_or_off,
+        "Reducer: gRPC control-plane port (health, GetStats, Drain); 0 = any free port, 'off' = none "
+        "(default: data port + 1).",
+    ),
+    Setting(
+        "metrics_port",
+        "RS_METRICS_PORT",
+        None,
+        _port_or_off,
+        "Reducer: Prometheus metrics port (HTTP /metrics); 0 = any free port (default: off).",
+    ),
+    Setting(
+        "allow_unauthenticated_drain",
+        "RS_ALLOW_UNAUTHENTICATED_DRAIN",
+        False,
+        _bool,
+        "Reducer without a shared secret: let anyone who reaches the control port Drain it (default: refused).",
+    ),
+    Setting(
+        "control_max_connections",
+        "RS_CONTROL_MAX_CONNECTIONS",
+        32,
+        _int,
+        "Reducer: open connections to the control port, and to the metrics port, each (lowered to fit the "
+        "descriptors the data plane leaves free).",
+    ),
+    Setting(
+        "control_max_connections_per_peer",
+        "RS_CONTROL_MAX_CONNECTIONS_PER_PEER",
+        4,
+        _int,
+        "Reducer: open connections from one IP address (IPv6: one /64) to the control port, and to the metrics port.",
+    ),
+    Setting(
+        "control_rate",
+        "RS_CONTROL_RATE",
+        50.0,
+        float,
+        "Reducer: requests per second one IP address (IPv6: one /64) may make to the control port (gRPC calls), "
+        "and to the metrics port, each with a burst as large; 0 = no limit.",
+    ),
+    Setting(
+        "metrics_groups",
+        "RS_METRICS_GROUPS",
+        100,
+        _int,
+        "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series.",
+    ),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
 ]
@@ -133,8 +232,17 @@ _PYTHON_ONLY = [
 
 def _native_rows() -> list[Setting]:
     """The rows of the settings the C++ core defines (csrc/common/settings.h), parsed there."""
-    return [Setting(row["name"], row["env"], row["default"], functools.partial(_core.parse_setting, row["name"]),
-                    row["doc"], native=True) for row in _core.SETTINGS]
+    return [
+        Setting(
+            row["name"],
+            row["env"],
+            row["default"],
+            functools.partial(_core.parse_setting, row["name"]),
+            row["doc"],
+            native=True,
+        )
+        for row in _core.SETTINGS
+    ]
 
 
 SETTINGS: dict[str, Setting] = {s.name: s for s in _native_rows() + _PYTHON_ONLY}
@@ -241,8 +349,10 @@ def reducer_integrity(value: str | None = None, auth_token: str | None = None) -
     (unset: on with a shared secret, else off). ConfigError for on/required without a secret."""
     mode = get("integrity", None if value is None else _parse_arg("integrity", value))
     if mode in ("on", "required") and not auth_token:
-        raise ConfigError(f"frame integrity '{mode}' needs authentication: give the reducer a shared secret "
-                          "(--auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE) or set integrity off")
+        raise ConfigError(
+            f"frame integrity '{mode}' needs authentication: give the reducer a shared secret "
+            "(--auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE) or set integrity off"
+        )
     return "auto" if mode is None else mode
 
 

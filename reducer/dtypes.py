@@ -5,6 +5,7 @@ csrc/kernels/kernels.h); ``dtype_code`` / ``op_code`` give those numbers. torch 
 bfloat16, so torch and numpy meet through the bits (int16): ``tensor_as_numpy`` and
 ``numpy_as_tensor`` are the only places that know it. torch is imported only by the torch helpers.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,9 +38,7 @@ def wire_name(dtype: np.dtype | str) -> str:
     try:
         return _BY_NUMPY[dt.newbyteorder("=") if dt.byteorder not in ("=", "|") else dt]
     except KeyError:
-        raise ConfigError(
-            f"dtype {dt} is not supported; supported: {', '.join(SUPPORTED)}"
-        ) from None
+        raise ConfigError(f"dtype {dt} is not supported; supported: {', '.join(SUPPORTED)}") from None
 
 
 def numpy_dtype(name: str) -> np.dtype:

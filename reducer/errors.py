@@ -3,6 +3,7 @@
 The C++ core raises the same classes (the bindings translate its exceptions
 into these), so callers only ever catch what is defined here.
 """
+
 from __future__ import annotations
 
 

@@ -16,6 +16,7 @@ The GPU backends were written against the torch and CuPy stream APIs but have NO
 a GPU (there is none where this was developed); the generic staging logic is tested on the CPU
 with a fake device backend (tests/test_frameworks.py).
 """
+
 from __future__ import annotations
 
 import sys
@@ -27,8 +28,16 @@ import numpy as np
 from .dtypes import numpy_as_tensor, tensor_as_numpy, torch_numpy_dtype, wire_name
 from .errors import ConfigError
 
-__all__ = ["Staged", "DeviceStaged", "DeviceBackend", "PinnedPool", "stage", "host_array", "register_backend",
-           "is_device_array"]
+__all__ = [
+    "Staged",
+    "DeviceStaged",
+    "DeviceBackend",
+    "PinnedPool",
+    "stage",
+    "host_array",
+    "register_backend",
+    "is_device_array",
+]
 
 _DL_CPU, _DL_CUDA, _DL_CUDA_HOST, _DL_CUDA_MANAGED = 1, 2, 3, 13
 
@@ -114,7 +123,8 @@ def host_array(obj: Any) -> np.ndarray | None:
     except TypeError:
         raise ConfigError(
             f"cannot all-reduce an object of type {type(obj).__name__}: pass a numpy array, a torch tensor, a "
-            "CuPy array, an object with __dlpack__, or a buffer") from None
+            "CuPy array, an object with __dlpack__, or a buffer"
+        ) from None
 
 
 def check_host(arr: np.ndarray) -> np.ndarray:
@@ -149,8 +159,10 @@ def stage(obj: Any) -> Staged:
     if backend is None and _dlpack_device(obj) in (_DL_CUDA, _DL_CUDA_MANAGED):
         obj, backend = _from_cuda_dlpack(obj)
     if backend is None:
-        raise ConfigError(f"cannot all-reduce a {type(obj).__name__} on this device: no backend for it "
-                          "(torch CUDA tensors and CuPy arrays are supported)")
+        raise ConfigError(
+            f"cannot all-reduce a {type(obj).__name__} on this device: no backend for it "
+            "(torch CUDA tensors and CuPy arrays are supported)"
+        )
     return DeviceStaged(obj, backend)
 
 

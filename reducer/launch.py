@@ -20,6 +20,7 @@ worker killed by signal N); when any process fails, or on SIGINT/SIGTERM, it sto
 Each child runs in its own session (process group), and the whole group is killed, so nothing a
 worker started is left behind.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -51,12 +52,24 @@ __all__ = ["launch", "build_cluster", "cluster_spec", "worker_env", "free_ports"
 # launcher sets the ones that apply, and e.g. an inherited RS_PORT would put every reducer on
 # one port.
 _CLEARED_ENV = (
-    "CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
-    "LOCAL_RANK", "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT",
-    "GROUP_RANK", "LOCAL_ADDR",
+    "CLUSTER_SPEC",
+    "TF_CONFIG",
+    "RS_REDUCERS",
+    "RS_RANK",
+    "RS_WORLD_SIZE",
+    "RS_PORT",
+    "RS_HOST",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "GROUP_RANK",
+    "LOCAL_ADDR",
 )
 
-_POLL_INTERVAL = 0.1   # seconds between checks of the children (the loop sleeps in select())
+_POLL_INTERVAL = 0.1  # seconds between checks of the children (the loop sleeps in select())
 
 
 # -- the cluster description ------------------------------------------------------------------------
@@ -120,8 +133,9 @@ def free_ports(count: int, host: str = "127.0.0.1") -> list[int]:
             s.close()
 
 
-def build_cluster(workers: int, reducers: int, host: str = "127.0.0.1",
-                  base_port: int | None = None) -> dict[str, list[str]]:
+def build_cluster(
+    workers: int, reducers: int, host: str = "127.0.0.1", base_port: int | None = None
+) -> dict[str, list[str]]:
     """The ``cluster`` part of CLUSTER_SPEC: reducers get ports base_port + i, worker nodes
     base_port + R + n (or free ports when base_port is None)."""
     if workers < 1:
@@ -150,36 +164,52 @@ def node_task(node: int) -> dict[str, Any]:
     return {"type": "workerpool1", "index": node - 1, "trial": ""}
 
 
-def cluster_spec(cluster: Mapping[str, list[str]], task: Mapping[str, Any],
-                 command: Sequence[str] = ()) -> str:
+def cluster_spec(cluster: Mapping[str, list[str]], task: Mapping[str, Any], command: Sequence[str] = ()) -> str:
     """A Vertex-AI-shaped CLUSTER_SPEC (JSON text)."""
+
     def pool(name: str, args: Sequence[str]) -> dict[str, Any]:
         if not cluster.get(name):
             return {}
-        return {"machineSpec": {"machineType": "local"}, "replicaCount": len(cluster[name]),
-                "containerSpec": {"imageUri": "local", "args": list(args)}}
+        return {
+            "machineSpec": {"machineType": "local"},
+            "replicaCount": len(cluster[name]),
+            "containerSpec": {"imageUri": "local", "args": list(args)},
+        }
 
-    job = {"workerPoolSpecs": [pool("workerpool0", command), pool("workerpool1", command),
-                               pool("workerpool2", ["reduction-server", "serve"])]}
+    job = {
+        "workerPoolSpecs": [
+            pool("workerpool0", command),
+            pool("workerpool1", command),
+            pool("workerpool2", ["reduction-server", "serve"]),
+        ]
+    }
     return json.dumps({"cluster": dict(cluster), "environment": "cloud", "task": dict(task), "job": job})
 
 
-def worker_env(cluster: Mapping[str, list[str]], node: int, local_rank: int, procs_per_worker: int,
-               command: Sequence[str] = (), base: Mapping[str, str] | None = None) -> dict[str, str]:
+def worker_env(
+    cluster: Mapping[str, list[str]],
+    node: int,
+    local_rank: int,
+    procs_per_worker: int,
+    command: Sequence[str] = (),
+    base: Mapping[str, str] | None = None,
+) -> dict[str, str]:
     """The environment of worker process (node, local_rank)."""
     env = _base_env(base)
     primary_host, primary_port = parse_address(cluster["workerpool0"][0])
     num_nodes = len(cluster["workerpool0"]) + len(cluster.get("workerpool1", []))
-    env.update({
-        "CLUSTER_SPEC": cluster_spec(cluster, node_task(node), command),
-        "LOCAL_RANK": str(local_rank),
-        "LOCAL_WORLD_SIZE": str(procs_per_worker),
-        # As Vertex AI sets them for PyTorch: per node, not per process.
-        "RANK": str(node),
-        "WORLD_SIZE": str(num_nodes),
-        "MASTER_ADDR": primary_host,
-        "MASTER_PORT": str(primary_port),
-    })
+    env.update(
+        {
+            "CLUSTER_SPEC": cluster_spec(cluster, node_task(node), command),
+            "LOCAL_RANK": str(local_rank),
+            "LOCAL_WORLD_SIZE": str(procs_per_worker),
+            # As Vertex AI sets them for PyTorch: per node, not per process.
+            "RANK": str(node),
+            "WORLD_SIZE": str(num_nodes),
+            "MASTER_ADDR": primary_host,
+            "MASTER_PORT": str(primary_port),
+        }
+    )
     return env
 
 
@@ -187,7 +217,7 @@ def _base_env(base: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
     for k in _CLEARED_ENV:
         env.pop(k, None)
-    env.setdefault("PYTHONUNBUFFERED", "1")   # so output lines arrive when printed
+    env.setdefault("PYTHONUNBUFFERED", "1")  # so output lines arrive when printed
     return env
 
 
@@ -223,8 +253,8 @@ def _pdeathsig_preexec():
     parent = os.getpid()
 
     def preexec() -> None:
-        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)   # PR_SET_PDEATHSIG
-        if os.getppid() != parent:                    # the launcher died before prctl took effect
+        libc.prctl(1, int(signal.SIGKILL), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # the launcher died before prctl took effect
             os._exit(1)
 
     return preexec
@@ -232,12 +262,12 @@ def _pdeathsig_preexec():
 
 @dataclass
 class _Proc:
-    role: str                          # "reducer" or "worker"
-    label: str                         # "reducer 0", "worker 1.0"
+    role: str  # "reducer" or "worker"
+    label: str  # "reducer 0", "worker 1.0"
     popen: subprocess.Popen
     ready_file: str | None = None
     returncode: int | None = None
-    stopped: bool = False              # we sent it a signal
+    stopped: bool = False  # we sent it a signal
     partial: dict[int, bytes] = field(default_factory=dict)
 
     @property
@@ -280,10 +310,22 @@ class _Output:
 
 
 class _Launcher:
-    def __init__(self, command: list[str], workers: int, reducers: int, procs_per_worker: int,
-                 base_port: int | None, host: str, reducer_threads: int | None, grace_period: float,
-                 ready_timeout: float, log_level: str | None, out: IO[Any] | None,
-                 err: IO[Any] | None, env: Mapping[str, str] | None) -> None:
+    def __init__(
+        self,
+        command: list[str],
+        workers: int,
+        reducers: int,
+        procs_per_worker: int,
+        base_port: int | None,
+        host: str,
+        reducer_threads: int | None,
+        grace_period: float,
+        ready_timeout: float,
+        log_level: str | None,
+        out: IO[Any] | None,
+        err: IO[Any] | None,
+        env: Mapping[str, str] | None,
+    ) -> None:
         self.command = command
         self.workers = workers
         self.reducers = reducers
@@ -309,11 +351,18 @@ class _Launcher:
         self.tmpdir = tempfile.mkdtemp(prefix="rs-launch-")
 
     # -- children -----------------------------------------------------------------------------
-    def _spawn(self, role: str, label: str, argv: list[str], env: dict[str, str],
-               ready_file: str | None = None) -> _Proc:
+    def _spawn(
+        self, role: str, label: str, argv: list[str], env: dict[str, str], ready_file: str | None = None
+    ) -> _Proc:
         popen = subprocess.Popen(
-            argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-            start_new_session=True, preexec_fn=self.preexec, close_fds=True,
+            argv,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            start_new_session=True,
+            preexec_fn=self.preexec,
+            close_fds=True,
         )
         proc = _Proc(role, label, popen, ready_file=ready_file)
         self.procs.append(proc)
@@ -333,13 +382,21 @@ class _Launcher:
             if self.log_level:
                 argv += ["--log-level", self.log_level]
             # No control plane: its default port (data port + 1) may be the next process's data port.
-            argv += ["serve", "--host", self.host, "--drain-timeout", f"{drain:g}", "--ready-file", ready,
-                     "--control-port", "off"]
+            argv += [
+                "serve",
+                "--host",
+                self.host,
+                "--drain-timeout",
+                f"{drain:g}",
+                "--ready-file",
+                ready,
+                "--control-port",
+                "off",
+            ]
             if self.reducer_threads:
                 argv += ["--threads", str(self.reducer_threads)]
             env = dict(base)
-            env["CLUSTER_SPEC"] = cluster_spec(cluster, {"type": "workerpool2", "index": i, "trial": ""},
-                                               self.command)
+            env["CLUSTER_SPEC"] = cluster_spec(cluster, {"type": "workerpool2", "index": i, "trial": ""}, self.command)
             self._spawn("reducer", f"reducer {i}", argv, env, ready_file=ready)
 
     def _start_workers(self, cluster: dict[str, list[str]]) -> None:
@@ -349,15 +406,14 @@ class _Launcher:
         for node in range(self.workers):
             for local in range(self.ppw):
                 env = worker_env(cluster, node, local, self.ppw, self.command, base)
-                env.setdefault("OMP_NUM_THREADS", threads)   # W x L processes share this machine
+                env.setdefault("OMP_NUM_THREADS", threads)  # W x L processes share this machine
                 label = f"worker {node}.{local}"
                 try:
                     self._spawn("worker", label, list(self.command), env)
-                except OSError as exc:   # e.g. the command does not exist: like a shell, 127 / 126
+                except OSError as exc:  # e.g. the command does not exist: like a shell, 127 / 126
                     self.failure = f"cannot start {label}: {exc.strerror or exc}: {self.command[0]!r}"
                     self.status = 127 if isinstance(exc, FileNotFoundError) else 126
-                    log.error("%s; stopping the %d other process(es)", self.failure,
-                              sum(p.alive for p in self.procs))
+                    log.error("%s; stopping the %d other process(es)", self.failure, sum(p.alive for p in self.procs))
                     self._begin_stop()
                     return
 
@@ -400,7 +456,7 @@ class _Launcher:
         buf = proc.partial.get(which, b"") + data
         lines = buf.split(b"\n")
         rest = lines.pop()
-        if len(rest) > 65536:            # a very long line without newline: flush it anyway
+        if len(rest) > 65536:  # a very long line without newline: flush it anyway
             lines.append(rest)
             rest = b""
         proc.partial[which] = rest
@@ -419,7 +475,7 @@ class _Launcher:
         deadline = time.monotonic() + timeout
         while self.sel.get_map() and time.monotonic() < deadline:
             self._pump(0.05)
-        for key in list(self.sel.get_map().values()):   # held open by an escaped grandchild
+        for key in list(self.sel.get_map().values()):  # held open by an escaped grandchild
             proc, which = key.data
             self._close_stream(key.fileobj, proc, which)
 
@@ -427,9 +483,9 @@ class _Launcher:
     def _on_signal(self, signum: int, _frame: Any) -> None:
         self.signal_count += 1
         self.signal_name = signal.Signals(signum).name
-        if self.signal_count == 1 and self.status is None:   # the job was still running
+        if self.signal_count == 1 and self.status is None:  # the job was still running
             self.status = 128 + signum
-        if self.signal_count > 1:   # impatient: no more grace
+        if self.signal_count > 1:  # impatient: no more grace
             self.kill_at = time.monotonic()
 
     def _reap(self) -> list[_Proc]:
@@ -455,13 +511,13 @@ class _Launcher:
         for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP):
             try:
                 previous[sig] = signal.signal(sig, self._on_signal)
-            except ValueError:   # not the main thread: the caller handles signals
+            except ValueError:  # not the main thread: the caller handles signals
                 pass
         try:
             return self._run()
         finally:
             try:
-                if any(p.alive for p in self.procs):   # e.g. an exception in the loop
+                if any(p.alive for p in self.procs):  # e.g. an exception in the loop
                     self._signal_groups(signal.SIGKILL, [p for p in self.procs if p.alive])
                     for p in self.procs:
                         if p.alive:
@@ -477,9 +533,14 @@ class _Launcher:
 
     def _run(self) -> int:
         cluster = build_cluster(self.workers, self.reducers, self.host, self.base_port)
-        log.info("local cluster: %d reducer(s) %s; %d worker node(s) x %d process(es) %s",
-                 self.reducers, ", ".join(cluster["workerpool2"]), self.workers, self.ppw,
-                 ", ".join(cluster["workerpool0"] + cluster.get("workerpool1", [])))
+        log.info(
+            "local cluster: %d reducer(s) %s; %d worker node(s) x %d process(es) %s",
+            self.reducers,
+            ", ".join(cluster["workerpool2"]),
+            self.workers,
+            self.ppw,
+            ", ".join(cluster["workerpool0"] + cluster.get("workerpool1", [])),
+        )
         phase = "ready"
         ready_deadline = time.monotonic() + self.ready_timeout
         self._start_reducers(cluster)
@@ -487,8 +548,9 @@ class _Launcher:
             self._pump(_POLL_INTERVAL)
             exited = self._reap()
             if self.signal_count and not self.stopping:
-                log.warning("received %s: stopping all %d process(es)", self.signal_name,
-                            sum(p.alive for p in self.procs))
+                log.warning(
+                    "received %s: stopping all %d process(es)", self.signal_name, sum(p.alive for p in self.procs)
+                )
                 self.failure = f"interrupted by {self.signal_name}"
                 self._begin_stop()
             if not self.stopping:
@@ -497,8 +559,7 @@ class _Launcher:
                         self._fail(p, f"failed: {describe_status(p.exit_code)}", _exit_status(p.exit_code))
                     elif p.role == "reducer":
                         when = "before listening" if phase == "ready" else "while the workers were running"
-                        self._fail(p, f"exited {when}: {describe_status(p.exit_code)}",
-                                   _exit_status(p.exit_code) or 1)
+                        self._fail(p, f"exited {when}: {describe_status(p.exit_code)}", _exit_status(p.exit_code) or 1)
                     if self.stopping:
                         break
                     if p.role == "worker":
@@ -506,8 +567,11 @@ class _Launcher:
             if not self.stopping and phase == "ready":
                 reducers = [p for p in self.procs if p.role == "reducer"]
                 if all(p.ready_file and os.path.exists(p.ready_file) for p in reducers):
-                    log.info("%d reducer(s) listening; starting %d worker process(es)", len(reducers),
-                             self.workers * self.ppw)
+                    log.info(
+                        "%d reducer(s) listening; starting %d worker process(es)",
+                        len(reducers),
+                        self.workers * self.ppw,
+                    )
                     self._start_workers(cluster)
                     phase = "run"
                 elif time.monotonic() > ready_deadline:
@@ -524,8 +588,11 @@ class _Launcher:
                     break
                 if not self.killed and self.kill_at is not None and time.monotonic() >= self.kill_at:
                     alive = [p for p in self.procs if p.alive]
-                    log.warning("sending SIGKILL to %s (still running %gs after SIGTERM)",
-                                ", ".join(f"{p.label} (pid {p.pid})" for p in alive), self.grace)
+                    log.warning(
+                        "sending SIGKILL to %s (still running %gs after SIGTERM)",
+                        ", ".join(f"{p.label} (pid {p.pid})" for p in alive),
+                        self.grace,
+                    )
                     self._signal_groups(signal.SIGKILL, alive)
                     self.killed = True
         self._report()
@@ -533,8 +600,11 @@ class _Launcher:
 
     def _report(self) -> None:
         if self.failure is None:
-            bad = [p for p in self.procs if p.role == "reducer" and p.returncode not in (0, None)
-                   and p.returncode != -signal.SIGTERM]
+            bad = [
+                p
+                for p in self.procs
+                if p.role == "reducer" and p.returncode not in (0, None) and p.returncode != -signal.SIGTERM
+            ]
             for p in bad:
                 log.warning("%s (pid %d) did not stop cleanly: %s", p.label, p.pid, describe_status(p.exit_code))
             return
@@ -558,11 +628,22 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return cmd
 
 
-def launch(command: Sequence[str], *, workers: int = 1, reducers: int = 1, procs_per_worker: int = 1,
-           base_port: int | None = None, host: str = "127.0.0.1", reducer_threads: int | None = 1,
-           grace_period: float = 5.0, ready_timeout: float = 30.0, log_level: str | None = None,
-           out: IO[Any] | None = None, err: IO[Any] | None = None,
-           env: Mapping[str, str] | None = None) -> int:
+def launch(
+    command: Sequence[str],
+    *,
+    workers: int = 1,
+    reducers: int = 1,
+    procs_per_worker: int = 1,
+    base_port: int | None = None,
+    host: str = "127.0.0.1",
+    reducer_threads: int | None = 1,
+    grace_period: float = 5.0,
+    ready_timeout: float = 30.0,
+    log_level: str | None = None,
+    out: IO[Any] | None = None,
+    err: IO[Any] | None = None,
+    env: Mapping[str, str] | None = None,
+) -> int:
     """Run R reducers and W x L workers of `command` here; return the job's exit status.
 
     Raises ConfigError for bad arguments. SIGINT/SIGTERM/SIGHUP stop the job when called from
@@ -577,6 +658,19 @@ def launch(command: Sequence[str], *, workers: int = 1, reducers: int = 1, procs
         raise ConfigError(f"--workers must be >= 1, found {workers}")
     if reducers < 1:
         raise ConfigError(f"--reducers must be >= 1, found {reducers}")
-    launcher = _Launcher(cmd, workers, reducers, procs_per_worker, base_port, host, reducer_threads,
-                         grace_period, ready_timeout, log_level, out, err, env)
+    launcher = _Launcher(
+        cmd,
+        workers,
+        reducers,
+        procs_per_worker,
+        base_port,
+        host,
+        reducer_threads,
+        grace_period,
+        ready_timeout,
+        log_level,
+        out,
+        err,
+        env,
+    )
     return launcher.run()

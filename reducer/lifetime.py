@@ -16,6 +16,7 @@ Every join is bounded (EXIT_JOIN_TIMEOUT); a thread that does not end in time is
 WARNING and left behind, never waited for without end. A forked child closes nothing of its
 parent's.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -59,8 +60,7 @@ def join_threads(threads: Iterable[threading.Thread], timeout: float, what: str)
         t.join(max(0.0, deadline - time.monotonic()))
     left = [t.name for t in others if t.is_alive()]
     if left:
-        log.warning("%s: thread(s) %s still running after %.1fs; leaving them behind", what, ", ".join(left),
-                    timeout)
+        log.warning("%s: thread(s) %s still running after %.1fs; leaving them behind", what, ", ".join(left), timeout)
     return not left
 
 

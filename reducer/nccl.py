@@ -26,6 +26,7 @@ reducers (one reducer group per local rank, world size = number of nodes), then 
 inside the node. Each node then sends its data to the reducers once in total (1/L per GPU)
 instead of once per GPU.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -61,15 +62,32 @@ ncclMax = 2
 ncclMin = 3
 ncclAvg = 4
 
-_DTYPES = {ncclInt32: "int32", ncclInt64: "int64", ncclFloat16: "float16", ncclFloat32: "float32",
-           ncclFloat64: "float64", ncclBfloat16: "bfloat16"}
-_DTYPE_NAMES = {0: "ncclInt8", 1: "ncclUint8", 2: "ncclInt32", 3: "ncclUint32", 4: "ncclInt64", 5: "ncclUint64",
-                6: "ncclFloat16", 7: "ncclFloat32", 8: "ncclFloat64", 9: "ncclBfloat16"}
+_DTYPES = {
+    ncclInt32: "int32",
+    ncclInt64: "int64",
+    ncclFloat16: "float16",
+    ncclFloat32: "float32",
+    ncclFloat64: "float64",
+    ncclBfloat16: "bfloat16",
+}
+_DTYPE_NAMES = {
+    0: "ncclInt8",
+    1: "ncclUint8",
+    2: "ncclInt32",
+    3: "ncclUint32",
+    4: "ncclInt64",
+    5: "ncclUint64",
+    6: "ncclFloat16",
+    7: "ncclFloat32",
+    8: "ncclFloat64",
+    9: "ncclBfloat16",
+}
 _OPS = {ncclSum: "sum", ncclMax: "max", ncclMin: "min", ncclAvg: "avg"}
 _OP_NAMES = {0: "ncclSum", 1: "ncclProd", 2: "ncclMax", 3: "ncclMin", 4: "ncclAvg"}
 
-__all__ = ["NcclCommunicator", "Communicator", "HierarchicalAllreduce", "groupStart", "groupEnd", "hierarchical"] + \
-    [n for n in list(globals()) if n.startswith("nccl")]
+__all__ = ["NcclCommunicator", "Communicator", "HierarchicalAllreduce", "groupStart", "groupEnd", "hierarchical"] + [
+    n for n in list(globals()) if n.startswith("nccl")
+]
 
 
 def dtype_of(datatype: int) -> str:
@@ -78,8 +96,10 @@ def dtype_of(datatype: int) -> str:
         return _DTYPES[int(datatype)]
     except KeyError:
         name = _DTYPE_NAMES.get(int(datatype), str(datatype))
-        raise ConfigError(f"datatype {name} is not supported by the reducers; supported: "
-                          + ", ".join(_DTYPE_NAMES[k] for k in sorted(_DTYPES))) from None
+        raise ConfigError(
+            f"datatype {name} is not supported by the reducers; supported: "
+            + ", ".join(_DTYPE_NAMES[k] for k in sorted(_DTYPES))
+        ) from None
 
 
 def op_of(op: int) -> str:
@@ -88,8 +108,9 @@ def op_of(op: int) -> str:
         return _OPS[int(op)]
     except KeyError:
         name = _OP_NAMES.get(int(op), str(op))
-        raise ConfigError(f"reduction {name} is not supported by the reducers (ncclSum, ncclAvg, ncclMin, "
-                          "ncclMax)") from None
+        raise ConfigError(
+            f"reduction {name} is not supported by the reducers (ncclSum, ncclAvg, ncclMin, ncclMax)"
+        ) from None
 
 
 # ====================================================================== groups
@@ -211,8 +232,9 @@ class NcclCommunicator:
     HierarchicalAllreduce to go through the node's local group first.
     """
 
-    def __init__(self, comm: Any = None, *, hierarchical: HierarchicalAllreduce | None = None,
-                 **init_kwargs: Any) -> None:
+    def __init__(
+        self, comm: Any = None, *, hierarchical: HierarchicalAllreduce | None = None, **init_kwargs: Any
+    ) -> None:
         if comm is None and hierarchical is not None:
             comm = hierarchical.comm
         if comm is None:
@@ -254,8 +276,11 @@ class NcclCommunicator:
         dt = numpy_dtype(dtype)
         recv = _as_array(recvbuf, count, dt)
         device = not isinstance(recv, np.ndarray) and _is_device(recv)
-        same = sendbuf is recvbuf or (isinstance(sendbuf, (int, np.integer)) and isinstance(recvbuf, (int, np.integer))
-                                      and int(sendbuf) == int(recvbuf))
+        same = sendbuf is recvbuf or (
+            isinstance(sendbuf, (int, np.integer))
+            and isinstance(recvbuf, (int, np.integer))
+            and int(sendbuf) == int(recvbuf)
+        )
         if not same:
             send = _as_array(sendbuf, count, dt)
             with _StreamContext(stream, device):
@@ -357,13 +382,17 @@ class HierarchicalAllreduce:
             flat = torch.zeros(per * L, dtype=dtype, device=device)
             off = 0
             for t in tensors:
-                flat[off:off + t.numel()].copy_(t.view(-1))
+                flat[off : off + t.numel()].copy_(t.view(-1))
                 off += t.numel()
             copy_back = True
         slices = list(flat.split(per))
         mine = torch.empty(per, dtype=dtype, device=device)
-        local_op = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-                    "max": dist.ReduceOp.MAX}[op]
+        local_op = {
+            "sum": dist.ReduceOp.SUM,
+            "avg": dist.ReduceOp.SUM,
+            "min": dist.ReduceOp.MIN,
+            "max": dist.ReduceOp.MAX,
+        }[op]
         opts = dist.ReduceScatterOptions()
         opts.reduceOp = local_op  # type: ignore[assignment]  # the binding takes a RedOpType for its ReduceOp
         self.local_group.reduce_scatter([mine], [slices], opts).wait()
@@ -374,7 +403,7 @@ class HierarchicalAllreduce:
         if copy_back:
             off = 0
             for t in tensors:
-                t.view(-1).copy_(flat[off:off + t.numel()])
+                t.view(-1).copy_(flat[off : off + t.numel()])
                 off += t.numel()
 
 
@@ -386,9 +415,17 @@ def _to_torch(arr: Any) -> Any:
     return torch.from_dlpack(arr)
 
 
-def hierarchical(local_group: Any, *, local_rank: int | None = None, local_size: int | None = None,
-                 node_rank: int | None = None, num_nodes: int | None = None, reducers: Any = None,
-                 group: str | None = None, **comm_kwargs: Any) -> HierarchicalAllreduce:
+def hierarchical(
+    local_group: Any,
+    *,
+    local_rank: int | None = None,
+    local_size: int | None = None,
+    node_rank: int | None = None,
+    num_nodes: int | None = None,
+    reducers: Any = None,
+    group: str | None = None,
+    **comm_kwargs: Any,
+) -> HierarchicalAllreduce:
     """Build a HierarchicalAllreduce: connects this local rank to reducer group "<group>.local<k>".
 
     Missing values come from cluster discovery (reducer.cluster: CLUSTER_SPEC / TF_CONFIG /
@@ -404,6 +441,7 @@ def hierarchical(local_group: Any, *, local_rank: int | None = None, local_size:
         comm_kwargs.setdefault("job_id", info.job_id)
     assert local_rank is not None and local_size is not None and node_rank is not None and num_nodes is not None
     base = config.get("group", group)
-    comm = ReducerCommunicator(reducers, int(node_rank), int(num_nodes), group=f"{base}.local{int(local_rank)}",
-                               **comm_kwargs)
+    comm = ReducerCommunicator(
+        reducers, int(node_rank), int(num_nodes), group=f"{base}.local{int(local_rank)}", **comm_kwargs
+    )
     return HierarchicalAllreduce(comm, local_group, int(local_rank), int(local_size))

@@ -1,4 +1,5 @@
 """ReducerServer: a reducer node in this process (the C++ event loops run without the GIL)."""
+
 from __future__ import annotations
 
 import logging
@@ -13,9 +14,19 @@ log = logging.getLogger(__name__)
 
 
 # Reducer settings passed to the core; unset ones take the core's defaults (csrc/server/server.h).
-_LIMITS = ("group_slots", "handshake_timeout", "group_timeout", "max_group_bytes", "max_memory_bytes",
-           "max_connections", "max_connections_per_peer", "max_groups_per_peer", "max_memory_per_job",
-           "max_memory_per_peer", "memory_idle_timeout")
+_LIMITS = (
+    "group_slots",
+    "handshake_timeout",
+    "group_timeout",
+    "max_group_bytes",
+    "max_memory_bytes",
+    "max_connections",
+    "max_connections_per_peer",
+    "max_groups_per_peer",
+    "max_memory_per_job",
+    "max_memory_per_peer",
+    "memory_idle_timeout",
+)
 
 
 class ReducerServer:
@@ -56,8 +67,13 @@ class ReducerServer:
         options: dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
         options["socket_buffer"] = config.get("socket_buffer", socket_buffer)
         options["integrity"] = config.reducer_integrity(integrity, token)
-        self._server = core.Server(self.host, self._requested_port, self.threads, token or "",
-                                   **{k: v for k, v in options.items() if v is not None})
+        self._server = core.Server(
+            self.host,
+            self._requested_port,
+            self.threads,
+            token or "",
+            **{k: v for k, v in options.items() if v is not None},
+        )
         self._started = False
 
     def start(self) -> ReducerServer:

@@ -1,4 +1,5 @@
 """Small wording helpers shared by the command-line output and the library's log lines."""
+
 from __future__ import annotations
 
 

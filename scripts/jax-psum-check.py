@@ -8,6 +8,7 @@ Each rank is its own NCCL "host" (NCCL_HOSTID) so that two processes can share o
 scripts/gpu-check.sh; JAX's process group comes from the launcher's RANK / WORLD_SIZE /
 MASTER_ADDR / MASTER_PORT. Prints one `JAXPSUM {json}` line per case; exit 1 on a wrong sum.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,8 +23,11 @@ import jax  # noqa: E402  (after the environment NCCL and XLA read)
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-jax.distributed.initialize(coordinator_address=f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 7}",
-                           num_processes=world, process_id=rank)
+jax.distributed.initialize(
+    coordinator_address=f"{os.environ['MASTER_ADDR']}:{int(os.environ['MASTER_PORT']) + 7}",
+    num_processes=world,
+    process_id=rank,
+)
 psum = jax.pmap(lambda v: jax.lax.psum(v, "i"), axis_name="i")
 want = sum(range(1, world + 1))
 failed = 0
@@ -34,6 +38,18 @@ for dtype in (jnp.float32, jnp.bfloat16):
         out = np.asarray(psum(x).astype(jnp.float32))
         ok = bool((out == want).all())
         failed += not ok
-        print("JAXPSUM " + json.dumps({"rank": rank, "dtype": jnp.dtype(dtype).name, "bytes": nbytes, "ok": ok,
-                                       "devices": jax.device_count(), "jax": jax.__version__}), flush=True)
+        print(
+            "JAXPSUM "
+            + json.dumps(
+                {
+                    "rank": rank,
+                    "dtype": jnp.dtype(dtype).name,
+                    "bytes": nbytes,
+                    "ok": ok,
+                    "devices": jax.device_count(),
+                    "jax": jax.__version__,
+                }
+            ),
+            flush=True,
+        )
 sys.exit(1 if failed else 0)

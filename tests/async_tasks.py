@@ -3,6 +3,7 @@
 They run in separate processes (conftest.run_ranks) and use the client directly: start()
 returns a round id at once, test()/wait() drive every round in flight.
 """
+
 from __future__ import annotations
 
 import os
@@ -22,10 +23,33 @@ from reducer._native import core
 COUNTS = (0, 1, 7, 1000, 20_000, 100_003, 300_000)
 
 
-def client(addrs: Sequence[str], rank: int, world: int, group: str, timeout: float = 30.0, streams: int = 1,
-           chunk_bytes: int = 1 << 20, window: int = 4, max_rounds_in_flight: int = 8, failover: bool = True) -> Any:
-    return core.Client(list(addrs), rank, world, group, "local", timeout, 30.0, "", streams, chunk_bytes,
-                       window=window, max_rounds_in_flight=max_rounds_in_flight, failover=failover)
+def client(
+    addrs: Sequence[str],
+    rank: int,
+    world: int,
+    group: str,
+    timeout: float = 30.0,
+    streams: int = 1,
+    chunk_bytes: int = 1 << 20,
+    window: int = 4,
+    max_rounds_in_flight: int = 8,
+    failover: bool = True,
+) -> Any:
+    return core.Client(
+        list(addrs),
+        rank,
+        world,
+        group,
+        "local",
+        timeout,
+        30.0,
+        "",
+        streams,
+        chunk_bytes,
+        window=window,
+        max_rounds_in_flight=max_rounds_in_flight,
+        failover=failover,
+    )
 
 
 def round_specs(seed: int, rounds: int) -> list[tuple[str, str, int, int]]:
@@ -39,14 +63,31 @@ def split(a: np.ndarray, parts: int) -> list[np.ndarray]:
     return [np.array(p, copy=True) for p in np.array_split(a, parts)] if a.size else [a.copy()]
 
 
-def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: int = 1, rounds: int = 64,
-                streams: int = 1, chunk_bytes: int = 1 << 20, window: int = 4,
-                max_rounds_in_flight: int = 16) -> dict[str, Any]:
+def many_rounds(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    seed: int = 1,
+    rounds: int = 64,
+    streams: int = 1,
+    chunk_bytes: int = 1 << 20,
+    window: int = 4,
+    max_rounds_in_flight: int = 16,
+) -> dict[str, Any]:
     """Start every round (mixed sizes, dtypes, ops; some scatter-gather), then finish them in a
     rank-specific random order with test() and wait(); check each against the reference."""
     specs = round_specs(seed, rounds)
-    c = client(addrs, rank, world, group, streams=streams, chunk_bytes=chunk_bytes, window=window,
-               max_rounds_in_flight=max_rounds_in_flight)
+    c = client(
+        addrs,
+        rank,
+        world,
+        group,
+        streams=streams,
+        chunk_bytes=chunk_bytes,
+        window=window,
+        max_rounds_in_flight=max_rounds_in_flight,
+    )
     ids: list[int] = []
     bufs: list[list[np.ndarray]] = []  # kept alive until every round is done
     for i, (dtype, op, n, parts) in enumerate(specs):
@@ -75,8 +116,13 @@ def many_rounds(rank: int, world: int, addrs: Sequence[str], group: str, seed: i
         digests.append(digest(result))
     stats = c.stats()
     c.close()
-    return {"errors": errors, "digests": digests, "stats": stats, "most_in_flight": most_in_flight,
-            "in_flight_after": c.in_flight}
+    return {
+        "errors": errors,
+        "digests": digests,
+        "stats": stats,
+        "most_in_flight": most_in_flight,
+        "in_flight_after": c.in_flight,
+    }
 
 
 def wait_each(c: Any, ids: Sequence[int]) -> tuple[list[str], list[float]]:
@@ -94,8 +140,9 @@ def wait_each(c: Any, ids: Sequence[int]) -> tuple[list[str], list[float]]:
     return outcome, elapsed
 
 
-def mismatch_mid_stream(rank: int, world: int, addrs: Sequence[str], group: str, bad: int = 2,
-                        rounds: int = 5) -> dict[str, Any]:
+def mismatch_mid_stream(
+    rank: int, world: int, addrs: Sequence[str], group: str, bad: int = 2, rounds: int = 5
+) -> dict[str, Any]:
     """Rounds of 1 MiB; in round `bad` the last rank reduces int32 instead of float32. Reports
     each round's outcome, then runs one matching round on the reconnected session."""
     c = client(addrs, rank, world, group, timeout=20.0)
@@ -127,8 +174,9 @@ def _touch(path: str) -> None:
     os.replace(path + ".tmp", path)
 
 
-def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group: str, marks: str,
-                             stalled: int = 6, timeout: float = 20.0) -> dict[str, Any]:
+def rounds_when_reducer_dies(
+    rank: int, world: int, addrs: Sequence[str], group: str, marks: str, stalled: int = 6, timeout: float = 20.0
+) -> dict[str, Any]:
     """Rank 0 starts `stalled` rounds that the other ranks never start (so they stay in flight)
     and tells the test (file marks/started); the test kills a reducer. Every outstanding round
     must raise. After the test restarted the reducer (marks/restarted), every rank runs a
@@ -159,8 +207,14 @@ def rounds_when_reducer_dies(rank: int, world: int, addrs: Sequence[str], group:
             attempts.append(f"{type(exc).__name__}: {exc}")
     stats = c.stats()
     c.close()
-    return {"outcome": outcome, "elapsed": elapsed, "in_flight": in_flight, "value": value,
-            "attempts": attempts, "reconnects": stats["reconnects"]}
+    return {
+        "outcome": outcome,
+        "elapsed": elapsed,
+        "in_flight": in_flight,
+        "value": value,
+        "attempts": attempts,
+        "reconnects": stats["reconnects"],
+    }
 
 
 def serve_on(port_file: str, port: int = 0) -> None:
@@ -189,8 +243,9 @@ def start_compute_wait(rank: int, world: int, addrs: Sequence[str], group: str, 
     return float(a[0])
 
 
-def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 48,
-                    seed: int = 5) -> dict[str, Any]:
+def threaded_rounds(
+    rank: int, world: int, addrs: Sequence[str], group: str, rounds: int = 48, seed: int = 5
+) -> dict[str, Any]:
     """One thread starts the rounds, another polls test() on them, a third wait()s on every
     third one (the NCCL proxy pattern: start and test from different threads)."""
     import queue
@@ -234,6 +289,7 @@ def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rou
                 fn()
             except BaseException as exc:  # reported to the test
                 failures.append(f"{fn.__name__}: {type(exc).__name__}: {exc}")
+
         return run
 
     threads = [threading.Thread(target=guarded(f)) for f in (starter, tester, waiter)]
@@ -241,8 +297,11 @@ def threaded_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rou
         t.start()
     for t in threads:
         t.join(120)
-    errors = [f"round {i}: {e}" for i, (dtype, op, n, _) in enumerate(specs)
-              if (e := check(arrays[i], dtype, op, n, world, seed=seed * 1000 + i))]
+    errors = [
+        f"round {i}: {e}"
+        for i, (dtype, op, n, _) in enumerate(specs)
+        if (e := check(arrays[i], dtype, op, n, world, seed=seed * 1000 + i))
+    ]
     digests = [digest(a) for a in arrays]
     c.close()
     return {"failures": failures, "errors": errors, "digests": digests, "alive": any(t.is_alive() for t in threads)}

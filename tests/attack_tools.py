@@ -12,6 +12,7 @@
 
 Every loop here is bounded in count and in time; every socket wait has a timeout.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,17 +41,17 @@ import reducer
 
 MAGIC = 0x56525352
 VERSION = 2
-CHALLENGE = struct.Struct("<IHBBII32s")            # 48 bytes
-HELLO = struct.Struct("<IHHIIHHIHHI32s32s")         # 96 bytes, then job id and group name
-REPLY = struct.Struct("<IHH32s")                   # 40 bytes, then the message
-FRAME = struct.Struct("<BBBBIQQQQQ")               # 48 bytes, then `length` payload bytes
+CHALLENGE = struct.Struct("<IHBBII32s")  # 48 bytes
+HELLO = struct.Struct("<IHHIIHHIHHI32s32s")  # 96 bytes, then job id and group name
+REPLY = struct.Struct("<IHH32s")  # 40 bytes, then the message
+FRAME = struct.Struct("<BBBBIQQQQQ")  # 48 bytes, then `length` payload bytes
 REPLY_MAC_OFFSET = 8
 MAX_MESSAGE = 4096
 
 DATA, RESULT, ERROR, BYE = 1, 2, 3, 4
 F32, F64, F16, BF16, I32, I64 = 0, 1, 2, 3, 4, 5
 SUM, AVG, MIN, MAX = 0, 1, 2, 3
-LAST = 1                                           # DATA/RESULT flag: last chunk of the round
+LAST = 1  # DATA/RESULT flag: last chunk of the round
 ERR_MISMATCH, ERR_PEER_LOST, ERR_PROTOCOL, ERR_SHUTDOWN, ERR_INTERNAL = 1, 2, 3, 4, 5
 
 JOB_KEY_LABEL = b"reduction-server job key v1"
@@ -100,15 +101,29 @@ class Challenge:
         return cls(magic, version, bool(auth), max_chunk, nonce)
 
 
-def encode_challenge(nonce: bytes, auth_required: bool, version: int = VERSION,
-                     max_chunk_bytes: int = 64 << 20) -> bytes:
+def encode_challenge(
+    nonce: bytes, auth_required: bool, version: int = VERSION, max_chunk_bytes: int = 64 << 20
+) -> bytes:
     return CHALLENGE.pack(MAGIC, version, int(auth_required), 0, max_chunk_bytes, 0, nonce)
 
 
-def encode_hello(challenge_nonce: bytes, *, world: int, rank: int, job: bytes, group: bytes,
-                 key: bytes | None = None, stream: int = 0, streams: int = 1, chunk: int = 1 << 20,
-                 version: int = VERSION, flags: int = 0, worker_nonce: bytes | None = None,
-                 job_len: int | None = None, group_len: int | None = None) -> bytes:
+def encode_hello(
+    challenge_nonce: bytes,
+    *,
+    world: int,
+    rank: int,
+    job: bytes,
+    group: bytes,
+    key: bytes | None = None,
+    stream: int = 0,
+    streams: int = 1,
+    chunk: int = 1 << 20,
+    version: int = VERSION,
+    flags: int = 0,
+    worker_nonce: bytes | None = None,
+    job_len: int | None = None,
+    group_len: int | None = None,
+) -> bytes:
     """A complete hello; the MAC is computed when `key` (K_job) is given, else zeros.
 
     job_len/group_len override the length fields (to send lies about them).
@@ -136,17 +151,37 @@ class Reply:
         return hmac.compare_digest(want, self.mac)
 
 
-def encode_reply(status: int, message: bytes, key: bytes | None = None, worker_nonce: bytes = b"",
-                 challenge_nonce: bytes = b"", mac: bytes | None = None) -> bytes:
+def encode_reply(
+    status: int,
+    message: bytes,
+    key: bytes | None = None,
+    worker_nonce: bytes = b"",
+    challenge_nonce: bytes = b"",
+    mac: bytes | None = None,
+) -> bytes:
     unsigned = REPLY.pack(MAGIC, status, len(message), b"\0" * 32)
     if mac is None:
-        mac = (_hmac(key, REPLY_LABEL + worker_nonce + challenge_nonce + unsigned + message)
-               if key is not None else b"\0" * 32)
+        mac = (
+            _hmac(key, REPLY_LABEL + worker_nonce + challenge_nonce + unsigned + message)
+            if key is not None
+            else b"\0" * 32
+        )
     return REPLY.pack(MAGIC, status, len(message), mac) + message
 
 
-def frame(type_: int, length: int = 0, *, dtype: int = F32, op: int = SUM, flags: int = LAST, round_: int = 0,
-          total: int = 0, shard: int | None = None, offset: int = 0, tag: int = 0) -> bytes:
+def frame(
+    type_: int,
+    length: int = 0,
+    *,
+    dtype: int = F32,
+    op: int = SUM,
+    flags: int = LAST,
+    round_: int = 0,
+    total: int = 0,
+    shard: int | None = None,
+    offset: int = 0,
+    tag: int = 0,
+) -> bytes:
     return FRAME.pack(type_, dtype, op, flags, length, round_, total, total if shard is None else shard, offset, tag)
 
 
@@ -156,9 +191,9 @@ def bye(text: bytes = b"") -> bytes:
 
 # ---- frame integrity (docs/protocol.md section 2, "Frame integrity") ----------------------------
 
-HELLO_INTEGRITY = 1                                # HELLO flags bit 0
+HELLO_INTEGRITY = 1  # HELLO flags bit 0
 FRAME_KEY_LABEL = b"RSV2-FRAME-KEY"
-TO_REDUCER, TO_WORKER = 0, 1                       # dir
+TO_REDUCER, TO_WORKER = 0, 1  # dir
 TAG_BYTES = 16
 
 
@@ -177,8 +212,7 @@ def gmac(key: bytes, direction: int, part: bytes, n: int, aad: bytes) -> bytes:
 
 def seal(key: bytes, direction: int, n: int, header: bytes, payload: bytes) -> bytes:
     """Frame n of a protected direction: header || header tag || payload || trailer."""
-    return (header + gmac(key, direction, b"H", n, header) + payload +
-            gmac(key, direction, b"P", n, header + payload))
+    return header + gmac(key, direction, b"H", n, header) + payload + gmac(key, direction, b"P", n, header + payload)
 
 
 # ---- raw sockets --------------------------------------------------------------------------------
@@ -242,18 +276,40 @@ class RawWorker:
     send_hello=False stops after reading the challenge (send self.hello_bytes yourself).
     """
 
-    def __init__(self, port: int, rank: int = 0, world: int = 1, group: bytes = b"raw", job: bytes = b"j",
-                 key: bytes | None = None, chunk: int = 1 << 20, streams: int = 1, stream: int = 0,
-                 version: int = VERSION, source: str = "127.0.0.1", send_hello: bool = True,
-                 timeout: float = 10.0) -> None:
+    def __init__(
+        self,
+        port: int,
+        rank: int = 0,
+        world: int = 1,
+        group: bytes = b"raw",
+        job: bytes = b"j",
+        key: bytes | None = None,
+        chunk: int = 1 << 20,
+        streams: int = 1,
+        stream: int = 0,
+        version: int = VERSION,
+        source: str = "127.0.0.1",
+        send_hello: bool = True,
+        timeout: float = 10.0,
+    ) -> None:
         self.sock = connect(port, source, timeout)
         try:
             self.challenge = Challenge.parse(recv_exact(self.sock, CHALLENGE.size))
             self.worker_nonce = os.urandom(32)
             self.key = key
-            self.hello_bytes = encode_hello(self.challenge.nonce, world=world, rank=rank, job=job, group=group,
-                                            key=key, stream=stream, streams=streams, chunk=chunk,
-                                            version=version, worker_nonce=self.worker_nonce)
+            self.hello_bytes = encode_hello(
+                self.challenge.nonce,
+                world=world,
+                rank=rank,
+                job=job,
+                group=group,
+                key=key,
+                stream=stream,
+                streams=streams,
+                chunk=chunk,
+                version=version,
+                worker_nonce=self.worker_nonce,
+            )
             if send_hello:
                 self.sock.sendall(self.hello_bytes)
         except BaseException:
@@ -274,11 +330,21 @@ class RawWorker:
         assert self.key is not None
         return r.mac_ok(self.key, self.worker_nonce, self.challenge.nonce)
 
-    def send_data(self, payload: bytes, round_: int = 0, dtype: int = F32, op: int = SUM, flags: int = LAST,
-                  total: int | None = None, offset: int = 0) -> None:
+    def send_data(
+        self,
+        payload: bytes,
+        round_: int = 0,
+        dtype: int = F32,
+        op: int = SUM,
+        flags: int = LAST,
+        total: int | None = None,
+        offset: int = 0,
+    ) -> None:
         total = len(payload) if total is None else total
-        self.sock.sendall(frame(DATA, len(payload), dtype=dtype, op=op, flags=flags, round_=round_, total=total,
-                                offset=offset) + payload)
+        self.sock.sendall(
+            frame(DATA, len(payload), dtype=dtype, op=op, flags=flags, round_=round_, total=total, offset=offset)
+            + payload
+        )
 
     def frame(self, timeout: float | None = None):
         """(type, flags, round, offset, payload) of the next frame."""
@@ -365,8 +431,9 @@ class HalfHelloFlood:
     the largest number held at once, .open_now the current number.
     """
 
-    def __init__(self, port: int, sources: Sequence[str], count: int, seconds: float, reopen: bool = False,
-                 sent: int = 40) -> None:
+    def __init__(
+        self, port: int, sources: Sequence[str], count: int, seconds: float, reopen: bool = False, sent: int = 40
+    ) -> None:
         self.port, self.sources, self.count, self.seconds, self.reopen = port, list(sources), count, seconds, reopen
         self.sent = sent
         self.opened = self.closed = self.max_open = self.open_now = 0
@@ -410,10 +477,10 @@ class HalfHelloFlood:
                     if data and len(got) < CHALLENGE.size:
                         got += data
                         if len(got) >= CHALLENGE.size:
-                            nonce = Challenge.parse(bytes(got[:CHALLENGE.size])).nonce
+                            nonce = Challenge.parse(bytes(got[: CHALLENGE.size])).nonce
                             hello = encode_hello(nonce, world=2, rank=0, job=b"slow", group=b"loris")
                             try:
-                                s.send(hello[:self.sent])
+                                s.send(hello[: self.sent])
                             except OSError:
                                 pass
                         continue
@@ -503,8 +570,13 @@ class FakeReducer:
 
 def close_wait_count(port: int) -> int:
     """Sockets of the reducer's port in CLOSE-WAIT (the peer closed, the reducer has not)."""
-    out = subprocess.run(["ss", "-tanH", "state", "close-wait", f"( sport = :{port} )"], capture_output=True,
-                         text=True, timeout=10, check=True).stdout
+    out = subprocess.run(
+        ["ss", "-tanH", "state", "close-wait", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        timeout=10,
+        check=True,
+    ).stdout
     return sum(1 for line in out.splitlines() if line.strip())
 
 
@@ -574,8 +646,9 @@ class ReducerProcess:
     Its log (stderr) goes to a file: .log_text(). Stop by leaving the context.
     """
 
-    def __init__(self, tmp_dir: str, nofile: int | None = None, env: dict[str, str] | None = None,
-                 **kwargs: object) -> None:
+    def __init__(
+        self, tmp_dir: str, nofile: int | None = None, env: dict[str, str] | None = None, **kwargs: object
+    ) -> None:
         kwargs.setdefault("host", "127.0.0.1")
         kwargs.setdefault("port", 0)
         self.log_path = os.path.join(tmp_dir, f"reducer-{time.monotonic_ns()}.log")
@@ -587,8 +660,14 @@ class ReducerProcess:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.proc = subprocess.Popen([sys.executable, "-c", _SERVE_SCRIPT, json.dumps(kwargs)], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=self._log, env=full_env, preexec_fn=limit)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _SERVE_SCRIPT, json.dumps(kwargs)],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self._log,
+            env=full_env,
+            preexec_fn=limit,
+        )
         ready, _, _ = select.select([self.proc.stdout], [], [], 30)
         line = self.proc.stdout.readline() if ready else b""
         if not line.strip():
@@ -650,9 +729,18 @@ class GoodGroup:
     starved reducer shows up as ReductionTimeout. join() re-raises the first failure.
     """
 
-    def __init__(self, address: str, group: str, rounds: int = 20, world: int = 2, n: int = 4096,
-                 timeout: float = 10.0, connect_timeout: float = 10.0,
-                 rank_kwargs: Sequence[dict[str, object]] | None = None, **comm_kwargs: object) -> None:
+    def __init__(
+        self,
+        address: str,
+        group: str,
+        rounds: int = 20,
+        world: int = 2,
+        n: int = 4096,
+        timeout: float = 10.0,
+        connect_timeout: float = 10.0,
+        rank_kwargs: Sequence[dict[str, object]] | None = None,
+        **comm_kwargs: object,
+    ) -> None:
         self.address, self.group, self.rounds, self.world, self.n = address, group, rounds, world, n
         self.timeout, self.connect_timeout, self.comm_kwargs = timeout, connect_timeout, comm_kwargs
         self.rank_kwargs = list(rank_kwargs) if rank_kwargs is not None else [{}] * world
@@ -665,8 +753,15 @@ class GoodGroup:
         signalled = False
         try:
             kwargs = dict(self.comm_kwargs, **self.rank_kwargs[rank])
-            with reducer.Communicator([self.address], rank, self.world, group=self.group, timeout=self.timeout,
-                                      connect_timeout=self.connect_timeout, **kwargs) as comm:
+            with reducer.Communicator(
+                [self.address],
+                rank,
+                self.world,
+                group=self.group,
+                timeout=self.timeout,
+                connect_timeout=self.connect_timeout,
+                **kwargs,
+            ) as comm:
                 try:
                     self.connected.wait(self.connect_timeout + 5)
                 except threading.BrokenBarrierError:
@@ -727,8 +822,9 @@ def run_good_group(address: str, group: str, rounds: int = 3, **kw: object) -> N
 class Flood:
     """Runs `step()` in `threads` threads until stopped or `seconds` pass; counts calls and errors."""
 
-    def __init__(self, step: Callable[[int], None], threads: int = 1, seconds: float = 10.0,
-                 max_calls: int = 1_000_000) -> None:
+    def __init__(
+        self, step: Callable[[int], None], threads: int = 1, seconds: float = 10.0, max_calls: int = 1_000_000
+    ) -> None:
         self.step, self.seconds, self.max_calls = step, seconds, max_calls
         self.calls = 0
         self.errors: list[BaseException] = []
@@ -768,4 +864,3 @@ class Flood:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-

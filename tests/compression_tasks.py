@@ -4,6 +4,7 @@ They run in separate processes (conftest.run_ranks, or test_torch's pool for DDP
 their results; the test process compares them with the reference (`expected`), which it
 computes from the same deterministic inputs (`make_values`).
 """
+
 from __future__ import annotations
 
 import random
@@ -28,12 +29,39 @@ def _f32(bits: Any) -> np.ndarray:
 
 # Values every rank puts somewhere: rounding ties of both wire types (also in the subnormal
 # range), float32 and float16 subnormals, the float16 overflow edge, inf, NaN, signed zeros.
-SPECIAL = np.concatenate([
-    _f32([0x3F808000, 0x3F818000, 0x3F808001, 0x00008000, 0x00018000, 0x007FFFFF, 0x00000001, 0x80000001,
-          0x7F7F8000, 0x7F7FFFFF, 0x3F801000, 0x3F803000, 0x33000000, 0x33C00000, 0x33400000, 0x387FE000,
-          0x477FE000, 0x477FF000, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00001, 0x80000000, 0x00000000]),
-    np.array([65504.0, 65520.0, 1e-41, -1e-41, 2.0 ** -24, 2.0 ** -25, 0.5, -0.5], np.float32),
-])
+SPECIAL = np.concatenate(
+    [
+        _f32(
+            [
+                0x3F808000,
+                0x3F818000,
+                0x3F808001,
+                0x00008000,
+                0x00018000,
+                0x007FFFFF,
+                0x00000001,
+                0x80000001,
+                0x7F7F8000,
+                0x7F7FFFFF,
+                0x3F801000,
+                0x3F803000,
+                0x33000000,
+                0x33C00000,
+                0x33400000,
+                0x387FE000,
+                0x477FE000,
+                0x477FF000,
+                0x7F800000,
+                0xFF800000,
+                0x7FC00000,
+                0xFFC00001,
+                0x80000000,
+                0x00000000,
+            ]
+        ),
+        np.array([65504.0, 65520.0, 1e-41, -1e-41, 2.0**-24, 2.0**-25, 0.5, -0.5], np.float32),
+    ]
+)
 
 
 def make_values(n: int, rank: int, seed: int) -> np.ndarray:
@@ -81,13 +109,30 @@ def expected(inputs: Sequence[np.ndarray], compression: str, op: str) -> np.ndar
     return acc
 
 
-def rounds(rank: int, world: int, addrs: Sequence[str], group: str, specs: Sequence[Spec], seed: int,
-           streams: int = 1, chunk_bytes: int = 1 << 20, window: int = 4,
-           max_rounds_in_flight: int = 8) -> dict[str, Any]:
+def rounds(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    specs: Sequence[Spec],
+    seed: int,
+    streams: int = 1,
+    chunk_bytes: int = 1 << 20,
+    window: int = 4,
+    max_rounds_in_flight: int = 8,
+) -> dict[str, Any]:
     """Start every round of `specs` (compressed or plain, contiguous or scatter-gather) without
     waiting, then finish them in a rank-specific random order with test() and wait()."""
-    c = client(addrs, rank, world, group, streams=streams, chunk_bytes=chunk_bytes, window=window,
-               max_rounds_in_flight=max_rounds_in_flight)
+    c = client(
+        addrs,
+        rank,
+        world,
+        group,
+        streams=streams,
+        chunk_bytes=chunk_bytes,
+        window=window,
+        max_rounds_in_flight=max_rounds_in_flight,
+    )
     ids: list[int] = []
     bufs: list[list[np.ndarray]] = []  # kept alive until every round is done
     for i, (comp, op, n, parts) in enumerate(specs):
@@ -96,8 +141,7 @@ def rounds(rank: int, world: int, addrs: Sequence[str], group: str, specs: Seque
         if len(pieces) == 1:
             ids.append(c.start_ptr(pieces[0].ctypes.data, pieces[0].nbytes, "float32", op, compression=comp))
         else:
-            ids.append(c.start_segments([(p.ctypes.data, p.nbytes) for p in pieces], "float32", op,
-                                        compression=comp))
+            ids.append(c.start_segments([(p.ctypes.data, p.nbytes) for p in pieces], "float32", op, compression=comp))
     most_in_flight = c.in_flight
     order = list(range(len(specs)))
     random.Random(rank * 7919 + seed).shuffle(order)
@@ -121,8 +165,10 @@ def communicator_paths(rank: int, world: int, addrs: Sequence[str], group: str, 
     out: dict[str, Any] = {"sent": {}, "results": {}}
     x = make_values(n, rank, seed)
     ints = np.arange(n, dtype=np.float64) * (rank + 1)  # exact in float64: must stay untouched
-    with reducer.Communicator(addrs, rank, world, group=group, timeout=30, connect_timeout=30,
-                              compression="bf16") as comm:
+    with reducer.Communicator(
+        addrs, rank, world, group=group, timeout=30, connect_timeout=30, compression="bf16"
+    ) as comm:
+
         def run(name: str, fn: Any, arr: np.ndarray) -> None:
             before = comm.stats()["bytes_sent"]
             fn(arr)
@@ -132,8 +178,11 @@ def communicator_paths(rank: int, world: int, addrs: Sequence[str], group: str, 
         run("none", lambda a: comm.allreduce(a, compression="none"), x.copy())
         run("setting", comm.allreduce, x.copy())  # the communicator's compression: bf16
         run("fp16", lambda a: comm.allreduce(a, op="avg", compression="fp16"), x.copy())
-        run("raw_bf16", lambda a: comm.allreduce_raw(a.ctypes.data, a.nbytes, "float32", "max",
-                                                     compression="bfloat16"), x.copy())
+        run(
+            "raw_bf16",
+            lambda a: comm.allreduce_raw(a.ctypes.data, a.nbytes, "float32", "max", compression="bfloat16"),
+            x.copy(),
+        )
 
         def raw_async(a: np.ndarray) -> None:
             r = comm.allreduce_raw_async(a.ctypes.data, a.nbytes, "float32", "min", compression="fp16")

@@ -1,4 +1,5 @@
 """Shared fixtures: reducers in this process, worker processes on loopback."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -33,8 +34,9 @@ def _warm(_: int) -> int:
     return os.getpid()
 
 
-def run_ranks(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
-              **kwargs: Any) -> list[Any]:
+def run_ranks(
+    pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0, **kwargs: Any
+) -> list[Any]:
     """Run fn(rank=r, world=world, **kwargs) in `world` processes at once; results by rank.
 
     Exceptions raised in a worker are re-raised here (the first by rank).
@@ -54,8 +56,9 @@ def run_ranks(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, tim
     return results
 
 
-def run_ranks_collect(pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0,
-                      **kwargs: Any) -> list[Any]:
+def run_ranks_collect(
+    pool: ProcessPoolExecutor, fn: Callable[..., Any], world: int, timeout: float = 120.0, **kwargs: Any
+) -> list[Any]:
     """Like run_ranks, but returns exceptions in place of results instead of raising."""
     futs = [pool.submit(fn, rank=r, world=world, **kwargs) for r in range(world)]
     out: list[Any] = []

@@ -13,6 +13,7 @@ Every result is saved as `rank<r>-phase<p>-<dtype>.npy` for the test to compare 
 reference (`inputs` below), and the client's stats as `rank<r>-stats.json`. Exit status 0, or
 1 when a round failed, 3 when `go` never came.
 """
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-N = 600_001            # elements per array: odd, so the reducers' shards are uneven
+N = 600_001  # elements per array: odd, so the reducers' shards are uneven
 GO_TIMEOUT = 180.0
 DTYPES = ("int64", "float32", "float64")
 

@@ -1,4 +1,5 @@
 """Worker-side functions for tests/test_control.py, run in the pool's processes (conftest.run_ranks)."""
+
 from __future__ import annotations
 
 import os
@@ -20,8 +21,16 @@ def _wait_for(path: str, timeout: float) -> bool:
     return False
 
 
-def reduce_and_hold(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int, n: int,
-                    hold_dir: str | None = None, hold_timeout: float = 60.0) -> dict[str, Any]:
+def reduce_and_hold(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    rounds: int,
+    n: int,
+    hold_dir: str | None = None,
+    hold_timeout: float = 60.0,
+) -> dict[str, Any]:
     """`rounds` float32 sums of n elements checked against the float64 reference; then, with
     hold_dir, writes <hold_dir>/<group>.<rank>.ready and stays connected until <hold_dir>/release
     exists (at most hold_timeout s), so the test can look at the live group."""
@@ -44,8 +53,7 @@ def reduce_and_hold(rank: int, world: int, addrs: Sequence[str], group: str, rou
     return {"errors": errors, "stats": stats, "held": held}
 
 
-def instrumented_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int,
-                        n: int) -> dict[str, Any]:
+def instrumented_rounds(rank: int, world: int, addrs: Sequence[str], group: str, rounds: int, n: int) -> dict[str, Any]:
     """A Communicator with worker metrics: `rounds` checked sums; returns the parsed samples."""
     from prometheus_client import generate_latest
     from prometheus_client.parser import text_string_to_metric_families

@@ -1,4 +1,5 @@
 """Builds and runs the C++ unit tests of tests/cpp/ (each prints "all checks passed")."""
+
 from __future__ import annotations
 
 import os
@@ -18,8 +19,9 @@ def kernel_sources() -> list:
     return kernels + ["csrc/common/dtype.cc"]
 
 
-def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = (),
-                  flags: Sequence[str] = ()) -> str:
+def build_and_run(
+    tmp_path: Path, name: str, sources: Sequence[str], libs: Sequence[str] = (), flags: Sequence[str] = ()
+) -> str:
     """Compiles `sources` (paths from the repository root) into tmp_path/name, with extra compiler
     `flags` (e.g. sanitizers), runs it, checks it passed and returns its output."""
     cxx = shutil.which(os.environ.get("CXX", "g++").split()[-1]) or shutil.which("g++")
@@ -29,9 +31,28 @@ def build_and_run(tmp_path: Path, name: str, sources: Sequence[str], libs: Seque
     # Under scripts/sanitize.sh the sanitizer runtimes are preloaded for Python's sake: not for the
     # compiler (it would only run slower), nor for a test built with its own -fsanitize flags.
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
-    build = subprocess.run([cxx, "-std=c++17", "-O1", "-Wall", "-Wextra", *flags, "-Icsrc", "-Itests/cpp", "-o", str(exe), *sources,
-                            "-pthread", *(f"-l{lib}" for lib in libs)], cwd=ROOT, capture_output=True, text=True,
-                           timeout=300, env=env)
+    build = subprocess.run(
+        [
+            cxx,
+            "-std=c++17",
+            "-O1",
+            "-Wall",
+            "-Wextra",
+            *flags,
+            "-Icsrc",
+            "-Itests/cpp",
+            "-o",
+            str(exe),
+            *sources,
+            "-pthread",
+            *(f"-l{lib}" for lib in libs),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+    )
     assert build.returncode == 0, build.stderr
     run = subprocess.run([str(exe)], capture_output=True, text=True, timeout=120, env=env)
     assert run.returncode == 0, run.stderr

@@ -12,6 +12,7 @@ interpreter finalizes and abort the process (issue 24).
 --clean-up: which ranks call HookState.close() and dist.destroy_process_group() before returning
 (even: the even ranks; the others rely on the library to end its threads at exit).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -84,8 +85,12 @@ def main() -> int:
     p.add_argument("--mode", choices=["backend", "hook"], default="backend")
     p.add_argument("--groups", type=int, default=3)
     p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--clean-up", choices=["all", "none", "even"], default="all",
-                   help="ranks that call HookState.close() and dist.destroy_process_group()")
+    p.add_argument(
+        "--clean-up",
+        choices=["all", "none", "even"],
+        default="all",
+        help="ranks that call HookState.close() and dist.destroy_process_group()",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     info = discover_worker()

@@ -9,6 +9,7 @@ A script decides where it lies.
 
 Every connection is served by a thread of its own; every socket wait has a timeout.
 """
+
 from __future__ import annotations
 
 import os
@@ -34,14 +35,15 @@ from attack_tools import (
 )
 
 DONE, CLEAR = 5, 6
-ERR_FAILOVER = 6                                   # ERROR code: another worker lost reducers (tag = mask)
-EXCHANGE_TAG = 0x5245564F4C494146                  # "FAILOVER": the tag of the failover exchange's rounds
+ERR_FAILOVER = 6  # ERROR code: another worker lost reducers (tag = mask)
+EXCHANGE_TAG = 0x5245564F4C494146  # "FAILOVER": the tag of the failover exchange's rounds
 I64 = 5
 
 
 @dataclass(frozen=True)
 class Header:
     """A frame header (48 bytes, little-endian; docs/protocol.md section 2)."""
+
     type: int
     dtype: int
     op: int
@@ -58,8 +60,18 @@ class Header:
         return cls(*FRAME.unpack(raw))
 
     def pack(self) -> bytes:
-        return FRAME.pack(self.type, self.dtype, self.op, self.flags, self.length, self.round, self.total,
-                          self.shard, self.offset, self.tag)
+        return FRAME.pack(
+            self.type,
+            self.dtype,
+            self.op,
+            self.flags,
+            self.length,
+            self.round,
+            self.total,
+            self.shard,
+            self.offset,
+            self.tag,
+        )
 
 
 def result_for(h: Header, payload: bytes) -> bytes:
@@ -84,12 +96,18 @@ OnDone = Callable[[int, Header], bytes | None]
 class LyingReducer:
     """Listens on 127.0.0.1 (any free port); serves at most `max_conns` connections."""
 
-    def __init__(self, on_data: OnData | None = None, reply: tuple[int, bytes] = (Status.OK, b"welcome"),
-                 max_conns: int = 8, timeout: float = 20.0, on_done: OnDone | None = None) -> None:
+    def __init__(
+        self,
+        on_data: OnData | None = None,
+        reply: tuple[int, bytes] = (Status.OK, b"welcome"),
+        max_conns: int = 8,
+        timeout: float = 20.0,
+        on_done: OnDone | None = None,
+    ) -> None:
         self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
         self.on_done = on_done
-        self.data: list[tuple[int, Header]] = []   # (connection, header) of every DATA frame received
-        self.errors: list[BaseException] = []      # unexpected failures of the script itself
+        self.data: list[tuple[int, Header]] = []  # (connection, header) of every DATA frame received
+        self.errors: list[BaseException] = []  # unexpected failures of the script itself
         self._lock = threading.Lock()
         self._socks: list[socket.socket] = []
         self._threads: list[threading.Thread] = []
@@ -164,5 +182,15 @@ class LyingReducer:
             t.join(10)
 
 
-__all__ = ["CLEAR", "DONE", "ERR_FAILOVER", "EXCHANGE_TAG", "Header", "I64", "LyingReducer",
-           "clear_frame", "error_frame", "result_for"]
+__all__ = [
+    "CLEAR",
+    "DONE",
+    "ERR_FAILOVER",
+    "EXCHANGE_TAG",
+    "Header",
+    "I64",
+    "LyingReducer",
+    "clear_frame",
+    "error_frame",
+    "result_for",
+]

@@ -10,6 +10,7 @@ connections from 0). Tampering helpers below: flip one bit, drop, replay, swap w
 
 Every socket wait has a timeout; a direction ends when its sender closes (the end is passed on).
 """
+
 from __future__ import annotations
 
 import socket
@@ -29,12 +30,14 @@ def untouched(_direction: str, _conn: int, _index: int, frame: bytes) -> list[by
 
 def flip(direction: str, index: int, offset: int, *, conn: int = 0, bit: int = 0) -> Tamper:
     """Flips bit `bit` of byte `offset` of frame `index` (offset 0 = the header's first byte)."""
+
     def tamper(d: str, c: int, i: int, frame: bytes) -> list[bytes]:
         if (d, c, i) != (direction, conn, index):
             return [frame]
         b = bytearray(frame)
         b[offset] ^= 1 << bit
         return [bytes(b)]
+
     return tamper
 
 
@@ -59,6 +62,7 @@ def swap(direction: str, index: int, *, conn: int = 0) -> Tamper:
         if i == index + 1 and held:
             return [frame, held.pop()]
         return [frame]
+
     return tamper
 
 
@@ -71,7 +75,7 @@ class Proxy:
         self.tamper = tamper
         self.timeout = timeout
         self.frames = {TO_REDUCER: 0, TO_WORKER: 0}  # frames relayed (all connections)
-        self.tampered = 0                            # frames the tamper function changed
+        self.tampered = 0  # frames the tamper function changed
         self._lock = threading.Lock()
         self._conns = 0
         self._socks: list[socket.socket] = []

@@ -27,6 +27,7 @@ PyTorch loads NCCL), or absent ("none").
 
 Run in a fresh process: `python nccl_emulator.py '<json scenario>'` prints one JSON line.
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -100,7 +101,7 @@ def file_names(rel: Release, value: str | None) -> list[str]:
     if not value:
         return ["libnccl-net.so"]
     out: list[str] = []
-    for entry in (value.split(",") if rel.plugin_list else [value]):
+    for entry in value.split(",") if rel.plugin_list else [value]:
         if not entry:
             continue
         prefixed = f"libnccl-net-{entry}.so"
@@ -117,8 +118,7 @@ def file_names(rel: Release, value: str | None) -> list[str]:
 class Loaded:
     """What rel found: the library (opened by `name`) and the tables it will use."""
 
-    def __init__(self, name: str, lib: C.CDLL, net_v: int | None, coll_v: int | None,
-                 crash: str | None = None) -> None:
+    def __init__(self, name: str, lib: C.CDLL, net_v: int | None, coll_v: int | None, crash: str | None = None) -> None:
         self.name, self.lib, self.net_v, self.coll_v, self.crash = name, lib, net_v, coll_v, crash
 
 
@@ -163,8 +163,11 @@ class Nccl:
     def __init__(self, rel: Release, found: Loaded, logger: Logger) -> None:
         self.rel, self.found, self.log = rel, found, logger
         self.net = H.NET_TABLES[found.net_v].in_dll(found.lib, f"ncclNetPlugin_v{found.net_v}")
-        self.coll = (H.COLL_TABLES[found.coll_v].in_dll(found.lib, f"ncclCollNetPlugin_v{found.coll_v}")
-                     if found.coll_v else None)
+        self.coll = (
+            H.COLL_TABLES[found.coll_v].in_dll(found.lib, f"ncclCollNetPlugin_v{found.coll_v}")
+            if found.coll_v
+            else None
+        )
         self.coll_state = "init_ready" if self.coll else "absent"  # -> "enabled" / "disabled"
         self.net_ready = False
         self.events: list[str] = []
@@ -183,7 +186,9 @@ class Nccl:
                 rc = self.net.init(self.log.fn)
             ndev = C.c_int()
             if rc != H.SUCCESS or self.net.devices(C.byref(ndev)) != H.SUCCESS or ndev.value <= 0:
-                raise RuntimeError(f"{self.rel.tag}: the net plugin failed to initialize:\n" + "\n".join(self.log.lines))
+                raise RuntimeError(
+                    f"{self.rel.tag}: the net plugin failed to initialize:\n" + "\n".join(self.log.lines)
+                )
             self.net_ready = True
         if self.coll and (self.coll_state == "init_ready" or (per_comm and self.coll_state == "enabled")):
             if self.found.coll_v >= 11:
@@ -204,7 +209,7 @@ class Nccl:
     # -- the tuner's rule for all-gather / reduce-scatter, and the call it leads to ----------
 
     def gather_outcome(self, comm: dict[str, Any], member: str) -> str:
-        """"ruled_out": NCCL never picks CollNet for it; "error": NCCL may pick it, the call
+        """ "ruled_out": NCCL never picks CollNet for it; "error": NCCL may pick it, the call
         fails; "crash": NCCL may pick it and jumps to NULL; "no_collnet": CollNet is off."""
         if comm["collnet"] is None:
             return "no_collnet"
@@ -218,19 +223,41 @@ class Nccl:
             return "crash"
         req = C.c_void_p()
         if member == "iallgather":
-            fn = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_void_p, C.c_int, C.c_void_p, C.c_size_t, C.c_size_t,
-                             C.c_size_t, C.c_void_p, C.POINTER(C.c_void_p))(ours)
+            fn = C.CFUNCTYPE(
+                C.c_int,
+                C.c_void_p,
+                C.c_void_p,
+                C.c_int,
+                C.c_void_p,
+                C.c_size_t,
+                C.c_size_t,
+                C.c_size_t,
+                C.c_void_p,
+                C.POINTER(C.c_void_p),
+            )(ours)
             rc = fn(None, None, 1, None, 0, 0, 0, None, C.byref(req))
         else:
-            fn = C.CFUNCTYPE(C.c_int, C.c_void_p, C.c_int, C.c_void_p, C.c_void_p, C.c_size_t, C.c_size_t,
-                             C.c_size_t, C.c_int, C.c_int, C.c_void_p, C.POINTER(C.c_void_p))(ours)
+            fn = C.CFUNCTYPE(
+                C.c_int,
+                C.c_void_p,
+                C.c_int,
+                C.c_void_p,
+                C.c_void_p,
+                C.c_size_t,
+                C.c_size_t,
+                C.c_size_t,
+                C.c_int,
+                C.c_int,
+                C.c_void_p,
+                C.POINTER(C.c_void_p),
+            )(ours)
             rc = fn(None, 1, None, None, 0, 0, 0, 7, 0, None, C.byref(req))
         return "error" if rc != H.SUCCESS else "accepted"
 
     # -- communicator destroy (ncclNetFinalize) ---------------------------------------------
 
     def comm_destroy(self, comm: dict[str, Any]) -> str:
-        """"ok", or "crash" where rel would call finalize through a NULL table."""
+        """ "ok", or "crash" where rel would call finalize through a NULL table."""
         if self.found.net_v >= 11:
             self.net.finalize(comm["net_ctx"])
         if self.rel.finalize == "if_context" and comm["coll_ctx"].value:
@@ -251,8 +278,14 @@ def emulate(rel: Release, scenario: dict[str, Any]) -> dict[str, Any]:
     if not found or not found.net_v:
         out["net_v"] = None
         return out
-    out.update({"net_v": found.net_v, "coll_v": found.coll_v, "load": found.crash and "crash" or "ok",
-                "path": _mapped_path(found.lib, f"ncclNetPlugin_v{found.net_v}")})
+    out.update(
+        {
+            "net_v": found.net_v,
+            "coll_v": found.coll_v,
+            "load": found.crash and "crash" or "ok",
+            "path": _mapped_path(found.lib, f"ncclNetPlugin_v{found.net_v}"),
+        }
+    )
     if found.crash:  # NCCL would have died while loading: nothing else happens
         out["crash"] = found.crash
     if found.crash or scenario.get("load_only"):

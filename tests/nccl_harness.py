@@ -4,6 +4,7 @@ Written from NCCL's plugin API independently of csrc/nccl_plugin/nccl_abi.h (so 
 cross-check each other). Head processes meet through files in a shared directory (NCCL would
 all-gather the 128-byte handles over its bootstrap network).
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -20,8 +21,20 @@ PTR_HOST, PTR_CUDA = 1, 2
 SUCCESS, SYSTEM_ERROR, INTERNAL_ERROR, INVALID_ARGUMENT, INVALID_USAGE, REMOTE_ERROR = 0, 2, 3, 4, 5, 6
 
 # ncclDataType_t -> numpy dtype name (None: not a reducer type)
-NCCL_DTYPES = {0: "int8", 1: "uint8", 2: "int32", 3: "uint32", 4: "int64", 5: "uint64", 6: "float16",
-               7: "float32", 8: "float64", 9: "bfloat16", 10: "fp8e4m3", 11: "fp8e5m2"}
+NCCL_DTYPES = {
+    0: "int8",
+    1: "uint8",
+    2: "int32",
+    3: "uint32",
+    4: "int64",
+    5: "uint64",
+    6: "float16",
+    7: "float32",
+    8: "float64",
+    9: "bfloat16",
+    10: "fp8e4m3",
+    11: "fp8e5m2",
+}
 NCCL_OPS = {0: "sum", 1: "prod", 2: "max", 3: "min", 4: "avg"}
 SUPPORTED_DTYPES = {2: "int32", 4: "int64", 6: "float16", 7: "float32", 8: "float64", 9: "bfloat16"}
 SUPPORTED_OPS = {0: "sum", 2: "max", 3: "min"}
@@ -33,25 +46,59 @@ LOGGER = C.CFUNCTYPE(None, C.c_int, C.c_ulong, C.c_char_p, C.c_int, C.c_char_p, 
 
 
 class PropsV7(C.Structure):
-    _fields_ = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
-                ("speed", C.c_int), ("port", C.c_int), ("latency", C.c_float), ("maxComms", C.c_int),
-                ("maxRecvs", C.c_int), ("netDeviceType", C.c_int), ("netDeviceVersion", C.c_int)]
+    _fields_ = [
+        ("name", C.c_char_p),
+        ("pciPath", C.c_char_p),
+        ("guid", C.c_uint64),
+        ("ptrSupport", C.c_int),
+        ("speed", C.c_int),
+        ("port", C.c_int),
+        ("latency", C.c_float),
+        ("maxComms", C.c_int),
+        ("maxRecvs", C.c_int),
+        ("netDeviceType", C.c_int),
+        ("netDeviceVersion", C.c_int),
+    ]
 
 
 class PropsV8(C.Structure):
-    _fields_ = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
-                ("regIsGlobal", C.c_int), ("speed", C.c_int), ("port", C.c_int), ("latency", C.c_float),
-                ("maxComms", C.c_int), ("maxRecvs", C.c_int), ("netDeviceType", C.c_int),
-                ("netDeviceVersion", C.c_int)]
+    _fields_ = [
+        ("name", C.c_char_p),
+        ("pciPath", C.c_char_p),
+        ("guid", C.c_uint64),
+        ("ptrSupport", C.c_int),
+        ("regIsGlobal", C.c_int),
+        ("speed", C.c_int),
+        ("port", C.c_int),
+        ("latency", C.c_float),
+        ("maxComms", C.c_int),
+        ("maxRecvs", C.c_int),
+        ("netDeviceType", C.c_int),
+        ("netDeviceVersion", C.c_int),
+    ]
 
 
 def _props_v9_on(ndevs: int, multi: bool, rail: bool) -> list[tuple[str, Any]]:
     """v9/v10 (4 virtual devices, no maxMultiRequestSize), v11 (+ maxMultiRequestSize), v12 (8, + rail/plane)."""
-    fields = [("name", C.c_char_p), ("pciPath", C.c_char_p), ("guid", C.c_uint64), ("ptrSupport", C.c_int),
-              ("regIsGlobal", C.c_int), ("forceFlush", C.c_int), ("speed", C.c_int), ("port", C.c_int),
-              ("latency", C.c_float), ("maxComms", C.c_int), ("maxRecvs", C.c_int), ("netDeviceType", C.c_int),
-              ("netDeviceVersion", C.c_int), ("vNdevs", C.c_int), ("vDevs", C.c_int * ndevs),
-              ("maxP2pBytes", C.c_size_t), ("maxCollBytes", C.c_size_t)]
+    fields = [
+        ("name", C.c_char_p),
+        ("pciPath", C.c_char_p),
+        ("guid", C.c_uint64),
+        ("ptrSupport", C.c_int),
+        ("regIsGlobal", C.c_int),
+        ("forceFlush", C.c_int),
+        ("speed", C.c_int),
+        ("port", C.c_int),
+        ("latency", C.c_float),
+        ("maxComms", C.c_int),
+        ("maxRecvs", C.c_int),
+        ("netDeviceType", C.c_int),
+        ("netDeviceVersion", C.c_int),
+        ("vNdevs", C.c_int),
+        ("vDevs", C.c_int * ndevs),
+        ("maxP2pBytes", C.c_size_t),
+        ("maxCollBytes", C.c_size_t),
+    ]
     if multi:
         fields += [("maxMultiRequestSize", C.c_int)]
     if rail:
@@ -104,13 +151,27 @@ def _net_fields(v: int) -> list[tuple[str, Any]]:
         connect = _fn(P, C.c_int, P, PP, PP) if has_ctx(v) else _fn(C.c_int, P, P, PP, PP)
         isend = _fn(P, P, C.c_size_t, C.c_int, P, P, PP)
         irecv = _fn(P, C.c_int, PP, C.POINTER(C.c_size_t), C.POINTER(C.c_int), PP, PP, PP)
-    fields = [("name", C.c_char_p), ("init", init), ("devices", _fn(C.POINTER(C.c_int))),
-              ("getProperties", _fn(C.c_int, props)), ("listen", listen), ("connect", connect),
-              ("accept", _fn(P, PP, PP)), ("regMr", _fn(P, P, reg_size, C.c_int, PP)),
-              ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)), ("deregMr", _fn(P, P)),
-              ("isend", isend), ("irecv", irecv), ("iflush", P),
-              ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))), ("closeSend", _fn(P)),
-              ("closeRecv", _fn(P)), ("closeListen", _fn(P)), ("getDeviceMr", P), ("irecvConsumed", P)]
+    fields = [
+        ("name", C.c_char_p),
+        ("init", init),
+        ("devices", _fn(C.POINTER(C.c_int))),
+        ("getProperties", _fn(C.c_int, props)),
+        ("listen", listen),
+        ("connect", connect),
+        ("accept", _fn(P, PP, PP)),
+        ("regMr", _fn(P, P, reg_size, C.c_int, PP)),
+        ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)),
+        ("deregMr", _fn(P, P)),
+        ("isend", isend),
+        ("irecv", irecv),
+        ("iflush", P),
+        ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
+        ("closeSend", _fn(P)),
+        ("closeRecv", _fn(P)),
+        ("closeListen", _fn(P)),
+        ("getDeviceMr", P),
+        ("irecvConsumed", P),
+    ]
     if v > 8:
         fields += [("makeVDevice", P)]
     if has_ctx(v):
@@ -125,17 +186,27 @@ def _coll_fields(v: int) -> list[tuple[str, Any]]:
     else:
         init, listen = _fn(LOGGER), _fn(C.c_int, P, PP)
     iallreduce = _fn(P, P, P, C.c_int if v <= 8 else C.c_size_t, C.c_int, C.c_int, P, P, PP)
-    fields = [("name", C.c_char_p), ("init", init), ("devices", _fn(C.POINTER(C.c_int))),
-              ("getProperties", _fn(C.c_int, props)), ("listen", listen),
-              ("connect", _fn(PP, C.c_int, C.c_int, P, PP)),
-              ("reduceSupport", _fn(C.c_int, C.c_int, C.POINTER(C.c_int))),
-              ("regMr", _fn(P, P, C.c_int if v == 7 else C.c_size_t, C.c_int, PP)),
-              ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)), ("deregMr", _fn(P, P)),
-              ("iallreduce", iallreduce)]
+    fields = [
+        ("name", C.c_char_p),
+        ("init", init),
+        ("devices", _fn(C.POINTER(C.c_int))),
+        ("getProperties", _fn(C.c_int, props)),
+        ("listen", listen),
+        ("connect", _fn(PP, C.c_int, C.c_int, P, PP)),
+        ("reduceSupport", _fn(C.c_int, C.c_int, C.POINTER(C.c_int))),
+        ("regMr", _fn(P, P, C.c_int if v == 7 else C.c_size_t, C.c_int, PP)),
+        ("regMrDmaBuf", _fn(P, P, C.c_size_t, C.c_int, C.c_uint64, C.c_int, PP)),
+        ("deregMr", _fn(P, P)),
+        ("iallreduce", iallreduce),
+    ]
     if v != 7:  # v7 has no all-gather / reduce-scatter members
         fields += [("iallgather", P), ("ireducescatter", P)]
-    fields += [("iflush", _fn(P, P, C.c_int, P, PP)), ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
-               ("closeColl", _fn(P)), ("closeListen", _fn(P))]
+    fields += [
+        ("iflush", _fn(P, P, C.c_int, P, PP)),
+        ("test", _fn(P, C.POINTER(C.c_int), C.POINTER(C.c_int))),
+        ("closeColl", _fn(P)),
+        ("closeListen", _fn(P)),
+    ]
     if v > 8:
         fields += [("makeVDevice", P)]
     if has_ctx(v):
@@ -296,9 +367,17 @@ def _wait(fn: Callable[[], bool], what: str, timeout: float = 30.0) -> None:
         time.sleep(0.0005)
 
 
-def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int], nsocks: int = 2,
-             extra: int = 100, env: dict[str, str | None] | None = None,
-             check_unloaded: Sequence[str] = ()) -> dict[str, Any]:
+def p2p_peer(
+    rank: int,
+    world: int,
+    rdv: str,
+    version: int,
+    sizes: Sequence[int],
+    nsocks: int = 2,
+    extra: int = 100,
+    env: dict[str, str | None] | None = None,
+    check_unloaded: Sequence[str] = (),
+) -> dict[str, Any]:
     """Two peers (rank 0, 1) each send `sizes` to the other and receive the other's messages.
 
     Messages go out with up to 32 requests in flight per direction (the slot ring: the 33rd
@@ -307,8 +386,11 @@ def p2p_peer(rank: int, world: int, rdv: str, version: int, sizes: Sequence[int]
     (None unsets); check_unloaded: libraries that must be unmapped after the plugin's dlclose
     (result "unloaded_others").
     """
-    variables: dict[str, str | None] = {"RS_NCCL_NSOCKS": str(nsocks), "RS_NCCL_SOCKET_IFNAME": "lo",
-                                           "RS_NCCL_P2P_PLUGIN": None}
+    variables: dict[str, str | None] = {
+        "RS_NCCL_NSOCKS": str(nsocks),
+        "RS_NCCL_SOCKET_IFNAME": "lo",
+        "RS_NCCL_P2P_PLUGIN": None,
+    }
     variables.update(env or {})
     result = with_env(variables, lambda: _p2p_peer(rank, rdv, version, sizes, extra))
     result["unloaded_others"] = [not loaded(p) for p in check_unloaded]
@@ -387,8 +469,9 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         check(rc, "irecv", plugin)
         return req if req.value else None
 
-    def post_until(post: Callable[[int], C.c_void_p | None], reqs: list[tuple[int, C.c_void_p]], nxt: int,
-                   limit: int) -> tuple[int, bool]:
+    def post_until(
+        post: Callable[[int], C.c_void_p | None], reqs: list[tuple[int, C.c_void_p]], nxt: int, limit: int
+    ) -> tuple[int, bool]:
         """Post messages nxt, nxt + 1, ... while fewer than `limit` are outstanding; (next, got a NULL)."""
         while nxt < len(sizes) and len(reqs) < limit:
             req = post(nxt)
@@ -419,7 +502,7 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
     mismatched = []
     for i, s in enumerate(sizes):
         expect = payload(1000 * (1 - rank) + i, s)
-        got = region[offsets[i]:offsets[i] + s]
+        got = region[offsets[i] : offsets[i] + s]
         if got_sizes.get(i) != s or not np.array_equal(got, expect):
             mismatched.append(i)
     check(net.deregMr(rcomm, mh), "deregMr", plugin)
@@ -429,10 +512,18 @@ def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: in
         check(net.finalize(None), "finalize", plugin)
     name = props.name.decode() if props.name else ""
     result = {
-        "ndev": ndev.value, "name": name, "ptrSupport": props.ptrSupport, "maxRecvs": props.maxRecvs,
-        "speed": props.speed, "mismatched": mismatched, "ring_full_null": ring_full_null,
-        "cuda_rc": cuda_rc, "connect_calls": calls["connect"], "log": plugin.log_text(),
-        "maxP2pBytes": getattr(props, "maxP2pBytes", None), "listen_magic": listen_magic,
+        "ndev": ndev.value,
+        "name": name,
+        "ptrSupport": props.ptrSupport,
+        "maxRecvs": props.maxRecvs,
+        "speed": props.speed,
+        "mismatched": mismatched,
+        "ring_full_null": ring_full_null,
+        "cuda_rc": cuda_rc,
+        "connect_calls": calls["connect"],
+        "log": plugin.log_text(),
+        "maxP2pBytes": getattr(props, "maxP2pBytes", None),
+        "listen_magic": listen_magic,
         "threads_added": threads_added,
     }
     path = plugin.path
@@ -466,10 +557,23 @@ def reference(seed: int, heads: int, call: int, dtype: str, op: str, count: int,
     return out
 
 
-def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, calls: Sequence[tuple[int, int, int]],
-                 seed: int = 1, comm_id: int = 77, timeout: float = 10.0, stream_until_error: float = 0.0,
-                 extra_env: dict[str, str] | None = None, count_skew: int = 0, delay: float = 0.0,
-                 stall: tuple[int, float] | None = None, abandon: int = 0) -> dict[str, Any]:
+def collnet_head(
+    rank: int,
+    world: int,
+    rdv: str,
+    version: int,
+    reducers: str,
+    calls: Sequence[tuple[int, int, int]],
+    seed: int = 1,
+    comm_id: int = 77,
+    timeout: float = 10.0,
+    stream_until_error: float = 0.0,
+    extra_env: dict[str, str] | None = None,
+    count_skew: int = 0,
+    delay: float = 0.0,
+    stall: tuple[int, float] | None = None,
+    abandon: int = 0,
+) -> dict[str, Any]:
     """One head: NCCL's CollNet calls from init to finalize + dlclose, `calls` = (dtype, op, count).
 
     Calls are issued with many outstanding (polling the oldest with test(), retrying NULL
@@ -488,11 +592,22 @@ def collnet_head(rank: int, world: int, rdv: str, version: int, reducers: str, c
     """
     calls = [(t, o, c + rank * count_skew) for t, o, c in calls]
     env: dict[str, str | None] = {k: None for k in CLUSTER_VARS}
-    env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "30",
-                "RS_NCCL_SOCKET_IFNAME": "lo", "RS_JOB_ID": f"nccl-test-{seed}"})
+    env.update(
+        {
+            "RS_REDUCERS": reducers,
+            "RS_TIMEOUT": str(timeout),
+            "RS_CONNECT_TIMEOUT": "30",
+            "RS_NCCL_SOCKET_IFNAME": "lo",
+            "RS_JOB_ID": f"nccl-test-{seed}",
+        }
+    )
     env.update(extra_env or {})
-    return with_env(env, lambda: _collnet_head(rank, world, rdv, version, calls, seed, comm_id,
-                                               stream_until_error, delay, stall, abandon))
+    return with_env(
+        env,
+        lambda: _collnet_head(
+            rank, world, rdv, version, calls, seed, comm_id, stream_until_error, delay, stall, abandon
+        ),
+    )
 
 
 class CallTimes:
@@ -514,16 +629,22 @@ class CallTimes:
 
     def summary(self, name: str) -> dict[str, float]:
         xs, gaps = self.samples or [0.0], self.gaps or [0.0]
-        return {f"{name}_max_s": float(max(xs)), f"{name}_p50_s": float(np.median(xs)), f"{name}_calls": len(self.samples),
-                f"{name}_gap_p50_s": float(np.median(gaps)), f"{name}_gap_p99_s": float(np.percentile(gaps, 99))}
+        return {
+            f"{name}_max_s": float(max(xs)),
+            f"{name}_p50_s": float(np.median(xs)),
+            f"{name}_calls": len(self.samples),
+            f"{name}_gap_p50_s": float(np.median(gaps)),
+            f"{name}_gap_p99_s": float(np.percentile(gaps, 99)),
+        }
 
 
 SLOT_BYTES = 256 << 10
 NSLOTS = 80  # more than the plugin's 64 rounds in flight: the harness sees NULL requests
 
 
-def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: str, comm_id: int
-                    ) -> tuple[Any, C.c_void_p, C.c_void_p, dict[str, Any]]:
+def collnet_connect(
+    plugin: Plugin, version: int, rank: int, heads: int, rdv: str, comm_id: int
+) -> tuple[Any, C.c_void_p, C.c_void_p, dict[str, Any]]:
     """NCCL's CollNet set-up on one head: init (after the net), devices, properties, reduceSupport
     table, listen, handle exchange through `rdv`, connect. (table, ctx, collComm, facts); the
     collComm is NULL if connect failed (facts["connect_rc"])."""
@@ -546,14 +667,20 @@ def collnet_connect(plugin: Plugin, version: int, rank: int, heads: int, rdv: st
     handles = (C.c_void_p * heads)(*[C.addressof(b) for b in bufs])
     ccomm = C.c_void_p()
     rc = coll.connect(handles, heads, rank, lcomm, C.byref(ccomm))
-    facts: dict[str, Any] = {"ndev": ndev.value, "support": support, "ptrSupport": props.ptrSupport,
-                             "maxCollBytes": getattr(props, "maxCollBytes", None), "connect_rc": rc}
+    facts: dict[str, Any] = {
+        "ndev": ndev.value,
+        "support": support,
+        "ptrSupport": props.ptrSupport,
+        "maxCollBytes": getattr(props, "maxCollBytes", None),
+        "connect_rc": rc,
+    }
     check(coll.closeListen(lcomm), "collnet closeListen", plugin)
     return coll, ctx, ccomm, facts
 
 
-def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccomm: C.c_void_p,
-                  mhs: Sequence[C.c_void_p]) -> dict[str, Any]:
+def collnet_close(
+    plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccomm: C.c_void_p, mhs: Sequence[C.c_void_p]
+) -> dict[str, Any]:
     """deregMr (if mhs), closeColl, finalize, dlclose: {"log", "unloaded"}."""
     for mh in mhs:
         check(coll.deregMr(ccomm, mh), "deregMr", plugin)
@@ -567,9 +694,19 @@ def collnet_close(plugin: Plugin, version: int, coll: Any, ctx: C.c_void_p, ccom
     return out
 
 
-def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence[tuple[int, int, int]], seed: int,
-                  comm_id: int, stream_until_error: float, delay: float,
-                  stall: tuple[int, float] | None, abandon: int = 0) -> dict[str, Any]:
+def _collnet_head(
+    rank: int,
+    heads: int,
+    rdv: str,
+    version: int,
+    calls: Sequence[tuple[int, int, int]],
+    seed: int,
+    comm_id: int,
+    stream_until_error: float,
+    delay: float,
+    stall: tuple[int, float] | None,
+    abandon: int = 0,
+) -> dict[str, Any]:
     plugin = Plugin()
     coll, ctx, ccomm, result = collnet_connect(plugin, version, rank, heads, rdv, comm_id)
     if result["connect_rc"] != SUCCESS:
@@ -591,12 +728,20 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
 
     def issue(i: int, slot: int, t: int, o: int, count: int, exact: bool) -> C.c_void_p:
         x = head_input(seed, rank, i, SUPPORTED_DTYPES[t], count, exact)
-        send = region[slot * SLOT_BYTES: slot * SLOT_BYTES + x.nbytes]
+        send = region[slot * SLOT_BYTES : slot * SLOT_BYTES + x.nbytes]
         send[:] = x.view(np.uint8)
         req = C.c_void_p()
-        rc = coll.iallreduce(ccomm, region.ctypes.data + slot * SLOT_BYTES,
-                             region.ctypes.data + recv_base + slot * SLOT_BYTES, count, t, o, mhs[0], mhs[1],
-                             C.byref(req))
+        rc = coll.iallreduce(
+            ccomm,
+            region.ctypes.data + slot * SLOT_BYTES,
+            region.ctypes.data + recv_base + slot * SLOT_BYTES,
+            count,
+            t,
+            o,
+            mhs[0],
+            mhs[1],
+            C.byref(req),
+        )
         if rc != SUCCESS:
             raise RuntimeError(f"iallreduce rc {rc}\n{plugin.log_text()}")
         return req
@@ -669,7 +814,7 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 name = SUPPORTED_DTYPES[t]
                 dt = np_dtype(name)
                 off = recv_base + slot * SLOT_BYTES
-                got = region[off: off + count * dt.itemsize].view(dt).astype(np.float64)
+                got = region[off : off + count * dt.itemsize].view(dt).astype(np.float64)
                 ref = reference(seed, heads, ci, name, SUPPORTED_OPS[o], count, exact)
                 ok = _close(got, ref, name, exact, heads)
                 if not ok:
@@ -679,9 +824,20 @@ def _collnet_head(rank: int, heads: int, rdv: str, version: int, calls: Sequence
                 progressed = True
         if not progressed:
             time.sleep(float(rng.uniform(0, 0.0005)))
-    result.update({"calls_done": n_done, "nulls": nulls, "ring_full_null": ring_full_null, "mismatches": mismatches,
-                   "error_rc": error_rc, "error_at": error_at, "max_outstanding": max_outstanding,
-                   "test_pending": test_pending, "stalled_at": stalled_at, **test_times.summary("test")})
+    result.update(
+        {
+            "calls_done": n_done,
+            "nulls": nulls,
+            "ring_full_null": ring_full_null,
+            "mismatches": mismatches,
+            "error_rc": error_rc,
+            "error_at": error_at,
+            "max_outstanding": max_outstanding,
+            "test_pending": test_pending,
+            "stalled_at": stalled_at,
+            **test_times.summary("test"),
+        }
+    )
     t_close = time.monotonic()
     result.update(collnet_close(plugin, version, coll, ctx, ccomm, mhs if error_rc == SUCCESS else []))
     result["close_s"] = time.monotonic() - t_close
@@ -697,14 +853,25 @@ def _close(got: np.ndarray, ref: np.ndarray, dtype: str, exact: bool, heads: int
     return bool(np.all(np.abs(got - ref) <= tol * (1 + np.abs(ref)) * heads))
 
 
-def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Sequence[tuple[int, int, int]],
-                      delay: float = 0.0) -> dict[str, Any]:
+def collnet_two_comms(
+    rank: int, world: int, rdv: str, reducers: str, calls: Sequence[tuple[int, int, int]], delay: float = 0.0
+) -> dict[str, Any]:
     """Ranks 0-1 and 2-3 are two communicators (two heads each) of the same job on the same reducers."""
     comm = rank // 2
     sub = os.path.join(rdv, f"comm{comm}")
     os.makedirs(sub, exist_ok=True)
-    return collnet_head(rank % 2, 2, sub, 12, reducers, calls, seed=10 + comm, comm_id=1000 + comm,
-                        extra_env={"RS_JOB_ID": "one-job"}, delay=delay)
+    return collnet_head(
+        rank % 2,
+        2,
+        sub,
+        12,
+        reducers,
+        calls,
+        seed=10 + comm,
+        comm_id=1000 + comm,
+        extra_env={"RS_JOB_ID": "one-job"},
+        delay=delay,
+    )
 
 
 # -- streaming (benchmarks/bench_nccl_plugin.py) ----------------------------------------------
@@ -712,9 +879,20 @@ def collnet_two_comms(rank: int, world: int, rdv: str, reducers: str, calls: Seq
 STREAM_SLOTS = 64  # NCCL's requests per collComm: one staging slot each
 
 
-def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: int, call_bytes: int, passes: int,
-                   comm_id: int = 91, timeout: float = 60.0, ifname: str = "lo", idle_sleep: float = 2e-4,
-                   extra_env: dict[str, str] | None = None) -> dict[str, Any]:
+def collnet_stream(
+    rank: int,
+    world: int,
+    rdv: str,
+    reducers: str,
+    total_bytes: int,
+    call_bytes: int,
+    passes: int,
+    comm_id: int = 91,
+    timeout: float = 60.0,
+    ifname: str = "lo",
+    idle_sleep: float = 2e-4,
+    extra_env: dict[str, str] | None = None,
+) -> dict[str, Any]:
     """`passes` all-reduces of `total_bytes` (float32 sums), each a stream of `call_bytes`
     iallreduce calls the way NCCL's proxy issues them (up to 64 outstanding, the oldest polled
     with test(), NULL requests retried; `idle_sleep` seconds of pause when nothing moved, 0: a
@@ -723,19 +901,28 @@ def collnet_stream(rank: int, world: int, rdv: str, reducers: str, total_bytes: 
     its last result. Every result is compared exactly with the sum of all heads' inputs (small
     integers, per staging slot)."""
     env: dict[str, str | None] = {k: None for k in CLUSTER_VARS}
-    env.update({"RS_REDUCERS": reducers, "RS_TIMEOUT": str(timeout), "RS_CONNECT_TIMEOUT": "120",
-                "RS_NCCL_SOCKET_IFNAME": ifname, "RS_JOB_ID": "nccl-stream"})
+    env.update(
+        {
+            "RS_REDUCERS": reducers,
+            "RS_TIMEOUT": str(timeout),
+            "RS_CONNECT_TIMEOUT": "120",
+            "RS_NCCL_SOCKET_IFNAME": ifname,
+            "RS_JOB_ID": "nccl-stream",
+        }
+    )
     env.update(extra_env or {})
-    return with_env(env, lambda: _collnet_stream(rank, world, rdv, total_bytes, call_bytes, passes, comm_id,
-                                                 idle_sleep))
+    return with_env(
+        env, lambda: _collnet_stream(rank, world, rdv, total_bytes, call_bytes, passes, comm_id, idle_sleep)
+    )
 
 
 def _stream_input(head: int, slot: int, count: int) -> np.ndarray:
     return ((np.arange(count) + 7 * slot) % 17 - 8 + head).astype(np.float32)
 
 
-def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_bytes: int, passes: int, comm_id: int,
-                    idle_sleep: float) -> dict[str, Any]:
+def _collnet_stream(
+    rank: int, heads: int, rdv: str, total_bytes: int, call_bytes: int, passes: int, comm_id: int, idle_sleep: float
+) -> dict[str, Any]:
     if call_bytes % 4 or total_bytes % call_bytes:
         raise ValueError("call_bytes must be a multiple of 4 and divide total_bytes")
     plugin = Plugin()
@@ -763,8 +950,13 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
             while issued < ncalls and len(outstanding) < nslots:
                 slot = issued % nslots  # in-order completion: this slot's previous call is done
                 req = C.c_void_p()
-                check(coll.iallreduce(ccomm, send[slot].ctypes.data, recv[slot].ctypes.data, count, 7, 0,
-                                      mhs[0], mhs[1], C.byref(req)), "iallreduce", plugin)
+                check(
+                    coll.iallreduce(
+                        ccomm, send[slot].ctypes.data, recv[slot].ctypes.data, count, 7, 0, mhs[0], mhs[1], C.byref(req)
+                    ),
+                    "iallreduce",
+                    plugin,
+                )
                 if not req.value:
                     nulls += 1
                     break
@@ -786,9 +978,16 @@ def _collnet_stream(rank: int, heads: int, rdv: str, total_bytes: int, call_byte
                 else:
                     os.sched_yield()  # NCCL's proxy thread, idle, yields and polls again
         times.append(time.perf_counter() - t0)
-    result.update({"times": times, "wrong": wrong, "nulls": nulls, "calls": ncalls,
-                   "cpu_s": time.process_time() - cpu0,
-                   **test_times.summary("test")})
+    result.update(
+        {
+            "times": times,
+            "wrong": wrong,
+            "nulls": nulls,
+            "calls": ncalls,
+            "cpu_s": time.process_time() - cpu0,
+            **test_times.summary("test"),
+        }
+    )
     result.update(collnet_close(plugin, 12, coll, ctx, ccomm, mhs))
     result.pop("support", None)
     return result

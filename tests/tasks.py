@@ -1,4 +1,5 @@
 """Worker-side functions run in separate processes by the tests (see conftest.run_ranks)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -47,8 +48,12 @@ def reference(dtype: str, op: str, n: int, world: int, seed: int = 0) -> np.ndar
 
 
 def tolerance(dtype: str, world: int) -> tuple[float, float]:
-    return {"float32": (1e-5, 1e-5 * world), "float64": (1e-12, 1e-12 * world),
-            "float16": (2e-3, 4e-3 * world), "bfloat16": (1e-2, 2e-2 * world)}[dtype]
+    return {
+        "float32": (1e-5, 1e-5 * world),
+        "float64": (1e-12, 1e-12 * world),
+        "float16": (2e-3, 4e-3 * world),
+        "bfloat16": (1e-2, 2e-2 * world),
+    }[dtype]
 
 
 def check(result: np.ndarray, dtype: str, op: str, n: int, world: int, seed: int = 0) -> str | None:
@@ -70,14 +75,23 @@ def digest(a: np.ndarray) -> str:
     return hashlib.sha256(a.tobytes()).hexdigest()
 
 
-def matrix(rank: int, world: int, addrs: Sequence[str], group: str, dtypes: Sequence[str] = DTYPES,
-           ops: Sequence[str] = OPS, sizes: Sequence[int] = SIZES, streams: int = 1,
-           chunk_bytes: int | None = None) -> dict[str, Any]:
+def matrix(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    dtypes: Sequence[str] = DTYPES,
+    ops: Sequence[str] = OPS,
+    sizes: Sequence[int] = SIZES,
+    streams: int = 1,
+    chunk_bytes: int | None = None,
+) -> dict[str, Any]:
     """All-reduce every dtype x op x size; returns errors and result digests."""
     errors: list[str] = []
     digests: dict[str, str] = {}
-    with reducer.Communicator(addrs, rank, world, group=group, timeout=30, connect_timeout=30, streams=streams,
-                              chunk_bytes=chunk_bytes) as comm:
+    with reducer.Communicator(
+        addrs, rank, world, group=group, timeout=30, connect_timeout=30, streams=streams, chunk_bytes=chunk_bytes
+    ) as comm:
         for dtype in dtypes:
             for op in ops:
                 for n in sizes:
@@ -91,11 +105,11 @@ def matrix(rank: int, world: int, addrs: Sequence[str], group: str, dtypes: Sequ
     return {"errors": errors, "digests": digests}
 
 
-def large(rank: int, world: int, addrs: Sequence[str], group: str, nbytes: int = 64 << 20,
-          streams: int = 1) -> dict[str, Any]:
+def large(
+    rank: int, world: int, addrs: Sequence[str], group: str, nbytes: int = 64 << 20, streams: int = 1
+) -> dict[str, Any]:
     n = nbytes // 4
-    with reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30,
-                              streams=streams) as comm:
+    with reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30, streams=streams) as comm:
         a = make_data("float32", n, rank, seed=7)
         comm.allreduce(a)
         err = check(a, "float32", "sum", n, world, seed=7)
@@ -114,12 +128,23 @@ def back_to_back(rank: int, world: int, addrs: Sequence[str], group: str, rounds
         return {"error": None, "stats": comm.stats()}
 
 
-def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: int = 1000, dtype: str = "float32",
-                   op: str = "sum", job_id: str | None = None, auth_token: str | None = None,
-                   timeout: float = 10.0, connect_timeout: float = 10.0, repeat: int = 1,
-                   sizes_by_rank: Sequence[int] | None = None,
-                   dtypes_by_rank: Sequence[str] | None = None,
-                   ops_by_rank: Sequence[str] | None = None) -> dict[str, Any]:
+def allreduce_once(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    n: int = 1000,
+    dtype: str = "float32",
+    op: str = "sum",
+    job_id: str | None = None,
+    auth_token: str | None = None,
+    timeout: float = 10.0,
+    connect_timeout: float = 10.0,
+    repeat: int = 1,
+    sizes_by_rank: Sequence[int] | None = None,
+    dtypes_by_rank: Sequence[str] | None = None,
+    ops_by_rank: Sequence[str] | None = None,
+) -> dict[str, Any]:
     """One (or `repeat`) all-reduce of ones; per-rank size/dtype/op overrides model disagreements."""
     if sizes_by_rank:
         n = sizes_by_rank[rank]
@@ -127,8 +152,16 @@ def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: i
         dtype = dtypes_by_rank[rank]
     if ops_by_rank:
         op = ops_by_rank[rank]
-    with reducer.Communicator(addrs, rank, world, group=group, job_id=job_id, auth_token=auth_token,
-                              timeout=timeout, connect_timeout=connect_timeout) as comm:
+    with reducer.Communicator(
+        addrs,
+        rank,
+        world,
+        group=group,
+        job_id=job_id,
+        auth_token=auth_token,
+        timeout=timeout,
+        connect_timeout=connect_timeout,
+    ) as comm:
         a = np.ones(n, numpy_dtype(dtype))
         for _ in range(repeat):
             a[:] = 1
@@ -136,11 +169,20 @@ def allreduce_once(rank: int, world: int, addrs: Sequence[str], group: str, n: i
         return {"value": a[:4].astype(np.float64).tolist(), "n": n}
 
 
-def hold_round(rank: int, world: int, addrs: Sequence[str], group: str, n: int = 1 << 20,
-               timeout: float = 20.0, again: bool = False, failover: bool = True) -> dict[str, Any]:
+def hold_round(
+    rank: int,
+    world: int,
+    addrs: Sequence[str],
+    group: str,
+    n: int = 1 << 20,
+    timeout: float = 20.0,
+    again: bool = False,
+    failover: bool = True,
+) -> dict[str, Any]:
     """Enter an all-reduce and report the error (if any); optionally try again after it."""
-    comm = reducer.Communicator(addrs, rank, world, group=group, timeout=timeout, connect_timeout=timeout,
-                                failover=failover)
+    comm = reducer.Communicator(
+        addrs, rank, world, group=group, timeout=timeout, connect_timeout=timeout, failover=failover
+    )
     out: dict[str, Any] = {}
     a = np.ones(n, np.float32)
     t0 = time.monotonic()
@@ -161,8 +203,9 @@ def hold_round(rank: int, world: int, addrs: Sequence[str], group: str, n: int =
     return out
 
 
-def join_and_wait(addrs: Sequence[str], rank: int, world: int, group: str, seconds: float = 60.0,
-                  failover: bool = True) -> None:
+def join_and_wait(
+    addrs: Sequence[str], rank: int, world: int, group: str, seconds: float = 60.0, failover: bool = True
+) -> None:
     """Joins the group, then stays silent for `seconds` (a process the test may kill)."""
     comm = reducer.Communicator(addrs, rank, world, group=group, timeout=60, connect_timeout=30, failover=failover)
     time.sleep(seconds)

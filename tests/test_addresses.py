@@ -1,5 +1,6 @@
 """Addresses, ports and the job id (reducer/addresses.py), and the one rule for reading a setting
 from the environment (reducer/config.py). Pure Python, no C++ extension."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -13,40 +14,46 @@ from reducer.errors import ConfigError
 # -- addresses ----------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("addr, expected", [
-    ("host:2222", ("host", 2222)),
-    ("1.2.3.4:5", ("1.2.3.4", 5)),
-    ("[::1]:5", ("::1", 5)),
-    ("[fd00::7]:65535", ("fd00::7", 65535)),
-    ("[fe80::1%eth0]:2222", ("fe80::1%eth0", 2222)),
-    ("  cmle-training-workerpool2-ab-0:2222 ", ("cmle-training-workerpool2-ab-0", 2222)),
-])
+@pytest.mark.parametrize(
+    "addr, expected",
+    [
+        ("host:2222", ("host", 2222)),
+        ("1.2.3.4:5", ("1.2.3.4", 5)),
+        ("[::1]:5", ("::1", 5)),
+        ("[fd00::7]:65535", ("fd00::7", 65535)),
+        ("[fe80::1%eth0]:2222", ("fe80::1%eth0", 2222)),
+        ("  cmle-training-workerpool2-ab-0:2222 ", ("cmle-training-workerpool2-ab-0", 2222)),
+    ],
+)
 def test_parse_address(addr: str, expected: tuple) -> None:
     assert parse_address(addr) == expected
     host, port = expected
     assert parse_address(format_address(host, port)) == expected
 
 
-@pytest.mark.parametrize("addr, message", [
-    ("host", "has no port: expected 'host:port'"),
-    ("host:", "has no port"),
-    (":2222", "has no host"),
-    ("", "empty address"),
-    ("host:0", "port 0 is out of range 1-65535"),
-    ("host:65536", "port 65536 is out of range 1-65535"),
-    ("host:-1", "port '-1' is not a number"),
-    ("host:http", "port 'http' is not a number"),
-    ("host:22 22", "contains whitespace"),
-    ("::1:5", "unbracketed IPv6 address: write it as '[ipv6]:port'"),
-    ("fd00::7", "unbracketed IPv6"),
-    ("[::1]", "has no port: expected '[::1]:port'"),
-    ("[::1]5", "has no port"),
-    ("[::1:5", "has '[' without ']'"),
-    ("[::1]:", "has no port"),
-    ("[::1]:70000", "port 70000 is out of range"),
-    ("[not-v6]:5", "'not-v6' inside [] is not an IPv6 address"),
-    ("h]:5", "is malformed"),
-])
+@pytest.mark.parametrize(
+    "addr, message",
+    [
+        ("host", "has no port: expected 'host:port'"),
+        ("host:", "has no port"),
+        (":2222", "has no host"),
+        ("", "empty address"),
+        ("host:0", "port 0 is out of range 1-65535"),
+        ("host:65536", "port 65536 is out of range 1-65535"),
+        ("host:-1", "port '-1' is not a number"),
+        ("host:http", "port 'http' is not a number"),
+        ("host:22 22", "contains whitespace"),
+        ("::1:5", "unbracketed IPv6 address: write it as '[ipv6]:port'"),
+        ("fd00::7", "unbracketed IPv6"),
+        ("[::1]", "has no port: expected '[::1]:port'"),
+        ("[::1]5", "has no port"),
+        ("[::1:5", "has '[' without ']'"),
+        ("[::1]:", "has no port"),
+        ("[::1]:70000", "port 70000 is out of range"),
+        ("[not-v6]:5", "'not-v6' inside [] is not an IPv6 address"),
+        ("h]:5", "is malformed"),
+    ],
+)
 def test_parse_address_errors(addr: str, message: str) -> None:
     with pytest.raises(ConfigError) as exc:
         parse_address(addr)
@@ -67,10 +74,17 @@ def test_format_address_brackets_ipv6_only() -> None:
     assert format_address("fe80::1%eth0", 5) == "[fe80::1%eth0]:5"
 
 
-@pytest.mark.parametrize("bind_host, expected", [
-    ("0.0.0.0", "127.0.0.1"), ("::", "127.0.0.1"), ("", "127.0.0.1"),
-    ("127.0.0.2", "127.0.0.2"), ("::1", "::1"), ("reducer-0", "reducer-0"),
-])
+@pytest.mark.parametrize(
+    "bind_host, expected",
+    [
+        ("0.0.0.0", "127.0.0.1"),
+        ("::", "127.0.0.1"),
+        ("", "127.0.0.1"),
+        ("127.0.0.2", "127.0.0.2"),
+        ("::1", "::1"),
+        ("reducer-0", "reducer-0"),
+    ],
+)
 def test_connect_host(bind_host: str, expected: str) -> None:
     assert connect_host(bind_host) == expected
 
@@ -78,12 +92,26 @@ def test_connect_host(bind_host: str, expected: str) -> None:
 # -- ports: 1-65535 to connect to; a port to bind may be 0 (any free port) -----------------------
 
 
-@pytest.mark.parametrize("port, any_port, ok", [
-    (1, False, True), (2222, False, True), (65535, False, True),
-    (0, False, False), (65536, False, False), (-1, False, False),
-    (0, True, True), (65535, True, True), (65536, True, False), (-1, True, False),
-    (True, False, False), (True, True, False), ("2222", False, False), (2222.0, True, False), (None, True, False),
-])
+@pytest.mark.parametrize(
+    "port, any_port, ok",
+    [
+        (1, False, True),
+        (2222, False, True),
+        (65535, False, True),
+        (0, False, False),
+        (65536, False, False),
+        (-1, False, False),
+        (0, True, True),
+        (65535, True, True),
+        (65536, True, False),
+        (-1, True, False),
+        (True, False, False),
+        (True, True, False),
+        ("2222", False, False),
+        (2222.0, True, False),
+        (None, True, False),
+    ],
+)
 def test_check_port(port: Any, any_port: bool, ok: bool) -> None:
     if ok:
         assert check_port(port, "--port", any_port=any_port) == port
@@ -97,18 +125,21 @@ def test_check_port(port: Any, any_port: bool, ok: bool) -> None:
 # -- the job id ------------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("explicit, env, expected", [
-    (None, {}, "local"),
-    (None, {"CLOUD_ML_JOB_ID": "123"}, "123"),
-    (None, {"CLOUD_ML_JOB_ID": "123", "RS_JOB_ID": "mine"}, "mine"),
-    ("arg", {"CLOUD_ML_JOB_ID": "123", "RS_JOB_ID": "mine"}, "arg"),
-    ("", {"RS_JOB_ID": "mine"}, "mine"),                       # an empty argument is no argument
-    (None, {"RS_JOB_ID": "", "CLOUD_ML_JOB_ID": "123"}, "123"),  # blank variables count as unset
-    (None, {"RS_JOB_ID": " ", "CLOUD_ML_JOB_ID": "  "}, "local"),
-    (None, {"RS_JOB_ID": " mine\n"}, "mine"),                 # trimmed, as the NCCL plugin does
-    (None, {"CLOUD_ML_JOB_ID": " 123 "}, "123"),
-    (" arg ", {}, "arg"),
-])
+@pytest.mark.parametrize(
+    "explicit, env, expected",
+    [
+        (None, {}, "local"),
+        (None, {"CLOUD_ML_JOB_ID": "123"}, "123"),
+        (None, {"CLOUD_ML_JOB_ID": "123", "RS_JOB_ID": "mine"}, "mine"),
+        ("arg", {"CLOUD_ML_JOB_ID": "123", "RS_JOB_ID": "mine"}, "arg"),
+        ("", {"RS_JOB_ID": "mine"}, "mine"),  # an empty argument is no argument
+        (None, {"RS_JOB_ID": "", "CLOUD_ML_JOB_ID": "123"}, "123"),  # blank variables count as unset
+        (None, {"RS_JOB_ID": " ", "CLOUD_ML_JOB_ID": "  "}, "local"),
+        (None, {"RS_JOB_ID": " mine\n"}, "mine"),  # trimmed, as the NCCL plugin does
+        (None, {"CLOUD_ML_JOB_ID": " 123 "}, "123"),
+        (" arg ", {}, "arg"),
+    ],
+)
 def test_resolve_job_id(explicit: str | None, env: dict[str, str], expected: str) -> None:
     assert resolve_job_id(explicit, env) == expected
 
@@ -124,19 +155,22 @@ def test_resolve_job_id_reads_os_environ(monkeypatch: pytest.MonkeyPatch) -> Non
 # -- reading a setting: argument, then variable (unset or blank: default), then default ------------
 
 
-@pytest.mark.parametrize("name, env, override, expected", [
-    ("timeout", {}, None, 30.0),
-    ("timeout", {"RS_TIMEOUT": "7.5"}, None, 7.5),
-    ("timeout", {"RS_TIMEOUT": "7.5"}, 2.0, 2.0),
-    ("timeout", {"RS_TIMEOUT": ""}, None, 30.0),
-    ("timeout", {"RS_TIMEOUT": "   "}, None, 30.0),
-    ("port", {"RS_PORT": ""}, None, None),
-    ("port", {"RS_PORT": "3333"}, None, 3333),
-    ("host", {"RS_HOST": " "}, None, "0.0.0.0"),
-    ("socket_buffer", {"RS_SOCKET_BUFFER": ""}, None, 4 << 20),  # blank: the C++ default
-    ("socket_buffer", {"RS_SOCKET_BUFFER": "4M"}, None, 4 << 20),
-    ("reducers", {"RS_REDUCERS": "a:1, b:2"}, None, ["a:1", "b:2"]),
-])
+@pytest.mark.parametrize(
+    "name, env, override, expected",
+    [
+        ("timeout", {}, None, 30.0),
+        ("timeout", {"RS_TIMEOUT": "7.5"}, None, 7.5),
+        ("timeout", {"RS_TIMEOUT": "7.5"}, 2.0, 2.0),
+        ("timeout", {"RS_TIMEOUT": ""}, None, 30.0),
+        ("timeout", {"RS_TIMEOUT": "   "}, None, 30.0),
+        ("port", {"RS_PORT": ""}, None, None),
+        ("port", {"RS_PORT": "3333"}, None, 3333),
+        ("host", {"RS_HOST": " "}, None, "0.0.0.0"),
+        ("socket_buffer", {"RS_SOCKET_BUFFER": ""}, None, 4 << 20),  # blank: the C++ default
+        ("socket_buffer", {"RS_SOCKET_BUFFER": "4M"}, None, 4 << 20),
+        ("reducers", {"RS_REDUCERS": "a:1, b:2"}, None, ["a:1", "b:2"]),
+    ],
+)
 def test_config_get(name: str, env: dict[str, str], override: Any, expected: Any) -> None:
     assert config.get(name, override, env) == expected
 

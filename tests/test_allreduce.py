@@ -1,4 +1,5 @@
 """End-to-end all-reduce correctness: worker processes on loopback against in-process reducers."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -24,16 +25,29 @@ def test_every_dtype_op_and_size(pool, reducers, world, nred):
 @pytest.mark.parametrize("nred", [1, 2, 3])
 def test_world_and_reducer_counts(pool, reducers, world, nred):
     servers = reducers(nred)
-    results = run_ranks(pool, tasks.matrix, world, addrs=addresses(servers), group="wr",
-                        dtypes=("float32", "int64"), ops=("sum",), sizes=(0, 1, 2, 7, 1023, 1_000_003))
+    results = run_ranks(
+        pool,
+        tasks.matrix,
+        world,
+        addrs=addresses(servers),
+        group="wr",
+        dtypes=("float32", "int64"),
+        ops=("sum",),
+        sizes=(0, 1, 2, 7, 1023, 1_000_003),
+    )
     for res in results:
         assert res["errors"] == []
 
 
 def test_bit_identical_across_runs_and_streams(pool, reducers):
     servers = reducers(2)
-    kw = dict(addrs=addresses(servers), dtypes=("float32", "float16", "bfloat16"), ops=("sum", "avg"),
-              sizes=(1023, 300_001), chunk_bytes=64 << 10)
+    kw = dict(
+        addrs=addresses(servers),
+        dtypes=("float32", "float16", "bfloat16"),
+        ops=("sum", "avg"),
+        sizes=(1023, 300_001),
+        chunk_bytes=64 << 10,
+    )
     first = run_ranks(pool, tasks.matrix, 3, group="bit1", **kw)
     second = run_ranks(pool, tasks.matrix, 3, group="bit2", streams=3, **kw)
     assert all(r["errors"] == [] for r in first + second)
@@ -60,8 +74,10 @@ def test_two_groups_at_once(pool, reducers):
     servers = reducers(2)
     addrs = addresses(servers)
     futs = [pool.submit(tasks.allreduce_once, rank=r, world=2, addrs=addrs, group="a", repeat=20) for r in range(2)]
-    futs += [pool.submit(tasks.allreduce_once, rank=r, world=3, addrs=addrs, group="b", job_id="other", repeat=20)
-             for r in range(3)]
+    futs += [
+        pool.submit(tasks.allreduce_once, rank=r, world=3, addrs=addrs, group="b", job_id="other", repeat=20)
+        for r in range(3)
+    ]
     out = [f.result(timeout=60) for f in futs]
     assert [o["value"][0] for o in out] == [2, 2, 3, 3, 3]
 

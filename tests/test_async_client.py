@@ -1,5 +1,6 @@
 """The asynchronous worker client: several rounds in flight, test()/wait() in any order,
 try_start at the limit, scatter-gather rounds, and errors failing every round in flight."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -26,8 +27,18 @@ def test_many_rounds_in_flight_match_reference(pool, reducers, nred, streams, ch
     (exact for integers) and is bit-identical on every worker."""
     servers = reducers(nred)
     world = 3
-    res = run_ranks(pool, async_tasks.many_rounds, world, timeout=200, addrs=addresses(servers),
-                    group=f"many-{nred}-{streams}", seed=nred, streams=streams, chunk_bytes=chunk, window=window)
+    res = run_ranks(
+        pool,
+        async_tasks.many_rounds,
+        world,
+        timeout=200,
+        addrs=addresses(servers),
+        group=f"many-{nred}-{streams}",
+        seed=nred,
+        streams=streams,
+        chunk_bytes=chunk,
+        window=window,
+    )
     for r in res:
         assert r["errors"] == [], r["errors"][:5]
         assert r["stats"]["rounds"] == 64
@@ -128,8 +139,12 @@ def test_reducer_killed_with_rounds_in_flight(pool, reducers):
             port = int(open(port_file).read())
             os.remove(port_file)
             addrs = [good.address, f"127.0.0.1:{port}"]
-            futs = [pool.submit(async_tasks.rounds_when_reducer_dies, rank=r, world=2, addrs=addrs, group="rkill",
-                                marks=tmp) for r in range(2)]
+            futs = [
+                pool.submit(
+                    async_tasks.rounds_when_reducer_dies, rank=r, world=2, addrs=addrs, group="rkill", marks=tmp
+                )
+                for r in range(2)
+            ]
             async_tasks._wait_for(os.path.join(tmp, "started"), 60)
             victim.kill()
             victim.join(10)

@@ -6,6 +6,7 @@ shows up as ReductionTimeout in the good group.
 Peers: raw sockets from this process, from 127.0.0.1 and 127.0.0.2..127.0.0.9 (distinct
 peer addresses for the per-peer limits). Every loop is bounded in count and in time.
 """
+
 from __future__ import annotations
 
 import logging
@@ -159,9 +160,9 @@ def test_handshake_handoff_race(threads, quiet_core_log):
                     kind = rng.randrange(4)
                     group = held_groups[rng.randrange(len(held_groups))]
                     if kind == 0:
-                        kw = dict(rank=0, world=2, group=group)                    # RankTaken
+                        kw = dict(rank=0, world=2, group=group)  # RankTaken
                     elif kind == 1:
-                        kw = dict(rank=1, world=3, group=group)                    # GroupConflict
+                        kw = dict(rank=1, world=3, group=group)  # GroupConflict
                     elif kind == 2:
                         kw = dict(rank=0, world=1, group=f"solo-{t}-{made[t]}".encode())  # Ok at once
                     else:
@@ -173,7 +174,7 @@ def test_handshake_handoff_race(threads, quiet_core_log):
                     s.sendall(encode_hello(b"", job=b"j", chunk=4096, **kw))
                     s.shutdown(socket.SHUT_WR)
                 for s in socks:
-                    recv_exact(s, 48)   # read the challenge, so that close() does not reset
+                    recv_exact(s, 48)  # read the challenge, so that close() does not reset
             finally:
                 close_all(socks)
 
@@ -183,10 +184,12 @@ def test_handshake_handoff_race(threads, quiet_core_log):
         assert total >= 1000, f"only {total} handshakes in 8 s"
         assert len(flood.errors) <= flood.calls // 100, flood.errors[:5]
         assert srv.running
-        assert wait_until(lambda: close_wait_count(srv.port) == 0, 5), \
+        assert wait_until(lambda: close_wait_count(srv.port) == 0, 5), (
             f"{close_wait_count(srv.port)} reducer sockets left in CLOSE-WAIT"
-        assert wait_until(lambda: settled(srv, connections=base["connections"], handshakes=0,
-                                          waiting=base["waiting"]), 5), (base, srv.stats())
+        )
+        assert wait_until(
+            lambda: settled(srv, connections=base["connections"], handshakes=0, waiting=base["waiting"]), 5
+        ), (base, srv.stats())
         run_good_group(srv.address, "after-race", rounds=3)
         # The held ranks were never disturbed: one of their groups completes and reduces.
         other = RawWorker(srv.port, 1, 2, group=held_groups[0], chunk=4096)
@@ -227,7 +230,7 @@ def test_bye_flood_does_not_starve_the_loop():
                     continue
                 w.sock.setblocking(False)
                 last_progress = time.monotonic()
-                off = 0   # keep frames aligned across partial sends
+                off = 0  # keep frames aligned across partial sends
                 while not stop.is_set() and time.monotonic() < deadline:
                     try:
                         n_sent = w.sock.send(burst[off:])
@@ -246,7 +249,7 @@ def test_bye_flood_does_not_starve_the_loop():
         t.start()
         try:
             assert wait_until(lambda: sent[0] >= 2000 * 48, 10), "the flood did not start"
-            good.wait_connected()   # the rounds start only now, under the flood
+            good.wait_connected()  # the rounds start only now, under the flood
             good.join(90)
         finally:
             stop.set()
@@ -263,12 +266,13 @@ def test_server_wide_memory_budget():
     the reserved memory never exceeds the budget, RSS stays within it, a neighbour keeps reducing."""
     budget = 600 * MiB
     chunk = 64 * MiB
-    zeros = bytes(chunk)   # allocated before the RSS baseline
+    zeros = bytes(chunk)  # allocated before the RSS baseline
     sink = bytearray(chunk)
     # The shares as large as the budget: the server budget is the limit under test (the shares:
     # tests/test_tenant_budget.py).
-    with serve(threads=2, max_memory_bytes=budget, max_memory_per_job=budget, max_memory_per_peer=budget,
-               group_slots=2) as srv:
+    with serve(
+        threads=2, max_memory_bytes=budget, max_memory_per_job=budget, max_memory_per_peer=budget, group_slots=2
+    ) as srv:
         limits = srv.stats()["limits"]
         assert limits["max_memory_bytes"] == budget and limits["group_slots"] == 2
         good = GoodGroup(srv.address, "neighbour", rounds=30, timeout=10, chunk_bytes=64 << 10).start()
@@ -314,8 +318,17 @@ def test_stalled_hellos_with_huge_world_cost_little_memory(quiet_core_log):
         workers = []
         try:
             for i in range(1000):
-                workers.append(RawWorker(srv.port, i % 7, 65536, group=f"stall-{i}".encode(), chunk=64,
-                                         source=srcs[i % len(srcs)], timeout=10))
+                workers.append(
+                    RawWorker(
+                        srv.port,
+                        i % 7,
+                        65536,
+                        group=f"stall-{i}".encode(),
+                        chunk=64,
+                        source=srcs[i % len(srcs)],
+                        timeout=10,
+                    )
+                )
             assert wait_until(lambda: srv.stats()["groups"] == base_groups + 1000, 10), srv.stats()
             grown = rss_bytes() - rss0
             assert grown < 64 * MiB, f"1000 stalled hellos cost {grown >> 20} MiB of RSS"
@@ -353,8 +366,10 @@ def test_member_that_never_reads_stalls_only_its_group():
                 except (OSError, ConnectionError):
                     return  # blocked (back-pressure) or closed: either way this member is stuck
 
-        threads = [threading.Thread(target=pump, args=(a, "a", True), daemon=True),
-                   threading.Thread(target=pump, args=(b, "b", False), daemon=True)]
+        threads = [
+            threading.Thread(target=pump, args=(a, "a", True), daemon=True),
+            threading.Thread(target=pump, args=(b, "b", False), daemon=True),
+        ]
         for t in threads:
             t.start()
         rss0 = rss_bytes()
@@ -362,7 +377,7 @@ def test_member_that_never_reads_stalls_only_its_group():
         stop.set()
         for t in threads:
             t.join(10)
-        assert counts["b"] > 8, counts   # the deaf member really sent more than a window of chunks
+        assert counts["b"] > 8, counts  # the deaf member really sent more than a window of chunks
         assert srv.stats()["memory_bytes"] <= reserved + 64 * MiB
         assert rss_bytes() - rss0 < 64 * MiB
         close_all([a.sock, b.sock])
@@ -375,7 +390,7 @@ def test_waiting_connections_expire_with_group_incomplete():
     with serve(threads=2, group_timeout=2) as srv:
         assert srv.stats()["limits"]["group_timeout"] == 2
         lonely = [RawWorker(srv.port, 0, 3, group=f"never-{i}".encode()) for i in range(20)]
-        pair = RawWorker(srv.port, 1, 3, group=b"never-0")   # never-0 misses one rank, the others two
+        pair = RawWorker(srv.port, 1, 3, group=b"never-0")  # never-0 misses one rank, the others two
         assert wait_until(lambda: srv.stats()["waiting"] == 21, 5), srv.stats()
         t0 = time.monotonic()
         for i, w in enumerate(lonely + [pair]):
@@ -384,7 +399,7 @@ def test_waiting_connections_expire_with_group_incomplete():
             missing = "1" if w is pair or i == 0 else "2"
             assert re.search(rf"\b{missing}\b", r.message), r.message
             assert closed_by_peer(w.sock, 5)
-        assert time.monotonic() - t0 >= 1.0   # refused for having waited, not at once
+        assert time.monotonic() - t0 >= 1.0  # refused for having waited, not at once
         assert wait_until(lambda: settled(srv, waiting=0, groups=0), 5), srv.stats()
         run_good_group(srv.address, "after-expiry", rounds=3)
 
@@ -433,7 +448,7 @@ def test_descriptor_exhaustion_backs_off(tmp_path):
     with ReducerProcess(str(tmp_path), nofile=256, threads=1, handshake_timeout=30, **caps) as rp:
         socks = open_nonblocking(rp.port, peers(8), 400)
         try:
-            time.sleep(1.0)   # let the reducer reach its descriptor limit
+            time.sleep(1.0)  # let the reducer reach its descriptor limit
             c0, t0 = cpu_seconds(rp.pid), time.monotonic()
             time.sleep(3.0)
             cpu = (cpu_seconds(rp.pid) - c0) / (time.monotonic() - t0)
@@ -457,8 +472,9 @@ def test_authenticated_handshake_churn_does_not_fail_a_real_group(tmp_path):
             assert wait_until(lambda: flood.opened >= 1100, 10)
             # Within the default 10 s handshake timeout: the real workers must get in while the
             # half hellos are still held, not after they expire.
-            good = GoodGroup(rp.address, "real", rounds=3, timeout=10, connect_timeout=5, auth_token=secret,
-                             job_id="job-real").start()
+            good = GoodGroup(
+                rp.address, "real", rounds=3, timeout=10, connect_timeout=5, auth_token=secret, job_id="job-real"
+            ).start()
             good.wait_connected()
             good.join(60)
         assert rp.alive()
@@ -487,8 +503,9 @@ def test_slowloris_half_hellos_closed_within_handshake_timeout(quiet_core_log):
 def _cli(*args: str, env: dict = None) -> subprocess.CompletedProcess:
     full = {k: v for k, v in os.environ.items() if k not in ("RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE")}
     full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "reducer.cli.main", *args], capture_output=True, text=True,
-                          timeout=60, env=full)
+    return subprocess.run(
+        [sys.executable, "-m", "reducer.cli.main", *args], capture_output=True, text=True, timeout=60, env=full
+    )
 
 
 def test_job_token_cli(tmp_path):
@@ -515,28 +532,33 @@ def test_job_credential_is_bound_to_its_job(monkeypatch):
     cred_a = job_credential("job-A", job_key(secret, b"job-A"))
     with serve(auth_token=secret.decode()) as srv:
         with pytest.raises(reducer.AuthError):
-            reducer.Communicator([srv.address], 0, 1, job_id="job-B", group="g", auth_token=cred_a,
-                                 connect_timeout=3)
+            reducer.Communicator([srv.address], 0, 1, job_id="job-B", group="g", auth_token=cred_a, connect_timeout=3)
         # A credential for job A made from a wrong secret is refused too.
         forged = job_credential("job-A", job_key(b"not-the-secret", b"job-A"))
         with pytest.raises(reducer.AuthError):
-            reducer.Communicator([srv.address], 0, 1, job_id="job-A", group="g", auth_token=forged,
-                                 connect_timeout=3)
+            reducer.Communicator([srv.address], 0, 1, job_id="job-A", group="g", auth_token=forged, connect_timeout=3)
         # The credential works for its own job, next to a worker holding the shared secret.
-        run_good_group(srv.address, "g", rounds=3, job_id="job-A",
-                       rank_kwargs=[{"auth_token": cred_a}, {"auth_token": secret.decode()}])
-        assert srv.stats()["rejected"] >= 1   # the forged one (job B's may be refused by the worker itself)
+        run_good_group(
+            srv.address,
+            "g",
+            rounds=3,
+            job_id="job-A",
+            rank_kwargs=[{"auth_token": cred_a}, {"auth_token": secret.decode()}],
+        )
+        assert srv.stats()["rejected"] >= 1  # the forged one (job B's may be refused by the worker itself)
 
 
 @pytest.mark.parametrize("case", ["bad-reply-mac", "zero-reply-mac", "no-auth-challenge"])
 def test_worker_authenticates_the_reducer(case):
     """A reducer that does not know the secret cannot pass itself off as one."""
-    fake = FakeReducer(auth_required=case != "no-auth-challenge",
-                       reply_mac=b"\0" * 32 if case == "zero-reply-mac" else None)
+    fake = FakeReducer(
+        auth_required=case != "no-auth-challenge", reply_mac=b"\0" * 32 if case == "zero-reply-mac" else None
+    )
     with fake:
         with pytest.raises(reducer.AuthError):
-            reducer.Communicator([fake.address], 0, 1, job_id="job-A", group="g", auth_token="s3cret",
-                                 connect_timeout=3)
+            reducer.Communicator(
+                [fake.address], 0, 1, job_id="job-A", group="g", auth_token="s3cret", connect_timeout=3
+            )
 
 
 def test_replayed_hello_is_rejected():
@@ -564,8 +586,11 @@ def test_warning_when_serving_beyond_loopback_without_a_token(caplog, monkeypatc
     monkeypatch.delenv("RS_AUTH_TOKEN_FILE", raising=False)
 
     def auth_warnings():
-        return [r for r in caplog.records if r.levelno >= logging.WARNING
-                and re.search(r"token|authenticat", r.getMessage(), re.I)]
+        return [
+            r
+            for r in caplog.records
+            if r.levelno >= logging.WARNING and re.search(r"token|authenticat", r.getMessage(), re.I)
+        ]
 
     caplog.set_level(logging.INFO)
     with serve(host="127.0.0.1"):
@@ -594,7 +619,7 @@ def test_bye_with_text_is_a_clean_leave():
         b.send_data(x.tobytes(), dtype=I32)
         for w in (a, b):
             assert np.array_equal(np.frombuffer(w.frame()[4], "<i4"), 2 * x)
-        b.sock.sendall(bye(b"goodbye: " + b"x" * 91))   # 100 bytes of text
+        b.sock.sendall(bye(b"goodbye: " + b"x" * 91))  # 100 bytes of text
         b.close()
         time.sleep(0.2)  # let the reducer see the goodbye before rank 0's next round
         a.send_data(x.tobytes(), round_=1, dtype=I32)
@@ -671,8 +696,17 @@ def test_bye_with_text_gives_peer_lost_to_a_real_worker():
 
         def real() -> None:
             try:
-                with reducer.Communicator([srv.address], 0, 2, job_id="job-bye", group="g", connect_timeout=10,
-                                          timeout=10, chunk_bytes=1 << 20, failover=False) as comm:
+                with reducer.Communicator(
+                    [srv.address],
+                    0,
+                    2,
+                    job_id="job-bye",
+                    group="g",
+                    connect_timeout=10,
+                    timeout=10,
+                    chunk_bytes=1 << 20,
+                    failover=False,
+                ) as comm:
                     box["joined"] = True
                     assert wait_until(lambda: "bye" in box, 10)
                     comm.allreduce(np.ones(1000, np.float32))
@@ -696,8 +730,16 @@ def test_bye_with_text_gives_peer_lost_to_a_real_worker():
 # ---- 7. untrusted names --------------------------------------------------------------------------------
 
 
-BAD_NAMES = [b"job\nINFO forged line", b"\x1b[31mred", b"caf\xc3\xa9", b"\xff\xfe\xfd", b"", b"j" * 257,
-             b"with space", b"nul\x00byte"]
+BAD_NAMES = [
+    b"job\nINFO forged line",
+    b"\x1b[31mred",
+    b"caf\xc3\xa9",
+    b"\xff\xfe\xfd",
+    b"",
+    b"j" * 257,
+    b"with space",
+    b"nul\x00byte",
+]
 
 
 @pytest.mark.sanitize
@@ -748,8 +790,9 @@ def test_bit_flip_mutations_of_valid_frames(quiet_core_log, monkeypatch):
             done += 1
             try:
                 if done % 2:
-                    w = RawWorker(srv.port, rng.randrange(2), 2, group=f"flip-{done % 50}".encode(),
-                                  send_hello=False, timeout=2)
+                    w = RawWorker(
+                        srv.port, rng.randrange(2), 2, group=f"flip-{done % 50}".encode(), send_hello=False, timeout=2
+                    )
                     msg = bytearray(w.hello_bytes)
                 else:
                     w = RawWorker(srv.port, 0, 1, group=f"flip-data-{done}".encode(), chunk=4096, timeout=2)
@@ -767,8 +810,12 @@ def test_bit_flip_mutations_of_valid_frames(quiet_core_log, monkeypatch):
                 pass
         assert done >= 1000, f"only {done} mutations in 10 s"
         assert srv.running
-        assert wait_until(lambda: settled(srv, connections=base["connections"], handshakes=0, waiting=0,
-                                          memory_bytes=base["memory_bytes"]), 10), srv.stats()
+        assert wait_until(
+            lambda: settled(
+                srv, connections=base["connections"], handshakes=0, waiting=0, memory_bytes=base["memory_bytes"]
+            ),
+            10,
+        ), srv.stats()
         assert wait_until(lambda: close_wait_count(srv.port) == 0, 5)
         run_good_group(srv.address, "after-flips", rounds=3)
     assert not unraisable, [str(u.exc_value) for u in unraisable[:5]]
@@ -787,8 +834,14 @@ def test_fuzz_wire_parsers(tmp_path):
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "ASAN_OPTIONS", "UBSAN_OPTIONS")}
     env["RS_FUZZ_DIR"] = str(tmp_path / "fuzz")
     env.pop("RS_FUZZ_TARGETS", None)
-    out = subprocess.run(["bash", os.path.join(ROOT, "scripts", "fuzz.sh"), "10"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=540)
+    out = subprocess.run(
+        ["bash", os.path.join(ROOT, "scripts", "fuzz.sh"), "10"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=540,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     assert "no crash" in out.stdout
     sections = dict(re.findall(r"^== (\w+)\n(.*?)(?=^== |\Z)", out.stdout, re.S | re.M))
@@ -799,6 +852,7 @@ def test_fuzz_wire_parsers(tmp_path):
 
 
 # ---- 8. release frames (reducer failover) ---------------------------------------------------------
+
 
 def test_done_frames_lying_or_malformed_hurt_only_their_sender():
     """DONE is a header-only frame: one with a payload is a protocol error for its sender alone;

@@ -3,6 +3,7 @@
 Loopback runs always; the emulated-host runs need root and iproute2 (marked netns,
 skipped otherwise) and use their own namespace prefix so parallel runs never clash.
 """
+
 from __future__ import annotations
 
 import json
@@ -48,8 +49,10 @@ def _run_ring(world, dtype, op, sizes, chunk=1 << 20):
     ctx = mp.get_context("spawn")
     port_q, out_q = ctx.Queue(), ctx.Queue()
     addr_qs = [ctx.Queue() for _ in range(world)]
-    procs = [ctx.Process(target=_ring_rank, args=(r, world, dtype, op, sizes, chunk, port_q, addr_qs[r], out_q))
-             for r in range(world)]
+    procs = [
+        ctx.Process(target=_ring_rank, args=(r, world, dtype, op, sizes, chunk, port_q, addr_qs[r], out_q))
+        for r in range(world)
+    ]
     for p in procs:
         p.start()
     try:
@@ -69,8 +72,9 @@ def _run_ring(world, dtype, op, sizes, chunk=1 << 20):
     return results
 
 
-@pytest.mark.parametrize("dtype,op", [("float32", "sum"), ("int32", "sum"), ("int32", "max"), ("float32", "avg"),
-                                      ("bfloat16", "sum")])
+@pytest.mark.parametrize(
+    "dtype,op", [("float32", "sum"), ("int32", "sum"), ("int32", "max"), ("float32", "avg"), ("bfloat16", "sum")]
+)
 def test_ring_allreduce_w3_matches_reference(dtype, op):
     from reducer.bench.data import make_input
 
@@ -132,10 +136,10 @@ def test_warmup_iterations_by_bytes():
     M = 1 << 20
     assert warmup_iterations(64 << 10, 3, 32 * M) == 512
     assert warmup_iterations(1 * M, 3, 32 * M) == 32
-    assert warmup_iterations(3 * M, 3, 32 * M) == 11         # rounded up
-    assert warmup_iterations(16 * M, 3, 32 * M) == 3         # --warmup when it is more
+    assert warmup_iterations(3 * M, 3, 32 * M) == 11  # rounded up
+    assert warmup_iterations(16 * M, 3, 32 * M) == 3  # --warmup when it is more
     assert warmup_iterations(4, 3, 32 * M) == MAX_WARMUP_ITERS
-    assert warmup_iterations(64 << 10, 3, 0) == 3            # 0: --warmup alone
+    assert warmup_iterations(64 << 10, 3, 0) == 3  # 0: --warmup alone
     assert warmup_iterations(64 << 10, 0, 0) == 0
 
 
@@ -145,16 +149,18 @@ def test_timed_iterations_by_bytes():
     M = 1 << 20
     assert timed_iterations(64 << 10, 10, 4 * M) == 64
     assert timed_iterations(256 << 10, 10, 4 * M) == 16
-    assert timed_iterations(1 * M, 10, 4 * M) == 10          # --iters when it is more
+    assert timed_iterations(1 * M, 10, 4 * M) == 10  # --iters when it is more
     assert timed_iterations(4 << 10, 10, 4 * M) == MAX_TIMED_ITERS
-    assert timed_iterations(64 << 10, 10, 0) == 10           # 0: --iters alone
+    assert timed_iterations(64 << 10, 10, 0) == 10  # 0: --iters alone
 
 
 def test_report_busbw_and_summary():
     from reducer.bench import report
 
-    rows = [report.make_row(a, 1 << 20, 1 << 18, "float32", "sum", 4, 4, [[t, t], [t * 2, t * 2]], 0)
-            for a, t in (("rs", 1000.0), ("ring", 1500.0), ("gloo", 1600.0))]
+    rows = [
+        report.make_row(a, 1 << 20, 1 << 18, "float32", "sum", 4, 4, [[t, t], [t * 2, t * 2]], 0)
+        for a, t in (("rs", 1000.0), ("ring", 1500.0), ("gloo", 1600.0))
+    ]
     rs = rows[0]
     assert rs["time_us"] == 2000.0  # slowest rank's median
     assert rs["algbw"] == pytest.approx((1 << 20) / 2e-3 / 1e9)
@@ -187,8 +193,10 @@ def _rows_at(times, workers=4, reducers=4):
     """rs / ring rows with the given {(algo, size): seconds}, one rank, 3 equal iterations."""
     from reducer.bench import report
 
-    return [report.make_row(a, s, s // 4, "float32", "sum", workers, reducers, [[t * 1e6] * 3], 0)
-            for (a, s), t in times.items()]
+    return [
+        report.make_row(a, s, s // 4, "float32", "sum", workers, reducers, [[t * 1e6] * 3], 0)
+        for (a, s), t in times.items()
+    ]
 
 
 def test_report_issue12_targets_and_verdicts():
@@ -197,10 +205,14 @@ def test_report_issue12_targets_and_verdicts():
     rate = report.TCP_PAYLOAD_FRACTION * 1e9 / 8  # 1 Gbit/s of TCP payload, bytes/s
     M = 1 << 20
     times = {
-        ("rs", 64 << 10): 0.002, ("ring", 64 << 10): 0.003,          # rs faster: met (no bound below 4M)
-        ("rs", M): 0.040, ("ring", M): 0.012,                        # rs slower than the ring
-        ("rs", 4 * M): 4 * M / rate / 0.90, ("ring", 4 * M): 1.0,    # 90% of rs's bound: below 95%
-        ("rs", 64 * M): 64 * M / rate / 0.97, ("ring", 64 * M): 1.5 * 64 * M / rate,  # 97%, faster than the ring
+        ("rs", 64 << 10): 0.002,
+        ("ring", 64 << 10): 0.003,  # rs faster: met (no bound below 4M)
+        ("rs", M): 0.040,
+        ("ring", M): 0.012,  # rs slower than the ring
+        ("rs", 4 * M): 4 * M / rate / 0.90,
+        ("ring", 4 * M): 1.0,  # 90% of rs's bound: below 95%
+        ("rs", 64 * M): 64 * M / rate / 0.97,
+        ("ring", 64 * M): 1.5 * 64 * M / rate,  # 97%, faster than the ring
     }
     rows = _rows_at(times)
     assert report.bound_fraction(rows[4], 1.0, 4) == pytest.approx(0.90)
@@ -208,10 +220,14 @@ def test_report_issue12_targets_and_verdicts():
     cell = {int(ln.split()[0]): ln.split()[-1] for ln in text.splitlines() if ln.strip() and ln.strip()[0].isdigit()}
     assert cell == {64 << 10: "met", M: "rs<ring", 4 * M: "<95%", 64 * M: "met"}
     verdict = [ln for ln in text.splitlines() if ln.startswith("# verdict")]
-    assert verdict[0].startswith("# verdict: rs >= ring at every size 64K-256M: NOT met at 1 of 4 sizes "
-                                 "(rs/ring: 1M 0.30x); not measured: 128K, 256K, 512K, 2M, 8M,")
-    assert verdict[1].startswith("# verdict: rs >= 95% of the link bound 4M-256M: NOT met at 1 of 2 sizes "
-                                 "(rs %bound: 4M 90.0%); not measured: 8M, 16M, 32M, 128M, 256M")
+    assert verdict[0].startswith(
+        "# verdict: rs >= ring at every size 64K-256M: NOT met at 1 of 4 sizes "
+        "(rs/ring: 1M 0.30x); not measured: 128K, 256K, 512K, 2M, 8M,"
+    )
+    assert verdict[1].startswith(
+        "# verdict: rs >= 95% of the link bound 4M-256M: NOT met at 1 of 2 sizes "
+        "(rs %bound: 4M 90.0%); not measured: 8M, 16M, 32M, 128M, 256M"
+    )
     # R < W: rs's bound grows by W/R (the reducers' links carry more)
     rows = _rows_at({("rs", 4 * M): 2 * 4 * M / rate / 0.96, ("ring", 4 * M): 1.0}, workers=4, reducers=2)
     assert report.bound_fraction(rows[0], 1.0, 2) == pytest.approx(0.96)
@@ -237,8 +253,9 @@ def test_parse_congestion():
 # ------------------------------------------------------------------ end to end
 def _bench(args, timeout=120, **kw):
     # --warmup alone (not hundreds of warm-up rounds per small size): these runs check what is printed
-    extra = ([] if "--warmup-bytes" in args else ["--warmup-bytes", "0"]) + \
-        ([] if "--iters-bytes" in args else ["--iters-bytes", "0"])
+    extra = ([] if "--warmup-bytes" in args else ["--warmup-bytes", "0"]) + (
+        [] if "--iters-bytes" in args else ["--iters-bytes", "0"]
+    )
     cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress"] + extra + args
     return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, **kw)
 
@@ -277,8 +294,7 @@ def _check_run(res, json_path, algos_expected, sizes):
     data = json.load(open(json_path))
     assert len(data) == len(algos_expected) * len(sizes)
     for row in data:
-        for key in ("algo", "size", "dtype", "workers", "reducers", "time_us", "algbw", "busbw", "wrong",
-                    "samples_us"):
+        for key in ("algo", "size", "dtype", "workers", "reducers", "time_us", "algbw", "busbw", "wrong", "samples_us"):
             assert key in row, key
         assert row["wrong"] == 0
         assert len(row["samples_us"]) == row["workers"] and all(len(s) == 2 for s in row["samples_us"])
@@ -291,16 +307,52 @@ def test_bench_loopback_end_to_end(tmp_path):
 
     algos = ["rs", "ring"] + (["gloo"] if importlib.util.find_spec("torch") else [])
     jp, pp = tmp_path / "bench.json", tmp_path / "bench.png"
-    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1",
-                  "--json", str(jp), "--plot", str(pp)])
+    res = _bench(
+        [
+            "--workers",
+            "2",
+            "--reducers",
+            "2",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--json",
+            str(jp),
+            "--plot",
+            str(pp),
+        ]
+    )
     _check_run(res, jp, algos, [4096, 65536])
     assert pp.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
 def test_bench_other_dtype_and_op(tmp_path):
     jp = tmp_path / "b.json"
-    res = _bench(["--workers", "3", "--reducers", "2", "--sizes", "4K,100K", "--iters", "2", "--warmup", "0",
-                  "--dtype", "bfloat16", "--op", "avg", "--algos", "rs,ring", "--json", str(jp)])
+    res = _bench(
+        [
+            "--workers",
+            "3",
+            "--reducers",
+            "2",
+            "--sizes",
+            "4K,100K",
+            "--iters",
+            "2",
+            "--warmup",
+            "0",
+            "--dtype",
+            "bfloat16",
+            "--op",
+            "avg",
+            "--algos",
+            "rs,ring",
+            "--json",
+            str(jp),
+        ]
+    )
     _check_run(res, jp, ["rs", "ring"], [4096, 102400])
 
 
@@ -329,8 +381,28 @@ def prefix():
 @needs_netns
 def test_bench_emulated_end_to_end(tmp_path, prefix):
     jp = tmp_path / "emu.json"
-    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,64K", "--iters", "2", "--warmup", "1",
-                  "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp)])
+    res = _bench(
+        [
+            "--workers",
+            "2",
+            "--reducers",
+            "2",
+            "--sizes",
+            "4K,64K",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--algos",
+            "rs,ring",
+            "--emulate-gbps",
+            "1",
+            "--netns-prefix",
+            prefix,
+            "--json",
+            str(jp),
+        ]
+    )
     _check_run(res, jp, ["rs", "ring"], [4096, 65536])
     assert "1 Gbit/s emulated" in res.stdout
     assert emulate.leftovers(prefix) == []
@@ -343,9 +415,30 @@ def test_bench_emulated_congestion_ab(tmp_path, prefix):
     default = open("/proc/sys/net/ipv4/tcp_congestion_control").read().strip()
     other = "reno" if default != "reno" else "cubic"
     jp = tmp_path / "cc.json"
-    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "64K", "--iters", "2", "--warmup", "1",
-                  "--algos", "rs,ring", "--emulate-gbps", "1", "--netns-prefix", prefix, "--json", str(jp),
-                  "--congestion", f"{other},default"])
+    res = _bench(
+        [
+            "--workers",
+            "2",
+            "--reducers",
+            "2",
+            "--sizes",
+            "64K",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--algos",
+            "rs,ring",
+            "--emulate-gbps",
+            "1",
+            "--netns-prefix",
+            prefix,
+            "--json",
+            str(jp),
+            "--congestion",
+            f"{other},default",
+        ]
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     out = res.stdout
     for name in (other, default):
@@ -358,7 +451,8 @@ def test_bench_emulated_congestion_ab(tmp_path, prefix):
     assert mine.count("# verdict: rs >= ring") == 1 and then.count("# verdict: rs >= ring") == 1
     rows = json.load(open(jp))
     assert sorted((r["congestion"], r["algo"]) for r in rows) == sorted(
-        [(other, "rs"), (other, "ring"), (default, "rs"), (default, "ring")])
+        [(other, "rs"), (other, "ring"), (default, "rs"), (default, "ring")]
+    )
     assert all(r["wrong"] == 0 and r["iter_us"]["min"] <= r["iter_us"]["median"] <= r["iter_us"]["max"] for r in rows)
     assert emulate.leftovers(prefix) == []
 
@@ -367,10 +461,33 @@ def test_bench_emulated_congestion_ab(tmp_path, prefix):
 @needs_netns
 def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
     """Kill a measured worker mid-run: the bench reports the failure and removes every namespace."""
-    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress", "--workers", "2", "--reducers", "1",
-           "--sizes", "8M", "--iters", "50", "--warmup", "0", "--warmup-bytes", "0", "--algos", "ring",
-           "--emulate-gbps", "0.2",
-           "--timeout", "5", "--netns-prefix", prefix]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reducer.cli.main",
+        "bench",
+        "--no-progress",
+        "--workers",
+        "2",
+        "--reducers",
+        "1",
+        "--sizes",
+        "8M",
+        "--iters",
+        "50",
+        "--warmup",
+        "0",
+        "--warmup-bytes",
+        "0",
+        "--algos",
+        "ring",
+        "--emulate-gbps",
+        "0.2",
+        "--timeout",
+        "5",
+        "--netns-prefix",
+        prefix,
+    ]
     p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
     victim = None
     deadline = time.monotonic() + 40
@@ -399,9 +516,24 @@ def test_call_overhead_benchmark_runs():
     # benchmarks/bench_call_overhead.py: the three ways of calling (core, raw, allreduce) each
     # produce a row with a time per call and the part added to the core's calls.
     root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    out = subprocess.run([sys.executable, os.path.join(root, "benchmarks", "bench_call_overhead.py"), "--nbytes", "4K",
-                          "--calls", "20", "--repeat", "1"], capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(root, "benchmarks", "bench_call_overhead.py"),
+            "--nbytes",
+            "4K",
+            "--calls",
+            "20",
+            "--repeat",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
-    rows = {line.split()[0]: line.split() for line in out.stdout.splitlines() if line and not line.startswith(("#", "way"))}
+    rows = {
+        line.split()[0]: line.split() for line in out.stdout.splitlines() if line and not line.startswith(("#", "way"))
+    }
     assert set(rows) == {"core", "raw", "allreduce"}
     assert rows["core"][-1] == "1.000x" and all(float(r[1]) > 0 for r in rows.values())

@@ -1,5 +1,6 @@
 """`reduction-server bench --control-plane`: option parsing, the A/B pass order and report, and a
 loopback run whose poller really reaches every reducer's GetStats and /metrics (no timing asserted)."""
+
 from __future__ import annotations
 
 import argparse
@@ -59,13 +60,16 @@ def test_rs_cp_measures_rs_with_the_same_settings():
     assert wire_dtype("ring", cfg) is None
 
 
-@pytest.mark.parametrize("mode, algos, model, passes, interval, message", [
-    ("ab", ["ring"], None, 2, 0.1, "include rs"),
-    ("ab", ["rs"], "resnet50", 2, 0.1, "not with --model"),
-    ("ab", ["rs"], None, 0, 0.1, "--ab-passes"),
-    ("on", ["rs"], None, 2, 0.0, "--poll-interval-ms"),
-    ("sometimes", ["rs"], None, 2, 0.1, "bad --control-plane"),
-])
+@pytest.mark.parametrize(
+    "mode, algos, model, passes, interval, message",
+    [
+        ("ab", ["ring"], None, 2, 0.1, "include rs"),
+        ("ab", ["rs"], "resnet50", 2, 0.1, "not with --model"),
+        ("ab", ["rs"], None, 0, 0.1, "--ab-passes"),
+        ("on", ["rs"], None, 2, 0.0, "--poll-interval-ms"),
+        ("sometimes", ["rs"], None, 2, 0.1, "bad --control-plane"),
+    ],
+)
 def test_check_refuses_what_cannot_run(mode, algos, model, passes, interval, message):
     with pytest.raises(ConfigError, match=message):
         control_ab.check(mode, algos, model, passes, interval)
@@ -93,8 +97,10 @@ def test_merge_passes_pools_each_ranks_samples():
     slowest = np.max(np.array(pooled), axis=0)
     st = rs["iter_us"]
     assert st["median"] == float(np.median(slowest)) and st["max"] == 32.0 and st["min"] == 20.0
-    assert (st["p10"], st["p90"]) == (pytest.approx(float(np.percentile(slowest, 10))),
-                                      pytest.approx(float(np.percentile(slowest, 90))))
+    assert (st["p10"], st["p90"]) == (
+        pytest.approx(float(np.percentile(slowest, 10))),
+        pytest.approx(float(np.percentile(slowest, 90))),
+    )
 
 
 def test_ab_table_gives_on_over_off_per_size_and_the_spread():
@@ -105,8 +111,17 @@ def test_ab_table_gives_on_over_off_per_size_and_the_spread():
         r_on = _row("rs+cp", size, [[on], [on]])
         r_on["pass_time_us"] = [on]
         rows += [r_off, r_on]
-    rows[-1]["polls"] = {"get_stats": 40, "scrapes": 40, "errors": 0, "late": 0, "rounds_seen": 7,
-                         "metrics_bytes": 123456, "seconds": 2.0, "cpu_s": 0.1, "first_error": ""}
+    rows[-1]["polls"] = {
+        "get_stats": 40,
+        "scrapes": 40,
+        "errors": 0,
+        "late": 0,
+        "rounds_seen": 7,
+        "metrics_bytes": 123456,
+        "seconds": 2.0,
+        "cpu_s": 0.1,
+        "first_error": "",
+    }
     res = control_ab.ratios(rows)
     assert res["per_size"] == {64 << 10: 3.0, 1 << 20: pytest.approx(1.01), 4 << 20: pytest.approx(0.99)}
     assert res["geomean_sizes"] == 2  # below 1 MiB is left out of the mean
@@ -124,23 +139,59 @@ def test_ab_table_gives_on_over_off_per_size_and_the_spread():
 def test_merge_counts_sums_and_keeps_the_first_error():
     a = {"get_stats": 3, "scrapes": 3, "errors": 0, "rounds_seen": 5, "seconds": 1.5, "first_error": ""}
     b = {"get_stats": 4, "scrapes": 2, "errors": 2, "rounds_seen": 9, "seconds": 1.0, "first_error": "GET x: boom"}
-    assert merge_counts([a, b]) == {"get_stats": 7, "scrapes": 5, "errors": 2, "rounds_seen": 9, "seconds": 2.5,
-                                    "first_error": "GET x: boom"}
+    assert merge_counts([a, b]) == {
+        "get_stats": 7,
+        "scrapes": 5,
+        "errors": 2,
+        "rounds_seen": 9,
+        "seconds": 2.5,
+        "first_error": "GET x: boom",
+    }
 
 
 def test_loopback_ab_run_polls_every_reducer(tmp_path):
     pytest.importorskip("grpc")
     pytest.importorskip("prometheus_client")
     jp = tmp_path / "cp.json"
-    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", "--no-progress", "--workers", "2", "--reducers", "2",
-           "--sizes", "64K,1M", "--iters", "3", "--iters-bytes", "0", "--warmup", "1", "--warmup-bytes", "0", "--algos", "rs", "--control-plane", "ab",
-           "--poll-interval-ms", "20", "--json", str(jp)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reducer.cli.main",
+        "bench",
+        "--no-progress",
+        "--workers",
+        "2",
+        "--reducers",
+        "2",
+        "--sizes",
+        "64K,1M",
+        "--iters",
+        "3",
+        "--iters-bytes",
+        "0",
+        "--warmup",
+        "1",
+        "--warmup-bytes",
+        "0",
+        "--algos",
+        "rs",
+        "--control-plane",
+        "ab",
+        "--poll-interval-ms",
+        "20",
+        "--json",
+        str(jp),
+    ]
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=240, cwd=ROOT)
     assert res.returncode == 0, res.stdout + res.stderr
     assert "# Control plane A/B" in res.stdout and "# rs+cp: " in res.stdout
     rows = json.load(open(jp))
-    assert sorted((r["algo"], r["size"]) for r in rows) == [("rs", 65536), ("rs", 1 << 20),
-                                                            ("rs+cp", 65536), ("rs+cp", 1 << 20)]
+    assert sorted((r["algo"], r["size"]) for r in rows) == [
+        ("rs", 65536),
+        ("rs", 1 << 20),
+        ("rs+cp", 65536),
+        ("rs+cp", 1 << 20),
+    ]
     for r in rows:
         assert r["wrong"] == 0
         assert len(r["pass_time_us"]) == 2  # A B B A: two passes of each variant

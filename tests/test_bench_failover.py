@@ -1,5 +1,6 @@
 """The pure helpers of benchmarks/bench_failover.py and the link bound it shares with the bench
 (nothing timed here: the benchmark itself needs root and network namespaces)."""
+
 from __future__ import annotations
 
 import numpy as np
@@ -29,7 +30,7 @@ def test_a_float32_fold_is_within_the_float64_tolerance_and_a_wrong_value_is_not
     np.testing.assert_array_equal(ref, exact)
     bad = fold.copy()
     bad[123] += 1e-3 * max(1.0, abs(float(bad[123])))  # far more than world x eps32 x sum|x|
-    bad[4567] = bf.random_input(0, n)[4567]            # one rank's input instead of the sum
+    bad[4567] = bf.random_input(0, n)[4567]  # one rank's input instead of the sum
     assert bf.count_off(bad, ref, tol) == 2
 
 

@@ -4,6 +4,7 @@ The bucket plan is checked against hand-written tables and, where torch is insta
 torch's own ``dist._compute_bucket_assignment_by_size`` (what DDP's rebuild_buckets calls) on
 the full-size models. The end-to-end run is loopback, W=2 R=1, a model scaled down; nothing is timed.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------ models
-@pytest.mark.parametrize("name,tensors,params", [
-    ("resnet50", 161, 25_557_032),     # "25.6M"
-    ("bert-base", 199, 109_482_240),   # "110M"
-    ("gpt2-medium", 292, 354_823_168),  # "355M"
-])
+@pytest.mark.parametrize(
+    "name,tensors,params",
+    [
+        ("resnet50", 161, 25_557_032),  # "25.6M"
+        ("bert-base", 199, 109_482_240),  # "110M"
+        ("gpt2-medium", 292, 354_823_168),  # "355M"
+    ],
+)
 def test_model_parameter_totals(name, tensors, params):
     shapes = models.parameters(name)
     assert len(shapes) == tensors
@@ -111,8 +115,7 @@ def test_bucket_plan_matches_torch_ddp(name, cap_mb):
     ready = list(reversed(range(len(shapes))))
     tensors = [torch.empty(shapes[i][1], device="meta") for i in ready]
     cap = cap_mb * MIB
-    want, limits = dist._compute_bucket_assignment_by_size(tensors, [dist._DEFAULT_FIRST_BUCKET_BYTES, cap],
-                                                            [], ready)
+    want, limits = dist._compute_bucket_assignment_by_size(tensors, [dist._DEFAULT_FIRST_BUCKET_BYTES, cap], [], ready)
     got = plan_buckets(counts, 4, cap, MIB)
     assert [list(b.params) for b in got] == [list(w) for w in want]
     assert len(got) >= 2 and got[0].count * 4 >= MIB and limits[0] == MIB
@@ -183,9 +186,30 @@ def test_bench_model_end_to_end(tmp_path):
     pytest.importorskip("torch")
     pytest.importorskip("matplotlib")
     jp, pp = tmp_path / "steps.json", tmp_path / "steps.png"
-    res = _bench(["--model", "resnet50", "--scale", "0.005", "--workers", "2", "--reducers", "1", "--iters", "2",
-                  "--warmup", "1", "--bucket-cap-mb", "25,64", "--compute-ms", "0,gloo", "--json", str(jp),
-                  "--plot", str(pp)])
+    res = _bench(
+        [
+            "--model",
+            "resnet50",
+            "--scale",
+            "0.005",
+            "--workers",
+            "2",
+            "--reducers",
+            "1",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--bucket-cap-mb",
+            "25,64",
+            "--compute-ms",
+            "0,gloo",
+            "--json",
+            str(jp),
+            "--plot",
+            str(pp),
+        ]
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "resnet50: one DDP training step" in res.stdout and "it hides" in res.stdout
     rows = json.load(open(jp))
@@ -222,15 +246,18 @@ def test_bench_model_end_to_end(tmp_path):
     assert pp.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--model", "resnet50", "--dtype", "float64"], "must be float32"),
-    (["--model", "resnet50", "--compute-ms", "0,gloo", "--algos", "rs"], "needs the gloo algorithm"),
-    (["--model", "resnet50", "--compute-ms", "fast"], "bad --compute-ms"),
-    (["--model", "resnet50", "--compute-ms", "-1"], ">= 0 ms"),
-    (["--model", "resnet50", "--bucket-cap-mb", "0"], "must be > 0"),
-    (["--model", "resnet50", "--scale", "2"], "--scale"),
-    (["--model", "resnet50", "--algos", "rs,nccl"], "unknown algorithm"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--model", "resnet50", "--dtype", "float64"], "must be float32"),
+        (["--model", "resnet50", "--compute-ms", "0,gloo", "--algos", "rs"], "needs the gloo algorithm"),
+        (["--model", "resnet50", "--compute-ms", "fast"], "bad --compute-ms"),
+        (["--model", "resnet50", "--compute-ms", "-1"], ">= 0 ms"),
+        (["--model", "resnet50", "--bucket-cap-mb", "0"], "must be > 0"),
+        (["--model", "resnet50", "--scale", "2"], "--scale"),
+        (["--model", "resnet50", "--algos", "rs,nccl"], "unknown algorithm"),
+    ],
+)
 def test_bench_model_bad_arguments(args, message):
     res = _bench(args + ["--workers", "2", "--reducers", "1"], timeout=60)
     assert res.returncode == 2, res.stdout + res.stderr

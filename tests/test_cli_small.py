@@ -1,6 +1,7 @@
 """The small things of issue 24 point 7, as a user reads them: `--version`, `launch` usage,
 `bench` errors that name the flag, singular counts, and a loopback bench summary that says what
 limits the run instead of a bare link theory."""
+
 from __future__ import annotations
 
 import re
@@ -51,8 +52,22 @@ def _rows(workers: int, reducers: int, cpu: float | None = 97.0) -> list[dict[st
     rows = []
     for algo, us in (("rs", 200.0), ("ring", 100.0)):
         for size, pct in ((4096, None), (1 << 20, cpu)):
-            rows.append(dict(algo=algo, size=size, count=size // 4, dtype="float32", op="sum", time_us=us,
-                             algbw=1.0, busbw=1.0, wrong=0, workers=workers, reducers=reducers, cpu_percent=pct))
+            rows.append(
+                dict(
+                    algo=algo,
+                    size=size,
+                    count=size // 4,
+                    dtype="float32",
+                    op="sum",
+                    time_us=us,
+                    algbw=1.0,
+                    busbw=1.0,
+                    wrong=0,
+                    workers=workers,
+                    reducers=reducers,
+                    cpu_percent=pct,
+                )
+            )
     return rows
 
 

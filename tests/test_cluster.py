@@ -1,6 +1,7 @@
 """Cluster discovery (reducer/cluster.py; CLUSTER_SPEC / TF_CONFIG are read by the C++ reader of
 csrc/cluster/, reducer._core.cluster, which the NCCL plugin shares: tests/test_nccl_plugin.py asks
 both the same questions)."""
+
 from __future__ import annotations
 
 import json
@@ -54,8 +55,12 @@ TF_CLUSTER = {
 
 
 def tf_config(task_type: str, index: int, cluster: dict[str, Any] = TF_CLUSTER, **extra: str) -> dict[str, str]:
-    cfg = {"cluster": cluster, "task": {"type": task_type, "index": index, "cloud": "x"},
-           "environment": "cloud", "job": {}}
+    cfg = {
+        "cluster": cluster,
+        "task": {"type": task_type, "index": index, "cloud": "x"},
+        "environment": "cloud",
+        "job": {},
+    }
     return {"TF_CONFIG": json.dumps(cfg), **extra}
 
 
@@ -76,9 +81,19 @@ def _clean_environ(monkeypatch: pytest.MonkeyPatch) -> None:
 def test_vertex_primary_is_rank_0() -> None:
     info = discover(cluster_spec("workerpool0", 0))
     assert info == ClusterInfo(
-        role="worker", reducers=REDUCERS, workers=WORKERS, node_rank=0, num_nodes=3,
-        local_rank=0, local_world_size=1, rank=0, world_size=3, job_id="local",
-        source="CLUSTER_SPEC", bind_port=None, task_type="workerpool0",
+        role="worker",
+        reducers=REDUCERS,
+        workers=WORKERS,
+        node_rank=0,
+        num_nodes=3,
+        local_rank=0,
+        local_world_size=1,
+        rank=0,
+        world_size=3,
+        job_id="local",
+        source="CLUSTER_SPEC",
+        bind_port=None,
+        task_type="workerpool0",
     )
 
 
@@ -144,8 +159,10 @@ def test_vertex_evaluator_is_not_in_the_group() -> None:
     assert info.role == "evaluator"
     assert info.workers == WORKERS  # workerpool3 is never a worker
     assert info.reducers == REDUCERS
-    with pytest.raises(ConfigError, match=re.escape(
-            "this process is an evaluator (workerpool3) and is not part of the all-reduce group")):
+    with pytest.raises(
+        ConfigError,
+        match=re.escape("this process is an evaluator (workerpool3) and is not part of the all-reduce group"),
+    ):
         discover_worker(env)
     with pytest.raises(ConfigError, match=r"workerpool3 \(an evaluator\).*not a reducer.*workerpool2"):
         discover_reducer(env)
@@ -183,8 +200,11 @@ def test_vertex_missing_pool0() -> None:
 
 def test_vertex_task_pool_missing_or_index_out_of_range() -> None:
     cluster = {"workerpool0": ["p:2222"], "workerpool2": ["r:2222"]}
-    with pytest.raises(ConfigError, match=r"task type is 'workerpool1' but the cluster has no 'workerpool1' pool: "
-                                          r"found pools workerpool0, workerpool2"):
+    with pytest.raises(
+        ConfigError,
+        match=r"task type is 'workerpool1' but the cluster has no 'workerpool1' pool: "
+        r"found pools workerpool0, workerpool2",
+    ):
         discover(cluster_spec("workerpool1", 0, cluster))
     with pytest.raises(ConfigError, match=r"task index 2 is out of range: pool 'workerpool2' has 2 entries"):
         discover(cluster_spec("workerpool2", 2))
@@ -280,19 +300,30 @@ def test_reader_returns_the_plain_structure() -> None:
 
 HOSTILE = [
     ("[" * 100 + "]" * 100, "CLUSTER_SPEC is not valid JSON (nested too deeply at offset 65)"),
-    ('{"cluster": {}, "task": {}, "pad": "' + "x" * (1 << 20) + '"}', "CLUSTER_SPEC is not valid JSON (document larger than 1 MiB"),
+    (
+        '{"cluster": {}, "task": {}, "pad": "' + "x" * (1 << 20) + '"}',
+        "CLUSTER_SPEC is not valid JSON (document larger than 1 MiB",
+    ),
     ('{"cluster": {"workerpool0": ["\\ud800:1"]}, "task": {}}', "lone surrogate in a \\u escape at offset 36"),
     ('{"cluster": {"workerpool0": ["p\udcff:1"]}, "task": {}}', "invalid UTF-8 in a string at offset 31"),
     ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": NaN}}', "not valid JSON"),
     ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": 007}}', "leading zero"),
-    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": ["workerpool0"], "index": 0}}',
-     "CLUSTER_SPEC task type ['workerpool0'] is unknown: expected one of workerpool0 (primary)"),
-    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": 1e0}}',
-     "CLUSTER_SPEC task index 1e0 is not a non-negative integer"),
-    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": true}}',
-     "CLUSTER_SPEC task index True is not a non-negative integer"),
-    ('{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": ' + "9" * 40 + '}}',
-     "CLUSTER_SPEC task index 9223372036854775807 is out of range: pool 'workerpool0' has 1 entry"),
+    (
+        '{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": ["workerpool0"], "index": 0}}',
+        "CLUSTER_SPEC task type ['workerpool0'] is unknown: expected one of workerpool0 (primary)",
+    ),
+    (
+        '{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": 1e0}}',
+        "CLUSTER_SPEC task index 1e0 is not a non-negative integer",
+    ),
+    (
+        '{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": true}}',
+        "CLUSTER_SPEC task index True is not a non-negative integer",
+    ),
+    (
+        '{"cluster": {"workerpool0": ["p:1"]}, "task": {"type": "workerpool0", "index": ' + "9" * 40 + "}}",
+        "CLUSTER_SPEC task index 9223372036854775807 is out of range: pool 'workerpool0' has 1 entry",
+    ),
 ]
 
 
@@ -311,10 +342,14 @@ def test_hostile_descriptions_are_config_errors(text: str, expect: str) -> None:
 def test_long_values_are_cut_in_messages() -> None:
     pool = [f"host-{i}.example:2222" for i in range(10_000)]
     with pytest.raises(ConfigError) as exc:
-        discover({"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": pool + [7]}, "task": {"type": "workerpool0"}})})
+        discover(
+            {"CLUSTER_SPEC": json.dumps({"cluster": {"workerpool0": pool + [7]}, "task": {"type": "workerpool0"}})}
+        )
     msg = str(exc.value)
-    assert msg.startswith("CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found "
-                          "['host-0.example:2222', 'host-1.example:2222'")
+    assert msg.startswith(
+        "CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found "
+        "['host-0.example:2222', 'host-1.example:2222'"
+    )
     assert msg.endswith("...") and len(msg) < 400
 
 
@@ -365,8 +400,9 @@ def test_tf_ps_is_reducer() -> None:
 def test_tf_evaluator() -> None:
     env = tf_config("evaluator", 0)  # evaluators never appear in TF_CONFIG's cluster
     assert discover(env).role == "evaluator"
-    with pytest.raises(ConfigError, match=re.escape(
-            "this process is an evaluator (evaluator) and is not part of the all-reduce group")):
+    with pytest.raises(
+        ConfigError, match=re.escape("this process is an evaluator (evaluator) and is not part of the all-reduce group")
+    ):
         discover_worker(env)
     with pytest.raises(ConfigError, match="not a reducer: reducers must run as ps"):
         discover_reducer(env)
@@ -394,8 +430,17 @@ def test_tf_unknown_task_type() -> None:
 def test_rs_mode() -> None:
     info = discover(rs_env(RS_RANK="3", RS_WORLD_SIZE="4"))
     assert info == ClusterInfo(
-        role="worker", reducers=["10.0.0.5:2222", "10.0.0.6:2223"], workers=[], node_rank=3, num_nodes=4,
-        local_rank=0, local_world_size=1, rank=3, world_size=4, job_id="local", source="RS_REDUCERS",
+        role="worker",
+        reducers=["10.0.0.5:2222", "10.0.0.6:2223"],
+        workers=[],
+        node_rank=3,
+        num_nodes=4,
+        local_rank=0,
+        local_world_size=1,
+        rank=3,
+        world_size=4,
+        job_id="local",
+        source="RS_REDUCERS",
     )
 
 
@@ -447,8 +492,11 @@ def test_rs_empty_reducer_pool() -> None:
 
 
 def test_rs_bad_reducer_address() -> None:
-    with pytest.raises(ConfigError, match=r"RS_REDUCERS: bad reducer address: address 'h:99999': port 99999 "
-                                          r"is out of range"):
+    with pytest.raises(
+        ConfigError,
+        match=r"RS_REDUCERS: bad reducer address: address 'h:99999': port 99999 "
+        r"is out of range",
+    ):
         discover({"RS_REDUCERS": "a:1,h:99999", "RS_RANK": "0", "RS_WORLD_SIZE": "1"})
 
 
@@ -456,7 +504,8 @@ def test_nothing_found() -> None:
     with pytest.raises(ConfigError) as exc:
         discover({})
     assert str(exc.value).startswith(
-        "no cluster found: set CLUSTER_SPEC (Vertex AI), TF_CONFIG, or RS_REDUCERS with RS_RANK and RS_WORLD_SIZE")
+        "no cluster found: set CLUSTER_SPEC (Vertex AI), TF_CONFIG, or RS_REDUCERS with RS_RANK and RS_WORLD_SIZE"
+    )
     with pytest.raises(ConfigError, match="no cluster found"):
         discover_worker({})
     with pytest.raises(ConfigError, match="found RS_RANK and RS_WORLD_SIZE but RS_REDUCERS is not set"):
@@ -552,8 +601,9 @@ def test_every_setting_is_documented() -> None:
     missing = [s.env for s in config.SETTINGS.values() if not any(f"`{s.env}`" in row for row in rows)]
     assert not missing, f"settings missing from the table in docs/configuration.md: {missing}"
     for s in config.SETTINGS.values():
-        assert any(row.startswith(f"| `{s.name}` | `{s.env}` |") for row in rows), \
+        assert any(row.startswith(f"| `{s.name}` | `{s.env}` |") for row in rows), (
             f"docs/configuration.md: no row '| `{s.name}` | `{s.env}` |'"
+        )
 
 
 def test_docs_cluster_spec_example_matches_discovery() -> None:

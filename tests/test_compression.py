@@ -5,6 +5,7 @@ wire type, summed in float32 in rank order, rounded once, widened. Every worker 
 exactly those bits, whatever the round's shape (contiguous, scatter-gather), the rounds in
 flight, the streams, chunk size and window; and the wire must carry half the bytes.
 """
+
 from __future__ import annotations
 
 import random
@@ -31,11 +32,20 @@ SIZES = (0, 1, 7, 1000, 20_001, 100_003, 300_001)
 def specs(seed: int, count: int) -> list[compression_tasks.Spec]:
     """Every compression x op once, then random rounds (some plain float32), the same on every rank."""
     rng = random.Random(seed)
-    out = [(c, op, rng.choice(SIZES[3:]), rng.choice((1, 3))) for c in ("bf16", "fp16")
-           for op in ("sum", "avg", "min", "max")]
+    out = [
+        (c, op, rng.choice(SIZES[3:]), rng.choice((1, 3)))
+        for c in ("bf16", "fp16")
+        for op in ("sum", "avg", "min", "max")
+    ]
     while len(out) < count:
-        out.append((rng.choice(("bf16", "fp16", "bf16", "fp16", "")), rng.choice(("sum", "avg", "min", "max")),
-                    rng.choice(SIZES), rng.choice((1, 1, 3))))
+        out.append(
+            (
+                rng.choice(("bf16", "fp16", "bf16", "fp16", "")),
+                rng.choice(("sum", "avg", "min", "max")),
+                rng.choice(SIZES),
+                rng.choice((1, 1, 3)),
+            )
+        )
     return out
 
 
@@ -53,12 +63,15 @@ def check_rounds(res: list[Any], plan: list[compression_tasks.Spec], world: int,
             assert got.tobytes() == res[0]["results"][i].tobytes(), f"round {i}: rank {r} differs from rank 0"
 
 
-@pytest.mark.parametrize("world,nred,streams,chunk,window,max_rounds", [
-    (2, 1, 1, 1 << 20, 4, 8),
-    (3, 2, 2, 8192, 2, 8),
-    (2, 3, 1, 65536, 1, 4),
-    (3, 3, 1, 16384, 4, 3),
-])
+@pytest.mark.parametrize(
+    "world,nred,streams,chunk,window,max_rounds",
+    [
+        (2, 1, 1, 1 << 20, 4, 8),
+        (3, 2, 2, 8192, 2, 8),
+        (2, 3, 1, 65536, 1, 4),
+        (3, 3, 1, 16384, 4, 3),
+    ],
+)
 def test_rounds_in_flight_match_the_definition(pool, reducers, world, nred, streams, chunk, window, max_rounds):
     """Compressed rounds (every op, odd sizes, ties, subnormals, inf, NaN; contiguous and
     scatter-gather) mixed with plain float32 rounds, all started before any is waited for, then
@@ -67,9 +80,20 @@ def test_rounds_in_flight_match_the_definition(pool, reducers, world, nred, stre
     seed = world * 10 + nred
     plan = specs(seed, 20)
     servers = reducers(nred)
-    res = run_ranks(pool, compression_tasks.rounds, world, timeout=200, addrs=addresses(servers),
-                    group=f"cmp-{world}-{nred}", specs=plan, seed=seed, streams=streams, chunk_bytes=chunk,
-                    window=window, max_rounds_in_flight=max_rounds)
+    res = run_ranks(
+        pool,
+        compression_tasks.rounds,
+        world,
+        timeout=200,
+        addrs=addresses(servers),
+        group=f"cmp-{world}-{nred}",
+        specs=plan,
+        seed=seed,
+        streams=streams,
+        chunk_bytes=chunk,
+        window=window,
+        max_rounds_in_flight=max_rounds,
+    )
     check_rounds(res, plan, world, seed)
     for r in res:
         assert r["stats"]["rounds"] == len(plan) and r["stats"]["reconnects"] == 0
@@ -82,12 +106,24 @@ def test_communicator_entry_points_and_wire_bytes(pool, reducers):
     rounds put half the bytes of the plain round on the wire."""
     n, seed, world = 1 << 20, 5, 2
     servers = reducers(2)
-    res = run_ranks(pool, compression_tasks.communicator_paths, world, timeout=200, addrs=addresses(servers),
-                    group="cmp-comm", n=n, seed=seed)
+    res = run_ranks(
+        pool,
+        compression_tasks.communicator_paths,
+        world,
+        timeout=200,
+        addrs=addresses(servers),
+        group="cmp-comm",
+        n=n,
+        seed=seed,
+    )
     inputs = [make_values(n, r, seed) for r in range(world)]
-    want = {"none": expected(inputs, "", "sum"), "setting": expected(inputs, "bf16", "sum"),
-            "fp16": expected(inputs, "fp16", "avg"), "raw_bf16": expected(inputs, "bf16", "max"),
-            "async_fp16": expected(inputs, "fp16", "min")}
+    want = {
+        "none": expected(inputs, "", "sum"),
+        "setting": expected(inputs, "bf16", "sum"),
+        "fp16": expected(inputs, "fp16", "avg"),
+        "raw_bf16": expected(inputs, "bf16", "max"),
+        "async_fp16": expected(inputs, "fp16", "min"),
+    }
     ints = sum(np.arange(n, dtype=np.float64) * (r + 1) for r in range(world))
     for out in res:
         for name, w in want.items():
@@ -122,7 +158,7 @@ def test_compression_needs_float32_and_whole_floats(reducers):
             c.start_ptr(raw.ctypes.data + 2, 32, "float32", "sum", compression="fp16")
         with pytest.raises(ValueError, match="unknown compression"):
             c.start_ptr(raw.ctypes.data, 36, "float32", "sum", compression="int8")
-        x = np.array([1.0 + 2.0 ** -9, 3.0, np.inf], np.float32)  # one worker: just the two roundings
+        x = np.array([1.0 + 2.0**-9, 3.0, np.inf], np.float32)  # one worker: just the two roundings
         c.wait(c.start_ptr(x.ctypes.data, x.nbytes, "float32", "sum", compression="bf16"))
         np.testing.assert_array_equal(x, np.array([1.0, 3.0, np.inf], np.float32))
         assert c.stats()["reconnects"] == 0
@@ -133,7 +169,7 @@ def test_compression_needs_float32_and_whole_floats(reducers):
             comm.allreduce(np.zeros(4, np.float64), compression="bf16")
         with pytest.raises(ConfigError, match="unknown compression"):
             comm.allreduce(np.zeros(4, np.float32), compression="fp8")
-        y = np.array([1.0 + 2.0 ** -12], np.float32)
+        y = np.array([1.0 + 2.0**-12], np.float32)
         comm.allreduce(y, compression="fp16")
         assert y[0] == 1.0
     with pytest.raises(ConfigError, match="unknown compression"):
@@ -231,8 +267,29 @@ def test_bench_compression_end_to_end(tmp_path):
     from test_bench import _bench
 
     jp = tmp_path / "bench.json"
-    res = _bench(["--workers", "2", "--reducers", "2", "--sizes", "4K,256K", "--iters", "2", "--warmup", "1",
-                  "--algos", "rs,gloo-bf16", "--compression", "bf16", "--op", "avg", "--json", str(jp)], timeout=200)
+    res = _bench(
+        [
+            "--workers",
+            "2",
+            "--reducers",
+            "2",
+            "--sizes",
+            "4K,256K",
+            "--iters",
+            "2",
+            "--warmup",
+            "1",
+            "--algos",
+            "rs,gloo-bf16",
+            "--compression",
+            "bf16",
+            "--op",
+            "avg",
+            "--json",
+            str(jp),
+        ],
+        timeout=200,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     assert "compression=bf16" in res.stdout and "rs/gloo-bf16" in res.stdout
     rows = json.loads(jp.read_text())

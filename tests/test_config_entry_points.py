@@ -9,6 +9,7 @@ given as an argument to Communicator(...), as an argument to reducer.init(...), 
 variable, and (for the plugin's settings) to the plugin's reader, reaches the client it configures.
 A malformed value of every setting is a ConfigError naming the variable, on every path.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -60,18 +61,53 @@ CASES: dict[str, tuple[str, Any, Effect]] = {
 
 # A malformed text for every setting (None: any text is valid, e.g. a name or a path).
 BAD: dict[str, str | None] = {
-    "timeout": "0", "connect_timeout": "-3", "streams": "0", "chunk_bytes": "1001", "window": "2000",
-    "max_rounds_in_flight": "0", "failover": "maybe", "socket_buffer": "3G", "tcp_congestion": None,
-    "auth_token": None, "auth_token_file": None, "integrity": "sometimes", "handshake_timeout": "nan",
-    "nccl_socket_ifname": None, "nccl_nsocks": "17", "nccl_p2p_plugin": None,
-    "reducers": None, "rank": "one", "world_size": "x", "group": None, "job_id": None, "fusion_threshold": "12Q",
-    "cycle_time_ms": "soon", "compression": None, "local_rank": "x", "local_world_size": "2.5", "host": None,
-    "port": "http", "threads": "many", "max_group_bytes": "-1", "max_memory_bytes": "lots",
-    "max_memory_per_job": "1.5.0G", "max_memory_per_peer": "x", "memory_idle_timeout": "x", "group_slots": "x",
-    "group_timeout": "x", "max_connections": "x", "max_connections_per_peer": "x", "max_groups_per_peer": "x",
-    "control_port": "70000", "metrics_port": "-5", "allow_unauthenticated_drain": "perhaps",
-    "control_max_connections": "x", "control_max_connections_per_peer": "x", "control_rate": "x",
-    "metrics_groups": "x", "log_level": None,
+    "timeout": "0",
+    "connect_timeout": "-3",
+    "streams": "0",
+    "chunk_bytes": "1001",
+    "window": "2000",
+    "max_rounds_in_flight": "0",
+    "failover": "maybe",
+    "socket_buffer": "3G",
+    "tcp_congestion": None,
+    "auth_token": None,
+    "auth_token_file": None,
+    "integrity": "sometimes",
+    "handshake_timeout": "nan",
+    "nccl_socket_ifname": None,
+    "nccl_nsocks": "17",
+    "nccl_p2p_plugin": None,
+    "reducers": None,
+    "rank": "one",
+    "world_size": "x",
+    "group": None,
+    "job_id": None,
+    "fusion_threshold": "12Q",
+    "cycle_time_ms": "soon",
+    "compression": None,
+    "local_rank": "x",
+    "local_world_size": "2.5",
+    "host": None,
+    "port": "http",
+    "threads": "many",
+    "max_group_bytes": "-1",
+    "max_memory_bytes": "lots",
+    "max_memory_per_job": "1.5.0G",
+    "max_memory_per_peer": "x",
+    "memory_idle_timeout": "x",
+    "group_slots": "x",
+    "group_timeout": "x",
+    "max_connections": "x",
+    "max_connections_per_peer": "x",
+    "max_groups_per_peer": "x",
+    "control_port": "70000",
+    "metrics_port": "-5",
+    "allow_unauthenticated_drain": "perhaps",
+    "control_max_connections": "x",
+    "control_max_connections_per_peer": "x",
+    "control_rate": "x",
+    "metrics_groups": "x",
+    "log_level": None,
 }
 
 
@@ -112,8 +148,16 @@ def test_communicator_signature_is_the_worker_settings() -> None:
 def test_client_defaults_are_the_table() -> None:
     """ClientOptions' defaults (client.h) and what the plugin's reader gives with nothing set."""
     got = _core.read_client_options({})
-    for name in ("timeout", "connect_timeout", "streams", "chunk_bytes", "window", "max_rounds_in_flight",
-                 "failover", "socket_buffer"):
+    for name in (
+        "timeout",
+        "connect_timeout",
+        "streams",
+        "chunk_bytes",
+        "window",
+        "max_rounds_in_flight",
+        "failover",
+        "socket_buffer",
+    ):
         assert got[name] == NATIVE[name]["default"], name
     assert got["auth_token"] == "" and got["integrity"] is False
 
@@ -148,8 +192,9 @@ def _connect(address: str, entry: str, name: str, monkeypatch: pytest.MonkeyPatc
 
 @pytest.mark.parametrize("entry", ["argument", "init", "env"])
 @pytest.mark.parametrize("name", sorted(CASES))
-def test_worker_setting_reaches_the_client(reducer_address: str, clean_env: pytest.MonkeyPatch, name: str,
-                                           entry: str) -> None:
+def test_worker_setting_reaches_the_client(
+    reducer_address: str, clean_env: pytest.MonkeyPatch, name: str, entry: str
+) -> None:
     comm = _connect(reducer_address, entry, name, clean_env)
     try:
         assert CASES[name][2](comm) == CASES[name][1]
@@ -163,8 +208,9 @@ def test_plugin_setting_reaches_the_client_options(name: str) -> None:
     assert _core.read_client_options({NATIVE[name]["env"]: text})[name] == value
 
 
-def test_auth_token_file_through_env_and_plugin(reducer_address: str, clean_env: pytest.MonkeyPatch,
-                                                tmp_path: Path) -> None:
+def test_auth_token_file_through_env_and_plugin(
+    reducer_address: str, clean_env: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
     path = tmp_path / "secret"
     path.write_text(SECRET + "\n", encoding="utf-8")
     assert _core.read_client_options({"RS_AUTH_TOKEN_FILE": str(path)})["auth_token"] == SECRET
@@ -209,7 +255,6 @@ def test_blank_is_unset_everywhere() -> None:
         assert config.get(name, env={config.SETTINGS[name].env: " "}) == config.SETTINGS[name].default
 
 
-
 # -- the plugin's point-to-point settings, through the built plugin itself ----------------------
 
 _PLUGIN_INIT = (
@@ -223,16 +268,25 @@ _PLUGIN_INIT = (
 def _plugin_init(env: dict[str, str]) -> tuple[int, str]:
     """net.init of the NCCL plugin in a fresh process (it reads its settings once per load)."""
     full = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("RS_NCCL")}
-    out = subprocess.run([sys.executable, "-c", _PLUGIN_INIT], capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(__file__), env={**full, **env}).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", _PLUGIN_INIT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(__file__),
+        env={**full, **env},
+    ).stdout
     rc, log = out.split("\n", 1)
     return int(rc), log
 
 
-@pytest.mark.parametrize("env,expect", [
-    ({"RS_NCCL_SOCKET_IFNAME": " lo ", "RS_NCCL_NSOCKS": "3"}, "TCP on lo (127.0.0.1), 3 socket(s) per connection"),
-    ({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": " "}, "TCP on lo (127.0.0.1), 2 socket(s) per connection"),
-])
+@pytest.mark.parametrize(
+    "env,expect",
+    [
+        ({"RS_NCCL_SOCKET_IFNAME": " lo ", "RS_NCCL_NSOCKS": "3"}, "TCP on lo (127.0.0.1), 3 socket(s) per connection"),
+        ({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": " "}, "TCP on lo (127.0.0.1), 2 socket(s) per connection"),
+    ],
+)
 def test_plugin_p2p_settings_reach_the_plugin(env: dict[str, str], expect: str) -> None:
     rc, log = _plugin_init(env)
     assert rc == 0 and expect in log, log

@@ -1,5 +1,6 @@
 """One home each (issue 23, point 3): compression names, default ports and the control-port rule,
 hexadecimal, and the settings parser's kinds (C++ unit test tests/cpp/test_common_homes.cc)."""
+
 from __future__ import annotations
 
 from collections.abc import Iterator
@@ -18,9 +19,18 @@ from reducer.fusion import compression_dtype
 
 
 def test_common_helpers_cpp(tmp_path: Path) -> None:
-    build_and_run(tmp_path, "test_common_homes",
-                  ["tests/cpp/test_common_homes.cc", "csrc/common/settings.cc", "csrc/common/compression.cc",
-                   "csrc/common/text.cc", "csrc/common/dtype.cc", "csrc/common/common.cc"])
+    build_and_run(
+        tmp_path,
+        "test_common_homes",
+        [
+            "tests/cpp/test_common_homes.cc",
+            "csrc/common/settings.cc",
+            "csrc/common/compression.cc",
+            "csrc/common/text.cc",
+            "csrc/common/dtype.cc",
+            "csrc/common/common.cc",
+        ],
+    )
 
 
 # -- compression names: csrc/common/compression.h, bound as _core.COMPRESSIONS ---------------------

@@ -2,6 +2,7 @@
 
 With the default connect timeout (minutes) a worker used to print nothing until it gave up.
 """
+
 from __future__ import annotations
 
 import logging

@@ -17,6 +17,7 @@ sets it (pool 0 the primary worker, pool 1 the workers, pool 2 the reducers, `ho
    addends: the float64 sum rounded once is exact), and each client must count one failover;
 4. the survivor stops on SIGTERM (`podman stop`) with exit status 0 after draining.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,14 +61,27 @@ class Engine:
     def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run(self.command + list(args), capture_output=True, text=True, timeout=timeout)
         if check and proc.returncode != 0:
-            raise AssertionError(f"{' '.join(self.command + list(args))[:300]} -> {proc.returncode}\n"
-                                 f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}")
+            raise AssertionError(
+                f"{' '.join(self.command + list(args))[:300]} -> {proc.returncode}\n"
+                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
         return proc
 
     def run_cmd(self, name: str, network: str, cluster_spec: str, *rest: str) -> list[str]:
         """`run` of a container named and resolvable as `name`, its only setting CLUSTER_SPEC."""
-        return self.command + ["run", "--name", name, "--hostname", name, "--network", network,
-                               *self.run_flags, "-e", f"CLUSTER_SPEC={cluster_spec}", *rest]
+        return self.command + [
+            "run",
+            "--name",
+            name,
+            "--hostname",
+            name,
+            "--network",
+            network,
+            *self.run_flags,
+            "-e",
+            f"CLUSTER_SPEC={cluster_spec}",
+            *rest,
+        ]
 
     def logs(self, name: str) -> str:
         proc = self("logs", name, check=False)
@@ -77,8 +91,10 @@ class Engine:
 @pytest.fixture(scope="module")
 def engine(request: pytest.FixtureRequest) -> Engine:
     if not _opted_in(request.config):
-        pytest.skip("the container job is opt-in (it builds two images): run "
-                    "`pytest -m containers tests/test_container_job.py` or set RS_CONTAINER_TESTS=1")
+        pytest.skip(
+            "the container job is opt-in (it builds two images): run "
+            "`pytest -m containers tests/test_container_job.py` or set RS_CONTAINER_TESTS=1"
+        )
     proc = subprocess.run(["bash", str(BUILD), "--print-engine"], capture_output=True, text=True, timeout=120)
     if proc.returncode == 3:
         pytest.skip(f"no container engine works here: {proc.stderr.strip()}")
@@ -90,23 +106,30 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 @pytest.fixture(scope="module")
 def images(engine: Engine) -> dict[str, bool]:
     """Builds both images (tag `test`); says whether the worker's base is the Debian stand-in."""
-    log = ROOT / "build" / "images" / "build-images.log"   # build/ is ignored by git and .dockerignore
+    log = ROOT / "build" / "images" / "build-images.log"  # build/ is ignored by git and .dockerignore
     log.parent.mkdir(parents=True, exist_ok=True)
     t0 = time.monotonic()
     with open(log, "w") as out:
-        proc = subprocess.run(["bash", str(BUILD), "--tag", TAG], stdout=out, stderr=subprocess.STDOUT,
-                              timeout=2000, cwd=str(ROOT))
+        proc = subprocess.run(
+            ["bash", str(BUILD), "--tag", TAG], stdout=out, stderr=subprocess.STDOUT, timeout=2000, cwd=str(ROOT)
+        )
     text = log.read_text(errors="replace")
     if proc.returncode == 3:
         pytest.skip(f"no container engine can build and run images here: {text.strip().splitlines()[-1]}")
     assert proc.returncode == 0, f"scripts/build-images.sh failed ({log}):\n{text[-6000:]}"
     print(f"images built in {time.monotonic() - t0:.0f} s")
-    stand_in = bool(engine("image", "inspect", "--format", f'{{{{ index .Config.Labels "{STAND_IN_LABEL}" }}}}',
-                           WORKER_IMAGE).stdout.strip().replace("<no value>", ""))
+    stand_in = bool(
+        engine("image", "inspect", "--format", f'{{{{ index .Config.Labels "{STAND_IN_LABEL}" }}}}', WORKER_IMAGE)
+        .stdout.strip()
+        .replace("<no value>", "")
+    )
     if stand_in:
-        warnings.warn("the worker image was built on scripts/build-images.sh's Debian stand-in for the "
-                      "PyTorch base (no registry here): no PyTorch, no CUDA; tested with the numpy "
-                      "example, tests/container_worker.py and the NCCL plugin installed", stacklevel=2)
+        warnings.warn(
+            "the worker image was built on scripts/build-images.sh's Debian stand-in for the "
+            "PyTorch base (no registry here): no PyTorch, no CUDA; tested with the numpy "
+            "example, tests/container_worker.py and the NCCL plugin installed",
+            stacklevel=2,
+        )
     return {"stand_in": stand_in}
 
 
@@ -124,19 +147,38 @@ def test_images_are_what_the_dockerfiles_say(engine, images):
     # The NCCL plugin, installed under both names NCCL releases look for (libnccl-net.so and
     # libnccl-net-reduction-server.so), enabled by name in /etc/nccl.conf, found by the dynamic
     # loader (what NCCL's dlopen does) with its plugin symbols.
-    proc = engine("run", "--rm", *engine.run_flags, "--network", "none", WORKER_IMAGE, "sh", "-c",
-                  "cat /etc/nccl.conf; python -c 'import ctypes, reducer._core, numpy; "
-                  "lib = ctypes.CDLL(\"libnccl-net.so\"); lib.ncclNetPlugin_v8; lib.ncclCollNetPlugin_v8; "
-                  "named = ctypes.CDLL(\"libnccl-net-reduction-server.so\"); named.ncclCollNetPlugin_v11; "
-                  "print(\"plugin symbols ok\", reducer.__file__)'")
+    proc = engine(
+        "run",
+        "--rm",
+        *engine.run_flags,
+        "--network",
+        "none",
+        WORKER_IMAGE,
+        "sh",
+        "-c",
+        "cat /etc/nccl.conf; python -c 'import ctypes, reducer._core, numpy; "
+        'lib = ctypes.CDLL("libnccl-net.so"); lib.ncclNetPlugin_v8; lib.ncclCollNetPlugin_v8; '
+        'named = ctypes.CDLL("libnccl-net-reduction-server.so"); named.ncclCollNetPlugin_v11; '
+        'print("plugin symbols ok", reducer.__file__)\'',
+    )
     lines = proc.stdout.splitlines()
     assert "NCCL_NET_PLUGIN=reduction-server" in lines, proc.stdout
     assert "NCCL_COLLNET_ENABLE=1" in lines, proc.stdout
     assert "plugin symbols ok" in proc.stdout, proc.stdout
     assert "/site-packages/reducer/" in proc.stdout or "/dist-packages/reducer/" in proc.stdout, proc.stdout
     # Nothing of the host's checkout in the images: no tests, no .git, no .venv.
-    proc = engine("run", "--rm", *engine.run_flags, "--network", "none", "--entrypoint", "sh", REDUCER_IMAGE,
-                  "-c", "test -e /src || echo no-src; python -c 'import pytest' 2>&1 | tail -1")
+    proc = engine(
+        "run",
+        "--rm",
+        *engine.run_flags,
+        "--network",
+        "none",
+        "--entrypoint",
+        "sh",
+        REDUCER_IMAGE,
+        "-c",
+        "test -e /src || echo no-src; python -c 'import pytest' 2>&1 | tail -1",
+    )
     assert "no-src" in proc.stdout and "No module named 'pytest'" in proc.stdout, proc.stdout
 
 
@@ -145,12 +187,22 @@ def test_images_are_what_the_dockerfiles_say(engine, images):
 
 def vertex_cluster_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
     """CLUSTER_SPEC as Vertex AI sets it on every replica (docs: /work/shared/context/vertex-ai.md)."""
-    specs = [{"machineSpec": {"machineType": "n1-standard-4"}, "replicaCount": str(len(pools[p])),
-              "containerSpec": {"imageUri": REDUCER_IMAGE if p == "workerpool2" else WORKER_IMAGE}}
-             for p in ("workerpool0", "workerpool1", "workerpool2")]
-    return json.dumps({"cluster": pools, "environment": "cloud",
-                       "task": {"type": task_type, "index": index, "trial": ""},
-                       "job": {"workerPoolSpecs": specs}})
+    specs = [
+        {
+            "machineSpec": {"machineType": "n1-standard-4"},
+            "replicaCount": str(len(pools[p])),
+            "containerSpec": {"imageUri": REDUCER_IMAGE if p == "workerpool2" else WORKER_IMAGE},
+        }
+        for p in ("workerpool0", "workerpool1", "workerpool2")
+    ]
+    return json.dumps(
+        {
+            "cluster": pools,
+            "environment": "cloud",
+            "task": {"type": task_type, "index": index, "trial": ""},
+            "job": {"workerPoolSpecs": specs},
+        }
+    )
 
 
 class Job:
@@ -162,8 +214,11 @@ class Job:
         self.network = f"rs-test-{ident}"
         self.reducers = [f"rs-{ident}-workerpool2-{i}" for i in range(2)]
         self.workers = [f"rs-{ident}-workerpool0-0", f"rs-{ident}-workerpool1-0"]
-        self.pools = {"workerpool0": [f"{self.workers[0]}:{PORT}"], "workerpool1": [f"{self.workers[1]}:{PORT}"],
-                      "workerpool2": [f"{r}:{PORT}" for r in self.reducers]}
+        self.pools = {
+            "workerpool0": [f"{self.workers[0]}:{PORT}"],
+            "workerpool1": [f"{self.workers[1]}:{PORT}"],
+            "workerpool2": [f"{r}:{PORT}" for r in self.reducers],
+        }
         self.procs: list[subprocess.Popen] = []
 
     def spec(self, task_type: str, index: int) -> str:
@@ -175,9 +230,12 @@ class Job:
     def start_reducers(self) -> None:
         self.engine("network", "create", "--internal", self.network)
         for i, name in enumerate(self.reducers):
-            self.engine(*self.engine.run_cmd(name, self.network, self.spec("workerpool2", i), "-d",
-                                             REDUCER_IMAGE)[len(self.engine.command):])
-        for i, name in enumerate(self.reducers):   # serve's last start-up line
+            self.engine(
+                *self.engine.run_cmd(name, self.network, self.spec("workerpool2", i), "-d", REDUCER_IMAGE)[
+                    len(self.engine.command) :
+                ]
+            )
+        for i, name in enumerate(self.reducers):  # serve's last start-up line
             self.wait_for_log(name, f"listening on 0.0.0.0:{PORT} (port from CLUSTER_SPEC entry workerpool2[{i}]", 180)
 
     def wait_for_log(self, name: str, text: str, timeout: float) -> str:
@@ -197,14 +255,16 @@ class Job:
             out += ["--add-host", f"{name}:{nets[self.network]['IPAddress']}"]
         return out
 
-    def start_workers(self, *command: str, volume: str | None = None,
-                      static_hosts: bool = False) -> list[subprocess.Popen]:
+    def start_workers(
+        self, *command: str, volume: str | None = None, static_hosts: bool = False
+    ) -> list[subprocess.Popen]:
         procs = []
         hosts = self.reducer_hosts() if static_hosts else []
         for rank, name in enumerate(self.workers):
             extra = (["-v", volume] if volume else []) + hosts
-            argv = self.engine.run_cmd(name, self.network, self.worker_spec(rank), "--rm", *extra,
-                                       WORKER_IMAGE, *command)
+            argv = self.engine.run_cmd(
+                name, self.network, self.worker_spec(rank), "--rm", *extra, WORKER_IMAGE, *command
+            )
             procs.append(subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
         self.procs += procs
         return procs
@@ -250,8 +310,10 @@ def check_results(folder: Path, world: int) -> None:
                 got = np.load(folder / f"rank{rank}-phase{phase}-{dtype}.npy")
                 assert got.dtype == want.dtype and got.shape == want.shape
                 bad = np.flatnonzero(got != want)
-                assert bad.size == 0, (f"rank {rank} phase {phase} {dtype}: {bad.size} wrong elements, "
-                                       f"first at {bad[0]}: {got[bad[0]]!r} != {want[bad[0]]!r}")
+                assert bad.size == 0, (
+                    f"rank {rank} phase {phase} {dtype}: {bad.size} wrong elements, "
+                    f"first at {bad[0]}: {got[bad[0]]!r} != {want[bad[0]]!r}"
+                )
 
 
 def run_example_job(job: Job) -> None:
@@ -261,15 +323,26 @@ def run_example_job(job: Job) -> None:
     for rank, out in enumerate(outs):
         assert f"rank {rank} of 2: all 2 sizes correct" in out, out
     assert "over 2 worker(s) and 2 reducer(s)" in outs[0], outs[0]
-    assert any(line.split()[:3] == ["1MiB", "262144", "float32"] and line.endswith("OK")
-               for line in outs[0].splitlines()), outs[0]
+    assert any(
+        line.split()[:3] == ["1MiB", "262144", "float32"] and line.endswith("OK") for line in outs[0].splitlines()
+    ), outs[0]
 
 
 def check_status(job: Job) -> None:
     """`reduction-server status --json` in a container of the job: both control planes answer."""
     name = f"{job.network}-status"
-    argv = job.engine.run_cmd(name, job.network, job.spec("workerpool0", 0), "--rm", WORKER_IMAGE,
-                              "reduction-server", "status", "--json", "--timeout", "20")
+    argv = job.engine.run_cmd(
+        name,
+        job.network,
+        job.spec("workerpool0", 0),
+        "--rm",
+        WORKER_IMAGE,
+        "reduction-server",
+        "status",
+        "--json",
+        "--timeout",
+        "20",
+    )
     proc = subprocess.run(argv, capture_output=True, text=True, timeout=180)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reducers = json.loads(proc.stdout)["reducers"]
@@ -287,8 +360,9 @@ def run_failover_job(job: Job, folder: Path) -> list[dict]:
     # aardvark-dns 1.4, names stop resolving (EAI_AGAIN, or a stall of up to ~20 s) for a moment
     # when a container of the network dies, which is just when the workers fail over. Job 1
     # resolved the same names through DNS.
-    procs = job.start_workers("python", "/job/container_worker.py", "/job/out", volume=f"{folder}:/job",
-                              static_hosts=True)
+    procs = job.start_workers(
+        "python", "/job/container_worker.py", "/job/out", volume=f"{folder}:/job", static_hosts=True
+    )
     deadline = time.monotonic() + 300
     while not all((out / f"ready-{r}").exists() for r in range(2)):
         for rank, p in enumerate(procs):

@@ -1,4 +1,5 @@
 """The reducer's control plane (gRPC health, GetStats, Drain), its metrics and `reduction-server status`."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # One group stream as ReducerServer.group_stats() reports it.
 def _row(job: str, group: str, stream: int, **kw: Any) -> dict[str, Any]:
-    row = dict(job=job, group=group, stream=stream, world_size=4, connected=4, complete=True, rounds=7,
-               bytes_received=100, bytes_sent=90, last_error="", age_s=12.5)
+    row = dict(
+        job=job,
+        group=group,
+        stream=stream,
+        world_size=4,
+        connected=4,
+        complete=True,
+        rounds=7,
+        bytes_received=100,
+        bytes_sent=90,
+        last_error="",
+        age_s=12.5,
+    )
     row.update(kw)
     return row
 
@@ -39,21 +51,60 @@ def test_group_rows_fold_streams_into_groups() -> None:
     rows = [
         _row("j1", "g", 1, bytes_received=50, bytes_sent=40, age_s=12.0, rounds=7, last_error="lost rank 2"),
         _row("j1", "g", 0, connected=3, complete=False),
-        _row("j0", "z", 0, world_size=2, connected=1, complete=False, rounds=0, bytes_received=0, bytes_sent=0,
-             age_s=0.25),
+        _row(
+            "j0",
+            "z",
+            0,
+            world_size=2,
+            connected=1,
+            complete=False,
+            rounds=0,
+            bytes_received=0,
+            bytes_sent=0,
+            age_s=0.25,
+        ),
         _row("j1", "g", 2, bytes_received=1, bytes_sent=2, age_s=13.0, last_error="timeout"),
     ]
     out = [r.as_dict() for r in group_rows(rows)]
     assert out == [
-        dict(job="j0", group="z", world_size=2, connected=1, complete=False, rounds=0, bytes_received=0,
-             bytes_sent=0, last_error="", age_s=0.25, streams=1, ended=False),
-        dict(job="j1", group="g", world_size=4, connected=3, complete=False, rounds=7, bytes_received=151,
-             bytes_sent=132, last_error="lost rank 2", age_s=13.0, streams=3, ended=False),
+        dict(
+            job="j0",
+            group="z",
+            world_size=2,
+            connected=1,
+            complete=False,
+            rounds=0,
+            bytes_received=0,
+            bytes_sent=0,
+            last_error="",
+            age_s=0.25,
+            streams=1,
+            ended=False,
+        ),
+        dict(
+            job="j1",
+            group="g",
+            world_size=4,
+            connected=3,
+            complete=False,
+            rounds=7,
+            bytes_received=151,
+            bytes_sent=132,
+            last_error="lost rank 2",
+            age_s=13.0,
+            streams=3,
+            ended=False,
+        ),
     ]
     # An ended group is a row of its own beside a live one of the same name, and a stream the reducer
     # listed twice among the ended (it left, then failed) counts once, in its last state.
-    live, ended = group_rows([_row("j", "g", 0, bytes_received=5), _row("j", "g", 0, ended=True, bytes_received=7),
-                              _row("j", "g", 0, ended=True, bytes_received=9, last_error="failed")])
+    live, ended = group_rows(
+        [
+            _row("j", "g", 0, bytes_received=5),
+            _row("j", "g", 0, ended=True, bytes_received=7),
+            _row("j", "g", 0, ended=True, bytes_received=9, last_error="failed"),
+        ]
+    )
     assert (live.ended, live.bytes_received) == (False, 5)
     assert (ended.ended, ended.bytes_received, ended.last_error, ended.streams) == (True, 9, "failed", 1)
     # Stream 0's error comes first when it has one.
@@ -65,23 +116,53 @@ def test_group_rows_fold_streams_into_groups() -> None:
 def test_group_messages_carry_every_field() -> None:
     from reducer.control.service import group_messages
 
-    (msg,) = group_messages([_row("job-a", "grads", 0, bytes_received=2**40, last_error="peer lost"),
-                             _row("job-a", "grads", 1, bytes_received=5)])
-    assert (msg.job, msg.group, msg.world_size, msg.connected, msg.complete, msg.rounds) == \
-        ("job-a", "grads", 4, 4, True, 7)
-    assert (msg.bytes_received, msg.bytes_sent, msg.last_error, msg.age_s, msg.streams) == \
-        (2**40 + 5, 180, "peer lost", 12.5, 2)
+    (msg,) = group_messages(
+        [
+            _row("job-a", "grads", 0, bytes_received=2**40, last_error="peer lost"),
+            _row("job-a", "grads", 1, bytes_received=5),
+        ]
+    )
+    assert (msg.job, msg.group, msg.world_size, msg.connected, msg.complete, msg.rounds) == (
+        "job-a",
+        "grads",
+        4,
+        4,
+        True,
+        7,
+    )
+    assert (msg.bytes_received, msg.bytes_sent, msg.last_error, msg.age_s, msg.streams) == (
+        2**40 + 5,
+        180,
+        "peer lost",
+        12.5,
+        2,
+    )
 
 
 def test_split_stats_maps_any_counter() -> None:
     from reducer.control.rows import split_stats
 
-    stats = {"bytes_received": 2**50, "groups": 3, "draining": True, "new_counter": 5, "load": 0.5,
-             "skew": -2, "mode": "epoll", "limits": {"max_group_bytes": 4 << 30, "max_groups": 64, "ratio": 1.5},
-             "list": [1, 2], "none": None}
+    stats = {
+        "bytes_received": 2**50,
+        "groups": 3,
+        "draining": True,
+        "new_counter": 5,
+        "load": 0.5,
+        "skew": -2,
+        "mode": "epoll",
+        "limits": {"max_group_bytes": 4 << 30, "max_groups": 64, "ratio": 1.5},
+        "list": [1, 2],
+        "none": None,
+    }
     ints, floats, strings = split_stats(stats)
-    assert ints == {"bytes_received": 2**50, "groups": 3, "draining": 1, "new_counter": 5,
-                    "limits.max_group_bytes": 4 << 30, "limits.max_groups": 64}
+    assert ints == {
+        "bytes_received": 2**50,
+        "groups": 3,
+        "draining": 1,
+        "new_counter": 5,
+        "limits.max_group_bytes": 4 << 30,
+        "limits.max_groups": 64,
+    }
     assert floats == {"load": 0.5, "skew": -2.0, "limits.ratio": 1.5}
     assert strings == {"mode": "epoll"}
 
@@ -106,9 +187,19 @@ def test_metric_mapping_of_any_stats_and_rows() -> None:
 
     from reducer.control.metrics import ReducerCollector
 
-    stats = {"bytes_received": 10, "bytes_sent": 20, "rounds_completed": 3, "errors": 1, "rejected": 2,
-             "groups": 1, "memory_bytes": 4096, "limits": {"max_group_bytes": 4 << 30, "max_groups": 64},
-             "slow-rounds": 5, "state": 7, "mode": "epoll"}
+    stats = {
+        "bytes_received": 10,
+        "bytes_sent": 20,
+        "rounds_completed": 3,
+        "errors": 1,
+        "rejected": 2,
+        "groups": 1,
+        "memory_bytes": 4096,
+        "limits": {"max_group_bytes": 4 << 30, "max_groups": 64},
+        "slow-rounds": 5,
+        "state": 7,
+        "mode": "epoll",
+    }
     rows = [_row("j", "g", 0, last_error="lost rank 1"), _row("j", "g", 1, bytes_received=1)]
     registry = CollectorRegistry()
     registry.register(ReducerCollector(_Rows(stats, rows)))
@@ -118,10 +209,13 @@ def test_metric_mapping_of_any_stats_and_rows() -> None:
             got.setdefault(s.name, {})[tuple(sorted(s.labels.items()))] = s.value
     assert got["reduction_server_received_bytes_total"] == {(): 10}
     assert got["reduction_server_rounds_total"] == {(): 3}
-    assert got["reduction_server_errors_total"] == {(("cause", "connection"),): 1, (("cause", "handshake_rejected"),): 2}
+    assert got["reduction_server_errors_total"] == {
+        (("cause", "connection"),): 1,
+        (("cause", "handshake_rejected"),): 2,
+    }
     assert got["reduction_server_limits"] == {(("name", "max_group_bytes"),): 4 << 30, (("name", "max_groups"),): 64}
     assert got["reduction_server_slow_rounds"] == {(): 5}
-    assert "reduction_server_state" not in got          # no lifecycle given; the stats key may not take the name
+    assert "reduction_server_state" not in got  # no lifecycle given; the stats key may not take the name
     jg = (("group", "g"), ("job", "j"))
     assert got["reduction_server_group_received_bytes_total"] == {jg: 101}
     assert got["reduction_server_group_rounds_total"] == {jg: 7}
@@ -135,7 +229,7 @@ def test_drain_mac_and_nonces() -> None:
     book = NonceBook(ttl=60.0, limit=2)
     nonce = book.issue()
     good = drain_mac("secret", nonce, 5.0)
-    assert check_drain(None, book, b"", b"", 5.0) is None                       # no token: open
+    assert check_drain(None, book, b"", b"", 5.0) is None  # no token: open
     assert "requires authentication" in check_drain("secret", book, b"", b"", 5.0)
     assert "MAC does not match" in check_drain("secret", book, nonce, drain_mac("other", nonce, 5.0), 5.0)
     nonce = book.issue()
@@ -146,7 +240,7 @@ def test_drain_mac_and_nonces() -> None:
     assert "already used" in check_drain("secret", book, b"x" * 32, good, 5.0)  # never issued
     first = book.issue()
     book.issue()
-    book.issue()                                                                  # over the limit: oldest dropped
+    book.issue()  # over the limit: oldest dropped
     assert not book.take(first)
     expired = NonceBook(ttl=0.0)
     n = expired.issue()
@@ -171,9 +265,11 @@ def test_generated_code_is_up_to_date(tmp_path: Path) -> None:
 
 
 def test_importing_reducer_stays_light() -> None:
-    code = ("import sys, reducer, reducer.communicator, reducer.server, reducer.cluster; "
-            "print(sorted(m for m in sys.modules if m.split('.')[0] in "
-            "('grpc', 'grpc_health', 'prometheus_client') or m.startswith(('google.protobuf', 'reducer.control'))))")
+    code = (
+        "import sys, reducer, reducer.communicator, reducer.server, reducer.cluster; "
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in "
+        "('grpc', 'grpc_health', 'prometheus_client') or m.startswith(('google.protobuf', 'reducer.control'))))"
+    )
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
@@ -183,8 +279,12 @@ def test_control_addresses_from_cluster_spec() -> None:
     from reducer.cli.status import control_addresses
     from reducer.errors import ConfigError
 
-    spec = json.dumps({"cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "[fd00::1]:4000"]},
-                       "task": {"type": "workerpool0", "index": 0}})
+    spec = json.dumps(
+        {
+            "cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "[fd00::1]:4000"]},
+            "task": {"type": "workerpool0", "index": 0},
+        }
+    )
     assert control_addresses([], {"CLUSTER_SPEC": spec}) == ["r0:2223", "[fd00::1]:4001"]
     assert control_addresses([], {"CLUSTER_SPEC": spec, "RS_CONTROL_PORT": "7000"}) == ["r0:7000", "[fd00::1]:7000"]
     assert control_addresses(["a:1", "b:2"], {"CLUSTER_SPEC": spec}) == ["a:1", "b:2"]
@@ -195,8 +295,12 @@ def test_control_addresses_from_cluster_spec() -> None:
     with pytest.raises(ConfigError, match="no port"):
         control_addresses(["nohost"], {})
     # data port 65535: no next port (addresses.control_port_for), so no default control address
-    top = json.dumps({"cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:65535"]},
-                      "task": {"type": "workerpool0", "index": 0}})
+    top = json.dumps(
+        {
+            "cluster": {"workerpool0": ["w0:2222"], "workerpool2": ["r0:65535"]},
+            "task": {"type": "workerpool0", "index": 0},
+        }
+    )
     with pytest.raises(ConfigError, match="data port 65535"):
         control_addresses([], {"CLUSTER_SPEC": top})
     assert control_addresses([], {"CLUSTER_SPEC": top, "RS_CONTROL_PORT": "7000"}) == ["r0:7000"]
@@ -235,13 +339,18 @@ def planes(reducers):
 
     started: list[Any] = []
 
-    def make(n: int = 1, drain_timeout: float = 5.0, allow_unauthenticated_drain: bool = False,
-             **kw: Any) -> list[Any]:
+    def make(n: int = 1, drain_timeout: float = 5.0, allow_unauthenticated_drain: bool = False, **kw: Any) -> list[Any]:
         out = []
         for server in reducers(n, **kw):
             lifecycle = Lifecycle(server, drain_timeout)
-            plane = ControlPlane(server, lifecycle, host="127.0.0.1", port=0, auth_token=kw.get("auth_token"),
-                                 allow_unauthenticated_drain=allow_unauthenticated_drain).start()
+            plane = ControlPlane(
+                server,
+                lifecycle,
+                host="127.0.0.1",
+                port=0,
+                auth_token=kw.get("auth_token"),
+                allow_unauthenticated_drain=allow_unauthenticated_drain,
+            ).start()
             started.append(plane)
             out.append((server, lifecycle, plane))
         return out
@@ -262,11 +371,11 @@ def test_health_flips_on_drain(planes) -> None:
     data_address = server.address
     with _client(plane) as c:
         assert [c.health(s) for s in ("", "reduction_server.v1.Reducer", "liveness")] == ["SERVING"] * 3
-        reply = c.drain(timeout_s=2.0, wait=True)       # no token, and the operator opted in: Drain is open
+        reply = c.drain(timeout_s=2.0, wait=True)  # no token, and the operator opted in: Drain is open
         assert reply == {"state": "drained", "already_draining": False, "drained": True}
         assert not server.running
         assert c.health("") == c.health("reduction_server.v1.Reducer") == "NOT_SERVING"
-        assert c.health("liveness") == "SERVING"         # drained on purpose: alive
+        assert c.health("liveness") == "SERVING"  # drained on purpose: alive
         assert c.drain(wait=True)["already_draining"] is True
         stats = c.get_stats()
         assert stats["state"] == "drained" and stats["data_address"] == data_address
@@ -277,10 +386,10 @@ def test_health_flips_on_drain(planes) -> None:
 def test_liveness_fails_when_the_data_plane_dies_without_a_drain(planes) -> None:
     ((server, _lifecycle, plane),) = planes(1)
     with _client(plane) as c:
-        server.stop()                                     # not through the lifecycle: an unexpected end
+        server.stop()  # not through the lifecycle: an unexpected end
         plane.refresh()
         assert c.health("liveness") == "NOT_SERVING"
-        assert c.health("") == "SERVING"                  # nobody asked it to drain
+        assert c.health("") == "SERVING"  # nobody asked it to drain
 
 
 def test_unauthenticated_drain_is_refused(planes) -> None:
@@ -293,7 +402,7 @@ def test_unauthenticated_drain_is_refused(planes) -> None:
                 c.drain(timeout_s=1.0, wait=True, token=token)
             assert info.value.code.name == "UNAUTHENTICATED"
         assert c.health() == "SERVING" and server.running and lifecycle.state == "serving"
-        with pytest.raises(ControlError) as info:        # GetStats needs the same proof as Drain
+        with pytest.raises(ControlError) as info:  # GetStats needs the same proof as Drain
             c.get_stats()
         assert info.value.code.name == "UNAUTHENTICATED"
         assert c.get_stats(token="s3cret")["auth_required"] is True
@@ -322,14 +431,26 @@ def test_drain_command(planes, capsys, monkeypatch, tmp_path) -> None:
 
 def _hold(pool: Any, tmp_path: Path, addrs: Sequence[str], groups: dict[str, int], rounds: int, n: int) -> list[Any]:
     """Start groups {name: world} of reduce_and_hold and wait until every rank is holding."""
-    futs = [pool.submit(control_tasks.reduce_and_hold, rank=r, world=w, addrs=list(addrs), group=g, rounds=rounds,
-                        n=n, hold_dir=str(tmp_path)) for g, w in groups.items() for r in range(w)]
+    futs = [
+        pool.submit(
+            control_tasks.reduce_and_hold,
+            rank=r,
+            world=w,
+            addrs=list(addrs),
+            group=g,
+            rounds=rounds,
+            n=n,
+            hold_dir=str(tmp_path),
+        )
+        for g, w in groups.items()
+        for r in range(w)
+    ]
     want = [tmp_path / f"{g}.{r}.ready" for g, w in groups.items() for r in range(w)]
     deadline = time.monotonic() + 90
     while not all(p.exists() for p in want):
         done = [f for f in futs if f.done()]
         for f in done:
-            f.result()          # a worker that failed raises here
+            f.result()  # a worker that failed raises here
         assert time.monotonic() < deadline, "workers did not get ready"
         time.sleep(0.05)
     return futs
@@ -346,7 +467,7 @@ def _release(tmp_path: Path, futs: list[Any]) -> list[dict[str, Any]]:
 def test_get_stats_matches_the_data_plane(pool, planes, tmp_path) -> None:
     both = planes(2)
     addrs = addresses([s for s, _, _ in both])
-    rounds, n = 5, 1 << 18            # 1 MiB float32: every round is split over both reducers
+    rounds, n = 5, 1 << 18  # 1 MiB float32: every round is split over both reducers
     futs = _hold(pool, tmp_path, addrs, {"grads": 2}, rounds, n)
     try:
         live = []
@@ -446,8 +567,9 @@ def test_metrics_endpoint_counts_traffic(pool, planes) -> None:
         assert all(r["errors"] == [] for r in res)
         # The workers have closed; the reducer ends the group (and frees its memory) when it has
         # read their goodbyes: compare the endpoint with the stats once it has.
-        assert wait_until(lambda: server.stats()["memory_bytes"] == 0 and server.stats()["connected_workers"] == 0,
-                          10.0), server.stats()
+        assert wait_until(
+            lambda: server.stats()["memory_bytes"] == 0 and server.stats()["connected_workers"] == 0, 10.0
+        ), server.stats()
         after = _scrape(endpoint.url)
         stats = server.stats()
         assert after["reduction_server_rounds_total"][()] == stats["rounds_completed"] == 3
@@ -465,8 +587,9 @@ def test_metrics_endpoint_counts_traffic(pool, planes) -> None:
 def test_worker_metrics(pool, reducers) -> None:
     servers = reducers(2)
     rounds = 4
-    res = run_ranks(pool, control_tasks.instrumented_rounds, 2, addrs=addresses(servers), group="wm", rounds=rounds,
-                    n=1 << 16)
+    res = run_ranks(
+        pool, control_tasks.instrumented_rounds, 2, addrs=addresses(servers), group="wm", rounds=rounds, n=1 << 16
+    )
     for r in res:
         assert r["errors"] == []
         b, a, stats = r["before"], r["after"], r["stats"]
@@ -503,9 +626,31 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
     from reducer.control.client import ControlClient
 
     env = dict(_serve_env(), RS_AUTH_TOKEN="tok")
-    proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
-                             "--port", "0", "--control-port", "0", "--metrics-port", "0", "--drain-timeout", "2"],
-                            env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reducer.cli.main",
+            "serve",
+            "--threads",
+            "1",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--control-port",
+            "0",
+            "--metrics-port",
+            "0",
+            "--drain-timeout",
+            "2",
+        ],
+        env=env,
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         lines: list[str] = []
         control = metrics = None
@@ -523,7 +668,7 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
             assert c.drain(wait=True, token="tok")["state"] == "drained"
             assert c.health() == "NOT_SERVING" and c.health("liveness") == "SERVING"
             assert _scrape(metrics)["reduction_server_state"][(("state", "drained"),)] == 1
-            assert proc.poll() is None                    # stays up, not ready, until a signal
+            assert proc.poll() is None  # stays up, not ready, until a signal
         proc.send_signal(signal.SIGTERM)
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, "".join(lines) + out
@@ -551,13 +696,51 @@ def test_serve_side_port_taken() -> None:
     taken = holder.getsockname()[1]
     try:
         # Asked for explicitly: an error.
-        run = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
-                              "--port", "0", "--control-port", str(taken)], env=_serve_env(), cwd=str(ROOT),
-                             capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reducer.cli.main",
+                "serve",
+                "--threads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--control-port",
+                str(taken),
+            ],
+            env=_serve_env(),
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == 1 and f"cannot listen on 127.0.0.1:{taken}" in run.stderr, run.stderr
-        run = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1",
-                              "--port", "0", "--control-port", "off", "--metrics-port", str(taken)],
-                             env=_serve_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=60)
+        run = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "reducer.cli.main",
+                "serve",
+                "--threads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--control-port",
+                "off",
+                "--metrics-port",
+                str(taken),
+            ],
+            env=_serve_env(),
+            cwd=str(ROOT),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert run.returncode == 1 and f"cannot serve metrics on 127.0.0.1:{taken}" in run.stderr, run.stderr
     finally:
         holder.close()
@@ -574,9 +757,25 @@ def test_serve_side_port_taken() -> None:
         pytest.fail("no free port pair found")
     proc = None
     try:
-        proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host",
-                                 "127.0.0.1", "--port", str(data)], env=_serve_env(), cwd=str(ROOT),
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "reducer.cli.main",
+                "serve",
+                "--threads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(data),
+            ],
+            env=_serve_env(),
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         lines = []
         while not any("stop with SIGTERM" in line for line in lines):
             line = proc.stdout.readline()
@@ -586,8 +785,10 @@ def test_serve_side_port_taken() -> None:
         out, _ = proc.communicate(timeout=30)
         assert proc.returncode == 0, "".join(lines) + out
         text = "".join(lines)
-        assert f"WARNING reducer.serve: no control plane (health, GetStats, Drain): cannot listen on 127.0.0.1:{data + 1}" \
-            in text, text
+        assert (
+            f"WARNING reducer.serve: no control plane (health, GetStats, Drain): cannot listen on 127.0.0.1:{data + 1}"
+            in text
+        ), text
     finally:
         holder.close()
         if proc is not None and proc.poll() is None:

@@ -13,6 +13,7 @@
 
 Connection counts stay small (a few hundred) for a 2-core machine; no timing is asserted.
 """
+
 from __future__ import annotations
 
 import os
@@ -51,8 +52,8 @@ pytest.importorskip("prometheus_client")
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = Path(__file__).resolve().parents[1]
-NOFILE = 256          # the reducer under attack: its data plane may use 256 - 64 = 192 descriptors
-FLOOD = 300           # connections per flood: just past the descriptor limit
+NOFILE = 256  # the reducer under attack: its data plane may use 256 - 64 = 192 descriptors
+FLOOD = 300  # connections per flood: just past the descriptor limit
 
 
 # -- tools ------------------------------------------------------------------------------------
@@ -76,17 +77,41 @@ class Serve:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", "--host", "127.0.0.1", "--port", "0",
-             "--control-port", "0", "--metrics-port", "0", *args],
-            env=_env(**env), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-            preexec_fn=limit)
+            [
+                sys.executable,
+                "-m",
+                "reducer.cli.main",
+                "serve",
+                "--threads",
+                "1",
+                "--host",
+                "127.0.0.1",
+                "--port",
+                "0",
+                "--control-port",
+                "0",
+                "--metrics-port",
+                "0",
+                *args,
+            ],
+            env=_env(**env),
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            preexec_fn=limit,
+        )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
         try:
             self.data_port = int(self.wait_for(r"reducer listening on 127\.0\.0\.1:(\d+)").group(1))
-            self.control_port = int(self.wait_for(r"control plane \(gRPC health, GetStats, Drain\) on "
-                                                  r"127\.0\.0\.1:(\d+)").group(1))
+            self.control_port = int(
+                self.wait_for(
+                    r"control plane \(gRPC health, GetStats, Drain\) on "
+                    r"127\.0\.0\.1:(\d+)"
+                ).group(1)
+            )
             self.metrics_url = self.wait_for(r"Prometheus metrics on (http://\S+)").group(1)
             self.wait_for("stop with SIGTERM")
         except BaseException:
@@ -138,12 +163,18 @@ def _frame(kind: int, flags: int, stream: int, payload: bytes) -> bytes:
 def half_sent_grpc(path: bytes, streams: int = 4) -> bytes:
     """An HTTP/2 connection's opening: the preface, SETTINGS, then `streams` gRPC calls to `path`
     whose HEADERS came but whose request message never will (no DATA, no END_STREAM)."""
-    headers = [(b":method", b"POST"), (b":scheme", b"http"), (b":path", path), (b":authority", b"reducer"),
-               (b"content-type", b"application/grpc"), (b"te", b"trailers")]
+    headers = [
+        (b":method", b"POST"),
+        (b":scheme", b"http"),
+        (b":path", path),
+        (b":authority", b"reducer"),
+        (b"content-type", b"application/grpc"),
+        (b"te", b"trailers"),
+    ]
     block = b"".join(b"\x00" + bytes([len(n)]) + n + bytes([len(v)]) + v for n, v in headers)  # HPACK literals
     out = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(4, 0, 0, b"")
     for i in range(streams):
-        out += _frame(1, 0x4, 1 + 2 * i, block)   # HEADERS, END_HEADERS, no END_STREAM
+        out += _frame(1, 0x4, 1 + 2 * i, block)  # HEADERS, END_HEADERS, no END_STREAM
     return out
 
 
@@ -182,8 +213,9 @@ def challenged(socks: Sequence[socket.socket], seconds: float) -> int:
 
 def accept_queue(port: int) -> int:
     """Connections waiting in the accept queue of the listener on `port` (ss's Recv-Q)."""
-    out = subprocess.run(["ss", "-Hltn", f"( sport = :{port} )"], capture_output=True, text=True, timeout=10,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ss", "-Hltn", f"( sport = :{port} )"], capture_output=True, text=True, timeout=10, check=True
+    ).stdout
     return sum(int(line.split()[1]) for line in out.splitlines() if line.strip())
 
 
@@ -237,7 +269,7 @@ class Forwarder:
 
     def close(self) -> None:
         try:
-            self.listener.shutdown(socket.SHUT_RDWR)   # wakes the accept
+            self.listener.shutdown(socket.SHUT_RDWR)  # wakes the accept
         except OSError:
             pass
         self.listener.close()
@@ -285,25 +317,27 @@ def test_control_port_floods_leave_the_data_plane_and_health(tmp_path) -> None:
         half = open_nonblocking(srv.control_port, peers(8, first=2), 16)
         try:
             send_to_all(half, half_sent_grpc(b"/reduction_server.v1.Reducer/GetStats"))
-            assert wait_until(lambda: accept_queue(srv.control_port) == 0, 20.0)   # the flood has landed
+            assert wait_until(lambda: accept_queue(srv.control_port) == 0, 20.0)  # the flood has landed
             data_plane_still_works(srv, "after-control-flood")
             assert health(srv.control) == "SERVING"
             assert srv.proc.poll() is None
         finally:
             close_all(idle + half)
         assert serving_again(srv.control)
-        assert re.search(r"WARNING reducer\.control\.front: control port: (refused a connection|full)", srv.log), srv.log
+        assert re.search(r"WARNING reducer\.control\.front: control port: (refused a connection|full)", srv.log), (
+            srv.log
+        )
 
 
 def test_metrics_port_floods_leave_the_data_plane_and_scrapes(tmp_path) -> None:
     with Serve(nofile=NOFILE) as srv:
         threads_before = srv.threads()
-        scrape(srv.metrics_url)               # the pool's threads exist now
+        scrape(srv.metrics_url)  # the pool's threads exist now
         idle = open_nonblocking(srv.metrics_port, peers(8, first=2), FLOOD // 2)
         half = open_nonblocking(srv.metrics_port, peers(8, first=2), FLOOD // 2)
         try:
-            send_to_all(half, b"GET /metrics HTTP/1.1\r\nHost: reducer\r\n")   # the head never ends
-            assert wait_until(lambda: accept_queue(srv.metrics_port) == 0, 20.0)   # the flood has landed
+            send_to_all(half, b"GET /metrics HTTP/1.1\r\nHost: reducer\r\n")  # the head never ends
+            assert wait_until(lambda: accept_queue(srv.metrics_port) == 0, 20.0)  # the flood has landed
             assert srv.threads() <= threads_before + 4, srv.threads()
             assert "reduction_server_rounds_total" in scrape(srv.metrics_url)
             data_plane_still_works(srv, "after-metrics-flood")
@@ -345,10 +379,12 @@ def test_fronts_close_silent_and_idle_connections() -> None:
     from reducer.control.limits import ConnectionTable
 
     echo = socket.create_server(("127.0.0.1", 0))
-    front = ControlFront("127.0.0.1", 0, ConnectionTable(8, 8), echo.getsockname(), first_bytes_s=0.5,
-                         idle_s=1.0).start()
-    metrics = MetricsServer("127.0.0.1", 0, lambda accept: (b"ok\n", "text/plain"), ConnectionTable(8, 8),
-                            request_timeout=0.5).start()
+    front = ControlFront(
+        "127.0.0.1", 0, ConnectionTable(8, 8), echo.getsockname(), first_bytes_s=0.5, idle_s=1.0
+    ).start()
+    metrics = MetricsServer(
+        "127.0.0.1", 0, lambda accept: (b"ok\n", "text/plain"), ConnectionTable(8, 8), request_timeout=0.5
+    ).start()
     try:
         silent = [socket.create_connection(("127.0.0.1", front.port)) for _ in range(2)]
         talker = socket.create_connection(("127.0.0.1", front.port))
@@ -381,15 +417,15 @@ def test_connection_table_caps_and_fair_eviction() -> None:
     b1 = table.admit("b")
     assert b1.ok and len(table) == 3
     clock[0] = 2.0
-    table.touch(a1.conn_id)                       # a1 is active: a2 is a's least recently active
-    c1 = table.admit("c")                         # full: c (0) < a (2): a's idlest goes
+    table.touch(a1.conn_id)  # a1 is active: a2 is a's least recently active
+    c1 = table.admit("c")  # full: c (0) < a (2): a's idlest goes
     assert c1.ok and c1.evict == a2.conn_id and table.count("a") == 1 and len(table) == 3
-    d1 = table.admit("d")                         # full, heaviest holds 1, d holds 0: the idlest of a heaviest goes
+    d1 = table.admit("d")  # full, heaviest holds 1, d holds 0: the idlest of a heaviest goes
     assert d1.ok and d1.evict is not None and len(table) == 3
-    assert not table.admit("d").ok                # d holds 1 = the heaviest: no room, nobody evicted
+    assert not table.admit("d").ok  # d holds 1 = the heaviest: no room, nobody evicted
     for admitted in (a1, a2, b1, c1, d1):
         table.release(admitted.conn_id)
-    table.release(a1.conn_id)                     # twice: harmless
+    table.release(a1.conn_id)  # twice: harmless
     assert len(table) == 0 and table.count("a") == 0
     with pytest.raises(ValueError):
         ConnectionTable(0, 1)
@@ -398,7 +434,7 @@ def test_connection_table_caps_and_fair_eviction() -> None:
 def test_side_limits_leave_the_data_plane_its_descriptors() -> None:
     from reducer.control.limits import CONTROL_FDS_PER_CONNECTION, RESERVE_FDS, side_limits
 
-    low = side_limits(nofile=256, data_max_connections=192)         # the core keeps 64 off its cap
+    low = side_limits(nofile=256, data_max_connections=192)  # the core keeps 64 off its cap
     assert low.budget_fds == 256 - 192 - RESERVE_FDS
     assert low.control_connections * CONTROL_FDS_PER_CONNECTION + low.metrics_connections <= low.budget_fds
     assert low.control_connections >= 1 and low.metrics_connections >= 1
@@ -435,9 +471,14 @@ class _FakeReducer:
     running = True
 
     def __init__(self, rows: list[dict[str, Any]] | None = None) -> None:
-        self.rows = rows if rows is not None else [
-            _row("job-a", "g", "lost 10.1.2.3:41000 and [fd00::7]:5000; peer 2001:db8::9 gone"),
-            _row("job-b", "h", "")]
+        self.rows = (
+            rows
+            if rows is not None
+            else [
+                _row("job-a", "g", "lost 10.1.2.3:41000 and [fd00::7]:5000; peer 2001:db8::9 gone"),
+                _row("job-b", "h", ""),
+            ]
+        )
 
     def stats(self) -> dict[str, Any]:
         return {"groups": len(self.rows), "rounds_completed": 7}
@@ -453,8 +494,19 @@ class _FakeReducer:
 
 
 def _row(job: str, group: str, error: str) -> dict[str, Any]:
-    return dict(job=job, group=group, stream=0, world_size=2, connected=2, complete=True, rounds=7,
-                bytes_received=10, bytes_sent=10, last_error=error, age_s=1.0)
+    return dict(
+        job=job,
+        group=group,
+        stream=0,
+        world_size=2,
+        connected=2,
+        complete=True,
+        rounds=7,
+        bytes_received=10,
+        bytes_sent=10,
+        last_error=error,
+        age_s=1.0,
+    )
 
 
 def _plane(server: Any, **kw: Any) -> Any:
@@ -489,27 +541,35 @@ def test_get_stats_needs_the_secret_and_hides_addresses_otherwise(capsys, monkey
     open_ = _plane(_FakeReducer())
     try:
         with _client(secret) as c:
-            assert c.health() == "SERVING"                          # probes need nothing
+            assert c.health() == "SERVING"  # probes need nothing
             assert _code(c.get_stats) == "UNAUTHENTICATED"
             assert _code(lambda: c.get_stats(token="wrong")) == "UNAUTHENTICATED"
             nonce = c._nonce()
-            assert _code(lambda: c._call("GetStats", c._reducer.GetStats, reducer_pb2.GetStatsRequest(
-                nonce=nonce, mac=drain_mac("s3cret", nonce, 0.0)))) == "UNAUTHENTICATED"   # a Drain proof
+            assert (
+                _code(
+                    lambda: c._call(
+                        "GetStats",
+                        c._reducer.GetStats,
+                        reducer_pb2.GetStatsRequest(nonce=nonce, mac=drain_mac("s3cret", nonce, 0.0)),
+                    )
+                )
+                == "UNAUTHENTICATED"
+            )  # a Drain proof
             nonce = c._nonce()
             good = reducer_pb2.GetStatsRequest(nonce=nonce, mac=stats_mac("s3cret", nonce))
             reply = c._call("GetStats", c._reducer.GetStats, good)
-            assert "10.1.2.3:41000" in reply.groups[0].last_error   # proven: the whole truth
+            assert "10.1.2.3:41000" in reply.groups[0].last_error  # proven: the whole truth
             assert _code(lambda: c._call("GetStats", c._reducer.GetStats, good)) == "UNAUTHENTICATED"  # replay
             stats = c.get_stats(token="s3cret")
             assert [g["job"] for g in stats["groups"]] == ["job-a", "job-b"] and stats["auth_required"]
         monkeypatch.delenv("RS_AUTH_TOKEN", raising=False)
         monkeypatch.delenv("RS_AUTH_TOKEN_FILE", raising=False)
-        assert main(["status", "--json", secret.address]) == 1                 # `status` without the secret
+        assert main(["status", "--json", secret.address]) == 1  # `status` without the secret
         assert "UNAUTHENTICATED" in json.loads(capsys.readouterr().out)["reducers"][0]["error"]
         (tmp_path / "token").write_text("s3cret\n")
         assert main(["status", "--json", "--auth-token-file", str(tmp_path / "token"), secret.address]) == 0
         assert len(json.loads(capsys.readouterr().out)["reducers"][0]["groups"]) == 2
-        with _client(open_) as c:                                    # no secret: open, without addresses
+        with _client(open_) as c:  # no secret: open, without addresses
             stats = c.get_stats()
         assert stats["groups"][0]["last_error"] == "lost <address> and <address>; peer <address> gone"
         assert not stats["auth_required"]
@@ -537,13 +597,13 @@ def test_metric_group_series_are_capped_and_can_be_turned_off(monkeypatch) -> No
         return out
 
     monkeypatch.delenv("RS_METRICS_GROUPS", raising=False)
-    assert len(series()["reduction_server_group_rounds_total"]) == 5          # the default (100) holds them all
+    assert len(series()["reduction_server_group_rounds_total"]) == 5  # the default (100) holds them all
     capped = series(max_groups=2)
     assert [s["group"] for s in capped["reduction_server_group_rounds_total"]] == ["g0", "g1"]
     assert capped["reduction_server_group_series_omitted"] == [{"value": 3.0}]
     monkeypatch.setenv("RS_METRICS_GROUPS", "0")
     off = series()
-    assert not any("job" in s for samples in off.values() for s in samples)   # no job or group label anywhere
+    assert not any("job" in s for samples in off.values() for s in samples)  # no job or group label anywhere
     assert off["reduction_server_group_series_omitted"] == [{"value": 5.0}]
 
 
@@ -611,7 +671,7 @@ def test_get_stats_flood_is_cut_per_peer_while_a_group_runs(reducers, caplog) ->
 
     (server,) = reducers(1)
     plane = ControlPlane(server, Lifecycle(server), host="127.0.0.1", port=0, limits=SideLimits(rate=20.0)).start()
-    limiter = plane.gate.limiter = PeerRateLimiter(20.0, clock=lambda: 0.0)   # no refill: exact counts
+    limiter = plane.gate.limiter = PeerRateLimiter(20.0, clock=lambda: 0.0)  # no refill: exact counts
     forwarder = Forwarder("127.0.0.2", plane.port)
     counts = {"ok": 0, "RESOURCE_EXHAUSTED": 0, "UNAVAILABLE": 0, "other": 0}
     lock = threading.Lock()
@@ -637,13 +697,13 @@ def test_get_stats_flood_is_cut_per_peer_while_a_group_runs(reducers, caplog) ->
             for t in floods:
                 t.start()
             group.wait_connected()
-            with ControlClient(plane.address, timeout=10) as mine:      # another address: its own bucket
+            with ControlClient(plane.address, timeout=10) as mine:  # another address: its own bucket
                 for _ in range(5):
                     assert mine.health() == "SERVING"
                     assert mine.get_stats()["state"] == "serving"
             group.join()
         assert wait_until(lambda: blocked in caplog.text, 30.0), counts
-        assert wait_until(lambda: counts["UNAVAILABLE"] > 0, 30.0), counts   # cut off at the door
+        assert wait_until(lambda: counts["UNAVAILABLE"] > 0, 30.0), counts  # cut off at the door
     finally:
         stop.set()
         for t in floods:
@@ -659,9 +719,10 @@ def test_metrics_requests_are_rate_limited_per_peer() -> None:
     from reducer.control.http import MetricsServer
     from reducer.control.limits import ConnectionTable, PeerRateLimiter
 
-    limiter = PeerRateLimiter(5.0, clock=lambda: 0.0)        # no refill: exact counts
-    server = MetricsServer("127.0.0.1", 0, lambda accept: (b"m 1\n", "text/plain"), ConnectionTable(16, 16),
-                           limiter).start()
+    limiter = PeerRateLimiter(5.0, clock=lambda: 0.0)  # no refill: exact counts
+    server = MetricsServer(
+        "127.0.0.1", 0, lambda accept: (b"m 1\n", "text/plain"), ConnectionTable(16, 16), limiter
+    ).start()
     answers: list[str] = []
     try:
         for _ in range(30):
@@ -676,7 +737,7 @@ def test_metrics_requests_are_rate_limited_per_peer() -> None:
                 head = b""
             answers.append(head.split(b" ")[1].decode() if head else "closed")
             s.close()
-        assert scrape(f"http://127.0.0.1:{server.port}/metrics") == "m 1\n"     # another address
+        assert scrape(f"http://127.0.0.1:{server.port}/metrics") == "m 1\n"  # another address
     finally:
         server.stop()
     # 5 answered (the burst), 20 refused (then the address is cut off), the rest closed unanswered.
@@ -689,21 +750,21 @@ def test_rate_limiter_buckets() -> None:
     clock = [0.0]
     limiter = PeerRateLimiter(rate=2.0, burst=3.0, max_peers=2, clock=lambda: clock[0])
     assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
-    assert limiter.allow("b")                       # a's bucket is not b's
-    clock[0] = 0.5                                  # one token back for a
+    assert limiter.allow("b")  # a's bucket is not b's
+    clock[0] = 0.5  # one token back for a
     assert [limiter.allow("a") for _ in range(2)] == [True, False]
-    clock[0] = 100.0                                # full again, never more than the burst
+    clock[0] = 100.0  # full again, never more than the burst
     assert [limiter.allow("a") for _ in range(4)] == [True, True, True, False]
     assert limiter.refused == 3
-    assert all(PeerRateLimiter(0.0).allow("x") for _ in range(1000))   # 0 = no limit
+    assert all(PeerRateLimiter(0.0).allow("x") for _ in range(1000))  # 0 = no limit
     # Cut-off: block_after refusals within one second, not spread thinner.
     clock[0] = 0.0
     flood = PeerRateLimiter(rate=1.0, burst=1.0, block_after=3, clock=lambda: clock[0])
     assert flood.allow("f") and not flood.allow("f") and not flood.allow("f")
     assert not flood.should_block("f")
-    clock[0] = 1.5                                  # a new window (and one token back)
+    clock[0] = 1.5  # a new window (and one token back)
     assert flood.allow("f") and [flood.allow("f") for _ in range(2)] == [False, False]
     assert not flood.should_block("f")
     assert not flood.allow("f") and flood.should_block("f")
-    assert not flood.should_block("f")              # its count starts again
+    assert not flood.should_block("f")  # its count starts again
     assert not flood.should_block("nobody")

@@ -6,6 +6,7 @@ NaN of the same sign (bfloat16: exactly 0x7fc0 | sign, as ml_dtypes), and give t
 every ISA; widen must be exact. Also the result definition of the compressed all-reduce,
 `compressed_allreduce_reference`, checked against the kernels' own pipeline.
 """
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -43,14 +44,15 @@ def assert_narrow_ok(wire, x, got):
     want = astype_bits(wire, x)
     nan = np.isnan(x)
     bad = np.flatnonzero(~nan & (got != want))
-    assert bad.size == 0, (f"{bad.size} mismatches, first inputs {x.view(np.uint32)[bad[:5]]}: "
-                           f"got {got[bad[:5]]} want {want[bad[:5]]}")
+    assert bad.size == 0, (
+        f"{bad.size} mismatches, first inputs {x.view(np.uint32)[bad[:5]]}: got {got[bad[:5]]} want {want[bad[:5]]}"
+    )
     sign = (x.view(np.uint32)[nan] >> 16) & 0x8000
     if wire == "bfloat16":
-        np.testing.assert_array_equal(got[nan], sign | 0x7fc0)
+        np.testing.assert_array_equal(got[nan], sign | 0x7FC0)
     else:
         g = got[nan]
-        assert np.all((g & 0x7c00) == 0x7c00) and np.all(g & 0x0200), "float16 NaN must be a quiet NaN"
+        assert np.all((g & 0x7C00) == 0x7C00) and np.all(g & 0x0200), "float16 NaN must be a quiet NaN"
         np.testing.assert_array_equal(g & 0x8000, sign)
 
 
@@ -59,13 +61,34 @@ def boundary_values():
     bfloat16 rounding boundary (0, tie - 1, tie, tie + 1, max): all exponents, subnormals, inf, NaN,
     every bfloat16 tie in both parities; with the float16 edge cases added explicitly."""
     hi = np.arange(1 << 16, dtype=np.uint32) << 16
-    lo = np.array([0, 1, 0x7fff, 0x8000, 0x8001, 0xffff], dtype=np.uint32)
+    lo = np.array([0, 1, 0x7FFF, 0x8000, 0x8001, 0xFFFF], dtype=np.uint32)
     bits = (hi[:, None] | lo[None, :]).ravel()
-    half = np.array([
-        65504.0, 65519.996, 65520.0, 65536.0, 1e6, 2.0 ** -14, 2.0 ** -24, 2.0 ** -25, 3 * 2.0 ** -25,
-        2.0 ** -26, 1.5 * 2.0 ** -24, 2.0 ** -24 * 1.0000001, 1 + 2.0 ** -11, 1 + 3 * 2.0 ** -11,
-        2.0 ** -14 - 2.0 ** -25, 6.0e-8, 5.96e-8, 2.98e-8, 2.99e-8, 1e-45, 3.4028235e38,
-    ], dtype=np.float32)
+    half = np.array(
+        [
+            65504.0,
+            65519.996,
+            65520.0,
+            65536.0,
+            1e6,
+            2.0**-14,
+            2.0**-24,
+            2.0**-25,
+            3 * 2.0**-25,
+            2.0**-26,
+            1.5 * 2.0**-24,
+            2.0**-24 * 1.0000001,
+            1 + 2.0**-11,
+            1 + 3 * 2.0**-11,
+            2.0**-14 - 2.0**-25,
+            6.0e-8,
+            5.96e-8,
+            2.98e-8,
+            2.99e-8,
+            1e-45,
+            3.4028235e38,
+        ],
+        dtype=np.float32,
+    )
     x = np.concatenate([f32(bits), half, -half])
     return x
 
@@ -141,7 +164,7 @@ def test_narrow_sizes_and_misalignment(isa, wire):  # noqa: F811
                 x[...] = values
                 for out_off in (0, 1):
                     out = np.full(n + out_off + 1, 0xABCD, np.uint16)
-                    got = out[out_off:out_off + n]
+                    got = out[out_off : out_off + n]
                     _core.kernels_narrow(wire, got, x)
                     assert_narrow_ok(wire, x, got)
                     assert out[-1] == 0xABCD and (out_off == 0 or out[0] == 0xABCD), "wrote out of bounds"
@@ -171,9 +194,9 @@ def test_widen_sizes_and_round_trip(isa, wire):  # noqa: F811
         x = (rng.standard_normal(n) * 100).astype(np.float32)
         w = narrow(wire, x)
         out = np.full(n + 2, -7.0, np.float32)
-        _core.kernels_widen(wire, out[1:n + 1], w)
+        _core.kernels_widen(wire, out[1 : n + 1], w)
         assert out[0] == -7.0 and out[-1] == -7.0, "wrote out of bounds"
-        np.testing.assert_array_equal(out[1:n + 1], x.astype(WIRES[wire]).astype(np.float32))
+        np.testing.assert_array_equal(out[1 : n + 1], x.astype(WIRES[wire]).astype(np.float32))
 
 
 # ---------------------------------------------------------------------- every ISA, same bits
@@ -261,8 +284,8 @@ def test_compressed_allreduce_definition(isa, wire, op):  # noqa: F811
 
 def test_reference_is_not_a_float32_all_reduce():
     """The definition rounds each input first: it differs from rounding a float32 sum once."""
-    x = [np.array([1.0 + 0.4 * 2.0 ** -7], np.float32)] * 3  # each rounds down to 1.0 in bfloat16
+    x = [np.array([1.0 + 0.4 * 2.0**-7], np.float32)] * 3  # each rounds down to 1.0 in bfloat16
     got = compressed_allreduce_reference(x, "bfloat16")
     assert got[0] == 3.0
     once = (x[0] + x[1] + x[2]).astype(ml_dtypes.bfloat16).astype(np.float32)  # 3 + 0.6 ulp: up
-    assert once[0] == 3.0 + 2.0 ** -6
+    assert once[0] == 3.0 + 2.0**-6

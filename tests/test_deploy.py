@@ -2,6 +2,7 @@
 
 Pure Python: nothing here needs the C++ extension or a network.
 """
+
 from __future__ import annotations
 
 import json
@@ -60,18 +61,27 @@ def test_plan_reducer_gbps_and_tier1() -> None:
 
 
 def test_plan_table_has_required_machines() -> None:
-    expected = {"n1-highcpu-8": 16, "n1-highcpu-16": 32, "n1-highcpu-32": 32,
-                "n2-highcpu-8": 16, "n2-highcpu-16": 32, "n2-highcpu-32": 32}
+    expected = {
+        "n1-highcpu-8": 16,
+        "n1-highcpu-16": 32,
+        "n1-highcpu-32": 32,
+        "n2-highcpu-8": 16,
+        "n2-highcpu-16": 32,
+        "n2-highcpu-32": 32,
+    }
     for name, gbps in expected.items():
         assert planner.REDUCER_MACHINES[name].egress_gbps == gbps
 
 
-@pytest.mark.parametrize("kwargs, match", [
-    (dict(reducer_machine="m5.large"), "known: .*n1-highcpu-16"),
-    (dict(reducer_machine="n1-highcpu-32", tier1=True), "Tier_1 .*n2-highcpu-32"),
-    (dict(reducer_machine="n2-highcpu-16", tier1=True), "Tier_1"),
-    (dict(reducer_gbps=0), "reducer_gbps"),
-])
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(reducer_machine="m5.large"), "known: .*n1-highcpu-16"),
+        (dict(reducer_machine="n1-highcpu-32", tier1=True), "Tier_1 .*n2-highcpu-32"),
+        (dict(reducer_machine="n2-highcpu-16", tier1=True), "Tier_1"),
+        (dict(reducer_gbps=0), "reducer_gbps"),
+    ],
+)
 def test_plan_errors(kwargs: dict[str, Any], match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         plan_reducers(4, 100, **kwargs)
@@ -104,8 +114,19 @@ def test_plan_cli_unknown_machine(capsys: pytest.CaptureFixture) -> None:
 
 # -- Vertex AI job spec --------------------------------------------------------------------------
 
-BASE = ["vertex-job", "--machine-type", "a2-highgpu-8g", "--accelerator-type", "NVIDIA_TESLA_A100",
-        "--accelerator-count", "8", "--image", "gcr.io/p/worker:1", "--reducer-image", "gcr.io/p/reducer:1"]
+BASE = [
+    "vertex-job",
+    "--machine-type",
+    "a2-highgpu-8g",
+    "--accelerator-type",
+    "NVIDIA_TESLA_A100",
+    "--accelerator-count",
+    "8",
+    "--image",
+    "gcr.io/p/worker:1",
+    "--reducer-image",
+    "gcr.io/p/reducer:1",
+]
 
 
 def _vertex_job(capsys: pytest.CaptureFixture, *extra: str) -> dict[str, Any]:
@@ -122,8 +143,11 @@ def test_vertex_job_layout(capsys: pytest.CaptureFixture) -> None:
     assert pools[0] == {"machineSpec": gpu, "replicaCount": 1, "containerSpec": container}
     assert pools[1] == {"machineSpec": gpu, "replicaCount": 3, "containerSpec": container}
     # 4 x 100 Gbps = 400 Gbps -> ceil(400 / 32) = 13 n1-highcpu-16
-    assert pools[2] == {"machineSpec": {"machineType": "n1-highcpu-16"}, "replicaCount": 13,
-                        "containerSpec": {"imageUri": "gcr.io/p/reducer:1"}}
+    assert pools[2] == {
+        "machineSpec": {"machineType": "n1-highcpu-16"},
+        "replicaCount": 13,
+        "containerSpec": {"imageUri": "gcr.io/p/reducer:1"},
+    }
 
 
 def test_vertex_job_single_worker_keeps_pool_indices(capsys: pytest.CaptureFixture) -> None:
@@ -140,47 +164,52 @@ def test_vertex_job_worker_bandwidth(capsys: pytest.CaptureFixture) -> None:
     assert job.spec["workerPoolSpecs"][1]["replicaCount"] == 7
     assert job.worker_bandwidth is not None and "a2-megagpu-16g" in job.worker_bandwidth.reason
     # Unknown machine: needs --worker-gbps.
-    argv = ["vertex-job", "--workers", "2", "--machine-type", "c3-standard-44", "--image", "w",
-            "--reducer-image", "r"]
+    argv = ["vertex-job", "--workers", "2", "--machine-type", "c3-standard-44", "--image", "w", "--reducer-image", "r"]
     assert main(argv) == 2
     assert "--worker-gbps" in capsys.readouterr().err
-    assert main(argv + ["--worker-gbps", "50", "--reducer-machine", "c3-highcpu-44",
-                        "--reducer-gbps", "23"]) == 0
+    assert main(argv + ["--worker-gbps", "50", "--reducer-machine", "c3-highcpu-44", "--reducer-gbps", "23"]) == 0
     spec = yaml.safe_load(capsys.readouterr().out)
-    assert spec["workerPoolSpecs"][2] == {"machineSpec": {"machineType": "c3-highcpu-44"}, "replicaCount": 5,
-                                          "containerSpec": {"imageUri": "r"}}
+    assert spec["workerPoolSpecs"][2] == {
+        "machineSpec": {"machineType": "c3-highcpu-44"},
+        "replicaCount": 5,
+        "containerSpec": {"imageUri": "r"},
+    }
     assert main(argv + ["--worker-gbps", "50", "--reducer-machine", "n2-highcpu-32"]) == 0
     spec = yaml.safe_load(capsys.readouterr().out)
-    assert spec["workerPoolSpecs"][2]["replicaCount"] == 4        # 100 / 32
+    assert spec["workerPoolSpecs"][2]["replicaCount"] == 4  # 100 / 32
     assert "acceleratorType" not in spec["workerPoolSpecs"][0]["machineSpec"]
 
 
 # -- worker bandwidth: machine family x GPU model x GPU count ----------------------------------
 
-@pytest.mark.parametrize("machine, gpu, count, gbps", [
-    ("n1-highmem-96", "NVIDIA_TESLA_V100", 8, 100),   # the Vertex AI doc's example worker
-    ("n1-standard-32", "NVIDIA_TESLA_V100", 4, 50),
-    ("n1-standard-16", "NVIDIA_TESLA_V100", 2, 32),
-    ("n1-standard-8", "NVIDIA_TESLA_V100", 1, 16),    # min(2 x 8 vCPUs, 32)
-    ("n1-standard-64", "NVIDIA_TESLA_V100", 8, 100),
-    ("n1-highcpu-32", "NVIDIA_TESLA_V100", 8, 64),    # min(2 x 32 vCPUs, 100)
-    ("n1-standard-4", "NVIDIA_TESLA_T4", 1, 10),      # <= 5 vCPUs: 10 Gbps
-    ("n1-standard-48", "NVIDIA_TESLA_T4", 2, 50),
-    ("n1-highmem-96", "NVIDIA_TESLA_T4", 4, 100),
-    ("n1-standard-16", "NVIDIA_TESLA_P100", 1, 32),   # P100/P4 keep the N1 cap
-    ("n1-standard-96", "NVIDIA_TESLA_P4", 4, 32),
-    ("n1-standard-4", "NVIDIA_TESLA_P4", 1, 8),
-    ("n1-standard-16", None, 1, 32),                   # no GPU: 2 Gbps per vCPU, at most 32
-    ("n1-standard-4", None, 1, 8),
-    ("n2-highcpu-8", None, 1, 16),
-    ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 100),
-    ("a2-highgpu-1g", None, 1, 24),                    # the machine type alone is enough
-    ("a2-ultragpu-4g", "NVIDIA_A100_80GB", 4, 50),
-    ("a2-megagpu-16g", "NVIDIA_TESLA_A100", 16, 100),
-    ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 200),
-    ("g2-standard-48", "NVIDIA_L4", 4, 50),
-    ("g2-standard-4", "NVIDIA_L4", 1, 10),
-])
+
+@pytest.mark.parametrize(
+    "machine, gpu, count, gbps",
+    [
+        ("n1-highmem-96", "NVIDIA_TESLA_V100", 8, 100),  # the Vertex AI doc's example worker
+        ("n1-standard-32", "NVIDIA_TESLA_V100", 4, 50),
+        ("n1-standard-16", "NVIDIA_TESLA_V100", 2, 32),
+        ("n1-standard-8", "NVIDIA_TESLA_V100", 1, 16),  # min(2 x 8 vCPUs, 32)
+        ("n1-standard-64", "NVIDIA_TESLA_V100", 8, 100),
+        ("n1-highcpu-32", "NVIDIA_TESLA_V100", 8, 64),  # min(2 x 32 vCPUs, 100)
+        ("n1-standard-4", "NVIDIA_TESLA_T4", 1, 10),  # <= 5 vCPUs: 10 Gbps
+        ("n1-standard-48", "NVIDIA_TESLA_T4", 2, 50),
+        ("n1-highmem-96", "NVIDIA_TESLA_T4", 4, 100),
+        ("n1-standard-16", "NVIDIA_TESLA_P100", 1, 32),  # P100/P4 keep the N1 cap
+        ("n1-standard-96", "NVIDIA_TESLA_P4", 4, 32),
+        ("n1-standard-4", "NVIDIA_TESLA_P4", 1, 8),
+        ("n1-standard-16", None, 1, 32),  # no GPU: 2 Gbps per vCPU, at most 32
+        ("n1-standard-4", None, 1, 8),
+        ("n2-highcpu-8", None, 1, 16),
+        ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 8, 100),
+        ("a2-highgpu-1g", None, 1, 24),  # the machine type alone is enough
+        ("a2-ultragpu-4g", "NVIDIA_A100_80GB", 4, 50),
+        ("a2-megagpu-16g", "NVIDIA_TESLA_A100", 16, 100),
+        ("a3-highgpu-8g", "NVIDIA_H100_80GB", 8, 200),
+        ("g2-standard-48", "NVIDIA_L4", 4, 50),
+        ("g2-standard-4", "NVIDIA_L4", 1, 10),
+    ],
+)
 def test_worker_bandwidth_table(machine: str, gpu: Any, count: int, gbps: float) -> None:
     bw = bandwidth.worker_bandwidth(machine, gpu, count)
     assert bw.gbps == gbps
@@ -189,18 +218,21 @@ def test_worker_bandwidth_table(machine: str, gpu: Any, count: int, gbps: float)
         assert gpu in bw.reason
 
 
-@pytest.mark.parametrize("machine, gpu, count, match", [
-    ("n1-standard-16", "NVIDIA_TESLA_V100", 3, "--worker-gbps"),   # no such GPU count
-    ("n1-standard-16", "NVIDIA_L4", 1, "--worker-gbps"),           # not an N1 GPU
-    ("n1-standard-16", "NVIDIA_TESLA_K80", 1, "--worker-gbps"),    # no rule in the table
-    ("c3-standard-44", None, 1, "--worker-gbps"),
-    ("a3-megagpu-8g", "NVIDIA_H100_MEGA_80GB", 8, "--worker-gbps"),
-    ("custom-8-30720", None, 1, "--worker-gbps"),
-    ("n1-highmem-96", "NVIDIA_TESLA_V100", 1, "at most 12 vCPUs"),  # Compute Engine refuses it too
-    ("n2-standard-16", "NVIDIA_TESLA_T4", 1, "N1"),
-    ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 4, "comes with 8 x NVIDIA_TESLA_A100"),
-    ("g2-standard-48", "NVIDIA_TESLA_T4", 4, "comes with 4 x NVIDIA_L4"),
-])
+@pytest.mark.parametrize(
+    "machine, gpu, count, match",
+    [
+        ("n1-standard-16", "NVIDIA_TESLA_V100", 3, "--worker-gbps"),  # no such GPU count
+        ("n1-standard-16", "NVIDIA_L4", 1, "--worker-gbps"),  # not an N1 GPU
+        ("n1-standard-16", "NVIDIA_TESLA_K80", 1, "--worker-gbps"),  # no rule in the table
+        ("c3-standard-44", None, 1, "--worker-gbps"),
+        ("a3-megagpu-8g", "NVIDIA_H100_MEGA_80GB", 8, "--worker-gbps"),
+        ("custom-8-30720", None, 1, "--worker-gbps"),
+        ("n1-highmem-96", "NVIDIA_TESLA_V100", 1, "at most 12 vCPUs"),  # Compute Engine refuses it too
+        ("n2-standard-16", "NVIDIA_TESLA_T4", 1, "N1"),
+        ("a2-highgpu-8g", "NVIDIA_TESLA_A100", 4, "comes with 8 x NVIDIA_TESLA_A100"),
+        ("g2-standard-48", "NVIDIA_TESLA_T4", 4, "comes with 4 x NVIDIA_L4"),
+    ],
+)
 def test_worker_bandwidth_refuses_to_guess(machine: str, gpu: Any, count: int, match: str) -> None:
     with pytest.raises(ConfigError, match=match):
         bandwidth.worker_bandwidth(machine, gpu, count)
@@ -208,8 +240,21 @@ def test_worker_bandwidth_refuses_to_guess(machine: str, gpu: Any, count: int, m
 
 def test_vertex_job_doc_example_sizes_16_reducers(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     """The Vertex AI doc's example: 5 x n1-highmem-96 + 8 V100 (100 Gbps each) -> 16 x n1-highcpu-16."""
-    argv = ["vertex-job", "--workers", "5", "--machine-type", "n1-highmem-96", "--accelerator-type",
-            "NVIDIA_TESLA_V100", "--accelerator-count", "8", "--image", "w", "--reducer-image", "r"]
+    argv = [
+        "vertex-job",
+        "--workers",
+        "5",
+        "--machine-type",
+        "n1-highmem-96",
+        "--accelerator-type",
+        "NVIDIA_TESLA_V100",
+        "--accelerator-count",
+        "8",
+        "--image",
+        "w",
+        "--reducer-image",
+        "r",
+    ]
     assert main(argv) == 0
     captured = capsys.readouterr()
     spec = yaml.safe_load(captured.out)
@@ -235,6 +280,7 @@ def test_vertex_job_doc_example_sizes_16_reducers(tmp_path: Path, capsys: pytest
 
 # -- reducer CPU: the slower of NIC and cores ---------------------------------------------------
 
+
 def test_plan_core_limit() -> None:
     # The measured figure makes an n1-highcpu-16 (8 reducer threads) NIC-bound.
     default = plan_reducers(5, 100)
@@ -246,7 +292,7 @@ def test_plan_core_limit() -> None:
     assert slow.reducer_nic_gbps == 32
     # More threads lift the CPU limit up to the NIC.
     assert plan_reducers(5, 100, core_gbps=2, reducer_threads=16).reducers == 16
-    assert plan_reducers(5, 100, core_gbps=2, reducer_threads=12).reducers == 21   # 24 Gbps each
+    assert plan_reducers(5, 100, core_gbps=2, reducer_threads=12).reducers == 21  # 24 Gbps each
     # n1-highcpu-8: 8 vCPUs -> 8 threads; its 16 Gbps NIC binds first.
     small = plan_reducers(4, 32, reducer_machine="n1-highcpu-8", core_gbps=3)
     assert (small.reducer_threads, small.reducer_gbps, small.reducers) == (8, 16, 8)
@@ -257,8 +303,9 @@ def test_plan_core_limit() -> None:
     assert (custom.reducer_gbps, custom.reducers, custom.limited_by) == (20, 20, "cores")
 
 
-@pytest.mark.parametrize("kwargs", [dict(core_gbps=0), dict(core_gbps=float("inf")), dict(reducer_threads=0),
-                                    dict(reducer_threads=1.5)])
+@pytest.mark.parametrize(
+    "kwargs", [dict(core_gbps=0), dict(core_gbps=float("inf")), dict(reducer_threads=0), dict(reducer_threads=1.5)]
+)
 def test_plan_core_args_rejected(kwargs: dict[str, Any]) -> None:
     with pytest.raises(ConfigError):
         plan_reducers(4, 100, **kwargs)
@@ -270,7 +317,7 @@ def test_plan_cli_core_limit(capsys: pytest.CaptureFixture) -> None:
     assert "32 x n1-highcpu-16" in out and "cores-bound" in out and "8 threads x 2 Gbps = 16 Gbps" in out
     assert main(["plan", "--workers", "5", "--worker-gbps", "100"]) == 0
     assert "NIC-bound" in capsys.readouterr().out
-    assert main(BASE + ["--workers", "4", "--reducer-core-gbps", "2"]) == 0   # 400 / 16 = 25
+    assert main(BASE + ["--workers", "4", "--reducer-core-gbps", "2"]) == 0  # 400 / 16 = 25
     assert yaml.safe_load(capsys.readouterr().out)["workerPoolSpecs"][2]["replicaCount"] == 25
 
 
@@ -280,12 +327,15 @@ def test_core_figure_is_documented() -> None:
     assert f"{REDUCER_CORE_GBPS / 8:.2f} GB/s" in text and "bench_reducer_cpu.py" in text
 
 
-@pytest.mark.parametrize("extra, match", [
-    (["--workers", "0"], "--workers"),
-    (["--workers", "2", "--reducers", "0"], "--reducers"),
-    (["--workers", "2", "--accelerator-count", "0"], "--accelerator-count"),
-    (["--workers", "2", "--reducer-machine", "x9-huge"], "unknown reducer machine"),
-])
+@pytest.mark.parametrize(
+    "extra, match",
+    [
+        (["--workers", "0"], "--workers"),
+        (["--workers", "2", "--reducers", "0"], "--reducers"),
+        (["--workers", "2", "--accelerator-count", "0"], "--accelerator-count"),
+        (["--workers", "2", "--reducer-machine", "x9-huge"], "unknown reducer machine"),
+    ],
+)
 def test_vertex_job_errors(capsys: pytest.CaptureFixture, extra: list[str], match: str) -> None:
     assert main(BASE + extra) == 2
     assert match in capsys.readouterr().err
@@ -293,8 +343,7 @@ def test_vertex_job_errors(capsys: pytest.CaptureFixture, extra: list[str], matc
 
 def test_vertex_job_json_to_file(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     out = tmp_path / "job.json"
-    assert main(BASE + ["--workers", "2", "--format", "json", "--output", str(out),
-                        "--display-name", "my job"]) == 0
+    assert main(BASE + ["--workers", "2", "--format", "json", "--output", str(out), "--display-name", "my job"]) == 0
     printed = capsys.readouterr().out
     assert "gcloud ai custom-jobs create" in printed and "'my job'" in printed and str(out) in printed
     spec = json.loads(out.read_text())
@@ -343,13 +392,18 @@ def test_vertex_example_parses_with_sdk() -> None:
 
 def test_submit_example_help_and_dry_run() -> None:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
-    help_run = subprocess.run([sys.executable, str(SUBMIT), "--help"], capture_output=True, text=True,
-                              env=env, timeout=60)
+    help_run = subprocess.run(
+        [sys.executable, str(SUBMIT), "--help"], capture_output=True, text=True, env=env, timeout=60
+    )
     assert help_run.returncode == 0 and "--project" in help_run.stdout
     _sdk_or_skip()
-    dry = subprocess.run([sys.executable, str(SUBMIT), "--project", "p", "--region", "us-central1",
-                          "--bucket", "gs://b", "--dry-run"], capture_output=True, text=True, env=env,
-                         timeout=60)
+    dry = subprocess.run(
+        [sys.executable, str(SUBMIT), "--project", "p", "--region", "us-central1", "--bucket", "gs://b", "--dry-run"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
     assert "[1, 3, 13]" in dry.stdout and "NVIDIA_TESLA_A100" in dry.stdout
 
@@ -441,8 +495,7 @@ def _reducer_cluster_spec(index: int) -> dict[str, Any]:
 def _worker_cluster_spec(index: int) -> dict[str, Any]:
     (c,) = _manifests()["Job"]["spec"]["template"]["spec"]["containers"]
     probe = [sys.executable, "-c", "import os; print(os.environ['CLUSTER_SPEC'])"]
-    env = {"PATH": os.environ.get("PATH", ""), "JOB_COMPLETION_INDEX": str(index),
-           "RS_CLUSTER": _env(c)["RS_CLUSTER"]}
+    env = {"PATH": os.environ.get("PATH", ""), "JOB_COMPLETION_INDEX": str(index), "RS_CLUSTER": _env(c)["RS_CLUSTER"]}
     # The container's own wrapper, with the training command replaced by a probe.
     run = subprocess.run(c["command"] + probe, env=env, capture_output=True, text=True, timeout=30)
     assert run.returncode == 0, run.stderr

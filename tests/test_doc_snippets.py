@@ -18,6 +18,7 @@ A block's info string is ```LANGUAGE [TAGS]. What each language gets:
 Anything else that is not run needs the tag ``no-run (REASON)`` with the reason in parentheses,
 e.g. ```python no-run (needs a GPU)```. A block without a language fails: say what it is.
 """
+
 from __future__ import annotations
 
 import json
@@ -101,6 +102,7 @@ def no_run_reason(block: Block) -> str | None:
 
 # -- shell commands -------------------------------------------------------------------------------
 
+
 def console_parts(code: str) -> tuple:
     """(commands, expected output lines) of a console block."""
     commands: list[str] = []
@@ -161,6 +163,7 @@ def output_matches(expected: list[str], actual: str) -> str | None:
 
 # -- the scratch directory ------------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def scratch(tmp_path_factory):
     """A working directory with a copy of examples/, and `python` / `reduction-server` on PATH
@@ -173,10 +176,18 @@ def scratch(tmp_path_factory):
         shim = bindir / name
         shim.write_text(f'#!/bin/sh\nexec "{sys.executable}"{args} "$@"\n')
         shim.chmod(0o755)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("RS_", "CLUSTER_SPEC", "TF_CONFIG", "MASTER_", "LOCAL_RANK", "LOCAL_WORLD"))}
-    env.update(PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-               RS_CONNECT_TIMEOUT="60", RS_TIMEOUT="60")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if not k.startswith(("RS_", "CLUSTER_SPEC", "TF_CONFIG", "MASTER_", "LOCAL_RANK", "LOCAL_WORLD"))
+    }
+    env.update(
+        PATH=f"{bindir}{os.pathsep}{env.get('PATH', '')}",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        RS_CONNECT_TIMEOUT="60",
+        RS_TIMEOUT="60",
+    )
     return d, env
 
 
@@ -188,8 +199,9 @@ def _run(args: list[str], cwd: Path, env: dict) -> subprocess.CompletedProcess:
 
 
 def _check(out: subprocess.CompletedProcess, block: Block) -> None:
-    assert out.returncode == 0, (f"{block.id} exited {out.returncode}\n--- stdout\n{out.stdout[-4000:]}\n"
-                                 f"--- stderr\n{out.stderr[-4000:]}")
+    assert out.returncode == 0, (
+        f"{block.id} exited {out.returncode}\n--- stdout\n{out.stdout[-4000:]}\n--- stderr\n{out.stderr[-4000:]}"
+    )
 
 
 def run_python(block: Block, scratch) -> None:
@@ -201,8 +213,21 @@ def run_python(block: Block, scratch) -> None:
     m = re.search(r"\blaunch(?:=(\d+)x(\d+))?", block.tags)
     if m:
         workers, procs = (int(m.group(1)), int(m.group(2))) if m.group(1) else (2, 1)
-        args = [sys.executable, "-m", "reducer.cli.main", "launch", "--workers", str(workers),
-                "--procs-per-worker", str(procs), "--reducers", "1", "--", "python", str(script)]
+        args = [
+            sys.executable,
+            "-m",
+            "reducer.cli.main",
+            "launch",
+            "--workers",
+            str(workers),
+            "--procs-per-worker",
+            str(procs),
+            "--reducers",
+            "1",
+            "--",
+            "python",
+            str(script),
+        ]
     else:
         args = [sys.executable, str(script)]
     _check(_run(args, d, env), block)
@@ -217,13 +242,17 @@ def run_shell(block: Block, scratch) -> None:
     assert commands, f"{block.id}: no command in the block"
     if "run" not in block.tags.split():
         unsafe = [c for c in commands if not is_safe(c)]
-        assert not unsafe, (f"{block.id}: not known to be safe, so not run: {unsafe[0]!r}. Tag the block "
-                            "`run` (it is safe to run in a scratch directory) or `no-run (why)`.")
+        assert not unsafe, (
+            f"{block.id}: not known to be safe, so not run: {unsafe[0]!r}. Tag the block "
+            "`run` (it is safe to run in a scratch directory) or `no-run (why)`."
+        )
     out = _run(["bash", "-e", "-c", "\n".join(commands)], d, env)
     _check(out, block)
     missing = output_matches(expected, out.stdout + out.stderr)
-    assert missing is None, (f"{block.id}: the documented output line {missing!r} is not in what the command "
-                             f"printed:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}")
+    assert missing is None, (
+        f"{block.id}: the documented output line {missing!r} is not in what the command "
+        f"printed:\n{out.stdout[-4000:]}\n{out.stderr[-2000:]}"
+    )
 
 
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
@@ -239,7 +268,8 @@ def test_doc_block(block: Block, scratch) -> None:
         return
     assert block.language in RUN_LANGUAGES, (
         f"{block.id}: a code block with language {block.language or '(none)'!r}: give it one of "
-        f"{sorted(RUN_LANGUAGES | DATA_LANGUAGES | INERT_LANGUAGES)} or tag it `no-run (why)`")
+        f"{sorted(RUN_LANGUAGES | DATA_LANGUAGES | INERT_LANGUAGES)} or tag it `no-run (why)`"
+    )
     if block.language == "python":
         run_python(block, scratch)
     else:
@@ -248,11 +278,14 @@ def test_doc_block(block: Block, scratch) -> None:
 
 # -- the rules themselves -------------------------------------------------------------------------
 
+
 def test_the_rules_on_examples(tmp_path):
     doc = tmp_path / "x.md"
-    doc.write_text("text\n```python no-run (needs a GPU)\nimport cupy\n```\n"
-                   "  ```console\n  $ reduction-server plan --workers 2 \\\n      --worker-gbps 10\n"
-                   "  reducers needed: 1 x ...\n  ```\n")
+    doc.write_text(
+        "text\n```python no-run (needs a GPU)\nimport cupy\n```\n"
+        "  ```console\n  $ reduction-server plan --workers 2 \\\n      --worker-gbps 10\n"
+        "  reducers needed: 1 x ...\n  ```\n"
+    )
     a, b = blocks_of(doc)
     assert (a.language, no_run_reason(a), a.line) == ("python", "needs a GPU", 2)
     assert (b.language, b.line) == ("console", 5)

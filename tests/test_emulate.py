@@ -4,6 +4,7 @@ The netns tests need root and iproute2; they are skipped otherwise.  Every run
 uses its own random prefix, so parallel runs never clash.  Traffic only goes
 between the test's own namespaces (10.77.0.0/24 inside them) or loopback.
 """
+
 from __future__ import annotations
 
 import logging
@@ -74,8 +75,11 @@ def test_hosts_connect_and_are_isolated(prefix):
         # tbf on both ends of every link
         q = hosts.run(0, ["tc", "qdisc", "show", "dev", "eth0"]).stdout
         assert "tbf" in q and "rate 1Gbit" in q, q
-        q = subprocess.run(["ip", "netns", "exec", f"{prefix}-sw", "tc", "qdisc", "show", "dev", f"{prefix}-v0"],
-                           capture_output=True, text=True).stdout
+        q = subprocess.run(
+            ["ip", "netns", "exec", f"{prefix}-sw", "tc", "qdisc", "show", "dev", f"{prefix}-v0"],
+            capture_output=True,
+            text=True,
+        ).stdout
         assert "tbf" in q, q
         # isolated: only the emulated subnet is routed, no default route
         routes = hosts.run(0, ["ip", "-4", "route", "show"]).stdout
@@ -226,18 +230,39 @@ def test_parse_ss_congestion():
 
 def _flows_after_connect(hosts):
     """Connect host 0 -> host 1 and return each end's {algorithm: count} while connected."""
-    server = hosts.popen(1, [sys.executable, "-c", textwrap.dedent("""
+    server = hosts.popen(
+        1,
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import socket, sys
         s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         s.bind((sys.argv[1], 7001)); s.listen(1); print("ready", flush=True)
         c, _ = s.accept(); c.recv(1)
-    """), hosts[1].ip], stdout=subprocess.PIPE, text=True)
+    """),
+            hosts[1].ip,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     assert server.stdout.readline().strip() == "ready"
-    client = hosts.popen(0, [sys.executable, "-c", textwrap.dedent("""
+    client = hosts.popen(
+        0,
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent("""
         import socket, sys
         c = socket.create_connection((sys.argv[1], 7001), timeout=5); print("up", flush=True); sys.stdin.read()
         c.sendall(b"x")
-    """), hosts[1].ip], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    """),
+            hosts[1].ip,
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert client.stdout.readline().strip() == "up"
         return hosts.flow_congestion(0), hosts.flow_congestion(1)

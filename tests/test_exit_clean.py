@@ -8,6 +8,7 @@ modes (backend collectives in several process groups; DDP with the hook), with o
 exit with communicators left open, with a round in flight, and with a running reducer dropped.
 The 30-run soak the issue asks for is opt-in: `pytest -m soak tests/test_exit_clean.py`.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -47,8 +48,18 @@ def _launch(command: list[str], reducers: int = 1, timeout: float = 150.0) -> su
     """`reduction-server launch --workers 2 -- command`; relaunched (twice at most) when a free
     port the launcher picked was taken by another process before a reducer or torch bound it
     (not an exit fault)."""
-    cmd = [sys.executable, "-m", "reducer.cli.main", "launch", "--workers", "2", "--reducers", str(reducers),
-           "--", *command]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reducer.cli.main",
+        "launch",
+        "--workers",
+        "2",
+        "--reducers",
+        str(reducers),
+        "--",
+        *command,
+    ]
     for _ in range(3):
         proc = subprocess.run(cmd, env=_env(), cwd=ROOT, capture_output=True, text=True, timeout=timeout)
         out = (proc.stdout + proc.stderr).lower()
@@ -58,8 +69,15 @@ def _launch(command: list[str], reducers: int = 1, timeout: float = 150.0) -> su
 
 
 def _exit_statuses(out: str) -> str:
-    lines = [ln for ln in out.splitlines() if "terminate called" in ln or "still alive" in ln or "exit code" in ln
-             or "killed by signal" in ln or "Error" in ln]
+    lines = [
+        ln
+        for ln in out.splitlines()
+        if "terminate called" in ln
+        or "still alive" in ln
+        or "exit code" in ln
+        or "killed by signal" in ln
+        or "Error" in ln
+    ]
     return "\n".join(lines[-20:])
 
 
@@ -132,8 +150,14 @@ _PRELUDE = textwrap.dedent("""
 def _python(body: str, timeout: float = 60.0, **env: str) -> subprocess.CompletedProcess:
     e = _env()
     e.update(env)
-    return subprocess.run([sys.executable, "-c", _PRELUDE + textwrap.dedent(body)], env=e, cwd=ROOT,
-                          capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", _PRELUDE + textwrap.dedent(body)],
+        env=e,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def test_communicator_left_open_ends_its_threads_at_exit():
@@ -154,7 +178,8 @@ def test_exit_with_a_round_in_flight_is_bounded():
     """Rank 0 of 2 starts a round rank 1 never joins, then the process exits: the round fails at
     exit (after a short grace) instead of holding the process for RS_TIMEOUT (here 300 s, far
     beyond the subprocess's limit), and no thread is left in the core when the interpreter finalizes."""
-    proc = _python("""
+    proc = _python(
+        """
         srv = reducer.ReducerServer(host="127.0.0.1", port=0, threads=1).start()
         addr = [f"127.0.0.1:{srv.port}"]
         comms = [None, None]
@@ -166,7 +191,10 @@ def test_exit_with_a_round_in_flight_is_bounded():
         handle = comms[0].allreduce_async(np.ones(1 << 16, np.float32))
         assert not handle.done()
         print("round in flight", flush=True)
-    """, timeout=90.0, RS_TIMEOUT="300")
+    """,
+        timeout=90.0,
+        RS_TIMEOUT="300",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "round in flight" in proc.stdout
 
@@ -174,7 +202,8 @@ def test_exit_with_a_round_in_flight_is_bounded():
 def test_running_reducer_dropped_without_stop_does_not_deadlock():
     """The reducer's destructor joins its event loops, which log through Python: it runs without
     the GIL now (before, this hung forever on the first try)."""
-    proc = _python("""
+    proc = _python(
+        """
         logging.getLogger("reducer").setLevel(logging.INFO)
         srv = reducer.ReducerServer(host="127.0.0.1", port=0, threads=1).start()
         comm = reducer.Communicator([f"127.0.0.1:{srv.port}"], 0, 1)
@@ -182,7 +211,9 @@ def test_running_reducer_dropped_without_stop_does_not_deadlock():
         del srv
         print("dropped", flush=True)
         comm.close()
-    """, timeout=60.0)
+    """,
+        timeout=60.0,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "dropped" in proc.stdout
 

@@ -7,6 +7,7 @@ worker's bytes must equal, bit for bit, those of the same batch run without the 
 same cluster (the survivors fold in rank order like the lost reducer did), and be close to the
 float64 reference.
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -63,8 +64,9 @@ def run_batch(client: Any, bufs: list[list[np.ndarray]]) -> dict[str, Any]:
             if len(pieces) == 1:
                 ids.append(client.start_ptr(pieces[0].ctypes.data, pieces[0].nbytes, dtype, op, compression=comp))
             else:
-                ids.append(client.start_segments([(p.ctypes.data, p.nbytes) for p in pieces], dtype, op,
-                                                 compression=comp))
+                ids.append(
+                    client.start_segments([(p.ctypes.data, p.nbytes) for p in pieces], dtype, op, compression=comp)
+                )
         for i in ids:
             client.wait(i)
         return {"ok": True}
@@ -96,8 +98,9 @@ class Victim:
 
 
 def connect(addrs: Sequence[str], world: int, group: str, timeout: float = 20.0) -> list[Any]:
-    clients = on_threads(lambda r: core.Client(list(addrs), r, world, group, "local", timeout, 60.0, "", 1, 1 << 20),
-                         world)
+    clients = on_threads(
+        lambda r: core.Client(list(addrs), r, world, group, "local", timeout, 60.0, "", 1, 1 << 20), world
+    )
     for c in clients:
         assert not isinstance(c, BaseException), c
     return clients
@@ -180,22 +183,28 @@ def test_results_match_the_float64_reference_after_a_failover(reducers):
     try:
         world = 2
         clients = connect([victim.address] + good, world, "fo-ref")
-        bufs = [[np.array(make_data(d, 2_000_000, r, seed=5 + i), copy=True)]
-                for i, d in enumerate(("float32", "int64")) for r in range(world)]
+        bufs = [
+            [np.array(make_data(d, 2_000_000, r, seed=5 + i), copy=True)]
+            for i, d in enumerate(("float32", "int64"))
+            for r in range(world)
+        ]
         per_rank = [[bufs[0 * world + r][0], bufs[1 * world + r][0]] for r in range(world)]
         ids: list[list[int]] = [[], []]
 
         def start(r: int) -> None:
-            ids[r] = [clients[r].start(per_rank[r][0], "float32", "sum"),
-                      clients[r].start(per_rank[r][1], "int64", "sum")]
+            ids[r] = [
+                clients[r].start(per_rank[r][0], "float32", "sum"),
+                clients[r].start(per_rank[r][1], "int64", "sum"),
+            ]
 
         on_threads(start, world)
         victim.kill()  # the rounds are in flight (or, on a fast machine, just done: then the next one fails over)
         res = on_threads(lambda r: [clients[r].wait(i) for i in ids[r]], world)
         assert all(not isinstance(x, BaseException) for x in res), res
         for r in range(world):
-            np.testing.assert_allclose(per_rank[r][0], reference("float32", "sum", 2_000_000, world, seed=5),
-                                       rtol=1e-5, atol=1e-5)
+            np.testing.assert_allclose(
+                per_rank[r][0], reference("float32", "sum", 2_000_000, world, seed=5), rtol=1e-5, atol=1e-5
+            )
             assert np.array_equal(per_rank[r][1], reference("int64", "sum", 2_000_000, world, seed=6))
         for c in clients:
             c.close()
@@ -229,8 +238,12 @@ def test_failover_off_fails_the_round(reducers):
     good = addresses(reducers(1))
     victim = Victim()
     try:
-        clients = on_threads(lambda r: core.Client([victim.address] + good, r, 2, "fo-off", "local", 10.0, 30.0, "", 1,
-                                                   1 << 20, failover=False), 2)
+        clients = on_threads(
+            lambda r: core.Client(
+                [victim.address] + good, r, 2, "fo-off", "local", 10.0, 30.0, "", 1, 1 << 20, failover=False
+            ),
+            2,
+        )
         victim.kill()
         res = on_threads(lambda r: run_batch_one(clients[r], np.ones(1 << 20, np.float32)), 2)
         assert all(isinstance(x, reducer.PeerLostError) for x in res), res
@@ -265,12 +278,15 @@ def test_async_fusion_survives_a_reducer_kill(reducers, victim_at):
     victim = Victim()
     try:
         world = 2
-        tensors = [[make_data("float32", n, r, seed=40 + i) for i, n in enumerate([300_000] * 40)]
-                   for r in range(world)]
+        tensors = [
+            [make_data("float32", n, r, seed=40 + i) for i, n in enumerate([300_000] * 40)] for r in range(world)
+        ]
         addrs = list(good)
         addrs.insert(victim_at, victim.address)
-        comms = on_threads(lambda r: reducer.Communicator(addrs, r, world, group="fo-fusion",
-                                                          timeout=20, fusion_threshold=4 << 20), world)
+        comms = on_threads(
+            lambda r: reducer.Communicator(addrs, r, world, group="fo-fusion", timeout=20, fusion_threshold=4 << 20),
+            world,
+        )
 
         # Warm up: the engines' probe clients exist before the kill (one made after a reducer died
         # cannot connect: a new client waits for every reducer, docs/worker-library.md).
@@ -407,8 +423,7 @@ def test_try_start_at_a_rejoin_check_does_not_wait_for_a_late_worker(reducers):
             caller.start()
             caller.join(10.0)
             blocked = caller.is_alive()
-            state = {"blocked": blocked, "in_flight": clients[0].in_flight,
-                     "rounds": clients[0].stats()["rounds"]}
+            state = {"blocked": blocked, "in_flight": clients[0].in_flight, "rounds": clients[0].stats()["rounds"]}
             arrived.set()
             caller.join(60.0)  # (the old behaviour: it returns once rank 1 got there)
             refused.extend(calls)
@@ -430,8 +445,12 @@ def test_try_start_at_a_rejoin_check_does_not_wait_for_a_late_worker(reducers):
         assert res[1] is None, res
         stats = [c.stats() for c in clients]
         for s in stats:
-            assert (s["rounds"], s["reducer_failovers"], s["reducers_active"], s["rejoin_probes"]) == \
-                (check + 8, 1, 1, 1), stats
+            assert (s["rounds"], s["reducer_failovers"], s["reducers_active"], s["rejoin_probes"]) == (
+                check + 8,
+                1,
+                1,
+                1,
+            ), stats
 
         # The next check (64), left open by try_start on rank 0 alone, then close() drops it.
         assert on_threads(lambda r: blocking(r, check + 8, 2 * check), world) == [None] * world
@@ -494,7 +513,7 @@ def sockets_to(port: int) -> dict[int, str]:
         except OSError:
             continue
         if link.startswith("socket:["):
-            mine.add(int(link[len("socket:["):-1]))
+            mine.add(int(link[len("socket:[") : -1]))
     out: dict[int, str] = {}
     for table in ("/proc/net/tcp", "/proc/net/tcp6"):
         with open(table) as f:
@@ -659,8 +678,9 @@ def test_a_released_round_is_repaired_from_its_copy_not_the_callers_memory(reduc
     try:
         world = 2
         addrs = [[victim.address] + survivor, [proxy.address] + survivor]  # worker 1 reaches A via the proxy
-        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-release", "local", 20.0, 60.0, "", 1,
-                                                    1 << 20), world)
+        clients = on_threads(
+            lambda r: core.Client(addrs[r], r, world, "fo-release", "local", 20.0, 60.0, "", 1, 1 << 20), world
+        )
         for c in clients:
             assert not isinstance(c, BaseException), c
         n = 64 << 10  # 256 KiB of float32: a shard on each reducer, small enough to be released early
@@ -724,8 +744,9 @@ def test_the_done_of_a_released_round_leaves_with_the_next_round(reducers):
     try:
         world = 2
         addrs = [[proxy.address], [server.address]]
-        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-cork", "local", 10.0, 30.0, "", 1, 1 << 20),
-                             world)
+        clients = on_threads(
+            lambda r: core.Client(addrs[r], r, world, "fo-cork", "local", 10.0, 30.0, "", 1, 1 << 20), world
+        )
         for c in clients:
             assert not isinstance(c, BaseException), c
         started: list[float] = []
@@ -749,7 +770,7 @@ def test_the_done_of_a_released_round_leaves_with_the_next_round(reducers):
         data1 = [t for t, kind, rnd in seen if kind == data and rnd == 1]
         assert done0 and data1, seen
         assert done0[0] >= started[0], (done0[0] - started[0], seen)  # not before round 1 started ...
-        assert done0[0] - data1[0] < 0.05, seen                       # ... but with its data
+        assert done0[0] - data1[0] < 0.05, seen  # ... but with its data
         for c in clients:
             c.close()
     finally:
@@ -784,8 +805,12 @@ def test_a_worker_idle_after_a_released_round_holds_up_the_others_for_a_bounded_
     world = 2
     limits = [8, 1]
     addrs = [[server.address], [proxy.address]]
-    clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-idle", "local", 10.0, 30.0, "", 1,
-                                               1 << 20, max_rounds_in_flight=limits[r]), world)
+    clients = on_threads(
+        lambda r: core.Client(
+            addrs[r], r, world, "fo-idle", "local", 10.0, 30.0, "", 1, 1 << 20, max_rounds_in_flight=limits[r]
+        ),
+        world,
+    )
     for c in clients:
         assert not isinstance(c, BaseException), c
     finished = threading.Event()
@@ -838,8 +863,12 @@ def test_a_worker_that_leaves_after_released_rounds_does_not_strand_the_others(r
     proxy = Proxy(server.port, tags=False, tamper=late_first_clear)
     world, limits = 2, [8, 1]
     addrs = [[server.address], [proxy.address]]
-    clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-leave", "local", 5.0, 30.0, "", 1,
-                                               1 << 20, max_rounds_in_flight=limits[r]), world)
+    clients = on_threads(
+        lambda r: core.Client(
+            addrs[r], r, world, "fo-leave", "local", 5.0, 30.0, "", 1, 1 << 20, max_rounds_in_flight=limits[r]
+        ),
+        world,
+    )
     for c in clients:
         assert not isinstance(c, BaseException), c
 
@@ -876,8 +905,12 @@ def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(redu
     try:
         world, limit = 2, 2
         addrs = [[proxy.address], [server.address]]
-        clients = on_threads(lambda r: core.Client(addrs[r], r, world, "fo-noclear", "local", 3.0, 30.0, "", 1,
-                                                    1 << 20, max_rounds_in_flight=limit), world)
+        clients = on_threads(
+            lambda r: core.Client(
+                addrs[r], r, world, "fo-noclear", "local", 3.0, 30.0, "", 1, 1 << 20, max_rounds_in_flight=limit
+            ),
+            world,
+        )
         for c in clients:
             assert not isinstance(c, BaseException), c
         outcomes: list[list[Any]] = [[], []]

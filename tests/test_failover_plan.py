@@ -1,4 +1,5 @@
 """The failover exchange's decisions (csrc/client/failover.h) as C++ unit tests without sockets."""
+
 from __future__ import annotations
 
 from cpp_build import build_and_run

@@ -1,4 +1,5 @@
 """Faults: unreachable reducers, dying workers and reducers, disagreements, authentication."""
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -53,8 +54,10 @@ def test_worker_dies_mid_round_then_group_reconnects(pool, reducers):
     victim = ctx.Process(target=tasks.join_and_wait, args=(addrs, 2, 3, "die"))
     victim.start()
     try:
-        futs = [pool.submit(tasks.hold_round, rank=r, world=3, addrs=addrs, group="die", again=True, timeout=20)
-                for r in range(2)]
+        futs = [
+            pool.submit(tasks.hold_round, rank=r, world=3, addrs=addrs, group="die", again=True, timeout=20)
+            for r in range(2)
+        ]
         # Wait until the group has formed on both reducers (the victim's process may take a while
         # to start); ranks 0 and 1 then enter the round at once, and rank 2 never sends.
         deadline = time.monotonic() + 30
@@ -112,11 +115,14 @@ def test_reducer_dies_mid_round(pool, reducers):
     silent.result(timeout=30)
 
 
-@pytest.mark.parametrize("field,kw", [
-    ("size", dict(sizes_by_rank=[1000, 1001])),
-    ("dtype", dict(dtypes_by_rank=["float32", "int32"])),
-    ("op", dict(ops_by_rank=["sum", "max"])),
-])
+@pytest.mark.parametrize(
+    "field,kw",
+    [
+        ("size", dict(sizes_by_rank=[1000, 1001])),
+        ("dtype", dict(dtypes_by_rank=["float32", "int32"])),
+        ("op", dict(ops_by_rank=["sum", "max"])),
+    ],
+)
 def test_disagreement_raises_on_every_worker(pool, reducers, field, kw):
     servers = reducers(2)
     out = run_ranks_collect(pool, tasks.allreduce_once, 2, addrs=addresses(servers), group=f"mm-{field}", **kw)

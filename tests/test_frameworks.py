@@ -4,6 +4,7 @@ There is no GPU here: the device staging path (pinned buffers, side-stream copie
 exercised with a fake device backend that defers its copies like a CUDA stream would, so a
 missing synchronisation shows up as wrong data. The real torch CUDA test runs only on a GPU.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -177,6 +178,7 @@ class FakeBackend(frameworks.DeviceBackend):
         def run():
             self.log.append("d2h")
             host[...] = snapshot
+
         return FakeEvent(run)
 
     def copy_to_device(self, host, a, stream):
@@ -185,6 +187,7 @@ class FakeBackend(frameworks.DeviceBackend):
         def run():
             self.log.append("h2d")
             a.mem.reshape(-1)[...] = host
+
         return FakeEvent(run)
 
     def synchronize(self, event: FakeEvent) -> None:

@@ -3,6 +3,7 @@
 Workers are threads of this process (the C++ all-reduce releases the GIL) talking to real
 ReducerServer instances on loopback.
 """
+
 from __future__ import annotations
 
 import random
@@ -138,6 +139,7 @@ def test_fusion_does_not_change_the_bits(reducers):
     inputs = [_tensors(2, r, 1024) for r in range(world)]
     out = {}
     for threshold in (0, 1024, 1 << 20):
+
         def work(r):
             mine = [(a.copy(), op) for a, op in inputs[r]]
             with comm(addrs, r, world, f"bits{threshold}", fusion_threshold=threshold) as c:
@@ -260,8 +262,12 @@ def test_large_tensor_goes_alone_in_place(reducers):
         small = [np.full(10, r + 1.0, np.float32) for _ in range(3)]
         with comm(addrs, r, 2, "big", fusion_threshold=4096, cycle_time_ms=INF) as c:
             spy = c._fusion()._client = _Spy(c._client)
-            hs = [c.allreduce_async(small[0]), c.allreduce_async(big), c.allreduce_async(small[1]),
-                  c.allreduce_async(small[2])]
+            hs = [
+                c.allreduce_async(small[0]),
+                c.allreduce_async(big),
+                c.allreduce_async(small[1]),
+                c.allreduce_async(small[2]),
+            ]
             c.synchronize()
             assert all(h.done() for h in hs)
             return spy.calls, big.ctypes.data, big, small
@@ -391,6 +397,7 @@ def test_mismatch_order(reducers):
 
 def test_mismatch_dtype_across_buffers(reducers):
     """Different dtypes put tensors in different fused buffers: still named exactly."""
+
     def make(r):
         t = [(np.ones(6, np.float32), None) for _ in range(6)]
         if r == 0:
@@ -402,17 +409,24 @@ def test_mismatch_dtype_across_buffers(reducers):
 
 def test_mismatch_compression_setting(reducers):
     """One worker compresses float32, the others do not: named at the first float32 tensor."""
+
     def make(r):
         return [(np.ones(10, np.float32), f"g{i}") for i in range(6)]
 
-    _mismatch(reducers, 3, make, 0, ["'g0'", "size in bytes (20 to 40)",
-                                     "wire dtype (compression) (float32 / bfloat16)"],
-              rank_kw=lambda r: {"compression": "bf16" if r == 1 else None})
+    _mismatch(
+        reducers,
+        3,
+        make,
+        0,
+        ["'g0'", "size in bytes (20 to 40)", "wire dtype (compression) (float32 / bfloat16)"],
+        rank_kw=lambda r: {"compression": "bf16" if r == 1 else None},
+    )
 
 
 def test_mismatch_compressed_float32_against_bfloat16(reducers):
     """float32 sent as bfloat16 and a bfloat16 tensor have the same wire dtype and size, but are not
     the same round (the transport narrows one of them): the dtype difference is named."""
+
     def make(r):
         t = [(np.ones(10, np.float32), f"g{i}") for i in range(6)]
         if r == 0:
@@ -425,6 +439,7 @@ def test_mismatch_compressed_float32_against_bfloat16(reducers):
 
 def test_mismatch_in_a_later_step(reducers):
     """Earlier steps succeed; the first differing tensor is counted from the start."""
+
     def make(r):
         t = [(np.ones(4, np.float32), f"a{i}") for i in range(30)]
         if r == 1:
@@ -467,7 +482,7 @@ def test_mismatch_fusion_threshold(reducers):
 
 
 # ---------------------------------------------------------------------------- compression
-@pytest.mark.parametrize("compression,dtype,eps", [("bf16", BF16, 2.0 ** -8), ("fp16", np.float16, 2.0 ** -11)])
+@pytest.mark.parametrize("compression,dtype,eps", [("bf16", BF16, 2.0**-8), ("fp16", np.float16, 2.0**-11)])
 def test_compression_within_16bit_rounding(reducers, compression, dtype, eps):
     servers = reducers(2)
     addrs, world = addresses(servers), 3

@@ -5,6 +5,7 @@ passed in, so the cycle timer is tested without sleeping). ``Sender``: the netwo
 order and its stop after a failed round, against a fake client that takes one round at a time.
 ``Ledger``: completion and failure of handles.
 """
+
 from __future__ import annotations
 
 import threading
@@ -103,13 +104,15 @@ class _OneAtATime:
         self.in_flight = 0
         self._fail = fail
 
-    def start_segments(self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int,
-                       compression: str = "") -> int:
+    def start_segments(
+        self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int, compression: str = ""
+    ) -> int:
         assert self.in_flight == 0
         return self._begin(segments, tag)
 
-    def try_start_segments(self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int,
-                           compression: str = "") -> int | None:
+    def try_start_segments(
+        self, segments: list[tuple[int, int]], dtype: str, op: str, tag: int, compression: str = ""
+    ) -> int | None:
         return None if self.in_flight else self._begin(segments, tag)
 
     def wait(self, rid: int) -> None:
@@ -242,8 +245,7 @@ def test_synchronize_after_an_error_raises_only_once_every_handle_failed():
     """The engine records its error, then (after closing the probe connection) fails the pending
     handles. A synchronize() arriving in between must not raise while handles of the step are still
     pending (seen 1 run in 10 in test_mismatch_shape_names_first_differing_tensor)."""
-    engine = FusionEngine(object(), threshold=1 << 20, cycle_time_ms=float("inf"),
-                          probe_client=_BlockingProbe)
+    engine = FusionEngine(object(), threshold=1 << 20, cycle_time_ms=float("inf"), probe_client=_BlockingProbe)
     handles = [engine.submit(np.ones(8, np.float32), name=f"t{i}") for i in range(3)]
     real_close = engine._prober.close_conn
     in_close = threading.Event()

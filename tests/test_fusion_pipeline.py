@@ -7,6 +7,7 @@ ReducerServer instances on loopback; nothing here is timed: overlap is made cert
 one worker back until the other has rounds in flight (a round cannot finish without every
 worker's contribution).
 """
+
 from __future__ import annotations
 
 import threading
@@ -57,7 +58,7 @@ def _inputs(world: int, seed: int = 11):
         for i, n in enumerate(sizes):
             dt = np.dtype(DTYPES[i % len(DTYPES)])
             if dt.kind == "i":
-                a = rng.integers(-10**6, 10**6, size=n).astype(dt)
+                a = rng.integers(-(10**6), 10**6, size=n).astype(dt)
             else:
                 a = (rng.standard_normal(n) * 3).astype(dt)
             arrays.append(a)
@@ -73,8 +74,12 @@ def _check_sum(per_rank, got: list[np.ndarray], world: int) -> None:
             continue
         ref = sum(x.astype(np.float64) for x in xs)
         # inputs exact in float64; one rounding of the sum to the array's dtype
-        eps = {np.dtype(np.float64): 2.0 ** -52, np.dtype(np.float32): 2.0 ** -23,
-               np.dtype(np.float16): 2.0 ** -10, BF16: 2.0 ** -7}[a.dtype]
+        eps = {
+            np.dtype(np.float64): 2.0**-52,
+            np.dtype(np.float32): 2.0**-23,
+            np.dtype(np.float16): 2.0**-10,
+            BF16: 2.0**-7,
+        }[a.dtype]
         bound = eps * (sum(np.abs(x.astype(np.float64)) for x in xs)) + 1e-30
         assert (np.abs(a.astype(np.float64) - ref) <= bound).all(), (i, a.dtype)
 
@@ -119,7 +124,7 @@ def test_views_of_one_flat_buffer_go_as_one_segment(reducers):
         flat = np.arange(sum(sizes), dtype=np.float32) * (r + 1)
         views, off = [], 0
         for n in sizes:
-            views.append(flat[off:off + n])
+            views.append(flat[off : off + n])
             off += n
         with comm(addrs, r, world, "flat", fusion_threshold=1 << 20, cycle_time_ms=INF) as c:
             spy = c._fusion()._client = _Spy(c._client)
@@ -136,7 +141,7 @@ def test_views_of_one_flat_buffer_go_as_one_segment(reducers):
 
 # ---------------------------------------------------------------------------- compression
 # (compression, the wire dtype, unit roundoff u of the wire type, half the spacing of its subnormals)
-COMPRESSIONS = [("bf16", BF16, 2.0 ** -8, 2.0 ** -134), ("fp16", np.dtype(np.float16), 2.0 ** -11, 2.0 ** -25)]
+COMPRESSIONS = [("bf16", BF16, 2.0**-8, 2.0**-134), ("fp16", np.dtype(np.float16), 2.0**-11, 2.0**-25)]
 
 
 @pytest.mark.parametrize("compression,wire,u,tiny", COMPRESSIONS, ids=[c[0] for c in COMPRESSIONS])
@@ -162,8 +167,11 @@ def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, co
     # small ones fused; 6000 float32 (12000 wire bytes) alone; one alone above CLIENT_ROUND_BYTES on the
     # wire (two client rounds); a 0-size one
     specs = [(int(n), kinds[i % 4]) for i, n in enumerate(rng.integers(1, 900, size=30))]
-    specs += [(6000, np.dtype(np.float32)), (CLIENT_ROUND_BYTES // 2 + 1000, np.dtype(np.float32)),
-              (0, np.dtype(np.float32))]
+    specs += [
+        (6000, np.dtype(np.float32)),
+        (CLIENT_ROUND_BYTES // 2 + 1000, np.dtype(np.float32)),
+        (0, np.dtype(np.float32)),
+    ]
 
     def inputs(r: int) -> list[np.ndarray]:
         out = []
@@ -180,8 +188,9 @@ def test_compressed_rounds_copy_nothing_and_match_the_blocking_path(reducers, co
     def work(r):
         arrays = [a.copy() for a in data[r]]
         objs: list[Any] = [torch.from_numpy(a) if i % 8 == 2 else a for i, a in enumerate(arrays)]
-        with comm(addrs, r, world, f"cmp{compression}", fusion_threshold=threshold, cycle_time_ms=INF,
-                  compression=compression) as c:
+        with comm(
+            addrs, r, world, f"cmp{compression}", fusion_threshold=threshold, cycle_time_ms=INF, compression=compression
+        ) as c:
             spy = c._fusion()._client = _Spy(c._client)
             for o in objs:
                 c.allreduce_async(o)

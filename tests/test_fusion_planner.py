@@ -7,6 +7,7 @@ an agreed flush (``F``); ``c`` is float32 sent as bfloat16 (compression), ``b`` 
 tensor. Cuts are written as ``"0,1"`` (a fused round of entries 0 and 1) or ``"2!"`` (entry 2
 alone, in place).
 """
+
 from __future__ import annotations
 
 import random
@@ -18,8 +19,14 @@ from reducer.fusion.diagnosis import FIELDS, Described, differences, fingerprint
 from reducer.fusion.planner import ALONE, FUSED, Cut, Planner
 
 # (dtype, wire dtype, op) of each entry kind
-_KEYS = {"": ("float32", "float32", "sum"), "f": ("float64", "float64", "sum"), "i": ("int32", "int32", "sum"),
-         "m": ("float32", "float32", "max"), "c": ("float32", "bfloat16", "sum"), "b": ("bfloat16", "bfloat16", "sum")}
+_KEYS = {
+    "": ("float32", "float32", "sum"),
+    "f": ("float64", "float64", "sum"),
+    "i": ("int32", "int32", "sum"),
+    "m": ("float32", "float32", "max"),
+    "c": ("float32", "bfloat16", "sum"),
+    "b": ("bfloat16", "bfloat16", "sum"),
+}
 
 
 @dataclass
@@ -40,7 +47,7 @@ def _entries(spec: str) -> list[object]:
             steps.append("F")
             continue
         key = word.rstrip("0123456789")
-        steps.append(E(n, int(word[len(key):]), *_KEYS[key]))
+        steps.append(E(n, int(word[len(key) :]), *_KEYS[key]))
         n += 1
     return steps
 
@@ -58,35 +65,38 @@ def _plan(threshold: int, spec: str) -> list[str]:
     return [_show(c) for c in cuts]
 
 
-@pytest.mark.parametrize("threshold, spec, expected", [
-    # an entry that would overflow the buffer cuts it first; the buffer stays open otherwise
-    (100, "40 40 40", ["0,1"]),
-    (100, "40 40 40 F", ["0,1", "2"]),
-    # a buffer exactly full is cut at once
-    (100, "60 40 10", ["0,1"]),
-    (100, "100", ["0!"]),
-    # at least `threshold` bytes: alone, in place; the open buffer of its key is not cut by it
-    (100, "30 150 30 F", ["1!", "0,2"]),
-    (100, "99 1", ["0,1"]),
-    # (dtype, wire dtype, op) keys fill separate buffers
-    (100, "40 f40 40 f40 40 f40", ["0,2", "1,3"]),
-    (100, "50 m50 50", ["0,2"]),
-    (100, "i8 8 F", ["0", "1"]),
-    # compressed float32 shares a round neither with plain float32 nor with bfloat16 tensors
-    (100, "40 c40 b40 40 c40 b40 F", ["0,3", "1,4", "2,5"]),
-    (100, "c60 b40 c40", ["0,2"]),
-    # a flush cuts every partly filled buffer, in the order of their first entries
-    (100, "f10 20 i30 F 40 F", ["0", "1", "2", "3"]),
-    (100, "20 f10 20 F", ["0,2", "1"]),
-    (100, "F F", []),
-    # a zero-size entry joins a buffer (it is never "full" on its own)
-    (100, "0 0 F", ["0,1"]),
-    (100, "100 0 F", ["0!", "1"]),
-    # threshold 0 (fusion off): every entry alone, zero-size ones too
-    (0, "40 0 f8 F", ["0!", "1!", "2!"]),
-    # threshold 1: only zero-size entries can be fused
-    (1, "0 1 0 F", ["1!", "0,2"]),
-])
+@pytest.mark.parametrize(
+    "threshold, spec, expected",
+    [
+        # an entry that would overflow the buffer cuts it first; the buffer stays open otherwise
+        (100, "40 40 40", ["0,1"]),
+        (100, "40 40 40 F", ["0,1", "2"]),
+        # a buffer exactly full is cut at once
+        (100, "60 40 10", ["0,1"]),
+        (100, "100", ["0!"]),
+        # at least `threshold` bytes: alone, in place; the open buffer of its key is not cut by it
+        (100, "30 150 30 F", ["1!", "0,2"]),
+        (100, "99 1", ["0,1"]),
+        # (dtype, wire dtype, op) keys fill separate buffers
+        (100, "40 f40 40 f40 40 f40", ["0,2", "1,3"]),
+        (100, "50 m50 50", ["0,2"]),
+        (100, "i8 8 F", ["0", "1"]),
+        # compressed float32 shares a round neither with plain float32 nor with bfloat16 tensors
+        (100, "40 c40 b40 40 c40 b40 F", ["0,3", "1,4", "2,5"]),
+        (100, "c60 b40 c40", ["0,2"]),
+        # a flush cuts every partly filled buffer, in the order of their first entries
+        (100, "f10 20 i30 F 40 F", ["0", "1", "2", "3"]),
+        (100, "20 f10 20 F", ["0,2", "1"]),
+        (100, "F F", []),
+        # a zero-size entry joins a buffer (it is never "full" on its own)
+        (100, "0 0 F", ["0,1"]),
+        (100, "100 0 F", ["0!", "1"]),
+        # threshold 0 (fusion off): every entry alone, zero-size ones too
+        (0, "40 0 f8 F", ["0!", "1!", "2!"]),
+        # threshold 1: only zero-size entries can be fused
+        (1, "0 1 0 F", ["1!", "0,2"]),
+    ],
+)
 def test_cut_rule(threshold: int, spec: str, expected: list[str]) -> None:
     assert _plan(threshold, spec) == expected
 
@@ -157,21 +167,33 @@ def test_cuts_depend_on_the_agreed_flushes_only(seed: int) -> None:
 _BASE = Described(nbytes=40, src="float32", wire="float32", op="sum", numel=10, shape=(10,), name="p7")
 
 
-@pytest.mark.parametrize("other, expected", [
-    (_BASE._replace(nbytes=48, numel=12, shape=(12,)),
-     "size in bytes (40 to 48), number of elements (10 to 12), shape"),
-    (_BASE._replace(src="int32", wire="int32"), "dtype (float32 / int32), wire dtype (compression) (float32 / int32)"),
-    (_BASE._replace(src="float64", wire="float64", nbytes=80), "size in bytes (40 to 80), dtype (float32 / float64), "
-                                                               "wire dtype (compression) (float32 / float64)"),
-    (_BASE._replace(wire="bfloat16", nbytes=20), "size in bytes (20 to 40), wire dtype (compression) "
-                                                 "(float32 / bfloat16)"),
-    (_BASE._replace(op="max"), "op (sum / max)"),
-    (_BASE._replace(op="avg"), "op (sum / avg)"),
-    (_BASE._replace(shape=(2, 5)), "number of dimensions (1 to 2), shape"),
-    (_BASE._replace(name="other"), "name"),
-    (_BASE._replace(name=None), "name (given on some workers only)"),
-    (_BASE, "description"),
-])
+@pytest.mark.parametrize(
+    "other, expected",
+    [
+        (
+            _BASE._replace(nbytes=48, numel=12, shape=(12,)),
+            "size in bytes (40 to 48), number of elements (10 to 12), shape",
+        ),
+        (
+            _BASE._replace(src="int32", wire="int32"),
+            "dtype (float32 / int32), wire dtype (compression) (float32 / int32)",
+        ),
+        (
+            _BASE._replace(src="float64", wire="float64", nbytes=80),
+            "size in bytes (40 to 80), dtype (float32 / float64), wire dtype (compression) (float32 / float64)",
+        ),
+        (
+            _BASE._replace(wire="bfloat16", nbytes=20),
+            "size in bytes (20 to 40), wire dtype (compression) (float32 / bfloat16)",
+        ),
+        (_BASE._replace(op="max"), "op (sum / max)"),
+        (_BASE._replace(op="avg"), "op (sum / avg)"),
+        (_BASE._replace(shape=(2, 5)), "number of dimensions (1 to 2), shape"),
+        (_BASE._replace(name="other"), "name"),
+        (_BASE._replace(name=None), "name (given on some workers only)"),
+        (_BASE, "description"),
+    ],
+)
 def test_field_differences(other: Described, expected: str) -> None:
     a, b = fingerprint(_BASE).fields, fingerprint(other).fields
     lo = [min(x, y) for x, y in zip(a, b)]
@@ -183,7 +205,7 @@ def test_field_differences(other: Described, expected: str) -> None:
 def test_fingerprint_has_one_value_per_field() -> None:
     fp = fingerprint(_BASE)
     assert len(fp.fields) == len(FIELDS)
-    assert fp.dhash != 0 and 0 < fp.dhash < 2 ** 62
+    assert fp.dhash != 0 and 0 < fp.dhash < 2**62
     assert fp.fields[-1] != 0 and fingerprint(_BASE._replace(name=None)).fields[-1] == 0
 
 

@@ -1,6 +1,7 @@
 """The GPU check (reducer.gpucheck, scripts/gpu-check.sh) on a machine without a GPU: its NCCL log
 parser on NCCL's own line formats, its verdicts, the no-GPU exit, and its phases with the worker
 running over gloo on the CPU."""
+
 from __future__ import annotations
 
 import json
@@ -74,8 +75,12 @@ def test_parser_collnet_chosen() -> None:
     assert lg.networks == ["reduction-server"]
     assert lg.collnet_channels == 2 and lg.collnet_connected
     algos = [(t.func, t.nbytes, t.algo, t.proto) for t in lg.tuning]
-    assert algos == [("AllReduce", 4096, "RING", "LL"), ("AllReduce", 268435456, "COLLNET_CHAIN", "SIMPLE"),
-                     ("AllReduce", 67108864, "COLLNET_CHAIN", "SIMPLE"), ("AllGather", 4096, "SYMMETRIC", "")]
+    assert algos == [
+        ("AllReduce", 4096, "RING", "LL"),
+        ("AllReduce", 268435456, "COLLNET_CHAIN", "SIMPLE"),
+        ("AllReduce", 67108864, "COLLNET_CHAIN", "SIMPLE"),
+        ("AllGather", 4096, "SYMMETRIC", ""),
+    ]
     assert lg.collnet_bytes() == 268435456 + 67108864
     assert lg.plugin_lines[0].startswith("net plugin v11 loaded")
 
@@ -110,8 +115,12 @@ def test_check_collnet() -> None:
     assert ring.ok is False and "chose RING for every AllReduce, never CollNet" in ring.detail
     none = V.check_collnet([_log(NO_PLUGIN), _log(NO_PLUGIN)])
     assert none.ok is False
-    for part in ("net plugin 'reduction-server' not loaded", "'Using network Socket'", "node threshold",
-                 "no CollNet connection"):
+    for part in (
+        "net plugin 'reduction-server' not loaded",
+        "'Using network Socket'",
+        "node threshold",
+        "no CollNet connection",
+    ):
         assert part in none.detail
     socket_only = _log(COLLNET_228.replace("Using network reduction-server", "Using network Socket"))
     assert V.check_collnet([socket_only, _log(COLLNET_228)]).ok is False
@@ -121,8 +130,10 @@ def test_check_collnet() -> None:
 
 
 def test_check_reducer_bytes() -> None:
-    stats = [{"bytes_received": 300, "bytes_sent": 300, "rounds_completed": 3},
-             {"bytes_received": 0, "bytes_sent": 0, "rounds_completed": 0}]
+    stats = [
+        {"bytes_received": 300, "bytes_sent": 300, "rounds_completed": 3},
+        {"bytes_received": 0, "bytes_sent": 0, "rounds_completed": 0},
+    ]
     c = V.check_reducer_bytes(stats, collnet_bytes=150)
     assert c.ok is True and "reducer(s) [1] received nothing" in c.detail
     assert V.check_reducer_bytes(stats, collnet_bytes=151).ok is False
@@ -135,8 +146,14 @@ def _sums(rank: int, sizes, bad=None):
     rows = []
     for dt in ("float32", "bfloat16", "float16"):
         for s in sizes:
-            rows.append({"dtype": dt, "bytes": s, "count": s // (4 if dt == "float32" else 2),
-                         "mismatches": 1 if (dt, s) == bad else 0})
+            rows.append(
+                {
+                    "dtype": dt,
+                    "bytes": s,
+                    "count": s // (4 if dt == "float32" else 2),
+                    "mismatches": 1 if (dt, s) == bad else 0,
+                }
+            )
     return {"rank": rank, "sums": rows, "teardown": "ok"}
 
 
@@ -203,8 +220,14 @@ def test_parse_reducer_stats_and_exports() -> None:
     assert got[0] == {"bytes_received": 1051840, "bytes_sent": 1051934, "rounds_completed": 1}
     assert got[1] == {"rounds_completed": 2, "bytes_received": 2500000, "bytes_sent": 2000000, "approximate": 1}
     assert got[2] == {}
-    env = parse_exports(["# NCCL plugin library: /x", "export NCCL_NET_PLUGIN=/x/libnccl-net.so",
-                         "export NCCL_COLLNET_ENABLE=1", "# optional: ..."])
+    env = parse_exports(
+        [
+            "# NCCL plugin library: /x",
+            "export NCCL_NET_PLUGIN=/x/libnccl-net.so",
+            "export NCCL_COLLNET_ENABLE=1",
+            "# optional: ...",
+        ]
+    )
     assert env == {"NCCL_NET_PLUGIN": "/x/libnccl-net.so", "NCCL_COLLNET_ENABLE": "1"}
 
 
@@ -226,12 +249,17 @@ def test_no_gpu_exits_3_with_the_reason(tmp_path: Path) -> None:
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
-    proc = subprocess.run(["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--quick"], capture_output=True,
-                          text=True, timeout=180, env=_env(OUT=str(tmp_path)))
+    proc = subprocess.run(
+        ["bash", str(ROOT / "scripts" / "gpu-check.sh"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        env=_env(OUT=str(tmp_path)),
+    )
     assert proc.returncode == 3, proc.stderr
     assert "no CUDA GPU visible to PyTorch" in proc.stderr
     assert "needs a CUDA GPU and PyTorch with NCCL" in proc.stderr
-    assert not list(tmp_path.iterdir())   # nothing written: nothing was checked
+    assert not list(tmp_path.iterdir())  # nothing written: nothing was checked
 
 
 def test_probe_without_torch(tmp_path: Path) -> None:
@@ -240,8 +268,13 @@ def test_probe_without_torch(tmp_path: Path) -> None:
     (fake / "__init__.py").write_text("raise ImportError('no torch in this image')\n")
     found = probe(env=_env(PYTHONPATH=str(tmp_path)))
     assert not found.ok and "PyTorch cannot be imported (ImportError: no torch in this image)" in found.reason
-    proc = subprocess.run([sys.executable, "-m", "reducer.gpucheck"], capture_output=True, text=True, timeout=120,
-                          env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}"))
+    proc = subprocess.run(
+        [sys.executable, "-m", "reducer.gpucheck"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_env(PYTHONPATH=f"{ROOT}{os.pathsep}{tmp_path}"),
+    )
     assert proc.returncode == 3 and "PyTorch cannot be imported" in proc.stderr
 
 
@@ -250,8 +283,9 @@ def test_worker_phases_on_cpu(tmp_path: Path) -> None:
     pytest.importorskip("torch")
     sizes = [4096, 65536 + 4]
     work = str(tmp_path)
-    cmd = worker_command("sums", os.path.join(work, "sums"), 90,
-                         ["--sizes", ",".join(map(str, sizes)), "--device", "cpu"])
+    cmd = worker_command(
+        "sums", os.path.join(work, "sums"), 90, ["--sizes", ",".join(map(str, sizes)), "--device", "cpu"]
+    )
     res = run_phase("sums", work, cmd, _env(), reducers=2, timeout=150)
     assert res.status == 0, Path(res.run_dir, "launch.log").read_text()[-3000:]
     check = V.check_sums(res.results, sizes, ["float32", "bfloat16", "float16"])
@@ -266,8 +300,9 @@ def test_worker_phases_on_cpu(tmp_path: Path) -> None:
         json.dump({"rank": rank, "teardown": "pending"}, open(path, "w"))
         os.abort() if rank == 1 else None
     """)
-    bad = run_phase("crash", work, [sys.executable, "-c", crash, os.path.join(work, "crash")], _env(),
-                    reducers=1, timeout=60)
+    bad = run_phase(
+        "crash", work, [sys.executable, "-c", crash, os.path.join(work, "crash")], _env(), reducers=1, timeout=60
+    )
     c = V.check_teardown("t", bad.status, bad.results)
     assert c.ok is False and bad.status == 128 + 6 and "rank 1: teardown pending" in c.detail
 
@@ -281,7 +316,7 @@ def test_pattern_sums_are_exact_in_half_types() -> None:
     n = 1 << 16
     want = expected_sum(n, 2)
     assert set(np.unique(pattern(n, 0))) <= set(range(-8, 9)) and np.abs(want).max() <= 16
-    assert len(set(pattern(n, 0)[:4096].tolist())) == 17   # every value appears: a shifted chunk shows
+    assert len(set(pattern(n, 0)[:4096].tolist())) == 17  # every value appears: a shifted chunk shows
     for dt in (torch.float32, torch.bfloat16, torch.float16):
         a = torch.from_numpy(pattern(n, 0).astype(np.float32)).to(dt)
         b = torch.from_numpy(pattern(n, 1).astype(np.float32)).to(dt)
@@ -303,12 +338,20 @@ def test_build_checks_from_phases() -> None:
 
     def phases(plain_status: int = 0):
         return {
-            "collnet-sums": PhaseResult("s", "", 0, "", [_sums(0, sizes), _sums(1, sizes)],
-                                        [_log(COLLNET_228), _log(COLLNET_228)], stats),
+            "collnet-sums": PhaseResult(
+                "s", "", 0, "", [_sums(0, sizes), _sums(1, sizes)], [_log(COLLNET_228), _log(COLLNET_228)], stats
+            ),
             "no-reducers": PhaseResult("n", "", 0, "", done, [_log(COLLNET_228)] * 2, [{}]),
             "collnet-ddp": PhaseResult("d", "", 0, "", ddp, [_log(COLLNET_228)] * 2, stats),
-            "plain-ddp": PhaseResult("p", "", plain_status, "", ddp if not plain_status else
-                                     [ddp[0], dict(ddp[1], teardown="pending")], [_log(NO_PLUGIN)] * 2, [{}]),
+            "plain-ddp": PhaseResult(
+                "p",
+                "",
+                plain_status,
+                "",
+                ddp if not plain_status else [ddp[0], dict(ddp[1], teardown="pending")],
+                [_log(NO_PLUGIN)] * 2,
+                [{}],
+            ),
         }
 
     checks = build_checks(phases(), sizes, dts)

@@ -19,6 +19,7 @@ This module does the same without Docker:
 3. runs the commands the Dockerfiles name, with CLUSTER_SPECs shaped like Vertex AI's: two
    reducers as workerpool2 replicas, two workers as workerpool0 / workerpool1.
 """
+
 from __future__ import annotations
 
 import json
@@ -41,9 +42,26 @@ WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
-_ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
-             "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_LOG_LEVEL", "RS_THREADS", "LOCAL_RANK",
-             "LOCAL_WORLD_SIZE", "RANK", "WORLD_SIZE", "PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV")
+_ENV_DROP = (
+    "CLUSTER_SPEC",
+    "TF_CONFIG",
+    "RS_REDUCERS",
+    "RS_RANK",
+    "RS_WORLD_SIZE",
+    "RS_PORT",
+    "RS_HOST",
+    "RS_AUTH_TOKEN",
+    "RS_AUTH_TOKEN_FILE",
+    "RS_LOG_LEVEL",
+    "RS_THREADS",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+    "PYTHONPATH",
+    "PYTHONHOME",
+    "VIRTUAL_ENV",
+)
 
 
 # -- reading the Dockerfiles ---------------------------------------------------------------------
@@ -79,16 +97,23 @@ def test_dockerfiles_name_the_commands_tested_here():
 
 def _source_files() -> list[str]:
     try:
-        out = subprocess.run(["git", "ls-files", "-co", "--exclude-standard"], cwd=str(ROOT), check=True,
-                             capture_output=True, text=True, timeout=30).stdout
+        out = subprocess.run(
+            ["git", "ls-files", "-co", "--exclude-standard"],
+            cwd=str(ROOT),
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout
         return [f for f in out.splitlines() if f and (ROOT / f).is_file()]
     except (OSError, subprocess.SubprocessError):
         skip = {".git", "build", "dist", ".venv", "__pycache__", ".pytest_cache", ".benchmarks"}
         files = []
         for dirpath, dirnames, filenames in os.walk(ROOT):
             dirnames[:] = [d for d in dirnames if d not in skip and not d.endswith(".egg-info")]
-            files += [os.path.relpath(os.path.join(dirpath, f), ROOT) for f in filenames
-                      if not f.endswith((".so", ".pyc"))]
+            files += [
+                os.path.relpath(os.path.join(dirpath, f), ROOT) for f in filenames if not f.endswith((".so", ".pyc"))
+            ]
         return files
 
 
@@ -140,24 +165,52 @@ def venv(tmp_path_factory) -> dict[str, Path]:
         shutil.copy2(ROOT / rel, dst)
     assert not list(src.rglob("*.so")), "the copy must not carry a prebuilt extension"
     # The Dockerfiles' `pip wheel .`, without build isolation (no network here).
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src),
-                    "-w", str(wheels)], check=True, timeout=480, cwd=str(tmp))
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q", str(src), "-w", str(wheels)],
+        check=True,
+        timeout=480,
+        cwd=str(tmp),
+    )
     (wheel,) = wheels.glob("reduction_server-*.whl")
 
     env_dir = tmp / "venv"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(env_dir)], check=True, timeout=60)
     py = env_dir / "bin" / "python"
-    subprocess.run([sys.executable, "-m", "pip", "--python", str(py), "install", "-q", "--no-deps",
-                    "--no-build-isolation", "--disable-pip-version-check", str(wheel)], check=True, timeout=120)
+    subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            str(py),
+            "install",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "--disable-pip-version-check",
+            str(wheel),
+        ],
+        check=True,
+        timeout=120,
+    )
 
     from importlib import metadata
 
-    requires = metadata.Distribution.at(next(env_dir.glob("lib/python*/site-packages/reduction_server-*.dist-info"))
-                                        ).requires or []
+    requires = (
+        metadata.Distribution.at(next(env_dir.glob("lib/python*/site-packages/reduction_server-*.dist-info"))).requires
+        or []
+    )
     deps = tmp / "deps"
     _link_distributions(_runtime_closure(requires), deps)
-    site = Path(subprocess.run([str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
-                               check=True, capture_output=True, text=True, timeout=30).stdout.strip())
+    site = Path(
+        subprocess.run(
+            [str(py), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+            check=True,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        ).stdout.strip()
+    )
     (site / "runtime_deps.pth").write_text(str(deps) + "\n")
 
     # The worker image's WORKDIR: a copy of examples/ and nothing else of the repository.
@@ -176,23 +229,44 @@ def _venv_env(venv: dict[str, Path], **extra: str) -> dict[str, str]:
 
 
 def _vertex_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
-    return json.dumps({"cluster": pools, "environment": "cloud",
-                       "task": {"type": task_type, "index": index, "trial": ""}, "job": {"workerPoolSpecs": []}})
+    return json.dumps(
+        {
+            "cluster": pools,
+            "environment": "cloud",
+            "task": {"type": task_type, "index": index, "trial": ""},
+            "job": {"workerPoolSpecs": []},
+        }
+    )
 
 
 def test_venv_uses_the_wheel(venv):
-    code = ("import json, reducer, reducer._core, numpy, sys; "
-            "print(json.dumps([reducer.__file__, reducer._core.__file__, sys.prefix]))")
-    out = subprocess.run([str(venv["python"]), "-c", code], env=_venv_env(venv), cwd=str(venv["workdir"]),
-                         check=True, capture_output=True, text=True, timeout=60).stdout
+    code = (
+        "import json, reducer, reducer._core, numpy, sys; "
+        "print(json.dumps([reducer.__file__, reducer._core.__file__, sys.prefix]))"
+    )
+    out = subprocess.run(
+        [str(venv["python"]), "-c", code],
+        env=_venv_env(venv),
+        cwd=str(venv["workdir"]),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     pkg, core, prefix = json.loads(out)
     venv_root = str(venv["root"].resolve())
     assert os.path.realpath(pkg).startswith(venv_root), pkg
     assert os.path.realpath(core).startswith(venv_root), core
     assert os.path.realpath(prefix) == venv_root
     assert str(ROOT) not in pkg
-    helptext = subprocess.run([str(venv["bin"] / "reduction-server"), "--help"], env=_venv_env(venv),
-                              check=True, capture_output=True, text=True, timeout=60).stdout
+    helptext = subprocess.run(
+        [str(venv["bin"] / "reduction-server"), "--help"],
+        env=_venv_env(venv),
+        check=True,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    ).stdout
     for command in ("serve", "launch", "plan", "vertex-job"):
         assert command in helptext
 
@@ -202,20 +276,39 @@ def test_reducer_entrypoint_and_worker_cmd(venv):
     entrypoint = _instruction(REDUCER_DOCKERFILE, "ENTRYPOINT")
     worker_cmd = _instruction(WORKER_DOCKERFILE, "CMD") + ["--sizes", "4K,1M", "--iters", "2"]
     r0, r1, w0, w1 = free_ports(4)
-    pools = {"workerpool0": [f"127.0.0.1:{w0}"], "workerpool1": [f"127.0.0.1:{w1}"],
-             "workerpool2": [f"127.0.0.1:{r0}", f"127.0.0.1:{r1}"]}
+    pools = {
+        "workerpool0": [f"127.0.0.1:{w0}"],
+        "workerpool1": [f"127.0.0.1:{w1}"],
+        "workerpool2": [f"127.0.0.1:{r0}", f"127.0.0.1:{r1}"],
+    }
     reducers, workers = [], []
     try:
         for i in range(2):
             env = _venv_env(venv, CLUSTER_SPEC=_vertex_spec(pools, "workerpool2", i), RS_THREADS="1")
             # PATH lookup of the entry point, as the image's ENTRYPOINT does.
-            reducers.append(subprocess.Popen(entrypoint, env=env, cwd=str(venv["workdir"]),
-                                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            reducers.append(
+                subprocess.Popen(
+                    entrypoint,
+                    env=env,
+                    cwd=str(venv["workdir"]),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         for task_type, _port in (("workerpool0", w0), ("workerpool1", w1)):
             env = _venv_env(venv, CLUSTER_SPEC=_vertex_spec(pools, task_type, 0))
             # Workers start while the reducers may still be starting: the client retries connects.
-            workers.append(subprocess.Popen(worker_cmd, env=env, cwd=str(venv["workdir"]),
-                                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+            workers.append(
+                subprocess.Popen(
+                    worker_cmd,
+                    env=env,
+                    cwd=str(venv["workdir"]),
+                    stdout=subprocess.PIPE,
+                    stderr=subprocess.STDOUT,
+                    text=True,
+                )
+            )
         outs = []
         for w in workers:
             out, _ = w.communicate(timeout=90)
@@ -244,9 +337,28 @@ def test_reducer_entrypoint_and_worker_cmd(venv):
 def test_launcher_from_the_venv(venv):
     """The one-machine main job, installed from the wheel."""
     t0 = time.monotonic()
-    proc = subprocess.run([str(venv["bin"] / "reduction-server"), "launch", "--workers", "2", "--reducers", "1",
-                           "--", "python", "examples/allreduce_numpy.py", "--sizes", "64K", "--iters", "2"],
-                          env=_venv_env(venv), cwd=str(venv["workdir"]), capture_output=True, text=True, timeout=90)
+    proc = subprocess.run(
+        [
+            str(venv["bin"] / "reduction-server"),
+            "launch",
+            "--workers",
+            "2",
+            "--reducers",
+            "1",
+            "--",
+            "python",
+            "examples/allreduce_numpy.py",
+            "--sizes",
+            "64K",
+            "--iters",
+            "2",
+        ],
+        env=_venv_env(venv),
+        cwd=str(venv["workdir"]),
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "[worker 1.0] rank 1 of 2: all 1 sizes correct" in proc.stdout
     assert time.monotonic() - t0 < 60

@@ -1,4 +1,5 @@
 """reducer.init() takes every keyword option Communicator takes (one list: its signature)."""
+
 from __future__ import annotations
 
 import inspect
@@ -24,8 +25,9 @@ def test_init_accepts_every_communicator_option_and_uses_it() -> None:
         comm = reducer.init(reducers=[address], rank=0, world_size=1, **everything)
         comm.close()
         # The documented failover switch and rounds in flight (once refused as unknown arguments).
-        comm = reducer.init(reducers=[address], rank=0, world_size=1, failover=False, max_rounds_in_flight=3,
-                            group="init-options")
+        comm = reducer.init(
+            reducers=[address], rank=0, world_size=1, failover=False, max_rounds_in_flight=3, group="init-options"
+        )
         try:
             x = np.arange(1000, dtype=np.int64)
             comm.allreduce(x)

@@ -6,6 +6,7 @@ reorders a frame makes the round fail with the integrity error, while the reduce
 other groups; without integrity the same flip goes unnoticed (the check is what catches it).
 Workers run in threads of this process (the core releases the GIL); every wait is bounded.
 """
+
 from __future__ import annotations
 
 import threading
@@ -43,12 +44,17 @@ from reducer.errors import ConfigError, ProtocolError, ReductionError
 SECRET = "integrity-secret"
 JOB = "job-i"
 INTEGRITY_ERROR = "frame integrity check failed"
-N = 1 << 18            # float32 elements: 1 MiB on one reducer and stream, in chunks of
+N = 1 << 18  # float32 elements: 1 MiB on one reducer and stream, in chunks of
 CHUNK = _core.chunk_for(4 * N, 1 << 20)  # the client's rule (protocol/plan.h): 16 KiB
 
 
-def run_group(addresses: Sequence[Sequence[str]], group: str, fn: Callable[[reducer.Communicator, int], Any],
-              timeout: float = 20.0, **kw: Any) -> list[Any]:
+def run_group(
+    addresses: Sequence[Sequence[str]],
+    group: str,
+    fn: Callable[[reducer.Communicator, int], Any],
+    timeout: float = 20.0,
+    **kw: Any,
+) -> list[Any]:
     """One Communicator per rank (rank r talks to addresses[r]) running fn(comm, rank) in a thread;
     the results, or the exception each rank raised."""
     world = len(addresses)
@@ -56,8 +62,17 @@ def run_group(addresses: Sequence[Sequence[str]], group: str, fn: Callable[[redu
 
     def rank_main(r: int) -> None:
         try:
-            comm = reducer.Communicator(list(addresses[r]), r, world, group=group, job_id=JOB, timeout=timeout,
-                                        connect_timeout=timeout, chunk_bytes=CHUNK, **kw)
+            comm = reducer.Communicator(
+                list(addresses[r]),
+                r,
+                world,
+                group=group,
+                job_id=JOB,
+                timeout=timeout,
+                connect_timeout=timeout,
+                chunk_bytes=CHUNK,
+                **kw,
+            )
             try:
                 out[r] = fn(comm, r)
             finally:
@@ -92,13 +107,16 @@ def assert_serves(address: str, group: str, **kw: Any) -> None:
 
 
 @pytest.mark.sanitize
-@pytest.mark.parametrize("dtype,compression", [("float32", None), ("int64", None), ("int32", None),
-                                               ("float32", "bf16")])
+@pytest.mark.parametrize(
+    "dtype,compression", [("float32", None), ("int64", None), ("int32", None), ("float32", "bf16")]
+)
 def test_allreduce_correct_with_integrity(dtype, compression):
     # Two reducers, two streams each: every link protected; several rounds and sizes.
     sizes = (1, 1023, 100_003, N)
-    with reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as a, \
-            reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as b:
+    with (
+        reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as a,
+        reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as b,
+    ):
         assert a.limits()["integrity"] == "on"  # offered by default with a secret
 
         def rounds(comm: reducer.Communicator, rank: int) -> list[np.ndarray]:
@@ -125,7 +143,7 @@ def test_allreduce_correct_with_integrity(dtype, compression):
 
 # ---- an on-path attacker ----------------------------------------------------------------------
 
-PAYLOAD = FRAME.size + TAG_BYTES   # first payload byte of a protected frame
+PAYLOAD = FRAME.size + TAG_BYTES  # first payload byte of a protected frame
 CASES = {
     # worker -> reducer: the reducer detects it and fails the group with the reason
     "data_payload_bit": (flip(TO_REDUCER, 1, PAYLOAD + 5, bit=3), True),
@@ -145,11 +163,14 @@ CASES = {
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_tampering_fails_the_round_with_the_integrity_error(case):
     tamper, to_reducer = CASES[case]
-    with reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as srv, \
-            Proxy(srv.port, tags=True, tamper=tamper) as proxy:
+    with (
+        reducer.ReducerServer(host="127.0.0.1", port=0, threads=2, auth_token=SECRET) as srv,
+        Proxy(srv.port, tags=True, tamper=tamper) as proxy,
+    ):
         # Rank 0 goes through the attacker, rank 1 straight to the reducer.
-        out = run_group([[proxy.address], [srv.address]], "attacked", allreduce_f32, auth_token=SECRET,
-                        integrity="on", timeout=10.0)
+        out = run_group(
+            [[proxy.address], [srv.address]], "attacked", allreduce_f32, auth_token=SECRET, integrity="on", timeout=10.0
+        )
         assert proxy.tampered >= 1
         for r in out:
             assert isinstance(r, ReductionError), r  # the round failed on every rank
@@ -169,8 +190,10 @@ def test_tampering_fails_the_round_with_the_integrity_error(case):
 
 def test_untouched_proxy_changes_nothing():
     # The proxy itself is transparent: the tamper tests fail because of the tampering.
-    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET) as srv, \
-            Proxy(srv.port, tags=True, tamper=untouched) as proxy:
+    with (
+        reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET) as srv,
+        Proxy(srv.port, tags=True, tamper=untouched) as proxy,
+    ):
         out = run_group([[proxy.address], [srv.address]], "clean", allreduce_f32, auth_token=SECRET, integrity="on")
         for r in out:
             assert isinstance(r, np.ndarray), r
@@ -186,8 +209,10 @@ def test_without_integrity_the_same_flip_goes_unnoticed():
         return a
 
     elems = CHUNK // 4
-    with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET, integrity="off") as srv, \
-            Proxy(srv.port, tags=False, tamper=flip(TO_REDUCER, 1, FRAME.size + 2, bit=5)) as proxy:
+    with (
+        reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET, integrity="off") as srv,
+        Proxy(srv.port, tags=False, tamper=flip(TO_REDUCER, 1, FRAME.size + 2, bit=5)) as proxy,
+    ):
         out = run_group([[proxy.address], [srv.address]], "plain", ints, auth_token=SECRET, integrity="off")
         assert proxy.tampered == 1
         want = make_data("int32", N, 0).astype(np.int64) + make_data("int32", N, 1)
@@ -221,8 +246,9 @@ def test_required_mode_refuses_a_worker_that_does_not_ask():
 def test_reducer_with_integrity_off_refuses_a_worker_that_asks():
     with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET, integrity="off") as srv:
         with pytest.raises(ConfigError, match="does not offer"):
-            reducer.Communicator([srv.address], 0, 1, job_id=JOB, auth_token=SECRET, integrity="on", timeout=5,
-                                 connect_timeout=5)
+            reducer.Communicator(
+                [srv.address], 0, 1, job_id=JOB, auth_token=SECRET, integrity="on", timeout=5, connect_timeout=5
+            )
 
 
 def test_integrity_needs_authentication(monkeypatch):
@@ -260,8 +286,19 @@ def test_serve_cli_refuses_integrity_without_a_secret(capsys, monkeypatch):
 def _protected_raw_worker(port: int, group: bytes) -> RawWorker:
     key = job_key(SECRET.encode(), JOB.encode())
     w = RawWorker(port, job=JOB.encode(), group=group, key=key, chunk=4096, send_hello=False)
-    w.sock.sendall(encode_hello(w.challenge.nonce, world=1, rank=0, job=JOB.encode(), group=group, key=key,
-                                chunk=4096, flags=HELLO_INTEGRITY, worker_nonce=w.worker_nonce))
+    w.sock.sendall(
+        encode_hello(
+            w.challenge.nonce,
+            world=1,
+            rank=0,
+            job=JOB.encode(),
+            group=group,
+            key=key,
+            chunk=4096,
+            flags=HELLO_INTEGRITY,
+            worker_nonce=w.worker_nonce,
+        )
+    )
     r = w.reply(timeout=5)
     assert r.status == Status.OK and w.reply_mac_ok(r), r
     w.up = frame_key(key, DIR_TO_REDUCER, w.worker_nonce, w.challenge.nonce)
@@ -337,8 +374,17 @@ def test_goodbye_and_shutdown_frames_are_protected():
     srv = reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET).start()
     try:
         # A worker's BYE carries its tags: the reducer sees a clean leave, not a failed check.
-        comm = reducer.Communicator([srv.address], 0, 1, group="bye", job_id=JOB, auth_token=SECRET, integrity="on",
-                                    timeout=10, connect_timeout=10)
+        comm = reducer.Communicator(
+            [srv.address],
+            0,
+            1,
+            group="bye",
+            job_id=JOB,
+            auth_token=SECRET,
+            integrity="on",
+            timeout=10,
+            connect_timeout=10,
+        )
         x = np.arange(10, dtype=np.float32)
         comm.allreduce(x)
         comm.close()
@@ -362,9 +408,18 @@ def test_transport_unit_tests_in_cpp(tmp_path):
     # every 7th byte of a frame flipped, replay / drop / reorder, no libcrypto allocation per frame.
     from cpp_build import build_and_run, kernel_sources
 
-    sources = ["tests/cpp/test_frame_auth.cc", "csrc/net/frame_auth.cc", "csrc/net/frame_io.cc", "csrc/net/socket.cc",
-               "csrc/protocol/auth.cc", "csrc/protocol/hmac.cc", "csrc/protocol/wire.cc", "csrc/protocol/plan.cc",
-               "csrc/common/common.cc", "csrc/common/text.cc"]
+    sources = [
+        "tests/cpp/test_frame_auth.cc",
+        "csrc/net/frame_auth.cc",
+        "csrc/net/frame_io.cc",
+        "csrc/net/socket.cc",
+        "csrc/protocol/auth.cc",
+        "csrc/protocol/hmac.cc",
+        "csrc/protocol/wire.cc",
+        "csrc/protocol/plan.cc",
+        "csrc/common/common.cc",
+        "csrc/common/text.cc",
+    ]
     out = build_and_run(tmp_path, "test_frame_auth", sources + kernel_sources(), libs=["crypto"])
     assert "libcrypto allocations over 1000 frames: 0" in out
 
@@ -374,8 +429,18 @@ def test_unknown_hello_flags_are_refused():
     with reducer.ReducerServer(host="127.0.0.1", port=0, auth_token=SECRET) as srv:
         w = RawWorker(srv.port, job=JOB.encode(), key=key, send_hello=False)
         try:
-            w.sock.sendall(encode_hello(w.challenge.nonce, world=1, rank=0, job=JOB.encode(), group=b"g", key=key,
-                                        flags=HELLO_INTEGRITY | 2, worker_nonce=w.worker_nonce))
+            w.sock.sendall(
+                encode_hello(
+                    w.challenge.nonce,
+                    world=1,
+                    rank=0,
+                    job=JOB.encode(),
+                    group=b"g",
+                    key=key,
+                    flags=HELLO_INTEGRITY | 2,
+                    worker_nonce=w.worker_nonce,
+                )
+            )
             r = w.reply(timeout=5)
             assert r.status == Status.BAD_HELLO and "unknown hello flags" in r.message, r
         finally:

@@ -4,6 +4,7 @@ The reference reduces in rank order: float32/float64 in their own dtype (the ker
 must be bit-identical), float16/bfloat16 in float32 then ONE rounding (numpy
 astype / ml_dtypes), integers with numpy's wrapping arithmetic and truncating avg.
 """
+
 import zlib
 
 import ml_dtypes
@@ -198,7 +199,7 @@ def test_accumulate_unaligned_acc(isa, dtype, op):
             with np.errstate(all="ignore"):
                 xa = x.astype(adt)
                 want = {"sum": np.add, "avg": np.add, "min": np.minimum, "max": np.maximum}[op](a.astype(adt), xa)
-            same = (acc.view(f"u{adt.itemsize}") == want.view(f"u{adt.itemsize}"))
+            same = acc.view(f"u{adt.itemsize}") == want.view(f"u{adt.itemsize}")
             if adt.kind == "f":
                 same |= np.isnan(acc) & np.isnan(want)
                 if op in ("min", "max"):
@@ -248,7 +249,9 @@ def test_half_rounding_is_single_and_nearest_even(isa):
     assert (run_reduce("float16", "sum", [np.full(37, 2048, f), one, one]) == 2050).all()
     assert (run_reduce("float16", "sum", [np.full(37, 2050, f), one]) == 2052).all()  # tie -> even
     # 65504 + 16 = 65520 is the first value that rounds to inf
-    assert np.isposinf(run_reduce("float16", "sum", [np.full(37, 65504, f), np.full(37, 16, f)]).astype(np.float32)).all()
+    assert np.isposinf(
+        run_reduce("float16", "sum", [np.full(37, 65504, f), np.full(37, 16, f)]).astype(np.float32)
+    ).all()
     assert (run_reduce("float16", "sum", [np.full(37, 65504, f), np.full(37, 8, f)]) == 65504).all()
     # bfloat16: 256 + 1 is a tie -> 256; 257 + 1 exactly 258 -> kept
     b = ml_dtypes.bfloat16
@@ -284,7 +287,9 @@ def test_avg_many_contributors(isa, dtype):
 def test_int64_avg_exact_division():
     """The int64 average divides by multiplication: check it on extreme values."""
     info = np.iinfo(np.int64)
-    vals = np.array([info.min, info.max, info.min + 1, info.max - 1, -1, 1, 0, 2**62, -(2**62), 3 * 2**61 + 12345], np.int64)
+    vals = np.array(
+        [info.min, info.max, info.min + 1, info.max - 1, -1, 1, 0, 2**62, -(2**62), 3 * 2**61 + 12345], np.int64
+    )
     for k in (2, 3, 5, 7, 9):
         xs = [vals] + [np.zeros_like(vals)] * (k - 1)
         got = run_reduce("int64", "avg", xs)
@@ -294,8 +299,14 @@ def test_int64_avg_exact_division():
 
 def test_dtype_aliases_and_errors():
     x = np.arange(10, dtype=np.float32)
-    canonical = {"float32": ("f32", "fp32", "float"), "float64": ("f64", "double"), "float16": ("fp16", "f16", "half"),
-                 "bfloat16": ("bf16",), "int32": ("i32", "int"), "int64": ("i64", "long")}
+    canonical = {
+        "float32": ("f32", "fp32", "float"),
+        "float64": ("f64", "double"),
+        "float16": ("fp16", "f16", "half"),
+        "bfloat16": ("bf16",),
+        "int32": ("i32", "int"),
+        "int64": ("i64", "long"),
+    }
     for name, aliases in canonical.items():
         dt = DTYPES[name]
         xs = [np.arange(10).astype(dt)] * 2

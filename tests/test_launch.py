@@ -3,6 +3,7 @@
 Real processes on loopback; every launch is bounded by a timeout and every test checks that the
 processes it saw (children and grandchildren) are gone afterwards.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,22 @@ EXAMPLE = ROOT / "examples" / "allreduce_numpy.py"
 pytestmark = pytest.mark.timeout(60)
 
 # Variables of the test runner's own environment that would change what the children discover.
-_ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
-             "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_LOG_LEVEL", "LOCAL_RANK", "LOCAL_WORLD_SIZE",
-             "RANK", "WORLD_SIZE")
+_ENV_DROP = (
+    "CLUSTER_SPEC",
+    "TF_CONFIG",
+    "RS_REDUCERS",
+    "RS_RANK",
+    "RS_WORLD_SIZE",
+    "RS_PORT",
+    "RS_HOST",
+    "RS_AUTH_TOKEN",
+    "RS_AUTH_TOKEN_FILE",
+    "RS_LOG_LEVEL",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "RANK",
+    "WORLD_SIZE",
+)
 
 
 def _env() -> dict[str, str]:
@@ -45,8 +59,9 @@ def _launch_argv(*args: str) -> list[str]:
 
 
 def _run(args: Sequence[str], timeout: float = 45) -> subprocess.CompletedProcess:
-    return subprocess.run(_launch_argv(*args), env=_env(), cwd=str(ROOT), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        _launch_argv(*args), env=_env(), cwd=str(ROOT), capture_output=True, text=True, timeout=timeout
+    )
 
 
 def _started_pids(text: str) -> dict[str, int]:
@@ -134,7 +149,7 @@ def test_worker_env_matches_discovery():
         for local in range(3):
             env = launch.worker_env(c, node, local, 3, ["python", "train.py"], base=inherited)
             assert "TF_CONFIG" not in env and "RS_PORT" not in env and "RS_REDUCERS" not in env
-            assert env["PATH"] == "/bin" and env["RS_AUTH_TOKEN"] == "s"   # the rest is inherited
+            assert env["PATH"] == "/bin" and env["RS_AUTH_TOKEN"] == "s"  # the rest is inherited
             spec = json.loads(env["CLUSTER_SPEC"])
             assert spec["environment"] == "cloud"
             assert spec["task"] == launch.node_task(node)
@@ -171,8 +186,7 @@ def test_cli_without_command_is_an_error():
 
 def test_launch_allreduce_example():
     t0 = time.monotonic()
-    proc = _run(["--workers", "2", "--reducers", "2", "--", "python", str(EXAMPLE), "--sizes", "4K,1M",
-                 "--iters", "2"])
+    proc = _run(["--workers", "2", "--reducers", "2", "--", "python", str(EXAMPLE), "--sizes", "4K,1M", "--iters", "2"])
     out, err = proc.stdout, proc.stderr
     assert proc.returncode == 0, out + err
     # Output prefixes: every process, on the stream it wrote to.
@@ -191,7 +205,10 @@ def test_launch_allreduce_example():
 
 
 def test_failing_worker_stops_the_others(tmp_path):
-    script = _script(tmp_path, "fail.py", """
+    script = _script(
+        tmp_path,
+        "fail.py",
+        """
         import os, subprocess, sys, time
         child = subprocess.Popen(["sleep", "120"])          # a grandchild must not survive either
         print("PIDS", os.getpid(), child.pid, flush=True)
@@ -200,7 +217,8 @@ def test_failing_worker_stops_the_others(tmp_path):
             print("worker 1 gives up", file=sys.stderr, flush=True)
             sys.exit(3)
         time.sleep(120)
-    """)
+    """,
+    )
     t0 = time.monotonic()
     proc = _run(["--workers", "2", "--reducers", "1", "--", "python", str(script)])
     elapsed = time.monotonic() - t0
@@ -218,10 +236,14 @@ def test_failing_worker_stops_the_others(tmp_path):
 
 
 def test_worker_killed_by_signal_is_reported(tmp_path):
-    script = _script(tmp_path, "crash.py", """
+    script = _script(
+        tmp_path,
+        "crash.py",
+        """
         import os, signal
         os.kill(os.getpid(), signal.SIGKILL)
-    """)
+    """,
+    )
     proc = _run(["--workers", "1", "--reducers", "1", "--", str(script)])
     assert proc.returncode == 128 + 9, proc.stderr
     assert "worker 0.0" in proc.stderr and "failed: killed by signal SIGKILL (9)" in proc.stderr
@@ -250,14 +272,24 @@ class _Reader(threading.Thread):
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_stops_everything(tmp_path, sig):
-    script = _script(tmp_path, "sleepy.py", """
+    script = _script(
+        tmp_path,
+        "sleepy.py",
+        """
         import os, subprocess, time
         child = subprocess.Popen(["sleep", "120"])
         print("PIDS", os.getpid(), child.pid, flush=True)
         time.sleep(120)
-    """)
-    proc = subprocess.Popen(_launch_argv("--workers", "2", "--reducers", "1", "--", "python", str(script)),
-                            env=_env(), cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    """,
+    )
+    proc = subprocess.Popen(
+        _launch_argv("--workers", "2", "--reducers", "1", "--", "python", str(script)),
+        env=_env(),
+        cwd=str(ROOT),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     out, err = _Reader(proc.stdout), _Reader(proc.stderr)
     try:
         deadline = time.monotonic() + 30
@@ -281,7 +313,10 @@ def test_signal_stops_everything(tmp_path, sig):
 
 
 def test_procs_per_worker_global_ranks(tmp_path):
-    script = _script(tmp_path, "ranks.py", """
+    script = _script(
+        tmp_path,
+        "ranks.py",
+        """
         import json, os
         import numpy as np
         import reducer
@@ -294,7 +329,8 @@ def test_procs_per_worker_global_ranks(tmp_path):
                                         "sum": onehot.tolist(), "env": {k: os.environ[k] for k in keys},
                                         "task": json.loads(os.environ["CLUSTER_SPEC"])["task"]}), flush=True)
         comm.close()
-    """)
+    """,
+    )
     proc = _run(["--workers", "2", "--reducers", "1", "--procs-per-worker", "2", "--", "python", str(script)])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     infos = {}
@@ -311,8 +347,11 @@ def test_procs_per_worker_global_ranks(tmp_path):
         assert (env["LOCAL_RANK"], env["LOCAL_WORLD_SIZE"]) == (str(local), "2")
         assert env["MASTER_ADDR"] == "127.0.0.1"
         ports.add(env["MASTER_PORT"])
-        assert info["task"] == ({"type": "workerpool0", "index": 0, "trial": ""} if node == 0
-                                else {"type": "workerpool1", "index": 0, "trial": ""})
+        assert info["task"] == (
+            {"type": "workerpool0", "index": 0, "trial": ""}
+            if node == 0
+            else {"type": "workerpool1", "index": 0, "trial": ""}
+        )
     assert len(ports) == 1
     _assert_gone(list(_started_pids(proc.stderr).values()))
 

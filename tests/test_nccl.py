@@ -1,4 +1,5 @@
 """The NCCL-style shim with host pointers, group fusion, and hierarchical mode over gloo."""
+
 from __future__ import annotations
 
 from datetime import timedelta
@@ -16,8 +17,18 @@ pytestmark = pytest.mark.timeout(60)
 
 
 def test_enums_use_nccls_numbering():
-    assert (nccl.ncclInt8, nccl.ncclUint8, nccl.ncclInt32, nccl.ncclUint32, nccl.ncclInt64, nccl.ncclUint64,
-            nccl.ncclFloat16, nccl.ncclFloat32, nccl.ncclFloat64, nccl.ncclBfloat16) == tuple(range(10))
+    assert (
+        nccl.ncclInt8,
+        nccl.ncclUint8,
+        nccl.ncclInt32,
+        nccl.ncclUint32,
+        nccl.ncclInt64,
+        nccl.ncclUint64,
+        nccl.ncclFloat16,
+        nccl.ncclFloat32,
+        nccl.ncclFloat64,
+        nccl.ncclBfloat16,
+    ) == tuple(range(10))
     assert (nccl.ncclSum, nccl.ncclProd, nccl.ncclMax, nccl.ncclMin, nccl.ncclAvg) == tuple(range(5))
     assert nccl.ncclFloat == nccl.ncclFloat32 and nccl.ncclHalf == nccl.ncclFloat16
     with pytest.raises(ConfigError, match="ncclUint8"):
@@ -28,15 +39,24 @@ def test_enums_use_nccls_numbering():
         nccl.groupEnd()
 
 
-CASES = [(nccl.ncclFloat32, np.float32, nccl.ncclSum), (nccl.ncclFloat64, np.float64, nccl.ncclMax),
-         (nccl.ncclInt32, np.int32, nccl.ncclMin), (nccl.ncclInt64, np.int64, nccl.ncclSum),
-         (nccl.ncclFloat16, np.float16, nccl.ncclAvg), (nccl.ncclBfloat16, ml_dtypes.bfloat16, nccl.ncclSum)]
+CASES = [
+    (nccl.ncclFloat32, np.float32, nccl.ncclSum),
+    (nccl.ncclFloat64, np.float64, nccl.ncclMax),
+    (nccl.ncclInt32, np.int32, nccl.ncclMin),
+    (nccl.ncclInt64, np.int64, nccl.ncclSum),
+    (nccl.ncclFloat16, np.float16, nccl.ncclAvg),
+    (nccl.ncclBfloat16, ml_dtypes.bfloat16, nccl.ncclSum),
+]
 
 
 def _expected(op, world, n):
     vals = [np.arange(n, dtype=np.float64) + 10 * (r + 1) for r in range(world)]
-    return {nccl.ncclSum: sum(vals), nccl.ncclMax: np.maximum.reduce(vals), nccl.ncclMin: np.minimum.reduce(vals),
-            nccl.ncclAvg: sum(vals) / world}[op]
+    return {
+        nccl.ncclSum: sum(vals),
+        nccl.ncclMax: np.maximum.reduce(vals),
+        nccl.ncclMin: np.minimum.reduce(vals),
+        nccl.ncclAvg: sum(vals) / world,
+    }[op]
 
 
 @pytest.mark.parametrize("grouped", [False, True])
@@ -122,8 +142,17 @@ def test_hierarchical_two_nodes_two_local_ranks_gloo(reducers):
     def work(g):
         node, lr = divmod(g, local)
         pg = dist.ProcessGroupGloo(stores[node], lr, local, timedelta(seconds=20))
-        h = nccl.hierarchical(pg, local_rank=lr, local_size=local, node_rank=node, num_nodes=nodes,
-                              reducers=addrs, group="hier", timeout=10.0, connect_timeout=10.0)
+        h = nccl.hierarchical(
+            pg,
+            local_rank=lr,
+            local_size=local,
+            node_rank=node,
+            num_nodes=nodes,
+            reducers=addrs,
+            group="hier",
+            timeout=10.0,
+            connect_timeout=10.0,
+        )
         try:
             assert (h.global_rank, h.global_size) == (g, 4)
             a = torch.arange(10, dtype=torch.float32) * (g + 1)  # 10 % 2 == 0: reduced in place

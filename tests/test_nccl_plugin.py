@@ -4,6 +4,7 @@ No GPU and no NCCL: the harness dlopens the library, calls the exported v8/v11/v
 host buffers, exchanges listen handles between head processes and checks every byte / every
 reduced element against a reference.
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -61,10 +62,14 @@ def test_library_exports_only_nccl_symbols_and_links_no_cuda():
     if readelf is None:
         pytest.skip("readelf not installed")
     syms = subprocess.run([readelf, "--dyn-syms", "-W", path], capture_output=True, text=True, check=True).stdout
-    exported = sorted(line.split()[-1] for line in syms.splitlines()
-                      if " GLOBAL " in line and " UND " not in line and "DEFAULT" in line)
-    assert exported == sorted([f"ncclNetPlugin_v{v}" for v in NET_VERSIONS] +
-                              [f"ncclCollNetPlugin_v{v}" for v in COLL_VERSIONS])
+    exported = sorted(
+        line.split()[-1]
+        for line in syms.splitlines()
+        if " GLOBAL " in line and " UND " not in line and "DEFAULT" in line
+    )
+    assert exported == sorted(
+        [f"ncclNetPlugin_v{v}" for v in NET_VERSIONS] + [f"ncclCollNetPlugin_v{v}" for v in COLL_VERSIONS]
+    )
     needed = subprocess.run([readelf, "-d", path], capture_output=True, text=True, check=True).stdout
     assert "NEEDED" in needed
     for lib in ("cuda", "nccl", "python"):
@@ -106,8 +111,14 @@ def test_interface_setting_that_matches_nothing_is_an_error_not_a_crash(plugin_e
         "rc = net.init(C.byref(ctx), 1, None, p.logger, None)\n"
         "print(rc); print(p.log_text())\n"
     )
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         cwd=os.path.dirname(__file__), env=dict(os.environ)).stdout
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=os.path.dirname(__file__),
+        env=dict(os.environ),
+    ).stdout
     rc, log = out.split("\n", 1)
     assert int(rc) != H.SUCCESS
     assert "RS_NCCL_SOCKET_IFNAME='=no-such-if0' matches no usable interface" in log
@@ -152,32 +163,55 @@ def _spec(cluster: dict[str, Any], **task: Any) -> str:
 DISCOVERY_CASES = [
     ({}, None),
     ({"CLUSTER_SPEC": "{not json"}, "CLUSTER_SPEC is not valid JSON"),
-    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w0:2222"]}, type="workerpool0", index=0)},
-     "CLUSTER_SPEC has no workerpool2 (reducers): found pools workerpool0; add a reduction-server pool"),
-    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "r1:2222"]},
-                            type="workerpool0", index=0), "RS_PORT": "4000"},
-     "r0:4000,r1:4000"),
+    (
+        {"CLUSTER_SPEC": _spec({"workerpool0": ["w0:2222"]}, type="workerpool0", index=0)},
+        "CLUSTER_SPEC has no workerpool2 (reducers): found pools workerpool0; add a reduction-server pool",
+    ),
+    (
+        {
+            "CLUSTER_SPEC": _spec(
+                {"workerpool0": ["w0:2222"], "workerpool2": ["r0:2222", "r1:2222"]}, type="workerpool0", index=0
+            ),
+            "RS_PORT": "4000",
+        },
+        "r0:4000,r1:4000",
+    ),
     ({"TF_CONFIG": _spec({"chief": ["c:1"], "ps": ["[::1]:2222"]}, type="chief")}, "[::1]:2222"),
     # Until the plugin shared the library's reader, it read only the pool and took this one.
     ({"TF_CONFIG": json.dumps({"cluster": {"ps": ["no-port"]}})}, "TF_CONFIG has no 'task' key: found keys cluster"),
-    ({"TF_CONFIG": _spec({"chief": ["c:1"], "ps": ["no-port"]}, type="chief")},
-     "TF_CONFIG: bad reducer address: "),
+    ({"TF_CONFIG": _spec({"chief": ["c:1"], "ps": ["no-port"]}, type="chief")}, "TF_CONFIG: bad reducer address: "),
     ({"RS_REDUCERS": "a:1,a:1"}, "RS_REDUCERS: reducer address 'a:1' is listed twice"),
     ({"RS_REDUCERS": "127.0.0.1:7001,[::1]:7002", "RS_JOB_ID": "j7"}, "127.0.0.1:7001,[::1]:7002"),
     ({"RS_REDUCERS": "127.0.0.1:7001", "RS_JOB_ID": " spaced ", "CLOUD_ML_JOB_ID": "v"}, "127.0.0.1:7001"),
     ({"RS_REDUCERS": "127.0.0.1:7001", "RS_JOB_ID": "  ", "CLOUD_ML_JOB_ID": " v2 "}, "127.0.0.1:7001"),
-    ({"CLUSTER_SPEC": " \t", "TF_CONFIG": _spec({"worker": ["w:1"], "ps": ["p:2"]}, type="worker", index="0"),
-      "CLOUD_ML_JOB_ID": "vertex-9"}, "p:2"),
-    ({"TF_CONFIG": _spec({"chief": ["c:1"], "master": ["m:1"], "ps": ["p:2"]}, type="chief")},
-     "TF_CONFIG has both a 'chief' and a 'master' pool"),
-    ({"CLUSTER_SPEC": _spec({"workerpool0": "w:1"}, type="workerpool0")},
-     "CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found 'w:1'"),
-    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool9")},
-     "CLUSTER_SPEC task type 'workerpool9' is unknown"),
-    ({"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool0", index=3)},
-     "CLUSTER_SPEC task index 3 is out of range: pool 'workerpool0' has 1 entry"),
-    ({"CLUSTER_SPEC": '{"cluster": {"workerpool0": ["w\udcff:1"]}, "task": {}}'},
-     "CLUSTER_SPEC is not valid JSON (invalid UTF-8 in a string at offset 31)"),
+    (
+        {
+            "CLUSTER_SPEC": " \t",
+            "TF_CONFIG": _spec({"worker": ["w:1"], "ps": ["p:2"]}, type="worker", index="0"),
+            "CLOUD_ML_JOB_ID": "vertex-9",
+        },
+        "p:2",
+    ),
+    (
+        {"TF_CONFIG": _spec({"chief": ["c:1"], "master": ["m:1"], "ps": ["p:2"]}, type="chief")},
+        "TF_CONFIG has both a 'chief' and a 'master' pool",
+    ),
+    (
+        {"CLUSTER_SPEC": _spec({"workerpool0": "w:1"}, type="workerpool0")},
+        "CLUSTER_SPEC pool 'workerpool0' must be a list of 'host:port' strings, found 'w:1'",
+    ),
+    (
+        {"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool9")},
+        "CLUSTER_SPEC task type 'workerpool9' is unknown",
+    ),
+    (
+        {"CLUSTER_SPEC": _spec({"workerpool0": ["w:1"], "workerpool2": ["r:1"]}, type="workerpool0", index=3)},
+        "CLUSTER_SPEC task index 3 is out of range: pool 'workerpool0' has 1 entry",
+    ),
+    (
+        {"CLUSTER_SPEC": '{"cluster": {"workerpool0": ["w\udcff:1"]}, "task": {}}'},
+        "CLUSTER_SPEC is not valid JSON (invalid UTF-8 in a string at offset 31)",
+    ),
     ({"CLUSTER_SPEC": "[" * 100}, "CLUSTER_SPEC is not valid JSON (nested too deeply"),
 ]
 
@@ -215,6 +249,7 @@ def _library_discovers(env: dict[str, str]) -> dict[str, Any]:
     """The same question to the worker library (reducer.cluster.discover_worker, one process per node)."""
     from reducer.cluster import discover_worker
     from reducer.errors import ConfigError
+
     full = {**os.environ, "RS_RANK": "0", "RS_WORLD_SIZE": "1"}  # RS_REDUCERS mode also needs a rank
     try:
         info = discover_worker(full)
@@ -267,8 +302,9 @@ def test_collnet_heads_with_different_reducers_all_refuse(plugin_env):
     plugin.close()
 
 
-P2P_SIZES = ([0, 1, 7, 4096, 65535, 65536, 65537, MIB, 3 * MIB + 5, 16 * MIB]
-             + [int(s) for s in np.random.default_rng(3).integers(0, 300 << 10, 60)])
+P2P_SIZES = [0, 1, 7, 4096, 65535, 65536, 65537, MIB, 3 * MIB + 5, 16 * MIB] + [
+    int(s) for s in np.random.default_rng(3).integers(0, 300 << 10, 60)
+]
 
 
 @pytest.mark.parametrize("version, nsocks", [(12, 2), (12, 1), (11, 3), (10, 2), (8, 2), (7, 2)])
@@ -296,8 +332,9 @@ def _calls(itemsize_limit: int = H.SLOT_BYTES) -> list[tuple]:
 def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
     servers = reducers(2)
     calls = _calls()  # 6 dtypes x 3 ops x 3 sizes (up to 256 KiB) = 54 calls, issued twice
-    results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls * 2)
+    results = run_ranks(
+        pool, H.collnet_head, 3, rdv=str(tmp_path), version=12, reducers=",".join(addresses(servers)), calls=calls * 2
+    )
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) * 2
@@ -306,8 +343,12 @@ def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
         assert r["unloaded"]
         assert "CollNet connected: head" in r["log"]
         assert "up to 64 rounds in flight, window 8" in r["log"]  # the plugin's default window
-    groups = {line.split("group ")[1].split(",")[0] for r in results for line in r["log"].splitlines()
-              if "CollNet connected" in line}
+    groups = {
+        line.split("group ")[1].split(",")[0]
+        for r in results
+        for line in r["log"].splitlines()
+        if "CollNet connected" in line
+    }
     assert len(groups) == 1
 
 
@@ -315,8 +356,16 @@ def test_collnet_every_dtype_and_op_through_reducers(pool, reducers, tmp_path):
 def test_collnet_older_versions(pool, reducers, tmp_path, version):
     servers = reducers(1)
     calls = [(7, 0, 1000), (2, 2, 77), (9, 3, 5000), (8, 0, 32768 - 1)] * 3
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=version,
-                        reducers=",".join(addresses(servers)), calls=calls, extra_env={"RS_WINDOW": "3"})
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        2,
+        rdv=str(tmp_path),
+        version=version,
+        reducers=",".join(addresses(servers)),
+        calls=calls,
+        extra_env={"RS_WINDOW": "3"},
+    )
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
@@ -327,8 +376,16 @@ def test_collnet_older_versions(pool, reducers, tmp_path, version):
 def test_collnet_refuses_a_chunk_size_the_protocol_refuses(pool, reducers, tmp_path):
     """RS_CHUNK_BYTES goes through the settings table's chunk-size rule (the protocol's, common/settings.h)."""
     servers = reducers(1)
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=[], extra_env={"RS_CHUNK_BYTES": "1001"})
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        2,
+        rdv=str(tmp_path),
+        version=12,
+        reducers=",".join(addresses(servers)),
+        calls=[],
+        extra_env={"RS_CHUNK_BYTES": "1001"},
+    )
     for r in results:
         assert r["connect_rc"] != H.SUCCESS
         assert "RS_CHUNK_BYTES='1001' is not valid: not a multiple of 8" in r["log"]
@@ -343,9 +400,16 @@ def test_collnet_with_frame_integrity(pool, reducers, tmp_path, mode):
     secret = "plugin-integrity"
     servers = reducers(1, auth_token=secret, integrity="required")
     calls = [(7, 0, 1000), (4, 0, 3001), (9, 3, 40000)] * 2
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls,
-                        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": mode})
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        2,
+        rdv=str(tmp_path),
+        version=12,
+        reducers=",".join(addresses(servers)),
+        calls=calls,
+        extra_env={"RS_AUTH_TOKEN": secret, "RS_INTEGRITY": mode},
+    )
     for r in results:
         assert r["connect_rc"] == H.SUCCESS, r.get("log")
         assert r["calls_done"] == len(calls) and r["mismatches"] == []
@@ -355,12 +419,15 @@ def test_collnet_with_frame_integrity(pool, reducers, tmp_path, mode):
 def test_collnet_two_communicators_of_one_job_never_mix(pool, reducers, tmp_path):
     servers = reducers(2)
     calls = [(7, 0, 20000), (4, 0, 3001), (6, 2, 999), (7, 0, 65536)] * 40
-    results = run_ranks(pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
-                        calls=calls, delay=0.02)
+    results = run_ranks(
+        pool, H.collnet_two_comms, 4, rdv=str(tmp_path), reducers=",".join(addresses(servers)), calls=calls, delay=0.02
+    )
     for r in results:
         assert_all_correct(r, len(calls))
-    groups = [next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
-              for r in results]
+    groups = [
+        next(line.split("group ")[1].split(",")[0] for line in r["log"].splitlines() if "CollNet connected" in line)
+        for r in results
+    ]
     assert groups[0] == groups[1] and groups[2] == groups[3] and groups[0] != groups[2]
 
 
@@ -380,8 +447,16 @@ def test_collnet_many_calls_outstanding_with_random_delays(pool, reducers, tmp_p
     """Heads pause at random: the others run ahead with many rounds in flight on the reducers."""
     servers = reducers(3)
     calls = _random_calls(5, 400)
-    results = run_ranks(pool, H.collnet_head, 3, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls, delay=0.08)
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        3,
+        rdv=str(tmp_path),
+        version=12,
+        reducers=",".join(addresses(servers)),
+        calls=calls,
+        delay=0.08,
+    )
     for r in results:
         assert_all_correct(r, len(calls))
     assert max(r["max_outstanding"] for r in results) >= 32, [r["max_outstanding"] for r in results]
@@ -392,8 +467,16 @@ def test_collnet_thousands_of_calls_in_a_row(pool, reducers, tmp_path):
     round number: each of the 3 reducers serves 1000 of the small rounds (plus some large ones)."""
     servers = reducers(3)
     calls = _random_calls(6, 3000, max_bytes=16 << 10) + _random_calls(7, 100)
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls, timeout=120.0)
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        2,
+        rdv=str(tmp_path),
+        version=12,
+        reducers=",".join(addresses(servers)),
+        calls=calls,
+        timeout=120.0,
+    )
     for r in results:
         assert_all_correct(r, len(calls))
     served = [s.stats()["rounds_completed"] for s in servers]
@@ -404,9 +487,20 @@ def test_collnet_test_never_blocks_while_a_peer_stalls(pool, reducers, tmp_path)
     """Head 1 stops calling the plugin for 3 s: head 0's test() keeps returning done=0 at once."""
     servers = reducers(2)
     calls = [(7, 0, 4096), (2, 2, 5000), (8, 0, 30000)] * 50
-    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls, timeout=30.0,
-                        stall=(40, 3.0) if r == 1 else None) for r in range(2)]
+    futs = [
+        pool.submit(
+            H.collnet_head,
+            rank=r,
+            world=2,
+            rdv=str(tmp_path),
+            version=12,
+            reducers=",".join(addresses(servers)),
+            calls=calls,
+            timeout=30.0,
+            stall=(40, 3.0) if r == 1 else None,
+        )
+        for r in range(2)
+    ]
     results = [f.result(timeout=120) for f in futs]
     for r in results:
         assert_all_correct(r, len(calls))
@@ -421,10 +515,21 @@ def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tm
     communicator failed when it comes back."""
     servers = reducers(2)
     timeout = 2.0
-    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
-                        timeout=timeout, stream_until_error=60.0, stall=(30, 3 * timeout) if r == 1 else None)
-            for r in range(2)]
+    futs = [
+        pool.submit(
+            H.collnet_head,
+            rank=r,
+            world=2,
+            rdv=str(tmp_path),
+            version=12,
+            reducers=",".join(addresses(servers)),
+            calls=[(7, 0, 60000), (2, 0, 3000)],
+            timeout=timeout,
+            stream_until_error=60.0,
+            stall=(30, 3 * timeout) if r == 1 else None,
+        )
+        for r in range(2)
+    ]
     results = [f.result(timeout=120) for f in futs]
     for r in results:
         assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
@@ -446,15 +551,28 @@ def test_collnet_close_abandons_rounds_in_flight(pool, reducers, tmp_path):
     for sub in ("a", "b"):
         (tmp_path / sub).mkdir()
     # Head 1 stops issuing at call 30, head 0 at 50: head 0's last rounds can never finish.
-    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path / "a"), version=12, reducers=addrs,
-                        calls=calls, timeout=30.0, abandon=50 - 20 * r) for r in range(2)]
+    futs = [
+        pool.submit(
+            H.collnet_head,
+            rank=r,
+            world=2,
+            rdv=str(tmp_path / "a"),
+            version=12,
+            reducers=addrs,
+            calls=calls,
+            timeout=30.0,
+            abandon=50 - 20 * r,
+        )
+        for r in range(2)
+    ]
     results = [f.result(timeout=120) for f in futs]
     for r in results:
         assert r["connect_rc"] == H.SUCCESS and r["error_rc"] == H.SUCCESS and r["mismatches"] == []
         assert r["outstanding_at_close"] > 0 and r["unloaded"]
         assert r["close_s"] < 5.0, r["close_s"]  # far below RS_TIMEOUT (30 s): it did not wait
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path / "b"), version=12, reducers=addrs,
-                        calls=calls[:20], comm_id=78)
+    results = run_ranks(
+        pool, H.collnet_head, 2, rdv=str(tmp_path / "b"), version=12, reducers=addrs, calls=calls[:20], comm_id=78
+    )
     for r in results:
         assert r["calls_done"] == 20 and r["mismatches"] == []
 
@@ -462,8 +580,16 @@ def test_collnet_close_abandons_rounds_in_flight(pool, reducers, tmp_path):
 def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
     """The streaming driver benchmarks/bench_nccl_plugin.py runs (256 KiB calls, 64 outstanding)."""
     servers = reducers(2)
-    results = run_ranks(pool, H.collnet_stream, 3, rdv=str(tmp_path), reducers=",".join(addresses(servers)),
-                        total_bytes=8 * MIB, call_bytes=256 << 10, passes=2)
+    results = run_ranks(
+        pool,
+        H.collnet_stream,
+        3,
+        rdv=str(tmp_path),
+        reducers=",".join(addresses(servers)),
+        total_bytes=8 * MIB,
+        call_bytes=256 << 10,
+        passes=2,
+    )
     for r in results:
         assert r["connect_rc"] == H.SUCCESS and r["calls"] == 32 and len(r["times"]) == 2
         assert r["wrong"] == 0 and r["unloaded"]
@@ -472,8 +598,16 @@ def test_collnet_stream_driver_of_the_benchmark(pool, reducers, tmp_path):
 
 def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
     servers = reducers(1)
-    results = run_ranks(pool, H.collnet_head, 2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=[(7, 0, 1000)] * 4, count_skew=8)
+    results = run_ranks(
+        pool,
+        H.collnet_head,
+        2,
+        rdv=str(tmp_path),
+        version=12,
+        reducers=",".join(addresses(servers)),
+        calls=[(7, 0, 1000)] * 4,
+        count_skew=8,
+    )
     for r in results:
         assert r["connect_rc"] == H.SUCCESS
         assert r["error_rc"] == H.REMOTE_ERROR, r["log"]
@@ -483,10 +617,21 @@ def test_collnet_mismatch_fails_on_every_head(pool, reducers, tmp_path):
 def test_collnet_reducer_killed_mid_stream_fails_within_timeout(pool, reducers, tmp_path):
     servers = reducers(2)
     timeout = 4.0
-    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=[(7, 0, 60000), (2, 0, 3000)],
-                        timeout=timeout, stream_until_error=60.0, extra_env={"RS_FAILOVER": "0"})
-            for r in range(2)]
+    futs = [
+        pool.submit(
+            H.collnet_head,
+            rank=r,
+            world=2,
+            rdv=str(tmp_path),
+            version=12,
+            reducers=",".join(addresses(servers)),
+            calls=[(7, 0, 60000), (2, 0, 3000)],
+            timeout=timeout,
+            stream_until_error=60.0,
+            extra_env={"RS_FAILOVER": "0"},
+        )
+        for r in range(2)
+    ]
     deadline = time.monotonic() + 60
     while servers[1].stats()["rounds_completed"] < 50:
         assert time.monotonic() < deadline, "the heads never started streaming"
@@ -506,8 +651,19 @@ def test_collnet_reducer_stopped_mid_stream_fails_over(pool, reducers, tmp_path)
     reaches NCCL, and every result is exact."""
     servers = reducers(2)
     calls = [(7, 0, 60000), (2, 0, 3000), (4, 3, 20001)] * 500
-    futs = [pool.submit(H.collnet_head, rank=r, world=2, rdv=str(tmp_path), version=12,
-                        reducers=",".join(addresses(servers)), calls=calls, timeout=10.0) for r in range(2)]
+    futs = [
+        pool.submit(
+            H.collnet_head,
+            rank=r,
+            world=2,
+            rdv=str(tmp_path),
+            version=12,
+            reducers=",".join(addresses(servers)),
+            calls=calls,
+            timeout=10.0,
+        )
+        for r in range(2)
+    ]
     deadline = time.monotonic() + 60
     while servers[1].stats()["rounds_completed"] < 50:
         assert time.monotonic() < deadline, "the heads never started streaming"

@@ -6,6 +6,7 @@ its handles, its table and its log lines are told apart from the primary's: a ha
 patched magic can only come from the delegate's listen(), and only the delegate's connect()
 accepts it. The harness plays NCCL for both ranks; every byte is compared.
 """
+
 from __future__ import annotations
 
 import ctypes as C
@@ -38,12 +39,23 @@ def delegate_lib(tmp_path_factory) -> str:
 
 @pytest.mark.parametrize("version", H.NET_VERSIONS)
 def test_p2p_calls_reach_the_delegate_and_data_arrives_exactly(pool, tmp_path, delegate_lib, version):
-    results = run_ranks(pool, H.p2p_peer, 2, rdv=str(tmp_path), version=version, sizes=SIZES, nsocks=2,
-                        env={"RS_NCCL_P2P_PLUGIN": delegate_lib}, check_unloaded=[delegate_lib])
+    results = run_ranks(
+        pool,
+        H.p2p_peer,
+        2,
+        rdv=str(tmp_path),
+        version=version,
+        sizes=SIZES,
+        nsocks=2,
+        env={"RS_NCCL_P2P_PLUGIN": delegate_lib},
+        check_unloaded=[delegate_lib],
+    )
     for r in results:
         log = r["log"]
-        assert f"delegated to RS_NCCL_P2P_PLUGIN={delegate_lib} (its net 'rs-delegate-copy', ncclNetPlugin_v{version}" \
-            in log, log
+        assert (
+            f"delegated to RS_NCCL_P2P_PLUGIN={delegate_lib} (its net 'rs-delegate-copy', ncclNetPlugin_v{version}"
+            in log
+        ), log
         assert r["listen_magic"] == DELEGATE_MAGIC, "listen() did not reach the delegate"
         assert r["mismatched"] == [], log
         assert r["ring_full_null"] and r["ndev"] == 1 and r["maxRecvs"] == 1
@@ -101,16 +113,20 @@ def test_a_delegate_that_cannot_serve_warns_and_the_builtin_net_serves(monkeypat
     if case == "missing":
         path, expect = "/nonexistent/libnccl-net-gib.so", "cannot be loaded"
     elif case == "no_table":
-        path, expect = _tiny_library(tmp_path, "notable", "int not_a_plugin(void) { return 1; }\n"), \
-            has_no + "no net table)"
+        path, expect = (
+            _tiny_library(tmp_path, "notable", "int not_a_plugin(void) { return 1; }\n"),
+            has_no + "no net table)",
+        )
     elif case == "self":
         path, expect = H.library_path(), "is this library itself"
     elif case == "wrong_version":  # a delegate without the version NCCL asked for
         src = ZERO_TABLE.format(v=11) + ZERO_TABLE.format(v=8)
         path, expect = _tiny_library(tmp_path, "v11v8", src), has_no + "v11 v8)"
     elif case == "null_members":
-        path, expect = _tiny_library(tmp_path, "nulls", ZERO_TABLE.format(v=12)), \
-            "its ncclNetPlugin_v12 lacks a required member"
+        path, expect = (
+            _tiny_library(tmp_path, "nulls", ZERO_TABLE.format(v=12)),
+            "its ncclNetPlugin_v12 lacks a required member",
+        )
     else:  # loads, has the table, but its init fails (a vendor plugin on a machine without its NICs)
         path, expect = _tiny_library(tmp_path, "failing", FAILING_INIT), "the delegate's init failed (NCCL error 2)"
     monkeypatch.setenv("RS_NCCL_P2P_PLUGIN", path)

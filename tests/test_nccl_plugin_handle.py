@@ -1,5 +1,6 @@
 """The NCCL plugin's CollNet handle codec, as a C++ unit test (tests/cpp/test_collnet_handle.cc):
 layout, round trip, and null / short / corrupted handles refused with a Protocol error."""
+
 from __future__ import annotations
 
 import ctypes as C
@@ -16,8 +17,12 @@ def test_collnet_handle_codec(tmp_path):
 
 
 def test_collnet_handle_codec_under_sanitizers(tmp_path):
-    build_and_run(tmp_path, "test_collnet_handle_asan", SOURCES,
-                  flags=["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"])
+    build_and_run(
+        tmp_path,
+        "test_collnet_handle_asan",
+        SOURCES,
+        flags=["-fsanitize=address,undefined", "-fno-sanitize-recover=all", "-g"],
+    )
 
 
 def _connect_with(monkeypatch, mutate) -> tuple[int, str]:
@@ -45,12 +50,15 @@ def _connect_with(monkeypatch, mutate) -> tuple[int, str]:
         plugin.close()
 
 
-@pytest.mark.parametrize("mutate, why", [
-    (lambda b: b"\x00" + b[1:], "bad magic"),
-    (lambda b: b[:4] + b"\x02" + b[5:], "version 2, expected 1"),
-    (lambda b: b[:120] + b"\x01" + b[121:], "reserved bytes set"),
-    (lambda b: None, "no handle"),
-])
+@pytest.mark.parametrize(
+    "mutate, why",
+    [
+        (lambda b: b"\x00" + b[1:], "bad magic"),
+        (lambda b: b[:4] + b"\x02" + b[5:], "version 2, expected 1"),
+        (lambda b: b[:120] + b"\x01" + b[121:], "reserved bytes set"),
+        (lambda b: None, "no handle"),
+    ],
+)
 def test_connect_refuses_a_corrupted_handle_through_the_abi(monkeypatch, mutate, why):
     rc, log = _connect_with(monkeypatch, mutate)
     assert rc != H.SUCCESS

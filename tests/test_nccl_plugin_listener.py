@@ -1,6 +1,7 @@
 """The point-to-point listener in the training process against peers that connect and never
 speak, or speak nonsense (docs/security.md, the NCCL plugin's listener): a bounded number of
 descriptors, a hello timeout, a throttled log, and real connections still get through."""
+
 from __future__ import annotations
 
 import ctypes as C

@@ -4,6 +4,7 @@ sets up, tunes and tears it down (tests/nccl_emulator.py: one row per release, f
 Each scenario runs in a fresh process (the loader's path and the stub ncclGetVersion are
 process-wide), all releases one after the other.
 """
+
 from __future__ import annotations
 
 import json
@@ -24,10 +25,21 @@ ROOT = TESTS.parent
 # (net, CollNet) table each release takes from the library: its newest that the library exports.
 # 2.24-2.25 know net v9, which the library does not export: they take net v8 through their own
 # adapter (point-to-point only; the CollNet table is searched on its own).
-TABLES = {"v2.19.4-1": (7, 7), "v2.20.5-1": (8, 8), "v2.23.4-1": (8, 8), "v2.24.3-1": (8, 9),
-          "v2.25.1-1": (8, 9), "v2.26.2-1": (10, 10), "v2.26.6-1": (10, 10), "v2.27.3-1": (10, 10),
-          "v2.27.7-1": (10, 10), "v2.28.3-1": (11, 11), "v2.28.9-1": (11, 11), "v2.29.7-1": (11, 11),
-          "v2.30.7-1": (12, 12)}
+TABLES = {
+    "v2.19.4-1": (7, 7),
+    "v2.20.5-1": (8, 8),
+    "v2.23.4-1": (8, 8),
+    "v2.24.3-1": (8, 9),
+    "v2.25.1-1": (8, 9),
+    "v2.26.2-1": (10, 10),
+    "v2.26.6-1": (10, 10),
+    "v2.27.3-1": (10, 10),
+    "v2.27.7-1": (10, 10),
+    "v2.28.3-1": (11, 11),
+    "v2.28.9-1": (11, 11),
+    "v2.29.7-1": (11, 11),
+    "v2.30.7-1": (12, 12),
+}
 # Every release holds the CollNet table it takes as it is (its own newest version), so its tuner
 # sees NULL iallgather / ireducescatter and never picks CollNet for them: none is "adapted".
 # (With a v8 table only, 2.24-2.27 wrapped it in adapters that call those members unconditionally.)
@@ -49,8 +61,9 @@ def stub(tmp_path_factory) -> str:
     return str(lib)
 
 
-def emulate(scenario: dict[str, Any], reducers: str | None, env: dict[str, str] | None = None,
-            shell_prefix: str = "") -> dict[str, dict[str, Any]]:
+def emulate(
+    scenario: dict[str, Any], reducers: str | None, env: dict[str, str] | None = None, shell_prefix: str = ""
+) -> dict[str, dict[str, Any]]:
     """Runs nccl_emulator.py in a fresh process; by default the library is found the documented
     way (its directory on LD_LIBRARY_PATH, NCCL_NET_PLUGIN=reduction-server)."""
     child = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS and not k.startswith("NCCL_")}
@@ -60,12 +73,12 @@ def emulate(scenario: dict[str, Any], reducers: str | None, env: dict[str, str] 
     if env is None:
         env = {"LD_LIBRARY_PATH": os.path.dirname(H.library_path()), "NCCL_NET_PLUGIN": "reduction-server"}
     child.update(env)
-    cmd = f"{shell_prefix}exec {sys.executable} nccl_emulator.py \"$SCENARIO\""
+    cmd = f'{shell_prefix}exec {sys.executable} nccl_emulator.py "$SCENARIO"'
     child["SCENARIO"] = json.dumps(scenario)
     out = subprocess.run(["bash", "-c", cmd], cwd=TESTS, env=child, capture_output=True, text=True, timeout=300)
     lines = [x for x in out.stdout.splitlines() if x.startswith("EMULATOR ")]
     assert out.returncode == 0 and lines, f"rc {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
-    return json.loads(lines[-1][len("EMULATOR "):])
+    return json.loads(lines[-1][len("EMULATOR ") :])
 
 
 def finalize_events(r: dict[str, Any]) -> list:
@@ -138,8 +151,9 @@ def _tables_only_library(tmp_path: Path, name: str, symbols: dict[str, int]) -> 
     d.mkdir()
     src = d / "tables.c"
     src.write_text("".join(f"void* {sym}[{n}];\n" for sym, n in symbols.items()))
-    subprocess.run([cc, "-shared", "-fPIC", "-o", str(d / "libnccl-net-reduction-server.so"), str(src)],
-                   check=True, timeout=120)
+    subprocess.run(
+        [cc, "-shared", "-fPIC", "-o", str(d / "libnccl-net-reduction-server.so"), str(src)], check=True, timeout=120
+    )
     return d
 
 
@@ -149,12 +163,19 @@ def test_collnet_v10_without_net_v10_would_crash_2_26_and_2_27(stub, tmp_path):
     library without net v10; 2.24-2.25 (no v10) and 2.28+ (newer tables first) load it. The
     library itself exports both (TABLES)."""
     tags = ["v2.24.3-1", "v2.26.2-1", "v2.27.7-1", "v2.28.9-1"]
-    without = _tables_only_library(tmp_path, "without", {"ncclNetPlugin_v8": 19, "ncclCollNetPlugin_v10": 18,
-                                                         "ncclNetPlugin_v11": 22, "ncclCollNetPlugin_v11": 19})
+    without = _tables_only_library(
+        tmp_path,
+        "without",
+        {"ncclNetPlugin_v8": 19, "ncclCollNetPlugin_v10": 18, "ncclNetPlugin_v11": 22, "ncclCollNetPlugin_v11": 19},
+    )
     env = {"LD_LIBRARY_PATH": str(without), "NCCL_NET_PLUGIN": "reduction-server"}
     res = emulate({"stub": stub, "releases": tags, "load_only": True}, reducers=None, env=env)
     assert {t: r.get("load") for t, r in res.items()} == {
-        "v2.24.3-1": "ok", "v2.26.2-1": "crash", "v2.27.7-1": "crash", "v2.28.9-1": "ok"}, res
+        "v2.24.3-1": "ok",
+        "v2.26.2-1": "crash",
+        "v2.27.7-1": "crash",
+        "v2.28.9-1": "ok",
+    }, res
     assert (res["v2.26.2-1"]["net_v"], res["v2.26.2-1"]["coll_v"]) == (8, 10)
     with_net = _tables_only_library(tmp_path, "with", {"ncclNetPlugin_v10": 20, "ncclCollNetPlugin_v10": 18})
     env["LD_LIBRARY_PATH"] = str(with_net)
@@ -180,8 +201,9 @@ def test_install_is_loaded_by_every_release(tmp_path, capsys, stub):
     settings = dict(line.split("=", 1) for line in conf.splitlines())
     assert settings == {"NCCL_NET_PLUGIN": "reduction-server", "NCCL_COLLNET_ENABLE": "1"}
     for how, env, prefix in (
-            ("conf", {"LD_LIBRARY_PATH": str(lib_dir), **settings}, ""),
-            ("exports", {}, "".join(f"{x}; " for x in exports.splitlines() if x.startswith("export ")))):
+        ("conf", {"LD_LIBRARY_PATH": str(lib_dir), **settings}, ""),
+        ("exports", {}, "".join(f"{x}; " for x in exports.splitlines() if x.startswith("export "))),
+    ):
         res = emulate({"stub": stub}, reducers="127.0.0.1:9", env=env, shell_prefix=prefix)
         for tag, r in res.items():
             assert r["path"] == installed and (r["net_v"], r["coll_v"]) == TABLES[tag], (how, tag, r)

@@ -6,6 +6,7 @@
 - The benchmark scripts need no `sys.path` edits: they run as `python -m benchmarks.<name>` from
   the repository root.
 """
+
 from __future__ import annotations
 
 import ast
@@ -19,8 +20,9 @@ import pytest
 import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
-SCRIPTS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.py")
-                 if p.stem != "__init__" and not p.stem.startswith("test_"))
+SCRIPTS = sorted(
+    p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__" and not p.stem.startswith("test_")
+)
 
 
 def _version_in_source() -> str:
@@ -45,8 +47,13 @@ def _source_copy(tmp_path: Path) -> Path:
 def test_build_installs_only_the_reducer_package(tmp_path):
     # build_py is the part of a wheel build that collects the Python packages (no compiling).
     src, lib = _source_copy(tmp_path), tmp_path / "lib"
-    out = subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)],
-                         cwd=src, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(lib)],
+        cwd=src,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     top = sorted(p.name for p in lib.iterdir())
     assert top == ["reducer"], f"top-level entries a wheel would install: {top}"
@@ -58,8 +65,13 @@ def test_the_version_is_stated_once(tmp_path):
     assert "version" not in project["project"], "pyproject.toml states a version of its own"
     assert "version" in project["project"].get("dynamic", [])
     assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "reducer.__version__"}
-    out = subprocess.run([sys.executable, "setup.py", "--version"], cwd=_source_copy(tmp_path), capture_output=True,
-                         text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "setup.py", "--version"],
+        cwd=_source_copy(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip().splitlines()[-1] == _version_in_source()
 
@@ -75,13 +87,20 @@ def test_benchmark_scripts_run_as_modules_from_the_root(name, tmp_path):
     # root gives; run from elsewhere so the working directory adds nothing.
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     args = ["selftest", "--help"] if name == "emulate" else ["--help"]
-    out = subprocess.run([sys.executable, "-m", f"benchmarks.{name}", *args], cwd=tmp_path, env=env,
-                         capture_output=True, text=True, timeout=120)
+    out = subprocess.run(
+        [sys.executable, "-m", f"benchmarks.{name}", *args],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 0, out.stderr
     assert "usage:" in out.stdout
 
 
 # -- the set-up scripts say what they do ----------------------------------------------------------
+
 
 def _fake_bin(tmp_path: Path) -> Path:
     """A PATH with only what the scripts need to reach their first install: root's `id`, a logging
@@ -106,8 +125,9 @@ def test_test_script_says_when_it_installs_system_packages(tmp_path, no_apt):
     bindir = _fake_bin(tmp_path)
     log = tmp_path / "apt.log"
     env = {"PATH": str(bindir), "APT_LOG": str(log), **({"NO_APT": "1"} if no_apt else {})}
-    out = subprocess.run(["/bin/bash", str(ROOT / "scripts" / "test.sh")], env=env, capture_output=True,
-                         text=True, timeout=60)
+    out = subprocess.run(
+        ["/bin/bash", str(ROOT / "scripts" / "test.sh")], env=env, capture_output=True, text=True, timeout=60
+    )
     assert out.returncode == 7, out.stdout + out.stderr  # stopped by the fake python3 at the venv
     said = "installing clang ccache system-wide with apt-get" in out.stdout
     installed = log.exists() and "install -y -qq clang ccache" in log.read_text()

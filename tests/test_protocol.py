@@ -1,5 +1,6 @@
 """The wire protocol from the outside: the independent Python encoder of docs/protocol.md
 (tests/attack_tools.py) talks to a real reducer, and malformed input never hurts anyone else."""
+
 from __future__ import annotations
 
 import hashlib
@@ -117,8 +118,9 @@ BAD_HELLO_FIELDS = [
 ]
 
 
-@pytest.mark.parametrize("fields,fragment", BAD_HELLO_FIELDS,
-                         ids=["-".join(f"{k}={v}" for k, v in f[0].items()) for f in BAD_HELLO_FIELDS])
+@pytest.mark.parametrize(
+    "fields,fragment", BAD_HELLO_FIELDS, ids=["-".join(f"{k}={v}" for k, v in f[0].items()) for f in BAD_HELLO_FIELDS]
+)
 def test_out_of_range_hello_fields_rejected_for_the_sender_only(server, fields, fragment):
     neighbour = RawWorker(server.port, 0, 2, group=b"neighbour")
     w = RawWorker(server.port, group=b"bad", **fields)
@@ -149,7 +151,9 @@ BAD_HEADERS = [
 ]
 
 
-@pytest.mark.parametrize("fields,fragment", BAD_HEADERS, ids=[f[1].decode() + str(i) for i, f in enumerate(BAD_HEADERS)])
+@pytest.mark.parametrize(
+    "fields,fragment", BAD_HEADERS, ids=[f[1].decode() + str(i) for i, f in enumerate(BAD_HEADERS)]
+)
 def test_out_of_range_data_headers_rejected_for_the_sender_only(server, fields, fragment):
     kw = dict(type_=DATA, length=16, total=16)
     kw.update(fields)
@@ -275,41 +279,47 @@ def test_raw_auth_with_job_credential():
 KiB, MiB = 1 << 10, 1 << 20
 
 
-@pytest.mark.parametrize("shard, chunk", [
-    (16 * KiB, 64 * KiB),     # under 128 KiB: latency-bound, one chunk (64 KiB floor)
-    (100 * KiB, 64 * KiB),
-    (128 * KiB, 16 * KiB),    # from 128 KiB: shard/64, at least 16 KiB
-    (256 * KiB, 16 * KiB),
-    (1 * MiB, 16 * KiB),      # 64 per shard: fill and drain 3% (the old 64 KiB floor: 12%)
-    (2 * MiB, 32 * KiB),
-    (3 * MiB + 64 * KiB, 52 * KiB),  # shard/64 rounded up to 4 KiB
-    (4 * MiB, 64 * KiB),
-    (6 * MiB, 64 * KiB),      # from 4 MiB: shard/128 (fill and drain 1.5%), at least 64 KiB
-    (8 * MiB, 64 * KiB),
-    (16 * MiB, 128 * KiB),
-    (64 * MiB, 512 * KiB),
-    (256 * MiB, 1 * MiB),     # capped by max_chunk
-])
+@pytest.mark.parametrize(
+    "shard, chunk",
+    [
+        (16 * KiB, 64 * KiB),  # under 128 KiB: latency-bound, one chunk (64 KiB floor)
+        (100 * KiB, 64 * KiB),
+        (128 * KiB, 16 * KiB),  # from 128 KiB: shard/64, at least 16 KiB
+        (256 * KiB, 16 * KiB),
+        (1 * MiB, 16 * KiB),  # 64 per shard: fill and drain 3% (the old 64 KiB floor: 12%)
+        (2 * MiB, 32 * KiB),
+        (3 * MiB + 64 * KiB, 52 * KiB),  # shard/64 rounded up to 4 KiB
+        (4 * MiB, 64 * KiB),
+        (6 * MiB, 64 * KiB),  # from 4 MiB: shard/128 (fill and drain 1.5%), at least 64 KiB
+        (8 * MiB, 64 * KiB),
+        (16 * MiB, 128 * KiB),
+        (64 * MiB, 512 * KiB),
+        (256 * MiB, 1 * MiB),  # capped by max_chunk
+    ],
+)
 def test_chunk_rule(shard, chunk):
     assert core.chunk_for(shard, 1 * MiB) == chunk
 
 
-@pytest.mark.parametrize("nbytes, reducers, workers, used", [
-    (4, 4, 4, 1),               # a barrier-sized round: one reducer
-    (16 * KiB, 8, 8, 1),        # shards stay >= 32 KiB
-    (64 * KiB, 4, 4, 2),        # W x shard <= 128 KiB: 2 x 32 KiB shards (was 1 x 64 KiB: 256 KiB incast)
-    (64 * KiB, 8, 8, 2),        # capped by the 32 KiB shard floor (one reducer: 512 KiB incast)
-    (128 * KiB, 4, 4, 4),
-    (128 * KiB, 8, 8, 4),
-    (64 * KiB, 2, 2, 1),        # W = 2: one 64 KiB shard is 128 KiB of incast
-    (128 * KiB, 8, 2, 2),
-    (256 * KiB, 8, 8, 8),
-    (256 * KiB, 4, 4, 4),       # R x 64 KiB and more: every reducer
-    (64 * MiB, 4, 16, 4),
-    (256 * KiB, 16, 16, 8),
-    (512 * KiB, 16, 16, 16),
-    (100 * KiB, 1, 8, 1),
-])
+@pytest.mark.parametrize(
+    "nbytes, reducers, workers, used",
+    [
+        (4, 4, 4, 1),  # a barrier-sized round: one reducer
+        (16 * KiB, 8, 8, 1),  # shards stay >= 32 KiB
+        (64 * KiB, 4, 4, 2),  # W x shard <= 128 KiB: 2 x 32 KiB shards (was 1 x 64 KiB: 256 KiB incast)
+        (64 * KiB, 8, 8, 2),  # capped by the 32 KiB shard floor (one reducer: 512 KiB incast)
+        (128 * KiB, 4, 4, 4),
+        (128 * KiB, 8, 8, 4),
+        (64 * KiB, 2, 2, 1),  # W = 2: one 64 KiB shard is 128 KiB of incast
+        (128 * KiB, 8, 2, 2),
+        (256 * KiB, 8, 8, 8),
+        (256 * KiB, 4, 4, 4),  # R x 64 KiB and more: every reducer
+        (64 * MiB, 4, 16, 4),
+        (256 * KiB, 16, 16, 8),
+        (512 * KiB, 16, 16, 16),
+        (100 * KiB, 1, 8, 1),
+    ],
+)
 def test_reducer_count_rule(nbytes, reducers, workers, used):
     assert core.reducers_for(nbytes, reducers, workers) == used
 
@@ -326,11 +336,19 @@ def test_reducer_count_rule_bounds_incast_or_keeps_shards_large():
                     assert used == reducers
                     continue
                 shard = -(-nbytes // used)
-                assert workers * shard <= 128 * KiB or shard >= 32 * KiB or used == reducers, \
-                    (nbytes, reducers, workers, used)
+                assert workers * shard <= 128 * KiB or shard >= 32 * KiB or used == reducers, (
+                    nbytes,
+                    reducers,
+                    workers,
+                    used,
+                )
                 if 1 < used < min(reducers, nbytes // (32 * KiB)):  # not capped: one fewer would not do
-                    assert used - 1 < -(-nbytes // (64 * KiB)) or workers * nbytes > 128 * KiB * (used - 1), \
-                        (nbytes, reducers, workers, used)
+                    assert used - 1 < -(-nbytes // (64 * KiB)) or workers * nbytes > 128 * KiB * (used - 1), (
+                        nbytes,
+                        reducers,
+                        workers,
+                        used,
+                    )
 
 
 def test_chunk_rule_respects_a_small_max_chunk():
@@ -347,8 +365,17 @@ def test_frame_reader_unit_tests_in_cpp(tmp_path):
     # in the socket to wake anyone, for every budget; a peer that leaves mid-header is lost.
     from cpp_build import build_and_run, kernel_sources
 
-    sources = ["tests/cpp/test_frame_io.cc", "csrc/net/frame_auth.cc", "csrc/net/frame_io.cc", "csrc/net/socket.cc",
-               "csrc/protocol/auth.cc", "csrc/protocol/hmac.cc", "csrc/protocol/wire.cc", "csrc/protocol/plan.cc",
-               "csrc/common/common.cc", "csrc/common/text.cc"]
+    sources = [
+        "tests/cpp/test_frame_io.cc",
+        "csrc/net/frame_auth.cc",
+        "csrc/net/frame_io.cc",
+        "csrc/net/socket.cc",
+        "csrc/protocol/auth.cc",
+        "csrc/protocol/hmac.cc",
+        "csrc/protocol/wire.cc",
+        "csrc/protocol/plan.cc",
+        "csrc/common/common.cc",
+        "csrc/common/text.cc",
+    ]
     san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
     build_and_run(tmp_path, "test_frame_io", sources + kernel_sources(), libs=["crypto"], flags=san)

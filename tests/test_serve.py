@@ -1,4 +1,5 @@
 """`reduction-server serve`: a reducer that configures itself from CLUSTER_SPEC / TF_CONFIG."""
+
 from __future__ import annotations
 
 import json
@@ -24,8 +25,19 @@ from reducer.launch import free_ports
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
-_ENV_DROP = ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_RANK", "RS_WORLD_SIZE", "RS_PORT", "RS_HOST",
-             "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_THREADS", "RS_LOG_LEVEL")
+_ENV_DROP = (
+    "CLUSTER_SPEC",
+    "TF_CONFIG",
+    "RS_REDUCERS",
+    "RS_RANK",
+    "RS_WORLD_SIZE",
+    "RS_PORT",
+    "RS_HOST",
+    "RS_AUTH_TOKEN",
+    "RS_AUTH_TOKEN_FILE",
+    "RS_THREADS",
+    "RS_LOG_LEVEL",
+)
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -36,8 +48,9 @@ def _env(**extra: str) -> dict[str, str]:
 
 
 def vertex_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
-    return json.dumps({"cluster": pools, "environment": "cloud",
-                       "task": {"type": task_type, "index": index, "trial": ""}, "job": {}})
+    return json.dumps(
+        {"cluster": pools, "environment": "cloud", "task": {"type": task_type, "index": index, "trial": ""}, "job": {}}
+    )
 
 
 def tf_config(pools: dict[str, list[str]], task_type: str, index: int) -> str:
@@ -48,9 +61,14 @@ class Serve:
     """`reduction-server serve` in a subprocess, its log collected in the background."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", *args],
-                                     env=env, cwd=str(ROOT), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True)
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", *args],
+            env=env,
+            cwd=str(ROOT),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
         self._lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -117,8 +135,11 @@ def _allreduce_one(address: str, **kw) -> np.ndarray:
 
 def test_cluster_spec_workerpool2_binds_its_own_port(served):
     p0, p1, w0, w1 = free_ports(4)
-    pools = {"workerpool0": [f"127.0.0.1:{w0}"], "workerpool1": [f"127.0.0.1:{w1}"],
-             "workerpool2": [f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"]}
+    pools = {
+        "workerpool0": [f"127.0.0.1:{w0}"],
+        "workerpool1": [f"127.0.0.1:{w1}"],
+        "workerpool2": [f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"],
+    }
     s = served([], _env(CLUSTER_SPEC=vertex_spec(pools, "workerpool2", 1)))
     s.wait_for(rf"listening on 0\.0\.0\.0:{p1} \(port from CLUSTER_SPEC entry workerpool2\[1\]")
     log = s.log
@@ -143,12 +164,14 @@ def test_tf_config_ps_and_sigint(served):
 def test_no_cluster_uses_rs_port_and_ready_file(served, tmp_path):
     (p,) = free_ports(1)
     ready = tmp_path / "ready"
-    s = served(["--host", "127.0.0.1", "--ready-file", str(ready), "--stats-interval", "0.3"],
-               _env(RS_PORT=str(p), RS_LOG_LEVEL="DEBUG"))
+    s = served(
+        ["--host", "127.0.0.1", "--ready-file", str(ready), "--stats-interval", "0.3"],
+        _env(RS_PORT=str(p), RS_LOG_LEVEL="DEBUG"),
+    )
     s.wait_for(rf"listening on 127\.0\.0\.1:{p} \(port from RS_PORT")
     assert "no cluster description" in s.log
     assert ready.read_text().strip() == f"127.0.0.1:{p}"
-    s.wait_for(r"DEBUG reducer\.serve: stats: bytes_received=0, .*rounds_completed=0")   # periodic, at DEBUG
+    s.wait_for(r"DEBUG reducer\.serve: stats: bytes_received=0, .*rounds_completed=0")  # periodic, at DEBUG
     assert s.stop() == 0
 
 
@@ -178,21 +201,42 @@ def test_rs_port_and_flags_override(tmp_path):
 _WORKERS = {"workerpool0": ["10.0.0.1:2222"], "workerpool1": ["10.0.0.2:2222"], "workerpool2": ["10.0.0.3:2222"]}
 
 
-@pytest.mark.parametrize("variable,text,expected", [
-    ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool0", 0),
-     r"this process is workerpool0 \(a worker\) in CLUSTER_SPEC, not a reducer: "
-     r"reducers must run as workerpool2"),
-    ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool1", 0), r"workerpool1 \(a worker\).*not a reducer"),
-    ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool3", 0), r"workerpool3 \(an evaluator\).*not a reducer"),
-    ("TF_CONFIG", tf_config({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}, "worker", 0),
-     r"this process is worker \(a worker\) in TF_CONFIG, not a reducer: reducers must run as ps"),
-    ("TF_CONFIG", tf_config({"chief": ["a:1"], "ps": ["c:1"]}, "evaluator", 0), r"evaluator \(an evaluator\)"),
-    ("CLUSTER_SPEC", vertex_spec({"workerpool0": ["a:1"]}, "workerpool2", 0),
-     r"task type is 'workerpool2' but the cluster has no 'workerpool2' pool"),
-    ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool2", 1), r"task index 1 is out of range"),
-    ("CLUSTER_SPEC", "{not json", r"CLUSTER_SPEC is not valid JSON"),
-], ids=["vertex-primary", "vertex-worker", "vertex-evaluator", "tf-worker", "tf-evaluator", "no-pool2",
-        "bad-index", "bad-json"])
+@pytest.mark.parametrize(
+    "variable,text,expected",
+    [
+        (
+            "CLUSTER_SPEC",
+            vertex_spec(_WORKERS, "workerpool0", 0),
+            r"this process is workerpool0 \(a worker\) in CLUSTER_SPEC, not a reducer: "
+            r"reducers must run as workerpool2",
+        ),
+        ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool1", 0), r"workerpool1 \(a worker\).*not a reducer"),
+        ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool3", 0), r"workerpool3 \(an evaluator\).*not a reducer"),
+        (
+            "TF_CONFIG",
+            tf_config({"chief": ["a:1"], "worker": ["b:1"], "ps": ["c:1"]}, "worker", 0),
+            r"this process is worker \(a worker\) in TF_CONFIG, not a reducer: reducers must run as ps",
+        ),
+        ("TF_CONFIG", tf_config({"chief": ["a:1"], "ps": ["c:1"]}, "evaluator", 0), r"evaluator \(an evaluator\)"),
+        (
+            "CLUSTER_SPEC",
+            vertex_spec({"workerpool0": ["a:1"]}, "workerpool2", 0),
+            r"task type is 'workerpool2' but the cluster has no 'workerpool2' pool",
+        ),
+        ("CLUSTER_SPEC", vertex_spec(_WORKERS, "workerpool2", 1), r"task index 1 is out of range"),
+        ("CLUSTER_SPEC", "{not json", r"CLUSTER_SPEC is not valid JSON"),
+    ],
+    ids=[
+        "vertex-primary",
+        "vertex-worker",
+        "vertex-evaluator",
+        "tf-worker",
+        "tf-evaluator",
+        "no-pool2",
+        "bad-index",
+        "bad-json",
+    ],
+)
 def test_not_a_reducer_is_a_clear_error(monkeypatch, capsys, variable, text, expected):
     for k in _ENV_DROP:
         monkeypatch.delenv(k, raising=False)
@@ -204,8 +248,14 @@ def test_not_a_reducer_is_a_clear_error(monkeypatch, capsys, variable, text, exp
 
 
 def test_not_a_reducer_exits_2_from_the_command_line():
-    proc = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve"], cwd=str(ROOT), capture_output=True,
-                          text=True, timeout=30, env=_env(CLUSTER_SPEC=vertex_spec(_WORKERS, "workerpool1", 0)))
+    proc = subprocess.run(
+        [sys.executable, "-m", "reducer.cli.main", "serve"],
+        cwd=str(ROOT),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        env=_env(CLUSTER_SPEC=vertex_spec(_WORKERS, "workerpool1", 0)),
+    )
     assert proc.returncode == 2
     assert "not a reducer" in proc.stderr and "pass --port to serve anyway" in proc.stderr
 

@@ -1,6 +1,7 @@
 """`reduction-server status` as a user sees it (issue 24 point 5): one snapshot when the output is
 not a terminal or with --once, tables that read at 80 columns, groups that ended in their own
 section, and `no answer` (with the gist of why) for a reducer that does not answer."""
+
 from __future__ import annotations
 
 import os
@@ -16,22 +17,49 @@ import pytest
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-REFUSED = ("127.0.0.1:1: GetStats failed: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
-           "ipv4:127.0.0.1:1: Failed to connect to remote host: connect: Connection refused (111)")
+REFUSED = (
+    "127.0.0.1:1: GetStats failed: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
+    "ipv4:127.0.0.1:1: Failed to connect to remote host: connect: Connection refused (111)"
+)
 
 
-def _group(group: str, world: int, connected: int, complete: bool, rounds: int, error: str = "",
-           job: str = "job-7") -> dict[str, Any]:
-    return dict(job=job, group=group, world_size=world, connected=connected,
-                complete=complete, rounds=rounds, bytes_received=123_456_789, bytes_sent=123_456_789,
-                last_error=error, age_s=75.0, streams=1)
+def _group(
+    group: str, world: int, connected: int, complete: bool, rounds: int, error: str = "", job: str = "job-7"
+) -> dict[str, Any]:
+    return dict(
+        job=job,
+        group=group,
+        world_size=world,
+        connected=connected,
+        complete=complete,
+        rounds=rounds,
+        bytes_received=123_456_789,
+        bytes_sent=123_456_789,
+        last_error=error,
+        age_s=75.0,
+        streams=1,
+    )
 
 
 def _reducer(groups: list[dict[str, Any]], live_groups: int) -> dict[str, Any]:
-    counters = dict(groups=live_groups, connected_workers=2, rounds_completed=123_456, bytes_received=12_345_678_901,
-                    bytes_sent=12_345_678_901, errors=1, rejected=0, memory_bytes=268_435_456)
-    return dict(address="10.0.0.3:2223", data_address="10.0.0.3:2222", state="serving", uptime_s=3723.0,
-                counters=counters, groups=groups)
+    counters = dict(
+        groups=live_groups,
+        connected_workers=2,
+        rounds_completed=123_456,
+        bytes_received=12_345_678_901,
+        bytes_sent=12_345_678_901,
+        errors=1,
+        rejected=0,
+        memory_bytes=268_435_456,
+    )
+    return dict(
+        address="10.0.0.3:2223",
+        data_address="10.0.0.3:2222",
+        state="serving",
+        uptime_s=3723.0,
+        counters=counters,
+        groups=groups,
+    )
 
 
 def _text(reducers: list[dict[str, Any]], width: int = 80) -> str:
@@ -61,11 +89,18 @@ HEADERS = {
 
 
 def test_tables_read_at_80_columns_with_ended_groups_apart() -> None:
-    snap = [_reducer([_group("grads", 2, 2, True, 1234), _group("grads/fusion-probe", 2, 1, False, 77),
-                      _group("old", 4, 3, False, 5, error="rank 2 left mid-round: connection reset by peer"),
-                      _group("default.torch.994cd9b6563c", 2, 2, True, 9, job="vertex-1234567890123456789")],
-                     live_groups=2),
-            {"address": "127.0.0.1:1", "error": REFUSED}]
+    snap = [
+        _reducer(
+            [
+                _group("grads", 2, 2, True, 1234),
+                _group("grads/fusion-probe", 2, 1, False, 77),
+                _group("old", 4, 3, False, 5, error="rank 2 left mid-round: connection reset by peer"),
+                _group("default.torch.994cd9b6563c", 2, 2, True, 9, job="vertex-1234567890123456789"),
+            ],
+            live_groups=2,
+        ),
+        {"address": "127.0.0.1:1", "error": REFUSED},
+    ]
     text = _text(snap)
     assert max(len(line.rstrip()) for line in text.splitlines()) <= 80, text
     for title, headers in HEADERS.items():
@@ -132,8 +167,15 @@ def plane_with_an_ended_group(reducers):
 
 def _status(args: list[str], stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), COLUMNS="80")
-    return subprocess.run([sys.executable, "-m", "reducer.cli.main", "status", "--timeout", "3", *args],
-                          stdout=stdout, stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT, timeout=60)
+    return subprocess.run(
+        [sys.executable, "-m", "reducer.cli.main", "status", "--timeout", "3", *args],
+        stdout=stdout,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
 
 
 def test_piped_status_prints_one_snapshot_and_exits(plane_with_an_ended_group) -> None:

@@ -3,6 +3,7 @@
 The setting is process-wide (csrc/net/socket.cc applies it in tune_socket to every data connection:
 client, reducer, ring); every test restores the process's setting when it ends.
 """
+
 from __future__ import annotations
 
 import shutil
@@ -147,8 +148,7 @@ def test_listeners_have_it_before_any_connection(core):
     ring = core.Ring(0, 2, "127.0.0.1", 0, 20.0)
     try:
         for port in (srv.port, ring.port):
-            out = subprocess.run(["ss", "-tlni", f"sport = :{port}"], capture_output=True, text=True,
-                                 timeout=10).stdout
+            out = subprocess.run(["ss", "-tlni", f"sport = :{port}"], capture_output=True, text=True, timeout=10).stdout
             info = [ln.split() for ln in out.splitlines() if ln[:1].isspace()]  # the TCP_INFO line
             assert len(info) == 1 and [w for w in info[0] if ":" not in w][-1:] == [OTHER], out
     finally:

@@ -9,6 +9,7 @@ Hellos reserve memory without committing it (the arenas are mapped, not touched)
 budgets cost nothing; the reducer runs in this process and peers use 127.0.0.1..127.0.0.9 as
 distinct addresses (tests/attack_tools.py).
 """
+
 from __future__ import annotations
 
 import os
@@ -43,9 +44,9 @@ pytestmark = pytest.mark.timeout(120)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
-SLOTS = 4                       # the reducer's default group_slots
+SLOTS = 4  # the reducer's default group_slots
 HOG_CHUNK = 1 * MiB
-HOG_NEED = SLOTS * 3 * HOG_CHUNK   # a world-1 group: slots x (1 + 2) x chunk = 12 MiB
+HOG_NEED = SLOTS * 3 * HOG_CHUNK  # a world-1 group: slots x (1 + 2) x chunk = 12 MiB
 SECRET = "tenant-budget-secret"
 
 
@@ -55,8 +56,9 @@ def hog(port: int, i: int, *, job: bytes, source: str, key: bytes | None = None)
     return w, w.reply(timeout=10)
 
 
-def greedy(port: int, count: int, *, jobs: Sequence[bytes], sources: Sequence[str],
-           secret: str | None = None) -> tuple[list[RawWorker], list]:
+def greedy(
+    port: int, count: int, *, jobs: Sequence[bytes], sources: Sequence[str], secret: str | None = None
+) -> tuple[list[RawWorker], list]:
     """`count` hellos, round-robin over `jobs` and `sources`; returns the workers and their replies."""
     workers, replies = [], []
     for i in range(count):
@@ -83,14 +85,15 @@ def test_greedy_job_credential_leaves_room_for_another_job(sources):
             held = srv.stats()["memory_bytes"]
             # Job B, with its own credential, needs 16 MiB (more than the 8 MiB the old code left).
             cred_b = job_credential("victim", job_key(SECRET.encode(), b"victim"))
-            good = GoodGroup(srv.address, "victim-group", rounds=5, job_id="victim", auth_token=cred_b,
-                             chunk_bytes=1 * MiB).start()
+            good = GoodGroup(
+                srv.address, "victim-group", rounds=5, job_id="victim", auth_token=cred_b, chunk_bytes=1 * MiB
+            ).start()
             good.wait_connected()
             good.join(60)
             statuses = [r.status for r in replies]
             granted = statuses.count(Status.OK)
             assert set(statuses) == {Status.OK, Status.OVER_LIMIT}, statuses
-            assert granted == (budget // 2) // HOG_NEED, statuses          # 21 groups: 252 of 256 MiB
+            assert granted == (budget // 2) // HOG_NEED, statuses  # 21 groups: 252 of 256 MiB
             refusal = next(r.message for r in replies if r.status == Status.OVER_LIMIT)
             assert "job share" in refusal and "max_memory_per_job" in refusal and "greedy" in refusal, refusal
             assert held == granted * HOG_NEED <= budget // 2
@@ -129,16 +132,26 @@ def test_honest_large_job_gets_its_whole_share_beside_a_greedy_tenant():
         workers, replies = greedy(srv.port, 20, jobs=jobs, sources=["127.0.0.3"])
         try:
             held = srv.stats()["memory_bytes"]
-            good = GoodGroup(srv.address, "large", rounds=3, n=4 << 20, job_id="honest", streams=2,
-                             chunk_bytes=4 * MiB, timeout=60).start()
+            good = GoodGroup(
+                srv.address, "large", rounds=3, n=4 << 20, job_id="honest", streams=2, chunk_bytes=4 * MiB, timeout=60
+            ).start()
             good.wait_connected()
             assert srv.stats()["memory_bytes"] == held + budget // 2
             good.join(120)
             assert Status.OVER_LIMIT in [r.status for r in replies]
-            assert held == 10 * HOG_NEED    # 120 of its 128 MiB
+            assert held == 10 * HOG_NEED  # 120 of its 128 MiB
             with pytest.raises(reducer.ReductionError, match="job share"):
-                reducer.Communicator([srv.address], 0, 1, group="too-large", job_id="honest-but-large", streams=3,
-                                     chunk_bytes=16 * MiB, timeout=10, connect_timeout=10)
+                reducer.Communicator(
+                    [srv.address],
+                    0,
+                    1,
+                    group="too-large",
+                    job_id="honest-but-large",
+                    streams=3,
+                    chunk_bytes=16 * MiB,
+                    timeout=10,
+                    connect_timeout=10,
+                )
         finally:
             close_all([w.sock for w in workers])
 
@@ -191,11 +204,16 @@ def test_idle_groups_give_their_memory_back_and_renew_it_with_data():
     """A group that receives nothing for memory_idle_timeout gives its reservation back; its next
     chunk takes it again and reduces exactly. When another job took the room meanwhile, that
     chunk fails the group with an ERROR naming the limit, and the other job keeps working."""
-    budget = HOG_NEED + HOG_NEED // 2                  # 18 MiB: A (12 MiB) or B (16 MiB), not both
+    budget = HOG_NEED + HOG_NEED // 2  # 18 MiB: A (12 MiB) or B (16 MiB), not both
     data = np.arange(HOG_CHUNK // 4, dtype=np.int32) * 7 - 5
     payload = data.tobytes()
-    with serve(threads=2, max_memory_bytes=budget, max_memory_per_job=budget, max_memory_per_peer=budget,
-               memory_idle_timeout=0.5) as srv:
+    with serve(
+        threads=2,
+        max_memory_bytes=budget,
+        max_memory_per_job=budget,
+        max_memory_per_peer=budget,
+        memory_idle_timeout=0.5,
+    ) as srv:
         assert srv.stats()["limits"]["memory_idle_timeout"] == 0.5
         a, r = hog(srv.port, 0, job=b"idle-a", source="127.0.0.2")
         pair: list[RawWorker] = []
@@ -208,8 +226,10 @@ def test_idle_groups_give_their_memory_back_and_renew_it_with_data():
             assert wait_until(lambda: srv.stats()["memory_bytes"] == 0, 30), srv.stats()
             # Meanwhile job B forms a pair (16 MiB); a chunk of rank 0 waits for rank 1, so B is
             # busy, not idle, and keeps its memory.
-            pair = [RawWorker(srv.port, rank, 2, group=b"pair", job=b"idle-b", chunk=HOG_CHUNK, source="127.0.0.3")
-                    for rank in range(2)]
+            pair = [
+                RawWorker(srv.port, rank, 2, group=b"pair", job=b"idle-b", chunk=HOG_CHUNK, source="127.0.0.3")
+                for rank in range(2)
+            ]
             for w in pair:
                 r = w.reply(timeout=10)
                 assert r.status == Status.OK, r.message
@@ -246,12 +266,18 @@ def test_shares_default_to_half_of_the_budget_and_come_from_settings(monkeypatch
     monkeypatch.setenv("RS_MEMORY_IDLE_TIMEOUT", "7")
     with serve(max_memory_bytes=1 << 30) as srv:
         limits = srv.stats()["limits"]
-    assert (limits["max_memory_per_job"], limits["max_memory_per_peer"], limits["memory_idle_timeout"]) == \
-        (100 * MiB, 30 * MiB, 7)
+    assert (limits["max_memory_per_job"], limits["max_memory_per_peer"], limits["memory_idle_timeout"]) == (
+        100 * MiB,
+        30 * MiB,
+        7,
+    )
     with serve(max_memory_bytes=1 << 30, max_memory_per_job=5 * MiB, memory_idle_timeout=0) as srv:
         limits = srv.stats()["limits"]
-    assert (limits["max_memory_per_job"], limits["max_memory_per_peer"], limits["memory_idle_timeout"]) == \
-        (5 * MiB, 30 * MiB, 0)
+    assert (limits["max_memory_per_job"], limits["max_memory_per_peer"], limits["memory_idle_timeout"]) == (
+        5 * MiB,
+        30 * MiB,
+        0,
+    )
     for bad in (-1.0, float("nan"), float("inf")):
         with pytest.raises(reducer.ReductionError, match="memory_idle_timeout"):
             serve(memory_idle_timeout=bad)
@@ -260,10 +286,33 @@ def test_shares_default_to_half_of_the_budget_and_come_from_settings(monkeypatch
 def test_serve_flags_set_the_shares(tmp_path):
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RS_", "CLUSTER_SPEC", "TF_CONFIG"))}
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen([sys.executable, "-m", "reducer.cli.main", "serve", "--host", "127.0.0.1", "--port", "0",
-                             "--threads", "1", "--control-port", "off", "--max-memory-per-job", "64M",
-                             "--max-memory-per-peer", "32MiB", "--memory-idle-timeout", "5"],
-                            env=env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "reducer.cli.main",
+            "serve",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            "0",
+            "--threads",
+            "1",
+            "--control-port",
+            "off",
+            "--max-memory-per-job",
+            "64M",
+            "--max-memory-per-peer",
+            "32MiB",
+            "--memory-idle-timeout",
+            "5",
+        ],
+        env=env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     log = ""
     try:
         deadline = time.monotonic() + 60
@@ -281,7 +330,12 @@ def test_serve_flags_set_the_shares(tmp_path):
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait(10)
-    bad = subprocess.run([sys.executable, "-m", "reducer.cli.main", "serve", "--port", "0",
-                          "--max-memory-per-job", "lots"], env=env, cwd=ROOT, capture_output=True, text=True,
-                         timeout=60)
+    bad = subprocess.run(
+        [sys.executable, "-m", "reducer.cli.main", "serve", "--port", "0", "--max-memory-per-job", "lots"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert bad.returncode == 2 and "--max-memory-per-job" in bad.stderr, bad.stderr

@@ -3,6 +3,7 @@
 Reducers run in this process; workers are spawned processes (a small pool that imports torch once)
 on loopback. Every wait has a timeout.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -44,9 +45,15 @@ def _free_port() -> int:
 
 def _worker_env(rank: int, world: int, port: int, addrs: list[str]) -> dict[str, str]:
     return {
-        "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "RANK": str(rank), "WORLD_SIZE": str(world),
-        "LOCAL_RANK": str(rank), "LOCAL_WORLD_SIZE": str(world),
-        "RS_REDUCERS": ",".join(addrs), "RS_TIMEOUT": "20", "RS_CONNECT_TIMEOUT": "20",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(port),
+        "RANK": str(rank),
+        "WORLD_SIZE": str(world),
+        "LOCAL_RANK": str(rank),
+        "LOCAL_WORLD_SIZE": str(world),
+        "RS_REDUCERS": ",".join(addrs),
+        "RS_TIMEOUT": "20",
+        "RS_CONNECT_TIMEOUT": "20",
     }
 
 
@@ -180,8 +187,9 @@ def task_collectives(env: dict[str, str], rank: int, world: int) -> dict[str, An
         # allreduce_coalesced through the reducers
         group = [torch.full((7,), float(rank)), torch.full((3, 3), 1.0)]
         pg.allreduce_coalesced(group, dist.AllreduceCoalescedOptions()).wait()
-        assert torch.equal(group[0], torch.full((7,), ranks.sum().item())) and torch.equal(group[1],
-                                                                                           torch.full((3, 3), world * 1.0))
+        assert torch.equal(group[0], torch.full((7,), ranks.sum().item())) and torch.equal(
+            group[1], torch.full((3, 3), world * 1.0)
+        )
 
         # ops/dtypes the reducers do not do fall back to gloo; AVG of uint8 has nowhere to go
         p = torch.full((4,), float(rank + 1))
@@ -318,6 +326,7 @@ def task_backend_errors(env: dict[str, str], rank: int, world: int, first: str) 
             dist.destroy_process_group()
     return out
 
+
 def task_hook_grads(env: dict[str, str], rank: int, world: int) -> dict[str, Any]:
     """One backward per hook on the same batch; also every rank's exact local gradients."""
     import torch
@@ -331,7 +340,7 @@ def task_hook_grads(env: dict[str, str], rank: int, world: int) -> dict[str, Any
     with _in_env(env):
         dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=30))
         x, y, _, _ = ex.load_digits_split(0)
-        batches = [(x[r * 64:(r + 1) * 64], y[r * 64:(r + 1) * 64]) for r in range(world)]
+        batches = [(x[r * 64 : (r + 1) * 64], y[r * 64 : (r + 1) * 64]) for r in range(world)]
         torch.manual_seed(0)
         model = ex.make_model()
         local = []
@@ -340,13 +349,19 @@ def task_hook_grads(env: dict[str, str], rank: int, world: int) -> dict[str, Any
             torch.nn.functional.cross_entropy(model(bx), by).backward()
             local.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]).clone())
         stacked = torch.stack(local).double()
-        out: dict[str, Any] = {"mean": stacked.mean(0).numpy(), "mean_abs": stacked.abs().mean(0).numpy(),
-                               "local": [g.numpy() for g in local]}
+        out: dict[str, Any] = {
+            "mean": stacked.mean(0).numpy(),
+            "mean_abs": stacked.abs().mean(0).numpy(),
+            "local": [g.numpy() for g in local],
+        }
         state = rst.HookState()
         not_done_at_return = 0
 
-        for name, hook in (("allreduce", rst.allreduce_hook), ("bf16", rst.bf16_compress_hook),
-                           ("fp16", rst.fp16_compress_hook)):
+        for name, hook in (
+            ("allreduce", rst.allreduce_hook),
+            ("bf16", rst.bf16_compress_hook),
+            ("fp16", rst.fp16_compress_hook),
+        ):
             model.zero_grad(set_to_none=True)
             ddp = DDP(model, bucket_cap_mb=0.001)  # ~1 kB buckets: several per backward
             calls: list[int] = []
@@ -492,8 +507,11 @@ def test_ddp_hook_and_backend_match_gloo(tpool, servers, tmp_path):
         assert np.mean(losses[-5:]) < 0.8 * np.mean(losses[:5]), (name, losses)
         for k in params[0]:  # every worker holds the same parameters, bit for bit
             assert torch.equal(params[0][k], params[1][k]), (name, k)
-            torch.testing.assert_close(params[0][k], out["gloo"][0][0][k],  # float32 default tolerances
-                                       msg=lambda m: f"{name} vs gloo, {k}: {m}")
+            torch.testing.assert_close(
+                params[0][k],
+                out["gloo"][0][0][k],  # float32 default tolerances
+                msg=lambda m: f"{name} vs gloo, {k}: {m}",
+            )
     assert "reducer.torch allreduce hook" in out["hook"][3]
     assert "reduction_server backend" in out["nohook"][3]
 
@@ -506,7 +524,7 @@ def test_compressed_hooks_within_rounding(tpool, servers):
     assert res[0]["buckets"] >= 3
     for r in res:
         np.testing.assert_allclose(r["allreduce"], mean, rtol=1e-5, atol=1e-7)
-        for name, eps, dtype in (("bf16", 2.0 ** -8, "bfloat16"), ("fp16", 2.0 ** -11, np.float16)):
+        for name, eps, dtype in (("bf16", 2.0**-8, "bfloat16"), ("fp16", 2.0**-11, np.float16)):
             err = np.abs(r[name].astype(np.float64) - mean)
             bound = 3 * eps * mean_abs + 1e-7
             assert (err <= bound).all(), (name, float((err / bound).max()))
@@ -526,8 +544,25 @@ def test_compressed_hooks_within_rounding(tpool, servers):
 @needs_sklearn
 def test_example_script_under_the_launcher(tmp_path):
     """The documented command: reduction-server launch --workers 2 --reducers 2 -- python train_ddp.py."""
-    cmd = [sys.executable, "-m", "reducer.cli.main", "launch", "--workers", "2", "--reducers", "2", "--",
-           sys.executable, EXAMPLE, "--steps", str(STEPS), "--log-every", "1", "--save", str(tmp_path / "p{rank}.pt")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "reducer.cli.main",
+        "launch",
+        "--workers",
+        "2",
+        "--reducers",
+        "2",
+        "--",
+        sys.executable,
+        EXAMPLE,
+        "--steps",
+        str(STEPS),
+        "--log-every",
+        "1",
+        "--save",
+        str(tmp_path / "p{rank}.pt"),
+    ]
     env = {k: v for k, v in os.environ.items() if not k.startswith("RS_")}
     proc = subprocess.run(cmd, env=env, cwd=ROOT, capture_output=True, text=True, timeout=100)
     out = proc.stdout + proc.stderr
@@ -552,14 +587,17 @@ def test_backend_errors_reach_the_caller(tpool, first):
     as the bucket's result and crashed the process)."""
     port = _free_port()
     out = tpool.submit(task_backend_errors, env=_worker_env(0, 1, port, []), rank=0, world=1, first=first).result(
-        timeout=TASK_TIMEOUT)
+        timeout=TASK_TIMEOUT
+    )
     assert out["before"] == [1.0] * 4, out
     assert out["all_reduce"].startswith("PeerLostError: every reducer is lost"), out
     if first == "backward":  # failed in flight: the C++ error of the Future DDP waits on
-        assert out["backward"].startswith("RuntimeError") and "PeerLostError: every reducer is lost" in \
-            out["backward"], out
+        assert (
+            out["backward"].startswith("RuntimeError") and "PeerLostError: every reducer is lost" in out["backward"]
+        ), out
     else:  # the engine has failed: the next submit raises the same error at once
         assert out["backward"].startswith("PeerLostError: every reducer is lost"), out
+
 
 # Known intermittent failure, seen on the code before 2026-11-26 too (1 run in 5 there, 1 in 4 here):
 # the fusion engine's agreement group (".../fusion-probe") and the training group are two clients
@@ -569,13 +607,16 @@ def test_backend_errors_reach_the_caller(tpool, first):
 # ERROR Failover, and both wait until RS_CONNECT_TIMEOUT ("waiting for all workers of the group").
 # The fix (a worker's clients of one job make progress together while one of them waits) is open.
 _CROSS_GROUP_FAILOVER = pytest.mark.xfail(
-    strict=False, reason="intermittent: cross-group failover wait between the fusion probe group and the "
-                         "training group of one process (see the comment above)")
+    strict=False,
+    reason="intermittent: cross-group failover wait between the fusion probe group and the "
+    "training group of one process (see the comment above)",
+)
 
 
 @needs_torch
-@pytest.mark.parametrize("path", [pytest.param("hook", marks=_CROSS_GROUP_FAILOVER),
-                                  pytest.param("backend", marks=_CROSS_GROUP_FAILOVER)])
+@pytest.mark.parametrize(
+    "path", [pytest.param("hook", marks=_CROSS_GROUP_FAILOVER), pytest.param("backend", marks=_CROSS_GROUP_FAILOVER)]
+)
 def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
     """A reducer SIGKILLed in the middle of DDP training (through the reducer.torch hook) costs
     nothing: the job finishes, and every parameter equals, bit for bit, the run without the
@@ -596,8 +637,12 @@ def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
         port = _free_port()
         addrs = [victim.address, good.address]
         before = int(good.stats()["rounds_completed"])
-        futs = [tpool.submit(task_train, env=_worker_env(r, 2, port, addrs), rank=r, world=2,
-                             argv=common + ["--save", save]) for r in range(2)]
+        futs = [
+            tpool.submit(
+                task_train, env=_worker_env(r, 2, port, addrs), rank=r, world=2, argv=common + ["--save", save]
+            )
+            for r in range(2)
+        ]
         deadline = time.monotonic() + TASK_TIMEOUT
         while int(good.stats()["rounds_completed"]) - before < STEPS // 2:  # halfway through training
             assert time.monotonic() < deadline and not any(f.done() for f in futs), "training did not progress"

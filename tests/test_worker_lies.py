@@ -11,6 +11,7 @@ code's heap overflow) fails the test instead of the test run; it must raise the 
 reducer.errors exception and nothing else: exit normally, within its timeouts, its peak RSS
 barely moved, no raw control character in the message or the log.
 """
+
 from __future__ import annotations
 
 import json
@@ -29,7 +30,7 @@ from lying_reducer import ERR_FAILOVER, EXCHANGE_TAG, Header, LyingReducer, clea
 pytestmark = pytest.mark.timeout(120)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-N = 1024                      # float32 elements of the worker's round (4096 bytes: one chunk)
+N = 1024  # float32 elements of the worker's round (4096 bytes: one chunk)
 RSS_GROWTH_LIMIT = 256 << 20  # the worker's peak RSS may grow this much at most (ASan included)
 
 # The worker: one all-reduce of arange(N) as rank 0 of 2; prints what happened as JSON.
@@ -70,9 +71,13 @@ def run_worker(address: str, failover: bool = True) -> dict[str, Any]:
     """Runs the worker against `address`; returns its report after checking it ended cleanly."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.run([sys.executable, "-c", _WORKER, json.dumps({"address": address, "failover": failover,
-                                                                       "n": N})],
-                          capture_output=True, text=True, timeout=90, env=env)
+    proc = subprocess.run(
+        [sys.executable, "-c", _WORKER, json.dumps({"address": address, "failover": failover, "n": N})],
+        capture_output=True,
+        text=True,
+        timeout=90,
+        env=env,
+    )
     assert proc.returncode == 0, f"the worker died (exit {proc.returncode}):\n{proc.stderr[-4000:]}"
     report = json.loads(proc.stdout.strip().splitlines()[-1])
     assert report["rss_growth"] < RSS_GROWTH_LIMIT, report["rss_growth"]
@@ -95,6 +100,7 @@ def expect_error(report: dict[str, Any], kind: str, *parts: str) -> str:
 
 # ---- the pure checks, in C++ under ASan/UBSan ------------------------------------------------------
 
+
 @pytest.mark.sanitize
 @pytest.mark.timeout(300)  # a sanitized build: seconds alone, minutes on a loaded machine
 def test_worker_checks_unit_tests_in_cpp(tmp_path):
@@ -103,8 +109,14 @@ def test_worker_checks_unit_tests_in_cpp(tmp_path):
     there), plan() against the old algorithm on random tables, RESULT/CLEAR checks, peer_text."""
     from cpp_build import build_and_run
 
-    sources = ["tests/cpp/test_worker_lies.cc", "csrc/client/failover.cc", "csrc/client/peer_text.cc",
-               "csrc/client/reducer_frames.cc", "csrc/common/common.cc", "csrc/common/text.cc"]
+    sources = [
+        "tests/cpp/test_worker_lies.cc",
+        "csrc/client/failover.cc",
+        "csrc/client/peer_text.cc",
+        "csrc/client/reducer_frames.cc",
+        "csrc/common/common.cc",
+        "csrc/common/text.cc",
+    ]
     san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
     build_and_run(tmp_path, "test_worker_lies", sources, flags=san)
 
@@ -112,7 +124,7 @@ def test_worker_checks_unit_tests_in_cpp(tmp_path):
 # ---- the failover exchange ----------------------------------------------------------------------
 
 U64 = 1 << 64
-WRAPPED = (U64 + 5) // 6      # 2 x WRAPPED x 3 words = 2^64 + 2: a 2-word table on the old code
+WRAPPED = (U64 + 5) // 6  # 2 x WRAPPED x 3 words = 2^64 + 2: a 2-word table on the old code
 
 
 def failover_script(row: tuple | None = None, entries: list | None = None):
@@ -134,6 +146,7 @@ def failover_script(row: tuple | None = None, entries: list | None = None):
         for i, v in enumerate(lie[:half]):
             words[half + i] = (words[half + i] + v + (1 << 63)) % U64 - (1 << 63)  # rank 1's row
         return result_for(h, struct.pack(f"<{len(words)}q", *words))
+
     return on_data
 
 
@@ -151,15 +164,18 @@ def test_an_honest_exchange_through_the_lying_reducer_completes():
 
 
 @pytest.mark.sanitize
-@pytest.mark.parametrize("case,row", [
-    ("wrapped count", (0, 1, WRAPPED)),
-    ("2^63 count", (0, 1, 1 << 63)),
-    ("2^63-1 count", (0, 1, (1 << 63) - 1)),
-    ("2^27 count", (0, 1, 1 << 27)),
-    ("negative count", (0, 1, -1)),
-    ("next below oldest", (5, 1, 1)),
-    ("rounds far ahead", (0, 1 << 40, 1)),
-])
+@pytest.mark.parametrize(
+    "case,row",
+    [
+        ("wrapped count", (0, 1, WRAPPED)),
+        ("2^63 count", (0, 1, 1 << 63)),
+        ("2^63-1 count", (0, 1, (1 << 63) - 1)),
+        ("2^27 count", (0, 1, 1 << 27)),
+        ("negative count", (0, 1, -1)),
+        ("next below oldest", (5, 1, 1)),
+        ("rounds far ahead", (0, 1 << 40, 1)),
+    ],
+)
 def test_lying_summary_rows_are_a_clear_protocol_error(case, row):
     """A row of the first exchange that no worker could send fails the rounds with one
     ProtocolError naming the rank, before anything is sized from it (the old code sized the second
@@ -173,13 +189,16 @@ def test_lying_summary_rows_are_a_clear_protocol_error(case, row):
 
 
 @pytest.mark.sanitize
-@pytest.mark.parametrize("case,count,entries,why", [
-    ("round outside its rounds", 1, [1 << 40, -1, -1], "outside its rounds [0, 1)"),
-    ("bytes past the round", 2, [0, -1, -1, 0, 0, 1 << 40], "reports bytes [0, 1099511627776) of round 0"),
-    ("a span without its marker", 1, [0, 0, 8], "before its marker"),
-    ("a broken marker", 1, [0, -1, 5], "invalid entry"),
-    ("overlapping spans", 3, [0, -1, -1] + [0, 0, 4] * 2, "out of order"),
-])
+@pytest.mark.parametrize(
+    "case,count,entries,why",
+    [
+        ("round outside its rounds", 1, [1 << 40, -1, -1], "outside its rounds [0, 1)"),
+        ("bytes past the round", 2, [0, -1, -1, 0, 0, 1 << 40], "reports bytes [0, 1099511627776) of round 0"),
+        ("a span without its marker", 1, [0, 0, 8], "before its marker"),
+        ("a broken marker", 1, [0, -1, 5], "invalid entry"),
+        ("overlapping spans", 3, [0, -1, -1] + [0, 0, 4] * 2, "out of order"),
+    ],
+)
 def test_lying_entries_are_a_clear_protocol_error(case, count, entries, why):
     """Entries of the second exchange outside what the row's rounds and this worker allow."""
     with LyingReducer(failover_script(row=(0, 1, count), entries=entries)) as fake:
@@ -199,6 +218,7 @@ def test_a_reducer_that_keeps_saying_failover_fails_the_round():
 
 
 # ---- frames a reducer sends ---------------------------------------------------------------------
+
 
 def longer_chunk(_conn: int, h: Header, payload: bytes) -> bytes:
     return result_for(h, payload + payload)  # twice the bytes this worker sent, same round and shard
@@ -223,13 +243,17 @@ def bye_instead(_conn: int, _h: Header, _payload: bytes) -> bytes:
 
 
 @pytest.mark.sanitize
-@pytest.mark.parametrize("lie,why", [
-    (longer_chunk, "outside the shard"),
-    (larger_round, "where this worker sent 4096 and 4096"),
-    (wrong_round, "round 7 is not in flight"),
-    (clear_everything, "cleared round 18446744073709551615 before this worker said it had the results"),
-    (bye_instead, "unexpected frame type"),
-], ids=["longer-result", "result-of-a-larger-round", "wrong-round", "clear-2^64-1", "bye"])
+@pytest.mark.parametrize(
+    "lie,why",
+    [
+        (longer_chunk, "outside the shard"),
+        (larger_round, "where this worker sent 4096 and 4096"),
+        (wrong_round, "round 7 is not in flight"),
+        (clear_everything, "cleared round 18446744073709551615 before this worker said it had the results"),
+        (bye_instead, "unexpected frame type"),
+    ],
+    ids=["longer-result", "result-of-a-larger-round", "wrong-round", "clear-2^64-1", "bye"],
+)
 @pytest.mark.parametrize("failover", [True, False], ids=["failover", "no-failover"])
 def test_lying_frames_are_a_clear_protocol_error(lie, why, failover):
     if lie is clear_everything and not failover:
@@ -250,7 +274,7 @@ def check_quoted(message: str) -> None:
     assert printable(message), message
     assert "first line\\nWARNING forged log line\\r\\n\\x1b[31mred\\x1b[0m \\x00nul \\x7f\\xff\\\\" in message
     assert "... (4096 bytes)" in message
-    quoted = message[message.index("first line"):message.index("... (4096 bytes)")]
+    quoted = message[message.index("first line") : message.index("... (4096 bytes)")]
     assert 250 <= len(quoted) <= 256, len(quoted)
 
 

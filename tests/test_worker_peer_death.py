@@ -6,6 +6,7 @@ queue's write lock (now a pipe per worker: a report cut mid-message costs only t
 its hang threshold could be below the workers' connect_timeout, which bounds a survivor's wait
 for a dead peer at a failover session's rendezvous (now refused).
 """
+
 from __future__ import annotations
 
 import multiprocessing as mp
@@ -38,8 +39,9 @@ def _wait_for(cond: Any, what: str, seconds: float = 60.0) -> None:
         time.sleep(0.05)
 
 
-def join_then_round(addrs: Sequence[str], rank: int, group: str, n: int, go_file: str,
-                    connect_timeout: float = 60.0) -> dict[str, Any]:
+def join_then_round(
+    addrs: Sequence[str], rank: int, group: str, n: int, go_file: str, connect_timeout: float = 60.0
+) -> dict[str, Any]:
     """Joins the 2-worker group, enters one all-reduce of n float32 once `go_file` exists (at once
     if empty), and reports how it ended."""
     comm = reducer.Communicator(addrs, rank, 2, group=group, timeout=CLIENT_TIMEOUT, connect_timeout=connect_timeout)
@@ -73,8 +75,9 @@ def test_survivor_raises_when_its_peer_is_killed_mid_round(pool, reducers, tmp_p
     go = str(tmp_path / "go") if victim_state == "sending" else ""
     ctx = mp.get_context("spawn")
     victim_args: tuple = (addrs, 1, group, 4 << 20, "") if victim_state == "sending" else (addrs, 1, group)
-    victim = ctx.Process(target=join_then_round if victim_state == "sending" else join_and_stay,
-                         args=victim_args, daemon=True)
+    victim = ctx.Process(
+        target=join_then_round if victim_state == "sending" else join_and_stay, args=victim_args, daemon=True
+    )
     victim.start()
     try:
         fut = pool.submit(join_then_round, addrs, 0, group, 1 << 20, go)
@@ -136,8 +139,13 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
         servers[1].stop()
         # The survivor is in the failover session's rendezvous on servers[0] (a new session of the
         # group, rank 0 connected) when its peer dies, which has not noticed the loss (it sleeps).
-        _wait_for(lambda: any(r["group"] != group and r["group"].startswith(group) and r["connected"] == 1
-                              for r in servers[0].group_stats()), "the survivor started no failover session")
+        _wait_for(
+            lambda: any(
+                r["group"] != group and r["group"].startswith(group) and r["connected"] == 1
+                for r in servers[0].group_stats()
+            ),
+            "the survivor started no failover session",
+        )
         victim.kill()
         victim.join(10)
         out = fut.result(timeout=2 * CLIENT_TIMEOUT)  # a survivor that waits forever fails here

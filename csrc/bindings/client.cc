@@ -93,16 +93,19 @@ py::dict options_dict(const ClientOptions& o) {
 
 // client/client_settings.h over a mapping instead of the process environment (the plugin's reader).
 void bind_client_settings(py::module_& m) {
-  m.def("read_client_options", [](const std::map<std::string, std::string>& env) {
-    ClientOptions o = rs::client::read_client_options([&env](const char* var) -> std::optional<std::string> {
-      auto it = env.find(var);
-      if (it == env.end()) return std::nullopt;
-      return it->second;
-    });
-    return options_dict(o);
-  }, py::arg("env"),
-     "The worker-client options the NCCL plugin reads from RS_* variables (client/client_settings.h), "
-     "from the mapping `env` instead of the process environment.");
+  m.def(
+      "read_client_options",
+      [](const std::map<std::string, std::string>& env) {
+        ClientOptions o = rs::client::read_client_options([&env](const char* var) -> std::optional<std::string> {
+          auto it = env.find(var);
+          if (it == env.end()) return std::nullopt;
+          return it->second;
+        });
+        return options_dict(o);
+      },
+      py::arg("env"),
+      "The worker-client options the NCCL plugin reads from RS_* variables (client/client_settings.h), "
+      "from the mapping `env` instead of the process environment.");
 }
 
 }  // namespace
@@ -111,10 +114,10 @@ void bind_client(py::module_& m) {
   bind_client_settings(m);
   const ClientOptions defaults;
   py::class_<Client, GilFreeHolder<Client>>(m, "Client")
-      .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world, const std::string& group,
-                       const std::string& job, double timeout, double connect_timeout, const std::string& token,
-                       int streams, uint32_t chunk, int socket_buffer, int window, int max_rounds_in_flight,
-                       bool failover, bool integrity) {
+      .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world,
+                       const std::string& group, const std::string& job, double timeout, double connect_timeout,
+                       const std::string& token, int streams, uint32_t chunk, int socket_buffer, int window,
+                       int max_rounds_in_flight, bool failover, bool integrity) {
              ClientOptions o;
              o.failover = failover;
              o.integrity = integrity;
@@ -139,47 +142,50 @@ void bind_client(py::module_& m) {
            py::arg("chunk_bytes") = defaults.chunk_bytes, py::arg("socket_buffer") = defaults.socket_buffer,
            py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight,
            py::arg("failover") = defaults.failover, py::arg("integrity") = defaults.integrity)
-      .def("allreduce", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
-                           const std::string& comp) {
-             run(c, buffer_round(std::move(buf), dtype, op, tag, comp));
-           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
-      .def("allreduce_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                               uint64_t tag, const std::string& comp) {
-             run(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
-           },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
-           py::arg("compression") = "")
-      .def("start", [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
-                       const std::string& comp) {
-             return start(c, buffer_round(std::move(buf), dtype, op, tag, comp));
-           }, py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
-           py::arg("compression") = "",
-           "Start reducing a C-contiguous writable buffer in place; returns the round id. Keep the buffer "
-           "alive and untouched until test(id) is True or wait(id) returned.")
-      .def("start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                           uint64_t tag, const std::string& comp) {
-             return start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
-           },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
-           py::arg("compression") = "")
-      .def("start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
-                                const std::string& dtype, const std::string& op, uint64_t tag,
-                                const std::string& comp) {
-             return start(c, segments_round(segments, dtype, op, tag, comp));
-           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "",
-           "Start a scatter-gather round over [(ptr, nbytes), ...] (one buffer made of the segments in order).")
-      .def("try_start_ptr", [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op,
-                               uint64_t tag, const std::string& comp) {
-             return try_start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp));
-           },
-           py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
-           py::arg("compression") = "",
-           "As start_ptr, but returns None instead of waiting when max_rounds_in_flight rounds are unfinished.")
-      .def("try_start_segments", [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments,
-                                    const std::string& dtype, const std::string& op, uint64_t tag,
-                                const std::string& comp) {
-             return try_start(c, segments_round(segments, dtype, op, tag, comp));
-           }, py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
+      .def(
+          "allreduce",
+          [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
+             const std::string& comp) { run(c, buffer_round(std::move(buf), dtype, op, tag, comp)); },
+          py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
+      .def(
+          "allreduce_ptr",
+          [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag,
+             const std::string& comp) { run(c, ptr_round(ptr, nbytes, dtype, op, tag, comp)); },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+          py::arg("compression") = "")
+      .def(
+          "start",
+          [](Client& c, py::buffer buf, const std::string& dtype, const std::string& op, uint64_t tag,
+             const std::string& comp) { return start(c, buffer_round(std::move(buf), dtype, op, tag, comp)); },
+          py::arg("buffer"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "",
+          "Start reducing a C-contiguous writable buffer in place; returns the round id. Keep the buffer "
+          "alive and untouched until test(id) is True or wait(id) returned.")
+      .def(
+          "start_ptr",
+          [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag,
+             const std::string& comp) { return start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp)); },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+          py::arg("compression") = "")
+      .def(
+          "start_segments",
+          [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments, const std::string& dtype,
+             const std::string& op, uint64_t tag,
+             const std::string& comp) { return start(c, segments_round(segments, dtype, op, tag, comp)); },
+          py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "",
+          "Start a scatter-gather round over [(ptr, nbytes), ...] (one buffer made of the segments in order).")
+      .def(
+          "try_start_ptr",
+          [](Client& c, uintptr_t ptr, size_t nbytes, const std::string& dtype, const std::string& op, uint64_t tag,
+             const std::string& comp) { return try_start(c, ptr_round(ptr, nbytes, dtype, op, tag, comp)); },
+          py::arg("ptr"), py::arg("nbytes"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0,
+          py::arg("compression") = "",
+          "As start_ptr, but returns None instead of waiting when max_rounds_in_flight rounds are unfinished.")
+      .def(
+          "try_start_segments",
+          [](Client& c, const std::vector<std::tuple<uintptr_t, size_t>>& segments, const std::string& dtype,
+             const std::string& op, uint64_t tag,
+             const std::string& comp) { return try_start(c, segments_round(segments, dtype, op, tag, comp)); },
+          py::arg("segments"), py::arg("dtype"), py::arg("op"), py::arg("tag") = 0, py::arg("compression") = "")
       .def("test", &Client::test, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
            "Progress every round without blocking; True once round `id` is done (raises its error).")
       .def("wait", &Client::wait, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
@@ -187,8 +193,9 @@ void bind_client(py::module_& m) {
       .def_property_readonly("in_flight", &Client::in_flight)
       .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("connected", &Client::connected)
-      .def("options", [](const Client& c) { return options_dict(c.options()); },
-           "The options this client runs with (ClientOptions), by setting name.")
+      .def(
+          "options", [](const Client& c) { return options_dict(c.options()); },
+          "The options this client runs with (ClientOptions), by setting name.")
       .def("stats", [](const Client& c) {
         rs::client::ClientStats st = c.stats();
         py::dict d;

@@ -3,16 +3,16 @@
 
 #include <algorithm>
 #include <optional>
-#include <variant>
 #include <string>
+#include <variant>
 
 #include "bindings/common.h"
 #include "common/compression.h"
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
-#include "net/socket.h"
 #include "net/frame_auth.h"
+#include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/hmac.h"
 #include "protocol/plan.h"
@@ -25,8 +25,7 @@ BufView view_of(const py::buffer& b, bool writable) {
   // C-contiguity check: strides must describe a dense row-major layout.
   py::ssize_t expect = info.itemsize;
   for (py::ssize_t i = info.ndim - 1; i >= 0; --i) {
-    if (info.shape[i] > 1 && info.strides[i] != expect)
-      throw py::value_error("buffer must be C-contiguous");
+    if (info.shape[i] > 1 && info.strides[i] != expect) throw py::value_error("buffer must be C-contiguous");
     expect *= info.shape[i];
   }
   return {info.ptr, static_cast<size_t>(info.size * info.itemsize)};
@@ -103,28 +102,34 @@ void bind_settings(py::module_& m) {
     rows.append(row);
   }
   m.attr("SETTINGS") = rows;
-  m.def("parse_setting", [](const std::string& name, const std::string& text, const std::string& what) {
-    return setting_value(rs::settings::parse(setting_arg(name), text, what));
-  }, py::arg("name"), py::arg("text"), py::arg("what") = "",
-     "The value of a setting's text by the C++ rule of its kind (None when blank); ConfigError names `what` "
-     "(default: the variable).");
-  m.def("parse_kind", [](const std::string& kind, const std::string& text, const std::string& what, double lo,
-                         double hi) {
-    rs::settings::Spec s{"", "", rs::settings::Kind::Text, false, 0, nullptr, lo, hi, nullptr, 0, "", 0};
-    if (kind == "bool") s.kind = rs::settings::Kind::Bool;
-    else if (kind == "int") s.kind = rs::settings::Kind::Int;
-    else if (kind == "size") s.kind = rs::settings::Kind::Size;
-    else throw py::value_error("parse_kind: kind must be bool, int or size");
-    try {
-      return setting_value(rs::settings::parse(s, text, what));
-    } catch (const rs::Error& e) {
-      if (!what.empty()) throw;
-      const std::string prefix = "='" + text + "' is not valid: ", msg = e.what();  // only the why: the caller names it
-      throw py::value_error(msg.compare(0, prefix.size(), prefix) == 0 ? msg.substr(prefix.size()) : msg);
-    }
-  }, py::arg("kind"), py::arg("text"), py::arg("what") = "", py::arg("lo") = -rs::settings::kNoLimit,
-     py::arg("hi") = rs::settings::kNoLimit,
-     "The text of a Python-only setting by the C++ rule of its kind (bool, int or size); None when blank.");
+  m.def(
+      "parse_setting",
+      [](const std::string& name, const std::string& text, const std::string& what) {
+        return setting_value(rs::settings::parse(setting_arg(name), text, what));
+      },
+      py::arg("name"), py::arg("text"), py::arg("what") = "",
+      "The value of a setting's text by the C++ rule of its kind (None when blank); ConfigError names `what` "
+      "(default: the variable).");
+  m.def(
+      "parse_kind",
+      [](const std::string& kind, const std::string& text, const std::string& what, double lo, double hi) {
+        rs::settings::Spec s{"", "", rs::settings::Kind::Text, false, 0, nullptr, lo, hi, nullptr, 0, "", 0};
+        if (kind == "bool") s.kind = rs::settings::Kind::Bool;
+        else if (kind == "int") s.kind = rs::settings::Kind::Int;
+        else if (kind == "size") s.kind = rs::settings::Kind::Size;
+        else throw py::value_error("parse_kind: kind must be bool, int or size");
+        try {
+          return setting_value(rs::settings::parse(s, text, what));
+        } catch (const rs::Error& e) {
+          if (!what.empty()) throw;
+          const std::string prefix = "='" + text + "' is not valid: ",
+                            msg = e.what();  // only the why: the caller names it
+          throw py::value_error(msg.compare(0, prefix.size(), prefix) == 0 ? msg.substr(prefix.size()) : msg);
+        }
+      },
+      py::arg("kind"), py::arg("text"), py::arg("what") = "", py::arg("lo") = -rs::settings::kNoLimit,
+      py::arg("hi") = rs::settings::kNoLimit,
+      "The text of a Python-only setting by the C++ rule of its kind (bool, int or size); None when blank.");
 }
 
 // common/compression.h: every name, and the wire dtype of a name.
@@ -132,15 +137,18 @@ void bind_compression(py::module_& m) {
   py::dict names;
   for (const auto& n : rs::kCompressionNames) names[n.name] = rs::wire_compression_name(n.value);
   m.attr("COMPRESSIONS") = names;
-  m.def("compression_wire", [](const std::string& name) -> py::object {
-    rs::WireCompression c;
-    if (!rs::parse_wire_compression(name, &c))
-      throw rs::Error(rs::ErrorKind::Config, "unknown compression '" + name + "'; use " + rs::kCompressionChoices);
-    if (c == rs::WireCompression::None) return py::none();
-    return py::str(rs::dtype_name(rs::wire_compression_dtype(c)));
-  }, py::arg("name"),
-     "The wire dtype name ('bfloat16', 'float16') of a compression name (any case), None for none; "
-     "ConfigError for an unknown name.");
+  m.def(
+      "compression_wire",
+      [](const std::string& name) -> py::object {
+        rs::WireCompression c;
+        if (!rs::parse_wire_compression(name, &c))
+          throw rs::Error(rs::ErrorKind::Config, "unknown compression '" + name + "'; use " + rs::kCompressionChoices);
+        if (c == rs::WireCompression::None) return py::none();
+        return py::str(rs::dtype_name(rs::wire_compression_dtype(c)));
+      },
+      py::arg("name"),
+      "The wire dtype name ('bfloat16', 'float16') of a compression name (any case), None for none; "
+      "ConfigError for an unknown name.");
 }
 
 }  // namespace
@@ -149,7 +157,7 @@ void bind_common(py::module_& m) {
   // Exceptions: the classes come from reducer.errors so Python and C++ raise the same types.
   py::module_ errors = py::module_::import("reducer.errors");
   static py::object cls[8];
-  const char* names[8] = {"ConfigError", "ConnectError", "AuthError", "ProtocolError",
+  const char* names[8] = {"ConfigError",   "ConnectError",  "AuthError",        "ProtocolError",
                           "PeerLostError", "MismatchError", "ReductionTimeout", "ReductionError"};
   for (int i = 0; i < 8; ++i) cls[i] = errors.attr(names[i]);
   py::register_exception_translator([](std::exception_ptr p) {
@@ -173,61 +181,77 @@ void bind_common(py::module_& m) {
 
   m.def("set_log_callback", &set_log_callback, py::arg("fn"),
         "Route C++ log lines to fn(level: int, message: str); None restores stderr.");
-  m.def("hmac_sha256", [](const std::string& key, const std::string& msg) {
-    rs::proto::Digest d = rs::proto::hmac_sha256(key, msg);
-    return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
-  }, py::arg("key"), py::arg("message"));
-  m.def("job_key", [](const std::string& secret, const std::string& job) {
-    std::string why = rs::proto::check_name("job id", job);
-    if (!why.empty()) throw py::value_error(why);
-    rs::proto::Key k = rs::proto::job_key(secret, job);
-    return py::bytes(reinterpret_cast<const char*>(k.data()), k.size());
-  }, py::arg("secret"), py::arg("job"), "The job's key derived from the shared secret (protocol/auth.h).");
-  m.def("job_token", [](const std::string& secret, const std::string& job) {
-    std::string why = rs::proto::check_name("job id", job);
-    if (!why.empty()) throw py::value_error(why);
-    return rs::proto::format_job_token(job, rs::proto::job_key(secret, job));
-  }, py::arg("secret"), py::arg("job"), "A worker credential valid for this job only: rsjob1:<job>:<hex key>.");
-  m.def("check_name", [](const std::string& what, const std::string& name) {
-    return rs::proto::check_name(what.c_str(), name);
-  }, py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
+  m.def(
+      "hmac_sha256",
+      [](const std::string& key, const std::string& msg) {
+        rs::proto::Digest d = rs::proto::hmac_sha256(key, msg);
+        return py::bytes(reinterpret_cast<const char*>(d.data()), d.size());
+      },
+      py::arg("key"), py::arg("message"));
+  m.def(
+      "job_key",
+      [](const std::string& secret, const std::string& job) {
+        std::string why = rs::proto::check_name("job id", job);
+        if (!why.empty()) throw py::value_error(why);
+        rs::proto::Key k = rs::proto::job_key(secret, job);
+        return py::bytes(reinterpret_cast<const char*>(k.data()), k.size());
+      },
+      py::arg("secret"), py::arg("job"), "The job's key derived from the shared secret (protocol/auth.h).");
+  m.def(
+      "job_token",
+      [](const std::string& secret, const std::string& job) {
+        std::string why = rs::proto::check_name("job id", job);
+        if (!why.empty()) throw py::value_error(why);
+        return rs::proto::format_job_token(job, rs::proto::job_key(secret, job));
+      },
+      py::arg("secret"), py::arg("job"), "A worker credential valid for this job only: rsjob1:<job>:<hex key>.");
+  m.def(
+      "check_name",
+      [](const std::string& what, const std::string& name) { return rs::proto::check_name(what.c_str(), name); },
+      py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
   m.def("set_tcp_congestion", &rs::net::set_tcp_congestion, py::arg("name"),
         "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
         "from now on; '' or 'default' = the kernel's default, 'auto' = cubic where allowed, else the kernel's. "
         "Returns the setting in force. Raises ConfigError if the kernel refuses a named algorithm.");
   m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
-  m.def("tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
-        py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
+  m.def(
+      "tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
+      py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
   m.def("socket_congestion", &rs::net::socket_congestion, py::arg("fd"),
         "The congestion control a TCP socket uses ('' if unreadable).");
-  m.def("frame_tags", [](const std::string& key, int direction, uint64_t frame, const std::string& header,
-                         const py::buffer& payload, uint64_t repeat) {
-    if (key.size() != 32 || header.size() != rs::proto::kFrameHeaderBytes || (direction != 0 && direction != 1) || repeat < 1)
-      throw py::value_error("frame_tags needs a 32-byte key, direction 0 or 1, a 48-byte header and repeat >= 1");
-    BufView v = view_of(payload, false);
-    rs::proto::Key k;
-    std::copy(key.begin(), key.end(), k.begin());
-    rs::net::FrameAuth auth(k, rs::proto::Direction(direction));
-    const auto* hdr = reinterpret_cast<const uint8_t*>(header.data());
-    rs::net::FrameAuth::Tag htag, trailer;
-    {
-      py::gil_scoped_release release;
-      for (uint64_t i = 0; i < frame; ++i) {  // frames 0 .. frame-1 (empty) set the counter
-        auth.begin(hdr, header.size());
-        auth.finish();
-      }
-      for (uint64_t r = 0; r < repeat; ++r) {
-        htag = auth.header_tag(hdr, header.size());
-        auth.begin(hdr, header.size());
-        auth.update(v.ptr, v.nbytes);
-        trailer = auth.finish();
-      }
-    }
-    return py::make_tuple(py::bytes(reinterpret_cast<const char*>(htag.data()), htag.size()),
-                          py::bytes(reinterpret_cast<const char*>(trailer.data()), trailer.size()));
-  }, py::arg("key"), py::arg("direction"), py::arg("frame"), py::arg("header"), py::arg("payload"), py::arg("repeat") = 1,
-     "Header tag and trailer of frame number `frame + repeat - 1` (net/frame_auth.h), computed `repeat` times "
-     "(for benchmarks; the GIL is released).");
+  m.def(
+      "frame_tags",
+      [](const std::string& key, int direction, uint64_t frame, const std::string& header, const py::buffer& payload,
+         uint64_t repeat) {
+        if (key.size() != 32 || header.size() != rs::proto::kFrameHeaderBytes || (direction != 0 && direction != 1) ||
+            repeat < 1)
+          throw py::value_error("frame_tags needs a 32-byte key, direction 0 or 1, a 48-byte header and repeat >= 1");
+        BufView v = view_of(payload, false);
+        rs::proto::Key k;
+        std::copy(key.begin(), key.end(), k.begin());
+        rs::net::FrameAuth auth(k, rs::proto::Direction(direction));
+        const auto* hdr = reinterpret_cast<const uint8_t*>(header.data());
+        rs::net::FrameAuth::Tag htag, trailer;
+        {
+          py::gil_scoped_release release;
+          for (uint64_t i = 0; i < frame; ++i) {  // frames 0 .. frame-1 (empty) set the counter
+            auth.begin(hdr, header.size());
+            auth.finish();
+          }
+          for (uint64_t r = 0; r < repeat; ++r) {
+            htag = auth.header_tag(hdr, header.size());
+            auth.begin(hdr, header.size());
+            auth.update(v.ptr, v.nbytes);
+            trailer = auth.finish();
+          }
+        }
+        return py::make_tuple(py::bytes(reinterpret_cast<const char*>(htag.data()), htag.size()),
+                              py::bytes(reinterpret_cast<const char*>(trailer.data()), trailer.size()));
+      },
+      py::arg("key"), py::arg("direction"), py::arg("frame"), py::arg("header"), py::arg("payload"),
+      py::arg("repeat") = 1,
+      "Header tag and trailer of frame number `frame + repeat - 1` (net/frame_auth.h), computed `repeat` times "
+      "(for benchmarks; the GIL is released).");
   m.def("chunk_for", &rs::proto::chunk_for, py::arg("shard_bytes"), py::arg("max_chunk"),
         "The pipeline chunk of a shard (protocol/plan.h): the size every worker derives for a round.");
   m.def("reducers_for", &rs::proto::reducers_for, py::arg("nbytes"), py::arg("reducers"), py::arg("workers"),
@@ -236,7 +260,6 @@ void bind_common(py::module_& m) {
   m.attr("PROTOCOL_VERSION") = rs::proto::kVersion;
   bind_settings(m);
   bind_compression(m);
-
 }
 
 }  // namespace rs::py_bind

@@ -45,7 +45,7 @@ struct ReleaseGilDelete {
 template <typename T>
 using GilFreeHolder = std::unique_ptr<T, ReleaseGilDelete<T>>;
 
-void bind_common(py::module_& m);   // errors, logging, hmac, protocol constants
+void bind_common(py::module_& m);  // errors, logging, hmac, protocol constants
 void bind_kernels(py::module_& m);
 void bind_server(py::module_& m);
 void bind_client(py::module_& m);

@@ -1,7 +1,7 @@
 // The reducer node (csrc/server) in reducer._core.
+#include "server/server.h"
 #include "bindings/common.h"
 #include "common/error.h"
-#include "server/server.h"
 
 namespace rs::py_bind {
 
@@ -89,7 +89,8 @@ void bind_server(py::module_& m) {
                        double memory_idle_timeout, const std::string& integrity) {
              rs::server::ServerOptions o;
              if (!rs::server::parse_integrity_mode(integrity, &o.integrity))
-               throw rs::Error(rs::ErrorKind::Config, "integrity must be 'off', 'on' or 'required', not '" + integrity + "'");
+               throw rs::Error(rs::ErrorKind::Config,
+                               "integrity must be 'off', 'on' or 'required', not '" + integrity + "'");
              o.host = host;
              o.port = port;
              o.threads = threads;
@@ -118,8 +119,7 @@ void bind_server(py::module_& m) {
            py::arg("max_groups_per_peer") = defaults.max_groups_per_peer,
            py::arg("max_memory_per_job") = defaults.max_memory_per_job,
            py::arg("max_memory_per_peer") = defaults.max_memory_per_peer,
-           py::arg("memory_idle_timeout") = defaults.memory_idle_timeout,
-           py::arg("integrity") = "auto")
+           py::arg("memory_idle_timeout") = defaults.memory_idle_timeout, py::arg("integrity") = "auto")
       .def("start", &rs::server::Server::start, py::call_guard<py::gil_scoped_release>())
       .def("stop", &rs::server::Server::stop, py::arg("drain_timeout") = 0.0, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("port", &rs::server::Server::port)
@@ -127,7 +127,8 @@ void bind_server(py::module_& m) {
       .def("drain", &rs::server::Server::drain, "Take no new group; keep serving the groups already here.")
       .def("stats", &server_stats)
       .def("limits", &server_limits, "The limits in force (machine-dependent defaults resolved after start()).")
-      .def("group_stats", &server_group_stats, "Live group streams and the last few that ended (refreshed every 250 ms).");
+      .def("group_stats", &server_group_stats,
+           "Live group streams and the last few that ended (refreshed every 250 ms).");
 }
 
 }  // namespace rs::py_bind

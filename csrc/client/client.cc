@@ -41,10 +41,12 @@ Client::Client(ClientOptions opts)
   if (opts_.rank >= opts_.world_size)
     throw Error(ErrorKind::Config, "rank " + std::to_string(opts_.rank) + " out of range for world size " +
                                        std::to_string(opts_.world_size));
-  if (opts_.streams < 1 || opts_.streams > proto::kMaxStreams) throw Error(ErrorKind::Config, "streams must be in 1..64");
+  if (opts_.streams < 1 || opts_.streams > proto::kMaxStreams)
+    throw Error(ErrorKind::Config, "streams must be in 1..64");
   std::string bad_chunk = proto::check_chunk_bytes(opts_.chunk_bytes);
   if (!bad_chunk.empty()) throw Error(ErrorKind::Config, "chunk_bytes: " + bad_chunk);
-  for (const std::string& why : {proto::check_name("job id", opts_.job_id), proto::check_name("group name", opts_.group)})
+  for (const std::string& why :
+       {proto::check_name("job id", opts_.job_id), proto::check_name("group name", opts_.group)})
     if (!why.empty()) throw Error(ErrorKind::Config, why);
   credential_ = proto::Credential::parse(opts_.auth_token);
   if (credential_.present()) credential_.key_for(opts_.job_id);  // a credential for another job fails here, clearly
@@ -284,8 +286,10 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   for (size_t i = 0; i < nsegs; ++i) {
     if (!segs[i].iov_base && segs[i].iov_len) throw Error(ErrorKind::Config, "null pointer in a round's buffer");
     if (compressed && segs[i].iov_len && (segs[i].iov_len % es || reinterpret_cast<uintptr_t>(segs[i].iov_base) % es))
-      throw Error(ErrorKind::Config, "a compressed round's segments must be whole, 4-byte aligned float32 arrays "
-                                     "(segment " + std::to_string(i) + " is not)");
+      throw Error(ErrorKind::Config,
+                  "a compressed round's segments must be whole, 4-byte aligned float32 arrays "
+                  "(segment " +
+                      std::to_string(i) + " is not)");
     nbytes += segs[i].iov_len;
   }
   if (nbytes % es)
@@ -379,8 +383,7 @@ void Client::settle(Round& r) {
       settle(parent);
       break;
     }
-    case Round::Role::Exchange:
-      break;
+    case Round::Role::Exchange: break;
   }
 }
 
@@ -466,9 +469,7 @@ void Client::retire() {
 
 void Client::fill(size_t li) { sched_->fill(*links_[li], li, active_.size(), copies_short()); }
 
-bool Client::copies_short() const {
-  return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight);
-}
+bool Client::copies_short() const { return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight); }
 
 void Client::watch(std::vector<pollfd>* pfds) {
   pfds->resize(links_.size());
@@ -586,8 +587,8 @@ net::Sink Client::on_header(size_t li, const proto::FrameHeader& h, const std::s
   Round* r = sched_->by_wire(h.round);
   if (r && r->state != Round::State::Running) r = nullptr;
   const SentRound sent{uint8_t(r ? r->dtype : DType::F32), uint8_t(r ? r->op : Op::Sum), r ? r->nbytes : 0};
-  const std::string bad = check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{},
-                                       uint64_t(l.stream), uint64_t(opts_.streams));
+  const std::string bad =
+      check_result(h, r ? &sent : nullptr, r ? r->parts[li] : LinkShare{}, uint64_t(l.stream), uint64_t(opts_.streams));
   if (!bad.empty())
     throw Error(ErrorKind::Protocol, l.peer + " sent a result (round " + std::to_string(h.round) + ", offset " +
                                          std::to_string(h.offset) + ", " + std::to_string(h.length) +
@@ -696,11 +697,10 @@ void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot
 bool Client::collect(RoundId id) {
   auto it = rounds_.find(id);
   if (it == rounds_.end())
-    throw Error(ErrorKind::Config, "round " + std::to_string(id) +
-                                       (id < id_next_ ? " was already waited for" : " was never started"));
+    throw Error(ErrorKind::Config,
+                "round " + std::to_string(id) + (id < id_next_ ? " was already waited for" : " was never started"));
   Round& r = *it->second;
-  if (r.collected)
-    throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
+  if (r.collected) throw Error(ErrorKind::Config, "round " + std::to_string(id) + " was already waited for");
   if (r.state == Round::State::Running && !r.released) return false;
   if (r.state == Round::State::Failed) {  // failed rounds are no longer in sched_->rounds
     Error e(r.kind, r.error);

@@ -47,18 +47,17 @@
 #include <unordered_map>
 #include <vector>
 
+#include "common/compression.h"
 #include "common/defaults.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "net/deadline.h"
 #include "net/frame_io.h"
-#include "common/compression.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/plan.h"
 
 namespace rs::client {
-
 
 // 16-bit wire compression of a float32 round: its names live in common/compression.h.
 using Compression = rs::WireCompression;
@@ -70,22 +69,22 @@ struct ClientOptions {
   uint32_t world_size = 1;
   std::string group = "default";
   std::string job_id = "local";
-  double timeout = kDefaultTimeout;                // seconds without progress before an all-reduce fails
+  double timeout = kDefaultTimeout;                 // seconds without progress before an all-reduce fails
   double connect_timeout = kDefaultConnectTimeout;  // bound on connect retries + waiting for the whole group
-  std::string auth_token;          // the shared secret or a job credential (protocol/auth.h)
+  std::string auth_token;                           // the shared secret or a job credential (protocol/auth.h)
   int streams = kDefaultStreams;
   uint32_t chunk_bytes = kDefaultChunkBytes;  // the largest chunk; a round uses smaller ones for smaller shards
-  int window = kDefaultWindow;        // chunks in flight per connection (sent, result not yet back), across rounds
+  int window = kDefaultWindow;  // chunks in flight per connection (sent, result not yet back), across rounds
   int socket_buffer = kDefaultSocketBuffer;
-  bool failover = kDefaultFailover;  // finish rounds on the surviving reducers when one is lost
+  bool failover = kDefaultFailover;                      // finish rounds on the surviving reducers when one is lost
   int max_rounds_in_flight = kDefaultMaxRoundsInFlight;  // unfinished rounds before start() waits / try_start() refuses
-  bool integrity = false;           // frame integrity (needs auth_token; docs/security.md): asked of every reducer
+  bool integrity = false;  // frame integrity (needs auth_token; docs/security.md): asked of every reducer
 };
 
 struct ClientStats {
   uint64_t bytes_sent = 0;
   uint64_t bytes_received = 0;
-  uint64_t rounds = 0;             // user rounds handed back (done, or released: see early_releases)
+  uint64_t rounds = 0;  // user rounds handed back (done, or released: see early_releases)
   uint64_t reconnects = 0;
   uint64_t reducer_failovers = 0;  // sessions moved to surviving reducers
   uint64_t reducers_active = 0;    // reducers the current session uses
@@ -99,7 +98,7 @@ struct ClientStats {
 // the session reconnects).
 using RoundId = uint64_t;
 
-struct Link;   // client/round.h
+struct Link;  // client/round.h
 struct Round;
 class Schedule;  // client/schedule.h
 class Recovery;  // client/recovery.h
@@ -112,8 +111,7 @@ class Client {
   Client& operator=(const Client&) = delete;
 
   // Reduces `nbytes` at `data` in place across the group: wait(start(...)).
-  void allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0,
-                 Compression comp = Compression::None);
+  void allreduce(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0, Compression comp = Compression::None);
 
   // Starts reducing `nbytes` at `data` in place and returns at once, unless
   // max_rounds_in_flight rounds are unfinished: then it drives them until one finishes
@@ -123,8 +121,7 @@ class Client {
   // start the same rounds (size, dtype, op, tag, compression) in the same order.
   // `comp` other than None sends the float32 buffer as 16-bit values (see the top of this
   // file); it needs dtype F32 and segments of whole, 4-byte aligned floats (else a Config error).
-  RoundId start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0,
-                Compression comp = Compression::None);
+  RoundId start(void* data, size_t nbytes, DType dtype, Op op, uint64_t tag = 0, Compression comp = Compression::None);
   // A scatter-gather round: the buffer is the concatenation of `segs` (sent with writev
   // straight from them, results received straight back into them).
   RoundId start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag = 0,
@@ -164,35 +161,35 @@ class Client {
   // that refuses the connection is reported there instead of failing the call.
   void connect_all(std::vector<size_t>* lost = nullptr);
   proto::Hello hello_for(int stream) const;
-  std::string session_group() const;             // the group name of this reducer set
-  void enqueue(Round* r);                         // plan and append to the session's rounds
-  void settle(Round& r);                          // Done once its results are in and cleared
-  void release_early(Round& r);                   // a small round's results are in: back to the caller
-  void recycle_copy(Round& r);                    // its results' copy back to spare_copies_
-  void finish_part(size_t li, Round& r);          // a link's share of a round is complete
+  std::string session_group() const;      // the group name of this reducer set
+  void enqueue(Round* r);                 // plan and append to the session's rounds
+  void settle(Round& r);                  // Done once its results are in and cleared
+  void release_early(Round& r);           // a small round's results are in: back to the caller
+  void recycle_copy(Round& r);            // its results' copy back to spare_copies_
+  void finish_part(size_t li, Round& r);  // a link's share of a round is complete
   void apply_clear(size_t li, uint64_t upto);
   void disconnect(bool say_bye);
-  bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
-                    uint64_t tag, Compression comp, bool may_wait, RoundId* out);
+  bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag,
+                    Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr);
   void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
   // pump()'s handlers, in the order a pass meets them:
-  const pollfd* poll_links();                     // which links can move bytes now (poll, no wait)
-  bool pump_link(size_t li, short rev);           // link li's turn: write, read, queue more
+  const pollfd* poll_links();            // which links can move bytes now (poll, no wait)
+  bool pump_link(size_t li, short rev);  // link li's turn: write, read, queue more
   net::IoResult write_link(size_t li, net::IoBudget* budget);
-  void on_written(size_t li, uint64_t token);     // a frame is written: its staging slot is free
+  void on_written(size_t li, uint64_t token);  // a frame is written: its staging slot is free
   net::Sink on_header(size_t li, const proto::FrameHeader& h, const std::string& err);  // where a payload goes
   bool on_frame(size_t li, const proto::FrameHeader& h);  // a complete ERROR, CLEAR or RESULT
-  bool count_io(uint64_t sent, uint64_t got);     // stats and the no-progress timer
-  void watch(std::vector<pollfd>* pfds);          // fill every link, then the poll set (one per link)
-  void fill(size_t li);                           // queue the frames the window allows on link li (Schedule)
-  bool copies_short() const;                      // no DONE may wait: a drain, or the pool of copies (nearly) full
+  bool count_io(uint64_t sent, uint64_t got);             // stats and the no-progress timer
+  void watch(std::vector<pollfd>* pfds);                  // fill every link, then the poll set (one per link)
+  void fill(size_t li);                                   // queue the frames the window allows on link li (Schedule)
+  bool copies_short() const;  // no DONE may wait: a drain, or the pool of copies (nearly) full
   void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
-  bool collect(RoundId id);                       // true (and forgets it) if done; rethrows its error
-  void retire();                                  // drops finished rounds from the front of the session's
+  bool collect(RoundId id);  // true (and forgets it) if done; rethrows its error
+  void retire();             // drops finished rounds from the front of the session's
   std::string describe_stall() const;
   void wake_waiters();
 
@@ -204,29 +201,30 @@ class Client {
   RoundId id_next_ = 0;
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::unique_ptr<Schedule> sched_;  // this session's rounds, in round order, and how they go on the links
-  size_t open_ = 0;             // rounds in the session not finished (user, repair, exchange)
-  size_t running_ = 0;          // user rounds not finished (in the session or being repaired), not released
-  size_t released_open_ = 0;    // user rounds released (release_early), not yet done: at most max_rounds_in_flight
+  size_t open_ = 0;                  // rounds in the session not finished (user, repair, exchange)
+  size_t running_ = 0;               // user rounds not finished (in the session or being repaired), not released
+  size_t released_open_ = 0;         // user rounds released (release_early), not yet done: at most max_rounds_in_flight
   std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
-  std::vector<std::unique_ptr<Round>> internal_;  // repair and exchange rounds (freed when they retire)
-  std::vector<Round*> parents_; // user rounds waiting for their repair rounds
+  std::vector<std::unique_ptr<Round>> internal_;    // repair and exchange rounds (freed when they retire)
+  std::vector<Round*> parents_;                     // user rounds waiting for their repair rounds
   // Reducer failover and rejoin checks (client/recovery.h); it works on this client's state.
   friend class Recovery;
   std::unique_ptr<Recovery> recovery_;
   ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
   std::string dropped_why_;
-  net::ProgressTimer timer_;   // no progress while some thread drives the rounds
-  bool force_dones_ = false;    // Recovery::drain(): every round must end, so no DONE waits in the kernel (Schedule::fill)
-  struct Driving {             // scope of a start/test/wait call (with mu_ held at both ends)
+  net::ProgressTimer timer_;  // no progress while some thread drives the rounds
+  bool force_dones_ =
+      false;        // Recovery::drain(): every round must end, so no DONE waits in the kernel (Schedule::fill)
+  struct Driving {  // scope of a start/test/wait call (with mu_ held at both ends)
     explicit Driving(Client* c);
     ~Driving();
     Client* c_;
   };
-  int callers_ = 0;            // threads inside start/test/wait
+  int callers_ = 0;  // threads inside start/test/wait
   net::Clock::time_point idle_since_ = net::Clock::now();
   ClientStats stats_;
-  net::Fd wake_;        // eventfd: wakes threads blocked in wait()'s poll when state changes
-  int pollers_ = 0;     // threads inside that poll
+  net::Fd wake_;              // eventfd: wakes threads blocked in wait()'s poll when state changes
+  int pollers_ = 0;           // threads inside that poll
   std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
   uint64_t session_gen_ = 0;  // changes whenever links_ does
   mutable std::mutex mu_;

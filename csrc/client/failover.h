@@ -76,8 +76,8 @@ uint64_t max_spans(uint64_t nbytes, uint64_t elem);
 // This worker's side of the exchange: its row, its entries, its unfinished rounds.
 struct Limits {
   uint32_t rank = 0;
-  Summary own;               // set by finish()
-  std::vector<Entry> mine;   // this worker's entries (append_round for each unfinished round)
+  Summary own;                                         // set by finish()
+  std::vector<Entry> mine;                             // this worker's entries (append_round for each unfinished round)
   std::vector<std::pair<uint64_t, uint64_t>> pending;  // (RoundId, max_spans) of its unfinished rounds, ascending
   uint64_t window = kMaxRoundWindow;
   uint64_t max_table_bytes = kMaxTableBytes;
@@ -114,8 +114,8 @@ class Table {
   // wrong size.
   Table(uint32_t world, const std::vector<int64_t>& summaries, const std::vector<int64_t>& entries,
         uint64_t max_entries, const Limits* lim = nullptr);
-  uint64_t lo() const { return lo_; }  // rounds [lo, hi) are repaired
-  uint64_t hi() const { return hi_; }  // rounds >= hi were not started everywhere: they start afresh
+  uint64_t lo() const { return lo_; }              // rounds [lo, hi) are repaired
+  uint64_t hi() const { return hi_; }              // rounds >= hi were not started everywhere: they start afresh
   uint64_t max_next() const { return max_next_; }  // no worker has started a round from here on
   // The largest row's entry count; throws Error(Protocol) for a negative one.
   static uint64_t max_entries(uint32_t world, const std::vector<int64_t>& summaries);

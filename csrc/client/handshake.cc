@@ -35,12 +35,14 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
   l.peer = peer;
   l.integrity = (h.flags & proto::kHelloIntegrity) != 0;
   if (l.integrity && !cred.present())
-    throw Error(ErrorKind::Config, "frame integrity (RS_INTEGRITY) needs authentication: give the worker the shared "
-                                   "secret or its job's credential (RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE)");
+    throw Error(ErrorKind::Config,
+                "frame integrity (RS_INTEGRITY) needs authentication: give the worker the shared "
+                "secret or its job's credential (RS_AUTH_TOKEN / RS_AUTH_TOKEN_FILE)");
   uint8_t chbuf[proto::kChallengeBytes];
   // A reducer at its connection cap closes new connections before its challenge: it is busy,
   // not gone, so retry with back-off until the deadline (then the last error stands).
-  for (auto backoff = std::chrono::milliseconds(50);; backoff = std::min(backoff * 2, std::chrono::milliseconds(1000))) {
+  for (auto backoff = std::chrono::milliseconds(50);;
+       backoff = std::min(backoff * 2, std::chrono::milliseconds(1000))) {
     l.fd = net::connect_with_retry(addr, deadline);
     net::tune_socket(l.fd.get(), socket_buffer);
     try {
@@ -61,8 +63,9 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
   // A worker without a credential still sends its hello to a reducer that requires one: the
   // reducer refuses it with AuthFailed and logs the attempt, which is what an operator looks for.
   if (!ch.auth_required && cred.present())
-    throw Error(ErrorKind::Auth, "authentication failed: " + peer + " does not authenticate (it has no secret) but this worker has a credential: "
-                                        "refusing to send gradients to a reducer that cannot prove who it is");
+    throw Error(ErrorKind::Auth, "authentication failed: " + peer +
+                                     " does not authenticate (it has no secret) but this worker has a credential: "
+                                     "refusing to send gradients to a reducer that cannot prove who it is");
   l.challenge_nonce = ch.nonce;
   proto::random_bytes(l.worker_nonce.data(), l.worker_nonce.size());
   h.nonce = l.worker_nonce;
@@ -95,8 +98,9 @@ proto::Status judge_reply(const PendingLink& l, const proto::Reply& reply) {
     std::copy(reply.mac.begin(), reply.mac.end(), got.begin());
     const bool authentic = proto::digest_equal(proto::reply_mac(l.key, reply, l.worker_nonce, l.challenge_nonce), got);
     if (!authentic && reply.status == proto::Status::Ok)
-      throw Error(ErrorKind::Auth, "authentication failed: " + l.peer + " could not prove that it knows the secret (bad reply MAC): "
-                                            "not a reducer of this job, or the reducer has another secret");
+      throw Error(ErrorKind::Auth, "authentication failed: " + l.peer +
+                                       " could not prove that it knows the secret (bad reply MAC): "
+                                       "not a reducer of this job, or the reducer has another secret");
     if (!authentic) quoted += " [unauthenticated reply]";
   }
   if (reply.status == proto::Status::Ok || reply.status == proto::Status::RankTaken) return reply.status;

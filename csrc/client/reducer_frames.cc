@@ -33,8 +33,8 @@ std::string check_result(const proto::FrameHeader& h, const SentRound* round, co
 std::string check_clear(uint64_t upto, uint64_t done_sent, bool failover) {
   if (!failover) return "a CLEAR (round " + n(upto) + ") on a connection without reducer failover";
   if (upto > done_sent)
-    return "cleared round " + n(upto) + " before this worker said it had the results (its last DONE: " +
-           n(done_sent) + ")";
+    return "cleared round " + n(upto) + " before this worker said it had the results (its last DONE: " + n(done_sent) +
+           ")";
   return "";
 }
 

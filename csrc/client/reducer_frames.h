@@ -33,8 +33,8 @@ struct SentRound {
 // of `streams` awaits from its reducer for `round` with share `share`; else a sentence saying
 // why not. `round` null: the header names no round in flight. An accepted result lands in
 // [h.offset, h.offset + h.length) of the shard, a chunk this worker has written, in chunk order.
-std::string check_result(const proto::FrameHeader& h, const SentRound* round, const LinkShare& share,
-                         uint64_t stream, uint64_t streams);
+std::string check_result(const proto::FrameHeader& h, const SentRound* round, const LinkShare& share, uint64_t stream,
+                         uint64_t streams);
 
 // "" when CLEAR(`upto`) is one this worker can take: it asked for one (failover) and `upto` is at
 // most the round its last DONE named (`done_sent`); else why not.

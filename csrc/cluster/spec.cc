@@ -94,7 +94,8 @@ void read_pools(const std::string& source, const Value& cluster, Spec* spec) {
       ok = entries.items[i].type == Type::String;
       if (ok) addrs.push_back(entries.items[i].text);
     }
-    if (!ok) fail(source, "pool " + py_repr(name) + " must be a list of 'host:port' strings, found " + py_repr(entries));
+    if (!ok)
+      fail(source, "pool " + py_repr(name) + " must be a list of 'host:port' strings, found " + py_repr(entries));
     spec->pools.emplace_back(name, std::move(addrs));
   }
 }
@@ -104,7 +105,8 @@ int64_t read_index(const std::string& source, const Value* index) {
   if (!index) return 0;
   std::string digits;
   if (index->type == Type::Number && index->text.find_first_of(".eE") == std::string::npos) {
-    digits = index->text[0] == '-' ? (index->text.find_first_not_of("-0") == std::string::npos ? "0" : "") : index->text;
+    digits =
+        index->text[0] == '-' ? (index->text.find_first_not_of("-0") == std::string::npos ? "0" : "") : index->text;
   } else if (index->type == Type::String) {
     digits = trimmed(index->text);
     if (digits.find_first_not_of("0123456789") != std::string::npos) digits.clear();
@@ -130,7 +132,8 @@ void read_task(const Source& src, const Value& task, Spec* spec) {
   const PoolKind* kind = kind_of(src, type);
   if (!kind) {
     std::string expected;
-    for (const auto& k : src.kinds) expected += (expected.empty() ? "" : ", ") + std::string(k.type) + " (" + k.description + ")";
+    for (const auto& k : src.kinds)
+      expected += (expected.empty() ? "" : ", ") + std::string(k.type) + " (" + k.description + ")";
     fail(source, "task type " + py_repr(*type) + " is unknown: expected one of " + expected);
   }
   spec->task_type = kind->type;

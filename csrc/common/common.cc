@@ -26,8 +26,10 @@ void log(LogLevel level, const std::string& msg) {
     sink(level, msg);
     return;
   }
-  const char* name = level >= LogLevel::Error ? "ERROR" : level >= LogLevel::Warning ? "WARNING"
-                     : level >= LogLevel::Info ? "INFO" : "DEBUG";
+  const char* name = level >= LogLevel::Error     ? "ERROR"
+                     : level >= LogLevel::Warning ? "WARNING"
+                     : level >= LogLevel::Info    ? "INFO"
+                                                  : "DEBUG";
   std::fprintf(stderr, "%s reducer: %s\n", name, msg.c_str());
 }
 

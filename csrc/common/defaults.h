@@ -17,7 +17,7 @@ constexpr double kDefaultConnectTimeout = 300.0;   // connect retries + waiting 
 constexpr int kDefaultMaxRoundsInFlight = 8;       // unfinished rounds before start() waits (RS_MAX_ROUNDS_IN_FLIGHT)
 constexpr bool kDefaultFailover = true;            // finish rounds on the surviving reducers (RS_FAILOVER)
 constexpr double kDefaultHandshakeTimeout = 10.0;  // seconds a new connection has for its hello (RS_HANDSHAKE_TIMEOUT)
-constexpr int kDefaultP2pSockets = 2;              // NCCL plugin: sockets per point-to-point connection (RS_NCCL_NSOCKS)
+constexpr int kDefaultP2pSockets = 2;  // NCCL plugin: sockets per point-to-point connection (RS_NCCL_NSOCKS)
 
 // Bounds the client enforces (csrc/client/client.cc) and the settings table states.
 constexpr int kMaxWindow = 1024;

@@ -54,11 +54,11 @@ bool parse_dtype(const std::string& s, DType* out) {
     const char* name;
     DType t;
   } kNames[] = {
-      {"float32", DType::F32}, {"f32", DType::F32},     {"fp32", DType::F32},     {"float", DType::F32},
-      {"float64", DType::F64}, {"f64", DType::F64},     {"double", DType::F64},   {"float16", DType::F16},
-      {"fp16", DType::F16},    {"f16", DType::F16},     {"half", DType::F16},     {"bfloat16", DType::BF16},
-      {"bf16", DType::BF16},   {"int32", DType::I32},   {"i32", DType::I32},      {"int", DType::I32},
-      {"int64", DType::I64},   {"i64", DType::I64},     {"long", DType::I64},
+      {"float32", DType::F32}, {"f32", DType::F32},   {"fp32", DType::F32},   {"float", DType::F32},
+      {"float64", DType::F64}, {"f64", DType::F64},   {"double", DType::F64}, {"float16", DType::F16},
+      {"fp16", DType::F16},    {"f16", DType::F16},   {"half", DType::F16},   {"bfloat16", DType::BF16},
+      {"bf16", DType::BF16},   {"int32", DType::I32}, {"i32", DType::I32},    {"int", DType::I32},
+      {"int64", DType::I64},   {"i64", DType::I64},   {"long", DType::I64},
   };
   for (const auto& e : kNames) {
     if (s == e.name) {

@@ -17,11 +17,11 @@ constexpr int kNumOps = 4;
 
 bool valid_dtype(uint8_t v);
 bool valid_op(uint8_t v);
-size_t dtype_size(DType t);          // bytes per element on the wire
-size_t acc_elem_size(DType t);       // bytes per accumulator element
-bool acc_is_wire_type(DType t);      // acc_elem_size == dtype_size and same representation
-const char* dtype_name(DType t);     // "float32", "float64", "float16", "bfloat16", "int32", "int64"
-const char* op_name(Op o);           // "sum", "avg", "min", "max"
+size_t dtype_size(DType t);       // bytes per element on the wire
+size_t acc_elem_size(DType t);    // bytes per accumulator element
+bool acc_is_wire_type(DType t);   // acc_elem_size == dtype_size and same representation
+const char* dtype_name(DType t);  // "float32", "float64", "float16", "bfloat16", "int32", "int64"
+const char* op_name(Op o);        // "sum", "avg", "min", "max"
 bool parse_dtype(const std::string& s, DType* out);
 bool parse_op(const std::string& s, Op* out);
 

@@ -2,8 +2,8 @@
 // (so the seeds follow the protocol version being fuzzed).
 // Usage: make_seeds DIR [TARGET]   (TARGET: wire (default), failover or reducer_frames; file names:
 // <kind>-<n>; byte 0 selects what the target runs, see csrc/fuzz/<TARGET>_fuzz.cc)
-#include <cstdio>
 #include <cstdint>
+#include <cstdio>
 #include <string>
 #include <vector>
 
@@ -36,16 +36,15 @@ static std::string header_bytes(const proto::FrameHeader& h) {
 // csrc/fuzz/failover_fuzz.cc: an honest exchange of two workers (this worker: rounds 6 and 8
 // unfinished, 6 with bytes [0, 8) in; rank 1 reports the same rounds), and the unbounded form.
 static bool failover_seeds(const std::string& dir) {
-  const std::string honest = {
-      1, 0, 5, 2,           // world 2, rank 0, rounds from 5, two unfinished rounds:
-      0, 9, 1, 0, 1,        //   round 6 of 40 bytes, one span [0, 8)
-      1, 19, 0,             //   round 8 of 80 bytes, nothing in
-      1,                    // next round 10
-      0, 0, 0, 0,           // row 0 as sent; row 1: oldest, next and entries as this worker's
-      0,                    // this worker's entries as sent; rank 1's three:
-      0, 1,                 //   (6, -1, -1)
-      0, 0, 0, 0, 3, 0,     //   (6, 0, 16)
-      2, 1};                //   (8, -1, -1)
+  const std::string honest = {1, 0,  5, 2,        // world 2, rank 0, rounds from 5, two unfinished rounds:
+                              0, 9,  1, 0, 1,     //   round 6 of 40 bytes, one span [0, 8)
+                              1, 19, 0,           //   round 8 of 80 bytes, nothing in
+                              1,                  // next round 10
+                              0, 0,  0, 0,        // row 0 as sent; row 1: oldest, next and entries as this worker's
+                              0,                  // this worker's entries as sent; rank 1's three:
+                              0, 1,               //   (6, -1, -1)
+                              0, 0,  0, 0, 3, 0,  //   (6, 0, 16)
+                              2, 1};              //   (8, -1, -1)
   std::string raw = std::string(1, '\x01') + std::string(3, '\0');
   for (int i = 0; i < 6; ++i) raw += '\x80' + u64_bytes(i == 5 ? (~uint64_t(0)) / 6 + 1 : uint64_t(i));
   return write_seed(dir, "exchange-0", 0, honest) && write_seed(dir, "unbounded-0", 1, raw);
@@ -63,8 +62,8 @@ static bool reducer_frame_seeds(const std::string& dir) {
   ok &= write_seed(dir, "reply-1", 0, std::string(1, '\x01') + proto::encode(reply) + '\x01');
   // chunk size 64, 1 stream, float32 round 7 of 1024 bytes (shard 1024, 16 chunks written),
   // failover on, last DONE 5; then RESULT chunk 0, CLEAR 3 and an ERROR.
-  std::string f = u64_bytes(0) + std::string{0, 0, 0, 7, 0} + u64_bytes(255) + u64_bytes(255) +
-                  std::string{16, 1} + u64_bytes(5) + std::string(1, '\0');
+  std::string f = u64_bytes(0) + std::string{0, 0, 0, 7, 0} + u64_bytes(255) + u64_bytes(255) + std::string{16, 1} +
+                  u64_bytes(5) + std::string(1, '\0');
   proto::FrameHeader h;
   h.type = proto::FrameType::Result;
   h.round = 7;
@@ -89,14 +88,16 @@ static bool plugin_env_seeds(const std::string& dir) {
   const std::string spec =
       R"({"cluster":{"workerpool0":["w0:2222"],"workerpool1":["w1:2222"],"workerpool2":["r0:2222","[::1]:2222"]},)"
       R"("task":{"type":"workerpool0","index":0},"job":{"workerPoolSpecs":[]}})";
-  const std::string tf = R"({"cluster":{"chief":["c:1"],"ps":["p0:2222","p1:2222"]},"task":{"type":"chief","index":0}})";
+  const std::string tf =
+      R"({"cluster":{"chief":["c:1"],"ps":["p0:2222","p1:2222"]},"task":{"type":"chief","index":0}})";
   const std::string nul(1, '\0');
   bool ok = write_seed(dir, "json-0", 0, R"({"a":[1,2.5e3,-0.0,true,false,null,"\u00e9\n"],"b":{}})");
   ok &= write_seed(dir, "cluster_spec-0", 1, spec);
   ok &= write_seed(dir, "tf_config-0", 2, tf);
   ok &= write_seed(dir, "rs_reducers-0", 3, "10.0.0.1:2222, [fe80::1]:2223,host:1");
-  ok &= write_seed(dir, "worker-0", 4, "30" + nul + "300" + nul + "4" + nul + "1M" + nul + "8" + nul + "False" + nul +
-                                           "4M" + nul + "secret" + nul + "Required");
+  ok &= write_seed(dir, "worker-0", 4,
+                   "30" + nul + "300" + nul + "4" + nul + "1M" + nul + "8" + nul + "False" + nul + "4M" + nul +
+                       "secret" + nul + "Required");
   ok &= write_seed(dir, "p2p-0", 5, "4" + nul + "2" + nul + "2" + nul + "10");
   return ok;
 }
@@ -153,7 +154,13 @@ int main(int argc, char** argv) {
   for (size_t k = 0; k < reply.mac.size(); ++k) reply.mac[k] = uint8_t(k + 3);
   ok &= write_seed(dir, "reply-1", 2, proto::encode(reply));
 
-  struct F { proto::FrameType t; uint8_t dtype; uint32_t len; uint64_t total, shard, off; std::string text; };
+  struct F {
+    proto::FrameType t;
+    uint8_t dtype;
+    uint32_t len;
+    uint64_t total, shard, off;
+    std::string text;
+  };
   std::vector<F> frames = {
       {proto::FrameType::Data, 0, 4096, 1 << 20, 1 << 19, 8192, ""},
       {proto::FrameType::Data, 5, 8, 8, 8, 0, ""},

@@ -23,9 +23,9 @@ namespace {
 
 const char* const kDiscovery[] = {"CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS", "RS_JOB_ID", "CLOUD_ML_JOB_ID"};
 // Never from the input: a file path (it would read any file) and the process-wide congestion control.
-const char* const kWorker[] = {"RS_TIMEOUT", "RS_CONNECT_TIMEOUT", "RS_STREAMS", "RS_CHUNK_BYTES", "RS_WINDOW",
-                               "RS_FAILOVER", "RS_SOCKET_BUFFER", "RS_AUTH_TOKEN", "RS_INTEGRITY",
-                               "RS_MAX_ROUNDS_IN_FLIGHT"};
+const char* const kWorker[] = {
+    "RS_TIMEOUT",  "RS_CONNECT_TIMEOUT", "RS_STREAMS",    "RS_CHUNK_BYTES", "RS_WINDOW",
+    "RS_FAILOVER", "RS_SOCKET_BUFFER",   "RS_AUTH_TOKEN", "RS_INTEGRITY",   "RS_MAX_ROUNDS_IN_FLIGHT"};
 const char* const kP2p[] = {"RS_NCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "RS_HANDSHAKE_TIMEOUT"};
 
 // Every string the reader hands out is valid UTF-8 (Python receives them as str).

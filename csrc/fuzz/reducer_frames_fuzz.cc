@@ -65,12 +65,11 @@ void fuzz_reply(Input in) {
     const proto::Status st = judge_reply(link, reply);
     FUZZ_CHECK(st == proto::Status::Ok || st == proto::Status::RankTaken);
     if (link.authenticated && st == proto::Status::Ok)
-      FUZZ_CHECK(proto::digest_equal(proto::reply_mac(link.key, reply, link.worker_nonce, link.challenge_nonce),
-                                     [&] {
-                                       proto::Digest d;
-                                       std::memcpy(d.data(), reply.mac.data(), d.size());
-                                       return d;
-                                     }()));
+      FUZZ_CHECK(proto::digest_equal(proto::reply_mac(link.key, reply, link.worker_nonce, link.challenge_nonce), [&] {
+        proto::Digest d;
+        std::memcpy(d.data(), reply.mac.data(), d.size());
+        return d;
+      }()));
   } catch (const rs::Error& e) {
     FUZZ_CHECK(printable(e.what()));
     FUZZ_CHECK(std::strlen(e.what()) <= 200 + kPeerTextChars + 32 + 24);
@@ -121,8 +120,7 @@ void fuzz_frames(Input in) {
         FUZZ_CHECK(h.length <= proto::kMaxMessageBytes);
         check_quoted(in.bytes(h.length));
         break;
-      default:
-        return;  // DATA / DONE from a reducer: the worker refuses them
+      default: return;  // DATA / DONE from a reducer: the worker refuses them
     }
   }
 }

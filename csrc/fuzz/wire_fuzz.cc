@@ -61,7 +61,8 @@ void fuzz_hello(const uint8_t* p, size_t n) {
   // What the MAC covers is the whole hello with the MAC zeroed.
   std::string unsigned_bytes = proto::encode_unsigned(h);
   FUZZ_CHECK(unsigned_bytes.size() == again.size());
-  FUZZ_CHECK(std::memcmp(unsigned_bytes.data() + 64, std::string(proto::kMacBytes, '\0').data(), proto::kMacBytes) == 0);
+  FUZZ_CHECK(std::memcmp(unsigned_bytes.data() + 64, std::string(proto::kMacBytes, '\0').data(), proto::kMacBytes) ==
+             0);
   // Names the reducer accepts contain only the documented characters (they reach logs and keys).
   for (const std::string* name : {&h.job_id, &h.group}) {
     if (!proto::check_name("name", *name).empty()) continue;

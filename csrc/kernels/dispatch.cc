@@ -56,9 +56,7 @@ struct Tables {
 #endif
   }
 
-  const Table* best() const {
-    return has_avx512bf16 ? &avx512bf16 : has_avx512 ? &avx512 : has_avx2 ? &avx2 : &scalar;
-  }
+  const Table* best() const { return has_avx512bf16 ? &avx512bf16 : has_avx512 ? &avx512 : has_avx2 ? &avx2 : &scalar; }
 };
 
 const Tables& tables() {

@@ -71,8 +71,8 @@ inline uint16_t float_to_half(float f) {
     return static_cast<uint16_t>(sign | 0x7e00u | ((x >> 13) & 0x3ffu));
   }
   if (x >= 0x477ff000u) return sign | 0x7c00u;  // >= 65520 rounds to inf
-  if (x < 0x38800000u) {                         // half subnormal / zero: let the FPU round
-    float v = u2f(x) + 0.5f;                     // aligns bit 0 of the sum to 2^-24
+  if (x < 0x38800000u) {                        // half subnormal / zero: let the FPU round
+    float v = u2f(x) + 0.5f;                    // aligns bit 0 of the sum to 2^-24
     return static_cast<uint16_t>(sign | (f2u(v) - 0x3f000000u));
   }
   uint32_t odd = (x >> 13) & 1u;

@@ -24,7 +24,7 @@ namespace {
 
 std::mutex g_mu;
 std::optional<ReducerPool> g_pool;
-std::string g_pool_error;  // why there is no pool ("" when none is configured)
+std::string g_pool_error;   // why there is no pool ("" when none is configured)
 bool g_discovered = false;  // init() ran at least once in this load of the library
 
 // The objects NCCL holds for us as void*: each starts with its own magic, checked by ours<T>()
@@ -78,15 +78,15 @@ uint64_t fingerprint(const ReducerPool& p) {
 ReducerPool current_pool() {
   std::lock_guard<std::mutex> lock(g_mu);
   if (!g_pool) {
-    throw Error(ErrorKind::Config, g_pool_error.empty()
-                                       ? "no reducers configured (set RS_REDUCERS, or run under CLUSTER_SPEC / TF_CONFIG)"
-                                       : g_pool_error);
+    throw Error(ErrorKind::Config,
+                g_pool_error.empty() ? "no reducers configured (set RS_REDUCERS, or run under CLUSTER_SPEC / TF_CONFIG)"
+                                     : g_pool_error);
   }
   return *g_pool;
 }
 
 const char* nccl_dtype_name(int t) {
-  static const char* names[] = {"int8",    "uint8",   "int32",    "uint32",  "int64",  "uint64",
+  static const char* names[] = {"int8",    "uint8",   "int32",   "uint32",   "int64",   "uint64",
                                 "float16", "float32", "float64", "bfloat16", "fp8e4m3", "fp8e5m2"};
   return t >= 0 && t < 12 ? names[t] : "unknown";
 }
@@ -138,8 +138,9 @@ void init() {
   if (!changed) return;
   if (!error.empty()) log_warn(error + " (CollNet init fails, so NCCL runs without CollNet)");
   else if (!pool)
-    log_info("CollNet off: no reducers configured (RS_REDUCERS, CLUSTER_SPEC or TF_CONFIG); CollNet init fails, so "
-             "NCCL runs without CollNet");
+    log_info(
+        "CollNet off: no reducers configured (RS_REDUCERS, CLUSTER_SPEC or TF_CONFIG); CollNet init fails, so "
+        "NCCL runs without CollNet");
   else {
     std::string list;
     for (const auto& r : pool->reducers) list += (list.empty() ? "" : ",") + r;
@@ -192,14 +193,16 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
                               "connect: the handle of head " + std::to_string(i)));
   for (size_t i = 1; i < h.size(); ++i) {
     if (h[i].pool_fingerprint != h[0].pool_fingerprint || h[i].reducers != h[0].reducers)
-      throw Error(ErrorKind::Config, "connect: head " + std::to_string(i) + " (" + h[i].host +
-                                         ") has a different reducer pool or job id than head 0 (" + h[0].host +
-                                         "): every node must see the same CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS and job id");
+      throw Error(ErrorKind::Config,
+                  "connect: head " + std::to_string(i) + " (" + h[i].host +
+                      ") has a different reducer pool or job id than head 0 (" + h[0].host +
+                      "): every node must see the same CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS and job id");
     if (h[i].comm_id != h[0].comm_id)
       throw Error(ErrorKind::Protocol, "connect: head " + std::to_string(i) + " belongs to another NCCL communicator");
   }
   if (h[size_t(rank)].nonce != lc->own.nonce)
-    throw Error(ErrorKind::Internal, "connect: handle " + std::to_string(rank) + " is not this head's own listen handle");
+    throw Error(ErrorKind::Internal,
+                "connect: handle " + std::to_string(rank) + " is not this head's own listen handle");
   // The group: communicator id (little-endian) and every head's nonce, in rank order.
   uint8_t comm_id[8];
   proto::put_u64(comm_id, h[0].comm_id);
@@ -217,9 +220,10 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   opts.rank = uint32_t(rank);
   opts.world_size = uint32_t(nranks);
   cc->rounds = std::make_unique<CollNetRounds>(opts, kMaxRoundsInFlight);
-  log_info("CollNet connected: head " + std::to_string(rank) + " of " + std::to_string(nranks) + ", group " + cc->group +
-           ", job " + opts.job_id + ", " + std::to_string(opts.reducers.size()) + " reducer(s) from " + lc->pool.source + ", up to " +
-           std::to_string(kMaxRoundsInFlight) + " rounds in flight, window " + std::to_string(opts.window));
+  log_info("CollNet connected: head " + std::to_string(rank) + " of " + std::to_string(nranks) + ", group " +
+           cc->group + ", job " + opts.job_id + ", " + std::to_string(opts.reducers.size()) + " reducer(s) from " +
+           lc->pool.source + ", up to " + std::to_string(kMaxRoundsInFlight) + " rounds in flight, window " +
+           std::to_string(opts.window));
   *coll_comm = cc.release();
 }
 
@@ -237,7 +241,8 @@ void iallreduce(void* coll_comm, void* send, void* recv, size_t count, int nccl_
   Op o;
   if (!to_rs_dtype(nccl_dtype, &t) || !to_rs_op(nccl_op, &o))
     throw Error(ErrorKind::Config, std::string("iallreduce: ") + nccl_op_name(nccl_op) + " of " +
-                                       nccl_dtype_name(nccl_dtype) + " is not supported by the reducers "
+                                       nccl_dtype_name(nccl_dtype) +
+                                       " is not supported by the reducers "
                                        "(reduceSupport reports 0 for it)");
   const size_t es = dtype_size(t);
   if (count > kMaxCollBytes / es)
@@ -246,8 +251,10 @@ void iallreduce(void* coll_comm, void* send, void* recv, size_t count, int nccl_
   if (nbytes && (!send || !recv)) throw Error(ErrorKind::Config, "iallreduce with a null buffer");
   const MemRegion* sr = region_of(send_mh);
   const MemRegion* rr = region_of(recv_mh);
-  if (sr && !sr->contains(send, nbytes)) throw Error(ErrorKind::Config, "iallreduce: send buffer outside its registered region");
-  if (rr && !rr->contains(recv, nbytes)) throw Error(ErrorKind::Config, "iallreduce: receive buffer outside its registered region");
+  if (sr && !sr->contains(send, nbytes))
+    throw Error(ErrorKind::Config, "iallreduce: send buffer outside its registered region");
+  if (rr && !rr->contains(recv, nbytes))
+    throw Error(ErrorKind::Config, "iallreduce: receive buffer outside its registered region");
   *request = cc->rounds->try_start(send, recv, nbytes, t, o);
 }
 

@@ -21,7 +21,7 @@ bool to_rs_op(int nccl_op, Op* out);
 
 // Reads the reducer pool (CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS); logs why CollNet is off.
 void init();
-int devices();  // 1 with a reducer pool, else 0
+int devices();                         // 1 with a reducer pool, else 0
 void* make_context(uint64_t comm_id);  // what init(ctx, commId) hands back (v11+)
 void free_context(void* ctx);
 

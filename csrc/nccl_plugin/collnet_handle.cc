@@ -13,8 +13,8 @@ constexpr uint32_t kMagic = 0x48434e52u;  // "RNCH"
 constexpr uint16_t kVersion = 1;
 
 // Offsets (see the header).
-constexpr size_t kVersionAt = 4, kReservedAt = 6, kNonceAt = 8, kCommIdAt = 24, kFingerprintAt = 32,
-                 kReducersAt = 40, kHostAt = 44, kEnd = kHostAt + kHandleHostBytes;
+constexpr size_t kVersionAt = 4, kReservedAt = 6, kNonceAt = 8, kCommIdAt = 24, kFingerprintAt = 32, kReducersAt = 40,
+                 kHostAt = 44, kEnd = kHostAt + kHandleHostBytes;
 static_assert(kReservedAt + 2 == kNonceAt && kNonceAt + kHandleNonceBytes == kCommIdAt, "handle layout");
 static_assert(kEnd <= kHandleBytes, "the handle fits NCCL's buffer");
 

@@ -53,18 +53,18 @@ class CollNetRounds {
  private:
   bool test_round(Round& r, size_t* nbytes);
   [[noreturn]] void fail(Round& r, ErrorKind kind, const std::string& why);
-  bool stalled();                                        // RS_TIMEOUT of wall time without a byte moving
+  bool stalled();                                       // RS_TIMEOUT of wall time without a byte moving
   [[noreturn]] void time_out(const std::string& what);  // fails the communicator for good (Timeout)
   void release(Round& r);
 
   client::Client client_;
   std::vector<std::unique_ptr<Round>> slots_;  // the request ring, in issue order
   uint64_t issued_ = 0;
-  size_t running_ = 0;            // requests handed to NCCL and not yet released
-  net::ProgressTimer stall_;      // wall-clock: no byte moved while NCCL waited for a round
-  uint64_t bytes_seen_ = 0;       // client bytes sent + received at the last progress
-  bool refusing_ = false;         // the client refused rounds with none in flight (a rejoin check)
-  bool failed_ = false;           // sticky: the group is out of step
+  size_t running_ = 0;        // requests handed to NCCL and not yet released
+  net::ProgressTimer stall_;  // wall-clock: no byte moved while NCCL waited for a round
+  uint64_t bytes_seen_ = 0;   // client bytes sent + received at the last progress
+  bool refusing_ = false;     // the client refused rounds with none in flight (a rejoin check)
+  bool failed_ = false;       // sticky: the group is out of step
   ErrorKind fail_kind_ = ErrorKind::Internal;
   std::string fail_text_;
   std::mutex mu_;  // NCCL calls from its proxy thread; only held for non-blocking work

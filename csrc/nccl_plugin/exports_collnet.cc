@@ -40,8 +40,8 @@ ncclResult_t coll_iallgather(void*, void*, int, ncclNetSGE_t*, size_t, size_t, s
   *request = nullptr;
   return coll_unsupported("iallgather");
 }
-ncclResult_t coll_ireducescatter(void*, int, ncclNetSGE_t*, void*, size_t, size_t, size_t, ncclDataType_t,
-                                 ncclRedOp_t, void*, void** request) {
+ncclResult_t coll_ireducescatter(void*, int, ncclNetSGE_t*, void*, size_t, size_t, size_t, ncclDataType_t, ncclRedOp_t,
+                                 void*, void** request) {
   *request = nullptr;
   return coll_unsupported("ireducescatter");
 }
@@ -50,11 +50,13 @@ std::string gather_mode_text(int table, int code, bool direct) {
   const std::string by = "CollNet v" + std::to_string(table) + " loaded by NCCL " + nccl_version_text(code);
   if (table == 7) return by + ": all-reduce only (v7 has no all-gather / reduce-scatter members)";
   if (direct)
-    return by + ", which uses the table as it is: iallgather/ireducescatter are NULL, so NCCL never picks CollNet "
-                "for all-gather / reduce-scatter";
-  return by + (code && newest_collnet_version(code) ? ", through its adapter (which calls iallgather/ireducescatter "
-                                                      "unconditionally)"
-                                                    : " (a version this plugin does not know: assuming an adapter)") +
+    return by +
+           ", which uses the table as it is: iallgather/ireducescatter are NULL, so NCCL never picks CollNet "
+           "for all-gather / reduce-scatter";
+  return by +
+         (code && newest_collnet_version(code) ? ", through its adapter (which calls iallgather/ireducescatter "
+                                                 "unconditionally)"
+                                               : " (a version this plugin does not know: assuming an adapter)") +
          ": iallgather/ireducescatter refuse with ncclInternalError if NCCL ever picks CollNet for them";
 }
 
@@ -81,16 +83,20 @@ ncclResult_t coll_init_common(ncclDebugLogger_t logger, int version, void** ctx,
   if (ctx) *ctx = nullptr;
   set_logger(logger);
   return guarded("CollNet init", [&] {
-    collnet::init();  // reads the reducer pool; logs it, or why CollNet is off
+    collnet::init();                                   // reads the reducer pool; logs it, or why CollNet is off
     if (!collnet::devices()) return ncclInvalidUsage;  // no device: fail, so NCCL disables CollNet
-    p2p::init();                                        // the NIC CollNet reports (throws if none)
+    p2p::init();                                       // the NIC CollNet reports (throws if none)
     configure_gather_members(version, logger);
     if (ctx) *ctx = collnet::make_context(comm_id);
     return ncclSuccess;
   });
 }
-ncclResult_t coll_init_v12(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 12, ctx, comm_id); }
-ncclResult_t coll_init_v11(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) { return coll_init_common(logger, 11, ctx, comm_id); }
+ncclResult_t coll_init_v12(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  return coll_init_common(logger, 12, ctx, comm_id);
+}
+ncclResult_t coll_init_v11(void** ctx, uint64_t comm_id, ncclDebugLogger_t logger) {
+  return coll_init_common(logger, 11, ctx, comm_id);
+}
 ncclResult_t coll_init_v10(ncclDebugLogger_t logger) { return coll_init_common(logger, 10, nullptr, 0); }
 ncclResult_t coll_init_v9(ncclDebugLogger_t logger) { return coll_init_common(logger, 9, nullptr, 0); }
 ncclResult_t coll_init_v8(ncclDebugLogger_t logger) { return coll_init_common(logger, 8, nullptr, 0); }
@@ -126,7 +132,9 @@ ncclResult_t coll_listen_v12(void* ctx, int dev, void* handle, void** listen_com
     collnet::listen(ctx, handle, listen_comm);
   });
 }
-ncclResult_t coll_listen_v8(int dev, void* handle, void** listen_comm) { return coll_listen_v12(nullptr, dev, handle, listen_comm); }
+ncclResult_t coll_listen_v8(int dev, void* handle, void** listen_comm) {
+  return coll_listen_v12(nullptr, dev, handle, listen_comm);
+}
 
 ncclResult_t coll_connect(void* handles[], int nranks, int rank, void* listen_comm, void** coll_comm) {
   return run_guarded("CollNet connect", [&] { collnet::connect(handles, nranks, rank, listen_comm, coll_comm); });
@@ -179,40 +187,54 @@ extern "C" {
 
 // iallgather / ireducescatter: set by init for the NCCL that loads the table (see above); the
 // initial values are what an unknown NCCL gets.
-RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = {
-    kPluginName, coll_init_v12, coll_devices, coll_get_properties<ncclNetProperties_v12_t>, coll_listen_v12,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, coll_iallgather,
-    coll_ireducescatter, coll_iflush, coll_test, coll_close, coll_close_listen, nullptr /* makeVDevice */,
-    coll_finalize};
+RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = {kPluginName,         coll_init_v12,
+                                                     coll_devices,        coll_get_properties<ncclNetProperties_v12_t>,
+                                                     coll_listen_v12,     coll_connect,
+                                                     coll_reduce_support, reg_mr,
+                                                     reg_mr_dmabuf,       dereg_mr,
+                                                     coll_iallreduce_v12, coll_iallgather,
+                                                     coll_ireducescatter, coll_iflush,
+                                                     coll_test,           coll_close,
+                                                     coll_close_listen,   nullptr /* makeVDevice */,
+                                                     coll_finalize};
 
 // v11 down to v8: only ever held as they are (NCCL 2.28-2.29, 2.26-2.27, 2.24-2.25, 2.20-2.23),
 // so iallgather / ireducescatter are NULL: NCCL's tuner never picks CollNet for them.
 RS_EXPORT ncclCollNet_v11_t ncclCollNetPlugin_v11 = {
-    kPluginName, coll_init_v11, coll_devices, coll_get_properties<ncclNetProperties_v11_t>, coll_listen_v12,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
-    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr, coll_finalize};
+    kPluginName,       coll_init_v11, coll_devices,        coll_get_properties<ncclNetProperties_v11_t>,
+    coll_listen_v12,   coll_connect,  coll_reduce_support, reg_mr,
+    reg_mr_dmabuf,     dereg_mr,      coll_iallreduce_v12, nullptr,
+    nullptr,           coll_iflush,   coll_test,           coll_close,
+    coll_close_listen, nullptr,       coll_finalize};
 
 // v10 and v9 share one layout. NCCL 2.26-2.27 log the CollNet v10 table's name through their
 // ncclNetPlugin_v10 pointer (NULL unless the net v10 table is exported too: exports_net.cc).
 RS_EXPORT ncclCollNet_v10_t ncclCollNetPlugin_v10 = {
-    kPluginName, coll_init_v10, coll_devices, coll_get_properties<ncclNetProperties_v10_t>, coll_listen_v8,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
-    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr /* makeVDevice */};
+    kPluginName,       coll_init_v10, coll_devices,        coll_get_properties<ncclNetProperties_v10_t>,
+    coll_listen_v8,    coll_connect,  coll_reduce_support, reg_mr,
+    reg_mr_dmabuf,     dereg_mr,      coll_iallreduce_v12, nullptr,
+    nullptr,           coll_iflush,   coll_test,           coll_close,
+    coll_close_listen, nullptr /* makeVDevice */};
 
 RS_EXPORT ncclCollNet_v9_t ncclCollNetPlugin_v9 = {
-    kPluginName, coll_init_v9, coll_devices, coll_get_properties<ncclNetProperties_v9_t>, coll_listen_v8,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v12, nullptr, nullptr,
-    coll_iflush, coll_test, coll_close, coll_close_listen, nullptr};
+    kPluginName,       coll_init_v9, coll_devices,        coll_get_properties<ncclNetProperties_v9_t>,
+    coll_listen_v8,    coll_connect, coll_reduce_support, reg_mr,
+    reg_mr_dmabuf,     dereg_mr,     coll_iallreduce_v12, nullptr,
+    nullptr,           coll_iflush,  coll_test,           coll_close,
+    coll_close_listen, nullptr};
 
 RS_EXPORT ncclCollNet_v8_t ncclCollNetPlugin_v8 = {
-    kPluginName, coll_init_v8, coll_devices, coll_get_properties<ncclNetProperties_v8_t>, coll_listen_v8,
-    coll_connect, coll_reduce_support, reg_mr, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, nullptr, nullptr,
-    coll_iflush, coll_test, coll_close, coll_close_listen};
+    kPluginName,      coll_init_v8, coll_devices,        coll_get_properties<ncclNetProperties_v8_t>,
+    coll_listen_v8,   coll_connect, coll_reduce_support, reg_mr,
+    reg_mr_dmabuf,    dereg_mr,     coll_iallreduce_v8,  nullptr,
+    nullptr,          coll_iflush,  coll_test,           coll_close,
+    coll_close_listen};
 
 // NCCL 2.19 (the newest it knows).
 RS_EXPORT ncclCollNet_v7_t ncclCollNetPlugin_v7 = {
-    kPluginName, coll_init_v7, coll_devices, coll_get_properties<ncclNetProperties_v7_t>, coll_listen_v8,
-    coll_connect, coll_reduce_support, reg_mr_v7, reg_mr_dmabuf, dereg_mr, coll_iallreduce_v8, coll_iflush,
-    coll_test, coll_close, coll_close_listen};
+    kPluginName,    coll_init_v7, coll_devices,        coll_get_properties<ncclNetProperties_v7_t>,
+    coll_listen_v8, coll_connect, coll_reduce_support, reg_mr_v7,
+    reg_mr_dmabuf,  dereg_mr,     coll_iallreduce_v8,  coll_iflush,
+    coll_test,      coll_close,   coll_close_listen};
 
 }  // extern "C"

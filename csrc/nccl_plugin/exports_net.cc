@@ -165,7 +165,9 @@ ncclResult_t net_listen_v12(void*, int dev, void* handle, void** listen_comm) {
     p2p::listen(handle, listen_comm);
   });
 }
-ncclResult_t net_listen_v8(int dev, void* handle, void** listen_comm) { return net_listen_v12(nullptr, dev, handle, listen_comm); }
+ncclResult_t net_listen_v8(int dev, void* handle, void** listen_comm) {
+  return net_listen_v12(nullptr, dev, handle, listen_comm);
+}
 
 ncclResult_t net_connect_v12(void*, int dev, void* handle, void** send_comm, ncclNetDeviceHandle_t** dev_comm) {
   return run_guarded("connect", [&] {
@@ -209,7 +211,7 @@ ncclResult_t net_irecv_v12(void* recv_comm, int n, void** data, size_t* sizes, i
   });
 }
 ncclResult_t net_irecv_v8(void* recv_comm, int n, void** data, int* sizes, int* /*tags*/, void** /*mhandles*/,
-                         void** request) {
+                          void** request) {
   return run_guarded("irecv", [&] {
     *request = nullptr;
     if (n != 1) throw Error(ErrorKind::Config, "irecv of " + std::to_string(n) + " buffers: maxRecvs is 1");
@@ -249,36 +251,34 @@ using namespace rs::nccl;
 extern "C" {
 
 #define RS_FWD(T, member, builtin) Fwd<&T::member, builtin>::call
-#define RS_NET_TABLE_COMMON(T, PROPS, LISTEN, CONNECT, REGMR, ISEND, IRECV)                                        \
-  kPluginName, net_init_##T, RS_FWD(ncclNet_##T##_t, devices, net_devices),                                    \
+#define RS_NET_TABLE_COMMON(T, PROPS, LISTEN, CONNECT, REGMR, ISEND, IRECV)                                       \
+  kPluginName, net_init_##T, RS_FWD(ncclNet_##T##_t, devices, net_devices),                                       \
       RS_FWD(ncclNet_##T##_t, getProperties, net_get_properties<PROPS>), RS_FWD(ncclNet_##T##_t, listen, LISTEN), \
-      RS_FWD(ncclNet_##T##_t, connect, CONNECT), RS_FWD(ncclNet_##T##_t, accept, net_accept),                    \
-      RS_FWD(ncclNet_##T##_t, regMr, REGMR), RS_FWD(ncclNet_##T##_t, regMrDmaBuf, reg_mr_dmabuf),                \
-      RS_FWD(ncclNet_##T##_t, deregMr, dereg_mr), RS_FWD(ncclNet_##T##_t, isend, ISEND),                         \
-      RS_FWD(ncclNet_##T##_t, irecv, IRECV), RS_FWD(ncclNet_##T##_t, iflush, net_iflush),                        \
-      RS_FWD(ncclNet_##T##_t, test, net_test), RS_FWD(ncclNet_##T##_t, closeSend, net_close),                    \
-      RS_FWD(ncclNet_##T##_t, closeRecv, net_close), RS_FWD(ncclNet_##T##_t, closeListen, net_close_listen),     \
+      RS_FWD(ncclNet_##T##_t, connect, CONNECT), RS_FWD(ncclNet_##T##_t, accept, net_accept),                     \
+      RS_FWD(ncclNet_##T##_t, regMr, REGMR), RS_FWD(ncclNet_##T##_t, regMrDmaBuf, reg_mr_dmabuf),                 \
+      RS_FWD(ncclNet_##T##_t, deregMr, dereg_mr), RS_FWD(ncclNet_##T##_t, isend, ISEND),                          \
+      RS_FWD(ncclNet_##T##_t, irecv, IRECV), RS_FWD(ncclNet_##T##_t, iflush, net_iflush),                         \
+      RS_FWD(ncclNet_##T##_t, test, net_test), RS_FWD(ncclNet_##T##_t, closeSend, net_close),                     \
+      RS_FWD(ncclNet_##T##_t, closeRecv, net_close), RS_FWD(ncclNet_##T##_t, closeListen, net_close_listen),      \
       nullptr /* getDeviceMr */, nullptr /* irecvConsumed */
 
 // The optional members stay NULL for the built-in net; adopt_optional() sets the delegate's.
-RS_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {
-    RS_NET_TABLE_COMMON(v12, ncclNetProperties_v12_t, net_listen_v12, net_connect_v12, reg_mr, net_isend_v12,
-                        net_irecv_v12),
-    nullptr /* makeVDevice */, RS_FWD(ncclNet_v12_t, finalize, net_finalize), nullptr /* setNetAttr */};
+RS_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {RS_NET_TABLE_COMMON(v12, ncclNetProperties_v12_t, net_listen_v12,
+                                                                 net_connect_v12, reg_mr, net_isend_v12, net_irecv_v12),
+                                             nullptr /* makeVDevice */, RS_FWD(ncclNet_v12_t, finalize, net_finalize),
+                                             nullptr /* setNetAttr */};
 
-RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {
-    RS_NET_TABLE_COMMON(v11, ncclNetProperties_v11_t, net_listen_v12, net_connect_v12, reg_mr, net_isend_v12,
-                        net_irecv_v12),
-    nullptr, RS_FWD(ncclNet_v11_t, finalize, net_finalize), nullptr};
+RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {RS_NET_TABLE_COMMON(v11, ncclNetProperties_v11_t, net_listen_v12,
+                                                                 net_connect_v12, reg_mr, net_isend_v12, net_irecv_v12),
+                                             nullptr, RS_FWD(ncclNet_v11_t, finalize, net_finalize), nullptr};
 
 // NCCL 2.26-2.27 (their newest; no context, no finalize).
-RS_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {
-    RS_NET_TABLE_COMMON(v10, ncclNetProperties_v10_t, net_listen_v8, net_connect_v10, reg_mr, net_isend_v12,
-                        net_irecv_v12),
-    nullptr /* makeVDevice */};
+RS_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {RS_NET_TABLE_COMMON(v10, ncclNetProperties_v10_t, net_listen_v8,
+                                                                 net_connect_v10, reg_mr, net_isend_v12, net_irecv_v12),
+                                             nullptr /* makeVDevice */};
 
-RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {RS_NET_TABLE_COMMON(v8, ncclNetProperties_v8_t, net_listen_v8,
-                                                               net_connect_v8, reg_mr, net_isend_v8, net_irecv_v8)};
+RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
+    RS_NET_TABLE_COMMON(v8, ncclNetProperties_v8_t, net_listen_v8, net_connect_v8, reg_mr, net_isend_v8, net_irecv_v8)};
 
 // NCCL 2.19 (the newest it knows).
 RS_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {RS_NET_TABLE_COMMON(v7, ncclNetProperties_v7_t, net_listen_v8,

@@ -14,7 +14,8 @@ void* register_region(void* data, size_t size, int type) {
                 std::string("cannot register ") + (type == NCCL_PTR_CUDA ? "CUDA" : "non-host") +
                     " memory: this plugin moves data from host memory only (ptrSupport = NCCL_PTR_HOST); "
                     "NCCL stages GPU buffers through host memory when the plugin says so");
-  if (!data && size) throw Error(ErrorKind::Config, "cannot register a null pointer of " + std::to_string(size) + " bytes");
+  if (!data && size)
+    throw Error(ErrorKind::Config, "cannot register a null pointer of " + std::to_string(size) + " bytes");
   auto r = std::make_unique<MemRegion>();
   r->base = static_cast<const uint8_t*>(data);
   r->size = size;

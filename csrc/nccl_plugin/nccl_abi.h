@@ -30,14 +30,29 @@ typedef enum {
 } ncclResult_t;
 
 typedef enum {
-  ncclInt8 = 0, ncclUint8 = 1, ncclInt32 = 2, ncclUint32 = 3, ncclInt64 = 4, ncclUint64 = 5,
-  ncclFloat16 = 6, ncclFloat32 = 7, ncclFloat64 = 8, ncclBfloat16 = 9, ncclFloat8e4m3 = 10, ncclFloat8e5m2 = 11
+  ncclInt8 = 0,
+  ncclUint8 = 1,
+  ncclInt32 = 2,
+  ncclUint32 = 3,
+  ncclInt64 = 4,
+  ncclUint64 = 5,
+  ncclFloat16 = 6,
+  ncclFloat32 = 7,
+  ncclFloat64 = 8,
+  ncclBfloat16 = 9,
+  ncclFloat8e4m3 = 10,
+  ncclFloat8e5m2 = 11
 } ncclDataType_t;
 
 typedef enum { ncclSum = 0, ncclProd = 1, ncclMax = 2, ncclMin = 3, ncclAvg = 4 } ncclRedOp_t;
 
 typedef enum {
-  NCCL_LOG_NONE = 0, NCCL_LOG_VERSION = 1, NCCL_LOG_WARN = 2, NCCL_LOG_INFO = 3, NCCL_LOG_ABORT = 4, NCCL_LOG_TRACE = 5
+  NCCL_LOG_NONE = 0,
+  NCCL_LOG_VERSION = 1,
+  NCCL_LOG_WARN = 2,
+  NCCL_LOG_INFO = 3,
+  NCCL_LOG_ABORT = 4,
+  NCCL_LOG_TRACE = 5
 } ncclDebugLogLevel;
 
 /* Subsystem flags of a log line (the ones this plugin uses). */
@@ -79,13 +94,13 @@ typedef ncclResult_t (*ncclGetVersion_t)(int* version); /* NCCL's public ncclGet
   char* pciPath;               \
   uint64_t guid;               \
   int ptrSupport;
-#define RS_NCCL_PROPS_LINK           \
-  int speed; /* Mbps */              \
-  int port;                          \
-  float latency;                     \
-  int maxComms;                      \
-  int maxRecvs;                      \
-  ncclNetDeviceType netDeviceType;   \
+#define RS_NCCL_PROPS_LINK         \
+  int speed; /* Mbps */            \
+  int port;                        \
+  float latency;                   \
+  int maxComms;                    \
+  int maxRecvs;                    \
+  ncclNetDeviceType netDeviceType; \
   int netDeviceVersion;
 
 typedef struct {
@@ -112,12 +127,12 @@ typedef struct {
 /* v9 to v12 properties share everything up to maxCollBytes; v11 adds maxMultiRequestSize, v12 the
  * rail/plane ids and 8 virtual-device slots. v9 and v10 are the same layout (NCCL 2.24-2.27). */
 #define RS_NCCL_PROPS_V9_ON(VPROPS) \
-  RS_NCCL_PROPS_IDENTITY           \
-  int regIsGlobal;                 \
-  int forceFlush;                  \
-  RS_NCCL_PROPS_LINK               \
-  VPROPS vProps;                   \
-  size_t maxP2pBytes;              \
+  RS_NCCL_PROPS_IDENTITY            \
+  int regIsGlobal;                  \
+  int forceFlush;                   \
+  RS_NCCL_PROPS_LINK                \
+  VPROPS vProps;                    \
+  size_t maxP2pBytes;               \
   size_t maxCollBytes;
 
 typedef ncclNetVDeviceProps_v11_t ncclNetVDeviceProps_v10_t; /* devs[4] in v9, v10 and v11 */
@@ -172,35 +187,33 @@ typedef struct {
 
 /* ---- point-to-point net ------------------------------------------------------------------- */
 /* The first members of v7 and v8 tables, net and CollNet alike. */
-#define RS_NCCL_V7_V8_OPENING(PROPS)                                                                         \
-  const char* name;                                                                                          \
-  ncclResult_t (*init)(ncclDebugLogger_t logFunction);                                                       \
-  ncclResult_t (*devices)(int* ndev);                                                                        \
-  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
+#define RS_NCCL_V7_V8_OPENING(PROPS)                    \
+  const char* name;                                     \
+  ncclResult_t (*init)(ncclDebugLogger_t logFunction);  \
+  ncclResult_t (*devices)(int* ndev);                   \
+  ncclResult_t (*getProperties)(int dev, PROPS* props); \
   ncclResult_t (*listen)(int dev, void* handle, void** listenComm);
 
 /* iflush to irecvConsumed: the same in every net version. */
-#define RS_NCCL_NET_FROM_IFLUSH                                                                              \
-  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request);     \
-  ncclResult_t (*test)(void* request, int* done, int* sizes);                                                \
-  ncclResult_t (*closeSend)(void* sendComm);                                                                 \
-  ncclResult_t (*closeRecv)(void* recvComm);                                                                 \
-  ncclResult_t (*closeListen)(void* listenComm);                                                             \
-  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                               \
+#define RS_NCCL_NET_FROM_IFLUSH                                                                            \
+  ncclResult_t (*iflush)(void* recvComm, int n, void** data, int* sizes, void** mhandles, void** request); \
+  ncclResult_t (*test)(void* request, int* done, int* sizes);                                              \
+  ncclResult_t (*closeSend)(void* sendComm);                                                               \
+  ncclResult_t (*closeRecv)(void* recvComm);                                                               \
+  ncclResult_t (*closeListen)(void* listenComm);                                                           \
+  ncclResult_t (*getDeviceMr)(void* comm, void* mhandle, void** dptr_mhandle);                             \
   ncclResult_t (*irecvConsumed)(void* recvComm, int n, void* request);
 
 /* v7 and v8 differ in the properties and in regMr's size (int in v7). */
-#define RS_NCCL_NET_V7_V8(PROPS, REG_SIZE)                                                                      \
-  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
-  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);      \
-  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);            \
-  ncclResult_t (*regMr)(void* comm, void* data, REG_SIZE size, int type, void** mhandle);                    \
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,          \
-                              void** mhandle);                                                               \
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                        \
-  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);       \
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles,            \
-                        void** request);                                                                     \
+#define RS_NCCL_NET_V7_V8(PROPS, REG_SIZE)                                                                             \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                                         \
+  ncclResult_t (*connect)(int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);                \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);                      \
+  ncclResult_t (*regMr)(void* comm, void* data, REG_SIZE size, int type, void** mhandle);                              \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle); \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                                  \
+  ncclResult_t (*isend)(void* sendComm, void* data, int size, int tag, void* mhandle, void** request);                 \
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, int* sizes, int* tags, void** mhandles, void** request);   \
   RS_NCCL_NET_FROM_IFLUSH
 
 typedef struct {
@@ -223,38 +236,35 @@ typedef struct {
                           ncclNetDeviceHandle_t** sendDevComm);
   ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);
   ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,
-                              void** mhandle);
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle);
   ncclResult_t (*deregMr)(void* comm, void* mhandle);
-  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle, void** request);
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles, void** phandles,
                         void** request);
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,
-                        void** phandles, void** request);
   RS_NCCL_NET_FROM_IFLUSH
   ncclResult_t (*makeVDevice)(int* d, ncclNetVDeviceProps_v10_t* props);
 } ncclNet_v10_t;
 
 /* v11 and v12 differ only in the properties and virtual-device structs. */
-#define RS_NCCL_NET_V11_V12(PROPS, VPROPS)                                                                      \
-  const char* name;                                                                                          \
-  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_t* config, ncclDebugLogger_t logFunction, \
-                       ncclProfilerCallback_t profFunction);                                                  \
-  ncclResult_t (*devices)(int* ndev);                                                                        \
-  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
-  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);                               \
-  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm); \
-  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);            \
-  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);                      \
-  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd,          \
-                              void** mhandle);                                                               \
-  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                        \
-  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,        \
-                        void** request);                                                                     \
-  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,         \
-                        void** phandles, void** request);                                                    \
-  RS_NCCL_NET_FROM_IFLUSH                                                                                    \
-  ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                        \
-  ncclResult_t (*finalize)(void* ctx);                                                                       \
+#define RS_NCCL_NET_V11_V12(PROPS, VPROPS)                                                                             \
+  const char* name;                                                                                                    \
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclNetCommConfig_t* config, ncclDebugLogger_t logFunction,        \
+                       ncclProfilerCallback_t profFunction);                                                           \
+  ncclResult_t (*devices)(int* ndev);                                                                                  \
+  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                                \
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);                                         \
+  ncclResult_t (*connect)(void* ctx, int dev, void* handle, void** sendComm, ncclNetDeviceHandle_t** sendDevComm);     \
+  ncclResult_t (*accept)(void* listenComm, void** recvComm, ncclNetDeviceHandle_t** recvDevComm);                      \
+  ncclResult_t (*regMr)(void* comm, void* data, size_t size, int type, void** mhandle);                                \
+  ncclResult_t (*regMrDmaBuf)(void* comm, void* data, size_t size, int type, uint64_t offset, int fd, void** mhandle); \
+  ncclResult_t (*deregMr)(void* comm, void* mhandle);                                                                  \
+  ncclResult_t (*isend)(void* sendComm, void* data, size_t size, int tag, void* mhandle, void* phandle,                \
+                        void** request);                                                                               \
+  ncclResult_t (*irecv)(void* recvComm, int n, void** data, size_t* sizes, int* tags, void** mhandles,                 \
+                        void** phandles, void** request);                                                              \
+  RS_NCCL_NET_FROM_IFLUSH                                                                                              \
+  ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                                  \
+  ncclResult_t (*finalize)(void* ctx);                                                                                 \
   ncclResult_t (*setNetAttr)(void* ctx, ncclNetAttr_t* netAttr);
 
 typedef struct {
@@ -268,20 +278,20 @@ typedef struct {
 /* ---- CollNet --------------------------------------------------------------------------------- */
 /* v7 and v8 share all but the properties, regMr's size (int in v7) and v8's all-gather /
  * reduce-scatter members, which v7 does not have. */
-#define RS_NCCL_COLLNET_V7_V8_HEAD(PROPS, REG_SIZE)                                                             \
-  RS_NCCL_V7_V8_OPENING(PROPS)                                                                               \
-  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);          \
-  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                 \
-  ncclResult_t (*regMr)(void* collComm, void* data, REG_SIZE size, int type, void** mhandle);                \
-  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,      \
-                              void** mhandle);                                                               \
-  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                    \
+#define RS_NCCL_COLLNET_V7_V8_HEAD(PROPS, REG_SIZE)                                                              \
+  RS_NCCL_V7_V8_OPENING(PROPS)                                                                                   \
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);             \
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                     \
+  ncclResult_t (*regMr)(void* collComm, void* data, REG_SIZE size, int type, void** mhandle);                    \
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,        \
+                              void** mhandle);                                                                   \
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                        \
   ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, int count, ncclDataType_t dataType, \
                              ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);
-#define RS_NCCL_COLLNET_V7_V8_TAIL                                                                           \
-  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);               \
-  ncclResult_t (*test)(void* request, int* done, int* size);                                                 \
-  ncclResult_t (*closeColl)(void* collComm);                                                                 \
+#define RS_NCCL_COLLNET_V7_V8_TAIL                                                             \
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request); \
+  ncclResult_t (*test)(void* request, int* done, int* size);                                   \
+  ncclResult_t (*closeColl)(void* collComm);                                                   \
   ncclResult_t (*closeListen)(void* listenComm);
 
 typedef struct {
@@ -295,31 +305,30 @@ typedef struct {
                              size_t bytesPerRank, size_t windowOffset, size_t windowBytes, void* sendMhandle,
                              void** request);
   ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_v8_t* sendParts, void* recvData,
-                                 size_t bytesPerRank, size_t windowOffset, size_t windowBytes,
-                                 ncclDataType_t dataType, ncclRedOp_t redOp, void* recvMhandle, void** request);
+                                 size_t bytesPerRank, size_t windowOffset, size_t windowBytes, ncclDataType_t dataType,
+                                 ncclRedOp_t redOp, void* recvMhandle, void** request);
   RS_NCCL_COLLNET_V7_V8_TAIL
 } ncclCollNet_v8_t;
 
 /* connect to closeListen: the same in v9 to v12 (size_t counts and SGE sizes). */
-#define RS_NCCL_COLLNET_FROM_CONNECT                                                                         \
-  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);          \
-  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                 \
-  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);                  \
-  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,      \
-                              void** mhandle);                                                               \
-  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                    \
-  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, size_t count,                   \
-                             ncclDataType_t dataType, ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, \
-                             void** request);                                                                \
-  ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts, ncclNetSGE_t* recvParts,          \
-                             size_t bytesPerRank, size_t windowOffset, size_t windowBytes, void* sendMhandle,   \
-                             void** request);                                                                \
-  ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_t* sendParts, void* recvData,      \
-                                 size_t bytesPerRank, size_t windowOffset, size_t windowBytes,                 \
-                                 ncclDataType_t dataType, ncclRedOp_t redOp, void* recvMhandle, void** request); \
-  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);               \
-  ncclResult_t (*test)(void* request, int* done, int* size);                                                 \
-  ncclResult_t (*closeColl)(void* collComm);                                                                 \
+#define RS_NCCL_COLLNET_FROM_CONNECT                                                                                \
+  ncclResult_t (*connect)(void* handles[], int nranks, int rank, void* listenComm, void** collComm);                \
+  ncclResult_t (*reduceSupport)(ncclDataType_t dataType, ncclRedOp_t redOp, int* supported);                        \
+  ncclResult_t (*regMr)(void* collComm, void* data, size_t size, int type, void** mhandle);                         \
+  ncclResult_t (*regMrDmaBuf)(void* collComm, void* data, size_t size, int type, uint64_t offset, int fd,           \
+                              void** mhandle);                                                                      \
+  ncclResult_t (*deregMr)(void* collComm, void* mhandle);                                                           \
+  ncclResult_t (*iallreduce)(void* collComm, void* sendData, void* recvData, size_t count, ncclDataType_t dataType, \
+                             ncclRedOp_t redOp, void* sendMhandle, void* recvMhandle, void** request);              \
+  ncclResult_t (*iallgather)(void* collComm, void* sendData, int nRecvParts, ncclNetSGE_t* recvParts,               \
+                             size_t bytesPerRank, size_t windowOffset, size_t windowBytes, void* sendMhandle,       \
+                             void** request);                                                                       \
+  ncclResult_t (*ireducescatter)(void* collComm, int nSendParts, ncclNetSGE_t* sendParts, void* recvData,           \
+                                 size_t bytesPerRank, size_t windowOffset, size_t windowBytes,                      \
+                                 ncclDataType_t dataType, ncclRedOp_t redOp, void* recvMhandle, void** request);    \
+  ncclResult_t (*iflush)(void* collComm, void* data, int size, void* mhandle, void** request);                      \
+  ncclResult_t (*test)(void* request, int* done, int* size);                                                        \
+  ncclResult_t (*closeColl)(void* collComm);                                                                        \
   ncclResult_t (*closeListen)(void* listenComm);
 
 /* v9 (NCCL 2.24-2.25) and v10 (2.26-2.27): no context, no finalize; the same layout. */
@@ -330,14 +339,14 @@ typedef struct {
 } ncclCollNet_v10_t;
 typedef ncclCollNet_v10_t ncclCollNet_v9_t;
 
-#define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                                                 \
-  const char* name;                                                                                          \
-  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction);                          \
-  ncclResult_t (*devices)(int* ndev);                                                                        \
-  ncclResult_t (*getProperties)(int dev, PROPS* props);                                                      \
-  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);                               \
-  RS_NCCL_COLLNET_FROM_CONNECT                                                                               \
-  ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                                                        \
+#define RS_NCCL_COLLNET_V11_V12(PROPS, VPROPS)                                      \
+  const char* name;                                                                 \
+  ncclResult_t (*init)(void** ctx, uint64_t commId, ncclDebugLogger_t logFunction); \
+  ncclResult_t (*devices)(int* ndev);                                               \
+  ncclResult_t (*getProperties)(int dev, PROPS* props);                             \
+  ncclResult_t (*listen)(void* ctx, int dev, void* handle, void** listenComm);      \
+  RS_NCCL_COLLNET_FROM_CONNECT                                                      \
+  ncclResult_t (*makeVDevice)(int* d, VPROPS* props);                               \
   ncclResult_t (*finalize)(void* ctx);
 
 typedef struct {

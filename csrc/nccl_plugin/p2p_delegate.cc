@@ -73,7 +73,8 @@ const T* resolve_impl(int version, const T* self) noexcept {
     const std::string sym = "ncclNetPlugin_v" + std::to_string(version);
     auto* t = static_cast<const T*>(::dlsym(h, sym.c_str()));
     if (t == self || is_self(h)) {
-      log_warn("RS_NCCL_P2P_PLUGIN=" + g_lib.path() + " is this library itself: point-to-point traffic uses the "
+      log_warn("RS_NCCL_P2P_PLUGIN=" + g_lib.path() +
+               " is this library itself: point-to-point traffic uses the "
                "built-in TCP net");
       g_lib.release_self();
       return nullptr;
@@ -87,7 +88,8 @@ const T* resolve_impl(int version, const T* self) noexcept {
     }
     if (!t->init || !t->devices || !t->getProperties || !t->listen || !t->connect || !t->accept || !t->regMr ||
         !t->deregMr || !t->isend || !t->irecv || !t->test || !t->closeSend || !t->closeRecv || !t->closeListen) {
-      log_warn("RS_NCCL_P2P_PLUGIN=" + g_lib.path() + ": its " + sym + " lacks a required member: point-to-point "
+      log_warn("RS_NCCL_P2P_PLUGIN=" + g_lib.path() + ": its " + sym +
+               " lacks a required member: point-to-point "
                "traffic uses the built-in TCP net");
       return nullptr;
     }

@@ -73,8 +73,8 @@ void Listener::expire(Clock::time_point now) {
       ++it;
       continue;
     }
-    const auto in = std::count_if(it->second.socks.begin(), it->second.socks.end(),
-                                  [](const net::Fd& f) { return f.valid(); });
+    const auto in =
+        std::count_if(it->second.socks.begin(), it->second.socks.end(), [](const net::Fd& f) { return f.valid(); });
     drop(it->second.peer, std::to_string(in) + " of " + std::to_string(it->second.socks.size()) +
                               " sockets sent their hello within " + timeout_text());
     it = groups_.erase(it);
@@ -92,8 +92,8 @@ void Listener::accept_queued(Clock::time_point now) {
     Pending p{net::Fd(fd), net::peer_name(fd), now};
     if (step(p, now)) continue;  // its hello was already there (or it was dropped)
     if (pending_.size() >= kMaxPending) {
-      drop(pending_.front().peer, std::to_string(kMaxPending) +
-                                      " connections already wait for their hello: closing the oldest");
+      drop(pending_.front().peer,
+           std::to_string(kMaxPending) + " connections already wait for their hello: closing the oldest");
       pending_.pop_front();
     }
     pending_.push_back(std::move(p));

@@ -36,8 +36,8 @@ struct Accepted {
 class Listener {
  public:
   using Clock = std::chrono::steady_clock;
-  static constexpr size_t kMaxPending = 64;     // accepted sockets waiting for their hello
-  static constexpr size_t kMaxGroups = 16;      // connections with some, not all, hellos in
+  static constexpr size_t kMaxPending = 64;  // accepted sockets waiting for their hello
+  static constexpr size_t kMaxGroups = 16;   // connections with some, not all, hellos in
   static constexpr size_t kMaxAcceptsPerPoll = 512;
 
   Listener(net::Fd fd, uint64_t nonce, int nsocks, Clock::duration hello_timeout);
@@ -73,7 +73,7 @@ class Listener {
   uint64_t nonce_;
   int nsocks_;
   Clock::duration timeout_;
-  std::deque<Pending> pending_;        // oldest first
+  std::deque<Pending> pending_;       // oldest first
   std::map<uint64_t, Group> groups_;  // connection id -> sockets so far
 };
 

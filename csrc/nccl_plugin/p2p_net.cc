@@ -9,12 +9,12 @@
 
 #include <algorithm>
 #include <array>
-#include <chrono>
 #include <atomic>
+#include <chrono>
 #include <cstring>
-#include <optional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -196,8 +196,8 @@ class Comm {
         uint64_t size = get_u64(hdr_in_ + 8);
         if (size > r.size)
           throw Error(ErrorKind::Protocol, "message of " + std::to_string(size) + " bytes from " + peer_ +
-                                               " is larger than the posted receive buffer of " + std::to_string(r.size) +
-                                               " bytes");
+                                               " is larger than the posted receive buffer of " +
+                                               std::to_string(r.size) + " bytes");
         r.actual = size;
         r.size_known.store(true, std::memory_order_release);
         off_[0] = 0;
@@ -283,8 +283,8 @@ class Comm {
   const std::string peer_;
   std::vector<net::Fd> wake_;  // one eventfd per progress thread
   std::array<Request, kSlots> slots_;
-  uint64_t next_ = 0;                 // NCCL-thread side: requests posted so far
-  std::atomic<uint64_t> posted_{0};   // published to the progress thread
+  uint64_t next_ = 0;                // NCCL-thread side: requests posted so far
+  std::atomic<uint64_t> posted_{0};  // published to the progress thread
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
   mutable std::mutex mu_;
@@ -423,8 +423,8 @@ void listen(void* handle, void** listen_comm) {
   const NetInterface& ni = interface();
   const int nsocks = p2p_sockets_from_env();
   const uint64_t nonce = random_u64();
-  const auto hello_timeout = std::chrono::duration_cast<Listener::Clock::duration>(
-      std::chrono::duration<double>(hello_timeout_from_env()));
+  const auto hello_timeout =
+      std::chrono::duration_cast<Listener::Clock::duration>(std::chrono::duration<double>(hello_timeout_from_env()));
   sockaddr_storage ss = ni.addr;
   if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;
   else reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = 0;
@@ -497,7 +497,8 @@ void connect(void* handle, void** send_comm) {
 void accept(void* listen_comm, void** recv_comm) {
   *recv_comm = nullptr;
   auto* lc = static_cast<ListenComm*>(listen_comm);
-  if (!lc || lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "accept: not a listen comm of this plugin");
+  if (!lc || lc->magic != ListenComm::kMagic)
+    throw Error(ErrorKind::Internal, "accept: not a listen comm of this plugin");
   std::optional<Accepted> a = lc->listener->poll();
   if (!a) return;
   auto comm = std::make_unique<Comm>(std::move(a->socks), false, "peer " + a->peer, p2p_threads_from_env());
@@ -507,7 +508,8 @@ void accept(void* listen_comm, void** recv_comm) {
 void isend(void* send_comm, void* data, size_t size, void** request) {
   Comm* c = comm_of(send_comm);
   if (!c->sender()) throw Error(ErrorKind::Internal, "isend on a receive comm");
-  if (size > kMaxMessageBytes) throw Error(ErrorKind::Config, "isend of " + std::to_string(size) + " bytes: more than maxP2pBytes");
+  if (size > kMaxMessageBytes)
+    throw Error(ErrorKind::Config, "isend of " + std::to_string(size) + " bytes: more than maxP2pBytes");
   if (size && !data) throw Error(ErrorKind::Config, "isend of a null buffer");
   *request = c->post(static_cast<uint8_t*>(data), size);
 }
@@ -549,7 +551,8 @@ void close_comm(void* comm) {
 void close_listen(void* listen_comm) {
   if (!listen_comm) return;
   auto* lc = static_cast<ListenComm*>(listen_comm);
-  if (lc->magic != ListenComm::kMagic) throw Error(ErrorKind::Internal, "closeListen: not a listen comm of this plugin");
+  if (lc->magic != ListenComm::kMagic)
+    throw Error(ErrorKind::Internal, "closeListen: not a listen comm of this plugin");
   std::unique_ptr<ListenComm> owned(lc);
   owned->magic = 0;
 }

@@ -4,11 +4,11 @@
 #include <ifaddrs.h>
 #include <net/if.h>
 #include <netinet/in.h>
+#include <algorithm>
+#include <cctype>
 #include <climits>
 #include <cmath>
-#include <algorithm>
 #include <cstdlib>
-#include <cctype>
 #include <cstring>
 #include <fstream>
 #include <memory>
@@ -135,10 +135,30 @@ client::ClientOptions client_options_from_env() {
 namespace {
 
 // NCCL's own socket-net variables, read by the same integer rule as the RS_* settings.
-constexpr settings::Spec kNcclThreads{"", "NCCL_SOCKET_NTHREADS", settings::Kind::Int, true, 1, nullptr, 1, 16,
-                                      nullptr, settings::kPlugin, "NCCL: progress threads per socket comm", 0};
-constexpr settings::Spec kNcclSocksPerThread{"", "NCCL_NSOCKS_PERTHREAD", settings::Kind::Int, true, 1, nullptr, 1,
-                                             16, nullptr, settings::kPlugin, "NCCL: sockets per progress thread", 0};
+constexpr settings::Spec kNcclThreads{"",
+                                      "NCCL_SOCKET_NTHREADS",
+                                      settings::Kind::Int,
+                                      true,
+                                      1,
+                                      nullptr,
+                                      1,
+                                      16,
+                                      nullptr,
+                                      settings::kPlugin,
+                                      "NCCL: progress threads per socket comm",
+                                      0};
+constexpr settings::Spec kNcclSocksPerThread{"",
+                                             "NCCL_NSOCKS_PERTHREAD",
+                                             settings::Kind::Int,
+                                             true,
+                                             1,
+                                             nullptr,
+                                             1,
+                                             16,
+                                             nullptr,
+                                             settings::kPlugin,
+                                             "NCCL: sockets per progress thread",
+                                             0};
 
 }  // namespace
 
@@ -146,7 +166,8 @@ int p2p_threads_from_env() { return int(settings::read_int(kNcclThreads, setting
 
 int p2p_sockets_from_env() {
   const settings::EnvLookup env = settings::process_env();
-  if (settings::read(settings::spec("nccl_nsocks"), env)) return int(settings::read_int(settings::spec("nccl_nsocks"), env));
+  if (settings::read(settings::spec("nccl_nsocks"), env))
+    return int(settings::read_int(settings::spec("nccl_nsocks"), env));
   const bool per_thread = settings::read(kNcclSocksPerThread, env).has_value();
   if (!per_thread && !settings::read(kNcclThreads, env)) return kDefaultP2pSockets;
   const int n = int(settings::read_int(kNcclSocksPerThread, env));
@@ -192,8 +213,7 @@ NetInterface describe(const ifaddrs* a) {
   char host[INET6_ADDRSTRLEN] = "?";
   if (a->ifa_addr->sa_family == AF_INET)
     inet_ntop(AF_INET, &reinterpret_cast<const sockaddr_in*>(a->ifa_addr)->sin_addr, host, sizeof host);
-  else
-    inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, host, sizeof host);
+  else inet_ntop(AF_INET6, &reinterpret_cast<const sockaddr_in6*>(a->ifa_addr)->sin6_addr, host, sizeof host);
   ni.ip = host;
   char resolved[PATH_MAX];
   std::string dev = "/sys/class/net/" + ni.name + "/device";
@@ -215,7 +235,8 @@ NetInterface pick_interface() {
     var = "NCCL_SOCKET_IFNAME";
   }
   IfAddrs ifs;
-  if (getifaddrs(&ifs.list) != 0) throw Error(ErrorKind::Config, "cannot list network interfaces: " + errno_text(errno));
+  if (getifaddrs(&ifs.list) != 0)
+    throw Error(ErrorKind::Config, "cannot list network interfaces: " + errno_text(errno));
   const ifaddrs* best = nullptr;
   int best_rank = INT_MAX;
   std::string seen;
@@ -239,9 +260,9 @@ NetInterface pick_interface() {
     }
   }
   if (!best)
-    throw Error(ErrorKind::Config, filter ? std::string(var) + "='" + *filter + "' matches no usable interface (found:" +
-                                                seen + ")"
-                                          : std::string("no network interface with an IPv4/IPv6 address is up"));
+    throw Error(ErrorKind::Config,
+                filter ? std::string(var) + "='" + *filter + "' matches no usable interface (found:" + seen + ")"
+                       : std::string("no network interface with an IPv4/IPv6 address is up"));
   return describe(best);
 }
 

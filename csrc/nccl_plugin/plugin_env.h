@@ -44,7 +44,7 @@ int p2p_threads_from_env();
 double hello_timeout_from_env();
 
 struct NetInterface {
-  std::string name;      // "eth0"
+  std::string name;  // "eth0"
   sockaddr_storage addr{};
   socklen_t addr_len = 0;
   std::string ip;        // text form

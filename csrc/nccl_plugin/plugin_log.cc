@@ -43,8 +43,8 @@ void LogLimiter::warn(const std::string& msg) noexcept {
       std::lock_guard<std::mutex> lock(mu_);
       const auto now = std::chrono::steady_clock::now();
       if (lines_ == 0 || now - start_ >= window_) {
-        line = suppressed_ ? msg + " (" + std::to_string(suppressed_) + " similar line(s) left out before this one)"
-                           : msg;
+        line =
+            suppressed_ ? msg + " (" + std::to_string(suppressed_) + " similar line(s) left out before this one)" : msg;
         start_ = now;
         lines_ = 0;
         suppressed_ = 0;

@@ -343,7 +343,8 @@ void protect(FrameWriter* out, FrameReader* in, const proto::Key& job_key,
   const proto::Direction receiving = sending == proto::Direction::WorkerToReducer ? proto::Direction::ReducerToWorker
                                                                                   : proto::Direction::WorkerToReducer;
   out->protect(std::make_unique<FrameAuth>(proto::frame_key(job_key, sending, worker_nonce, challenge_nonce), sending));
-  in->protect(std::make_unique<FrameAuth>(proto::frame_key(job_key, receiving, worker_nonce, challenge_nonce), receiving));
+  in->protect(
+      std::make_unique<FrameAuth>(proto::frame_key(job_key, receiving, worker_nonce, challenge_nonce), receiving));
 }
 
 }  // namespace rs::net

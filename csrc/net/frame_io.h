@@ -68,7 +68,7 @@ class Segments {
  private:
   size_t find(uint64_t off) const;  // the segment holding byte `off` (binary search)
   std::vector<iovec> segs_;
-  std::vector<uint64_t> start_;     // start_[i] = offset of segs_[i] in the range
+  std::vector<uint64_t> start_;  // start_[i] = offset of segs_[i] in the range
   uint64_t total_ = 0;
 };
 
@@ -245,7 +245,13 @@ class FrameReader {
   bool is_protected() const { return auth_ != nullptr; }
   // Part of a frame has been read (a header, or a header and part of its payload).
   bool mid_frame() const { return hdr_got_ > 0; }
-  void reset() { hdr_got_ = 0; tr_got_ = 0; reading_payload_ = false; carry_n_ = 0; torn_ = false; }
+  void reset() {
+    hdr_got_ = 0;
+    tr_got_ = 0;
+    reading_payload_ = false;
+    carry_n_ = 0;
+    torn_ = false;
+  }
   // The frame being read: its header (valid while mid_frame() and reading its payload) and the
   // payload bytes already in the sink's memory (for an aligned Scatter sink: whole units only).
   bool reading_payload() const { return reading_payload_; }
@@ -318,7 +324,7 @@ class FrameReader {
  private:
   void read_payload(int fd, const std::string& peer, IoResult* res, IoBudget* budget);
   ssize_t read_aligned(int fd, const std::string& peer);  // one read of an aligned Scatter payload
-  void place_carry();                                    // a complete carry unit goes to the sink
+  void place_carry();                                     // a complete carry unit goes to the sink
 
   static constexpr uint32_t kMaxAlign = 16;
   uint8_t carry_[kMaxAlign];

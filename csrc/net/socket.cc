@@ -51,7 +51,8 @@ HostPort parse_host_port(const std::string& text) {
   if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
     throw Error(ErrorKind::Config, "bad address '" + text + "': port must be a number");
   long port = std::stol(port_text);
-  if (port < 1 || port > 65535) throw Error(ErrorKind::Config, "bad address '" + text + "': port out of range 1..65535");
+  if (port < 1 || port > 65535)
+    throw Error(ErrorKind::Config, "bad address '" + text + "': port out of range 1..65535");
   hp.port = uint16_t(port);
   return hp;
 }
@@ -78,18 +79,18 @@ std::string set_tcp_congestion(const std::string& requested) {
       throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': not an algorithm name");
     Fd probe(::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0));
     const int err = probe.valid() ? apply_congestion(probe.get(), name) : errno;
-    if (automatic && err != 0)
-      name.clear();
-    else if (!probe.valid())
-      throw Error(ErrorKind::Config, "cannot create a TCP socket: " + errno_text(err));
+    if (automatic && err != 0) name.clear();
+    else if (!probe.valid()) throw Error(ErrorKind::Config, "cannot create a TCP socket: " + errno_text(err));
     else if (err == ENOENT)
-      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not available in this kernel "
-                  "(see net.ipv4.tcp_available_congestion_control; a module such as tcp_" + name + " may need loading)");
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name +
+                                         "' is not available in this kernel "
+                                         "(see net.ipv4.tcp_available_congestion_control; a module such as tcp_" +
+                                         name + " may need loading)");
     else if (err == EPERM)
-      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "' is not allowed for this process: add it to "
-                  "net.ipv4.tcp_allowed_congestion_control or run with CAP_NET_ADMIN");
-    else if (err != 0)
-      throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': " + errno_text(err));
+      throw Error(ErrorKind::Config, "TCP congestion control '" + name +
+                                         "' is not allowed for this process: add it to "
+                                         "net.ipv4.tcp_allowed_congestion_control or run with CAP_NET_ADMIN");
+    else if (err != 0) throw Error(ErrorKind::Config, "TCP congestion control '" + name + "': " + errno_text(err));
   }
   std::lock_guard<std::mutex> lock(g_congestion_mu);
   g_congestion = name;

@@ -35,8 +35,9 @@ Credential Credential::parse(const std::string& token) {
   const std::string hex = token.substr(colon + 1);
   c.job_ = colon > 7 ? token.substr(7, colon - 7) : "";
   if (hex.size() != 2 * c.key_.size() || c.job_.empty())
-    throw Error(ErrorKind::Config, "malformed job credential: expected rsjob1:<job id>:<64 hex digits> "
-                                   "(made by `reduction-server job-token --job ID`)");
+    throw Error(ErrorKind::Config,
+                "malformed job credential: expected rsjob1:<job id>:<64 hex digits> "
+                "(made by `reduction-server job-token --job ID`)");
   for (size_t i = 0; i < c.key_.size(); ++i) {
     const int hi = rs::hex_value(hex[2 * i]), lo = rs::hex_value(hex[2 * i + 1]);
     if (hi < 0 || lo < 0) throw Error(ErrorKind::Config, "malformed job credential: the key is not hexadecimal");
@@ -51,8 +52,9 @@ Key Credential::key_for(const std::string& job) const {
     case Kind::Secret: return job_key(secret_, job);
     case Kind::JobToken:
       if (job != job_)
-        throw Error(ErrorKind::Auth, "authentication failed: the job credential is for job '" + job_ + "', not for job '" + job +
-                                           "' (set RS_JOB_ID to the credential's job, or make a credential for this job)");
+        throw Error(ErrorKind::Auth,
+                    "authentication failed: the job credential is for job '" + job_ + "', not for job '" + job +
+                        "' (set RS_JOB_ID to the credential's job, or make a credential for this job)");
       return key_;
     case Kind::None: break;
   }

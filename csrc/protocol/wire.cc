@@ -74,10 +74,12 @@ std::string decode_fixed(const uint8_t in[kHelloFixedBytes], Hello* h, size_t* j
   if (h->flags & ~kHelloKnownFlags) return "unknown hello flags " + std::to_string(h->flags);
   if (*job_len == 0 || *group_len == 0) return "empty job id or group name";
   if (*job_len > kMaxNameBytes || *group_len > kMaxNameBytes) return "job id or group name longer than 256 bytes";
-  if (h->world_size == 0 || h->world_size > kMaxWorldSize) return "world size " + std::to_string(h->world_size) + " out of range 1..65536";
+  if (h->world_size == 0 || h->world_size > kMaxWorldSize)
+    return "world size " + std::to_string(h->world_size) + " out of range 1..65536";
   if (h->rank >= h->world_size)
     return "rank " + std::to_string(h->rank) + " out of range for world size " + std::to_string(h->world_size);
-  if (h->num_streams == 0 || h->num_streams > kMaxStreams) return "streams " + std::to_string(h->num_streams) + " out of range 1..64";
+  if (h->num_streams == 0 || h->num_streams > kMaxStreams)
+    return "streams " + std::to_string(h->num_streams) + " out of range 1..64";
   if (h->stream_index >= h->num_streams) return "stream index out of range";
   return check_chunk_bytes(h->chunk_bytes);
 }
@@ -91,7 +93,8 @@ std::string check_name(const char* what, const std::string& name) {
     const bool ok = (ch >= 'a' && ch <= 'z') || (ch >= 'A' && ch <= 'Z') || (ch >= '0' && ch <= '9') ||
                     std::strchr("._-:/@+=#", ch) != nullptr;
     if (!ok || ch == 0) {
-      return std::string(what) + " has byte 0x" + rs::hex_byte(ch) + " at position " + std::to_string(i) + ": it must be " + kNameRule;
+      return std::string(what) + " has byte 0x" + rs::hex_byte(ch) + " at position " + std::to_string(i) +
+             ": it must be " + kNameRule;
     }
   }
   return "";
@@ -176,7 +179,8 @@ std::string decode(const uint8_t in[kFrameHeaderBytes], FrameHeader* h, uint32_t
   if (h->length > max_payload)
     return "payload length " + std::to_string(h->length) + " exceeds the chunk size " + std::to_string(max_payload);
   size_t es = dtype_size(DType(h->dtype));
-  if (h->length == 0 || h->length % es) return "payload length " + std::to_string(h->length) + " is not a positive multiple of the element size";
+  if (h->length == 0 || h->length % es)
+    return "payload length " + std::to_string(h->length) + " is not a positive multiple of the element size";
   if (h->shard_bytes > h->total_bytes) return "shard larger than the whole buffer";
   if (h->offset > h->shard_bytes || h->length > h->shard_bytes - h->offset)
     return "payload [" + std::to_string(h->offset) + ", +" + std::to_string(h->length) + ") outside the shard of " +

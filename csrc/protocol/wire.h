@@ -16,8 +16,8 @@ constexpr uint16_t kVersion = 2;
 
 constexpr size_t kNonceBytes = 32;
 constexpr size_t kMacBytes = 32;
-constexpr size_t kMaxNameBytes = 256;          // job id, group name
-constexpr size_t kMaxMessageBytes = 4096;      // error / reject text
+constexpr size_t kMaxNameBytes = 256;      // job id, group name
+constexpr size_t kMaxMessageBytes = 4096;  // error / reject text
 constexpr uint32_t kMinChunkBytes = 64;
 constexpr uint32_t kMaxChunkBytes = 64u << 20;
 constexpr uint32_t kMaxWorldSize = 65536;
@@ -25,9 +25,16 @@ constexpr uint16_t kMaxStreams = 64;
 
 // ---- little-endian primitives ------------------------------------------------
 inline void put_u8(uint8_t* p, uint8_t v) { p[0] = v; }
-inline void put_u16(uint8_t* p, uint16_t v) { p[0] = uint8_t(v); p[1] = uint8_t(v >> 8); }
-inline void put_u32(uint8_t* p, uint32_t v) { for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i)); }
-inline void put_u64(uint8_t* p, uint64_t v) { for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i)); }
+inline void put_u16(uint8_t* p, uint16_t v) {
+  p[0] = uint8_t(v);
+  p[1] = uint8_t(v >> 8);
+}
+inline void put_u32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = uint8_t(v >> (8 * i));
+}
+inline void put_u64(uint8_t* p, uint64_t v) {
+  for (int i = 0; i < 8; ++i) p[i] = uint8_t(v >> (8 * i));
+}
 inline uint16_t get_u16(const uint8_t* p) { return uint16_t(p[0] | (p[1] << 8)); }
 inline uint32_t get_u32(const uint8_t* p) {
   uint32_t v = 0;
@@ -65,7 +72,7 @@ constexpr uint16_t kHelloFailover = 1u << 8;
 constexpr uint16_t kHelloKnownFlags = kHelloIntegrity | kHelloFailover;
 struct Hello {
   uint16_t version = kVersion;
-  uint16_t flags = 0;              // kHello* bits
+  uint16_t flags = 0;  // kHello* bits
   uint32_t world_size = 0;
   uint32_t rank = 0;
   uint16_t stream_index = 0;
@@ -96,11 +103,11 @@ enum class Status : uint16_t {
   BadVersion = 1,
   AuthFailed = 2,
   BadHello = 3,
-  GroupConflict = 4,    // world size / streams / chunk size differ from the group's
-  RankTaken = 5,        // retryable: the previous connection of this rank is still closing
+  GroupConflict = 4,  // world size / streams / chunk size differ from the group's
+  RankTaken = 5,      // retryable: the previous connection of this rank is still closing
   ShuttingDown = 6,
-  OverLimit = 7,        // a memory, connection or group cap of the reducer (the message names the setting)
-  GroupIncomplete = 8,  // the group did not complete within the reducer's group timeout
+  OverLimit = 7,          // a memory, connection or group cap of the reducer (the message names the setting)
+  GroupIncomplete = 8,    // the group did not complete within the reducer's group timeout
   IntegrityMismatch = 9,  // frame integrity asked for but not offered, or required but not asked for
 };
 struct Reply {
@@ -133,13 +140,13 @@ struct FrameHeader {
   FrameType type = FrameType::Data;
   uint8_t dtype = 0;
   uint8_t op = 0;
-  uint8_t flags = 0;        // Data/Result: FrameFlags; Error: ErrorCode; Bye: ByeFlags
-  uint32_t length = 0;      // payload bytes following the header
-  uint64_t round = 0;       // all-reduce sequence number of the communicator
-  uint64_t total_bytes = 0; // size of the whole buffer being reduced (all shards)
-  uint64_t shard_bytes = 0; // size of this reducer's shard
-  uint64_t offset = 0;      // byte offset of the payload inside the shard
-  uint64_t tag = 0;         // opaque value all ranks must agree on (fusion fingerprint)
+  uint8_t flags = 0;         // Data/Result: FrameFlags; Error: ErrorCode; Bye: ByeFlags
+  uint32_t length = 0;       // payload bytes following the header
+  uint64_t round = 0;        // all-reduce sequence number of the communicator
+  uint64_t total_bytes = 0;  // size of the whole buffer being reduced (all shards)
+  uint64_t shard_bytes = 0;  // size of this reducer's shard
+  uint64_t offset = 0;       // byte offset of the payload inside the shard
+  uint64_t tag = 0;          // opaque value all ranks must agree on (fusion fingerprint)
 };
 void encode(const FrameHeader& h, uint8_t out[kFrameHeaderBytes]);
 // Structural checks only (type known, lengths within limits); "" if fine.

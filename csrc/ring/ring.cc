@@ -80,8 +80,8 @@ std::string Ring::right_name() const {
 void Ring::connect(const std::vector<std::string>& addresses, double connect_timeout) {
   const uint32_t n = opts_.world_size, r = opts_.rank;
   if (addresses.size() != n)
-    throw Error(ErrorKind::Config, "ring: got " + std::to_string(addresses.size()) + " addresses for world size " +
-                                       std::to_string(n));
+    throw Error(ErrorKind::Config,
+                "ring: got " + std::to_string(addresses.size()) + " addresses for world size " + std::to_string(n));
   if (n == 1) return;
   if (connected_ || broken_) throw Error(ErrorKind::Config, "ring: connect() may be called once");
   const uint32_t right = (r + 1) % n, left = (r + n - 1) % n;
@@ -108,8 +108,9 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
       int pr = ::poll(&p, 1, net::ms_until(deadline));
       if (pr < 0 && errno == EINTR) continue;
       if (pr <= 0)
-        throw Error(ErrorKind::Timeout, "ring rank " + std::to_string(r) + ": " + left_name() + " did not connect to port " +
-                                            std::to_string(port_) + " within " + std::to_string(connect_timeout) + " s");
+        throw Error(ErrorKind::Timeout, "ring rank " + std::to_string(r) + ": " + left_name() +
+                                            " did not connect to port " + std::to_string(port_) + " within " +
+                                            std::to_string(connect_timeout) + " s");
       net::Fd c(::accept4(listen_fd_.get(), nullptr, nullptr, SOCK_CLOEXEC));
       if (!c.valid()) continue;
       std::string who = net::peer_name(c.get());
@@ -123,11 +124,12 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
       }
       uint32_t prank = proto::get_u32(h + 8), pworld = proto::get_u32(h + 12);
       uint64_t psession = proto::get_u64(h + 16);
-      if (proto::get_u32(h) != kHelloMagic || proto::get_u16(h + 4) != kRingVersion || prank != left ||
-          pworld != n || psession != opts_.session) {
+      if (proto::get_u32(h) != kHelloMagic || proto::get_u16(h + 4) != kRingVersion || prank != left || pworld != n ||
+          psession != opts_.session) {
         log_warn("ring rank " + std::to_string(r) + ": turned away " + who + " (rank " + std::to_string(prank) +
                  " of " + std::to_string(pworld) + ", session " + std::to_string(psession) + "; expected rank " +
-                 std::to_string(left) + " of " + std::to_string(n) + ", session " + std::to_string(opts_.session) + ")");
+                 std::to_string(left) + " of " + std::to_string(n) + ", session " + std::to_string(opts_.session) +
+                 ")");
         continue;
       }
       net::tune_socket(c.get(), opts_.socket_buffer);

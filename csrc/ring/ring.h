@@ -40,9 +40,9 @@
 #include <string>
 #include <vector>
 
+#include "common/defaults.h"
 #include "kernels/kernels.h"
 #include "net/frame_io.h"
-#include "common/defaults.h"
 #include "net/socket.h"
 
 namespace rs::ring {
@@ -50,12 +50,12 @@ namespace rs::ring {
 struct RingOptions {
   uint32_t rank = 0;
   uint32_t world_size = 1;
-  std::string listen_host = "0.0.0.0";  // where this rank accepts its left neighbour
-  uint16_t port = 0;                     // 0 = any free port (read it back with Ring::port())
-  double timeout = 30.0;                 // seconds without progress before an all-reduce fails
+  std::string listen_host = "0.0.0.0";        // where this rank accepts its left neighbour
+  uint16_t port = 0;                          // 0 = any free port (read it back with Ring::port())
+  double timeout = 30.0;                      // seconds without progress before an all-reduce fails
   uint32_t chunk_bytes = kDefaultChunkBytes;  // pipeline chunk (multiple of 8, 64 B .. 64 MiB)
   int socket_buffer = kDefaultSocketBuffer;
-  uint64_t session = 0;                  // all ranks must agree (guards against stale peers)
+  uint64_t session = 0;  // all ranks must agree (guards against stale peers)
 };
 
 struct RingStats {

@@ -138,8 +138,8 @@ void RingRound::check_header() const {
       proto::get_u64(hdr_in_ + 24) != opts_.session)
     throw Error(ErrorKind::Protocol, who + " sent a bad round header");
   if (std::memcmp(hdr_in_, hdr_out_, kRoundHeaderBytes) != 0)
-    throw Error(ErrorKind::Mismatch, who + " is reducing " + describe_header(hdr_in_) +
-                                         " but this rank is reducing " + describe_header(hdr_out_));
+    throw Error(ErrorKind::Mismatch, who + " is reducing " + describe_header(hdr_in_) + " but this rank is reducing " +
+                                         describe_header(hdr_out_));
 }
 
 // One chunk at a time: reduce-scatter chunks into scratch (reduced once whole), all-gather
@@ -187,12 +187,12 @@ void RingRound::reduce_chunk(int64_t s, uint64_t off_in_seg, uint64_t len) {
 
 void RingRound::wait() {
   if (timer_.expired()) {
-    throw Error(ErrorKind::Timeout,
-                "ring all-reduce round " + std::to_string(round_) + " on rank " + std::to_string(r_) +
-                    " made no progress for " + std::to_string(opts_.timeout) + " s: sent " +
-                    std::to_string(sent_steps_) + "/" + std::to_string(T_) + " steps to the " + links_.right_name +
-                    ", received " + std::to_string(rs_) + "/" + std::to_string(T_) + " steps from the " +
-                    links_.left_name + " (a rank may be missing, slow or reducing something else)");
+    throw Error(ErrorKind::Timeout, "ring all-reduce round " + std::to_string(round_) + " on rank " +
+                                        std::to_string(r_) + " made no progress for " + std::to_string(opts_.timeout) +
+                                        " s: sent " + std::to_string(sent_steps_) + "/" + std::to_string(T_) +
+                                        " steps to the " + links_.right_name + ", received " + std::to_string(rs_) +
+                                        "/" + std::to_string(T_) + " steps from the " + links_.left_name +
+                                        " (a rank may be missing, slow or reducing something else)");
   }
   // While we still have to send, watch the right link for input too: it never carries data to
   // us, so readable means the neighbour closed or failed (recv_some then throws PeerLost). Once
@@ -214,7 +214,8 @@ void RingRound::wait() {
     uint8_t junk;
     const ssize_t got = net::recv_some(links_.right, &junk, 1, links_.right_name);
     if (got > 0)
-      throw Error(ErrorKind::Protocol, "ring rank " + std::to_string(r_) + ": unexpected data from " + links_.right_name);
+      throw Error(ErrorKind::Protocol,
+                  "ring rank " + std::to_string(r_) + ": unexpected data from " + links_.right_name);
   }
 }
 

@@ -25,12 +25,12 @@ constexpr size_t kRoundHeaderBytes = 32;
 // What a round borrows from its Ring: the two links and the buffers kept across rounds (so a
 // warm ring allocates nothing per round).
 struct RoundLinks {
-  int left = -1, right = -1;          // we receive from left and send to right
+  int left = -1, right = -1;  // we receive from left and send to right
   const std::string& left_name;
   const std::string& right_name;
-  net::FrameWriter& out;              // to the right neighbour
-  std::vector<uint8_t>& scratch;      // one received reduce-scatter chunk
-  std::vector<uint8_t>& acc;          // float32 accumulator for 16-bit dtypes
+  net::FrameWriter& out;          // to the right neighbour
+  std::vector<uint8_t>& scratch;  // one received reduce-scatter chunk
+  std::vector<uint8_t>& acc;      // float32 accumulator for 16-bit dtypes
   RingStats& stats;
 };
 
@@ -70,7 +70,7 @@ class RingRound {
   const Op op_;
   const int64_t n_, r_, T_;  // world, rank, steps: [0, n-1) reduce-scatter, [n-1, T) all-gather
   const size_t es_;
-  const uint64_t chunk_;     // whole elements
+  const uint64_t chunk_;  // whole elements
   const bool wire_acc_;
   std::vector<uint64_t> seg_off_, seg_len_;  // segments: n element-aligned pieces in rank order
   // Cursors: sending, bytes queued on the frame writer (qs_, qdone_) and steps completely

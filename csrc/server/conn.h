@@ -35,8 +35,8 @@ enum class ConnState {
 
 struct Conn {
   net::Fd fd;
-  std::string peer;     // "ip:port"
-  std::string peer_ip;  // for the per-address limits
+  std::string peer;               // "ip:port"
+  std::string peer_ip;            // for the per-address limits
   PeerTable::Ticket peer_ticket;  // this connection's share of max_connections_per_peer
   ConnState state = ConnState::Hello;
   net::Clock::time_point deadline;  // end of the handshake
@@ -60,8 +60,8 @@ struct Conn {
   net::FrameReader reader;
   proto::FrameHeader cur;  // the frame being read
   Slot* cur_slot = nullptr;
-  bool paused = false;     // a header was read but its slot is busy: reading stops until it frees
-  std::string text;        // payload of a BYE frame (rare)
+  bool paused = false;  // a header was read but its slot is busy: reading stops until it frees
+  std::string text;     // payload of a BYE frame (rare)
   int64_t seq_next = 0;
   uint64_t last_round = 0;
   bool said_bye = false;
@@ -83,7 +83,7 @@ struct Conn {
   bool linger = false;     // set by the graceful close: Loop::reap() starts the linger instead of closing
   bool lingering = false;  // shut for writing, draining input
   net::Clock::time_point linger_until;
-  bool counted = false;  // in stats.connections
+  bool counted = false;        // in stats.connections
   bool error_counted = false;  // in stats.errors
   std::string why;
 

@@ -25,8 +25,13 @@ bool Arena::map(size_t bytes) {
 }
 
 Group::Group(GroupKey k, uint32_t w, uint32_t c, uint16_t ns, int slots, PeerTable::Ticket creator)
-    : key_(std::move(k)), world_(w), chunk_(c), num_streams_(ns), slot_count_(slots < 1 ? 1 : slots),
-      created_(Clock::now()), creator_(std::move(creator)) {}
+    : key_(std::move(k)),
+      world_(w),
+      chunk_(c),
+      num_streams_(ns),
+      slot_count_(slots < 1 ? 1 : slots),
+      created_(Clock::now()),
+      creator_(std::move(creator)) {}
 
 uint64_t Group::bytes_needed(uint32_t world, uint32_t chunk, int slots) {
   return uint64_t(slots < 1 ? 1 : slots) * (uint64_t(world) + 2) * uint64_t(chunk);
@@ -84,8 +89,8 @@ std::string Group::incomplete_message(int timeout_s) const {
   for (uint32_t r : missing_ranks(8)) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
   if (world_ - joined_ > 8) missing += ", ...";
   return "group " + key_.label() + ": only " + std::to_string(joined_) + " of " + std::to_string(world_) +
-         " ranks joined within " + std::to_string(timeout_s) + " s (group_timeout): " +
-         std::to_string(world_ - joined_) + " missing (ranks " + missing + ")";
+         " ranks joined within " + std::to_string(timeout_s) +
+         " s (group_timeout): " + std::to_string(world_ - joined_) + " missing (ranks " + missing + ")";
 }
 
 void Group::mark_failed(const std::string& why) {
@@ -174,7 +179,8 @@ static std::string describe(const proto::FrameHeader& h) {
   return o.str();
 }
 
-std::string Group::mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b) {
+std::string Group::mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b,
+                            uint32_t rank_b) {
   if (a.round == b.round && a.dtype == b.dtype && a.op == b.op && a.total_bytes == b.total_bytes &&
       a.shard_bytes == b.shard_bytes && a.offset == b.offset && a.length == b.length && a.tag == b.tag &&
       a.flags == b.flags)
@@ -182,8 +188,7 @@ std::string Group::mismatch(const proto::FrameHeader& a, uint32_t rank_a, const 
   std::ostringstream o;
   o << "workers disagree on an all-reduce: rank " << rank_a << " sent " << describe(a) << ", rank " << rank_b
     << " sent " << describe(b);
-  if (a.tag != b.tag && a.total_bytes == b.total_bytes && a.dtype == b.dtype)
-    o << "; the fused tensor lists differ";
+  if (a.tag != b.tag && a.total_bytes == b.total_bytes && a.dtype == b.dtype) o << "; the fused tensor lists differ";
   return o.str();
 }
 

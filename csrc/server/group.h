@@ -35,14 +35,14 @@ struct GroupKeyHash {
 };
 
 struct Slot {
-  int64_t seq = -1;                 // chunk sequence number in the stream, -1 = free
-  proto::FrameHeader params;        // as sent by first_rank
+  int64_t seq = -1;           // chunk sequence number in the stream, -1 = free
+  proto::FrameHeader params;  // as sent by first_rank
   uint32_t first_rank = 0;
-  uint32_t next_rank = 0;           // next contribution to fold in (rank order)
-  uint32_t pending_sends = 0;       // results still being written to members
-  std::vector<uint8_t> arrived;     // per rank
-  uint8_t* data = nullptr;          // world x chunk bytes: contribution of rank r at r * chunk
-  uint8_t* acc = nullptr;           // accumulator (float32 for 16-bit dtypes)
+  uint32_t next_rank = 0;        // next contribution to fold in (rank order)
+  uint32_t pending_sends = 0;    // results still being written to members
+  std::vector<uint8_t> arrived;  // per rank
+  uint8_t* data = nullptr;       // world x chunk bytes: contribution of rank r at r * chunk
+  uint8_t* acc = nullptr;        // accumulator (float32 for 16-bit dtypes)
 };
 
 // Reduction buffers: an anonymous mapping committed page by page as data arrives, so creating
@@ -107,7 +107,10 @@ class Group {
   void mark_left(const std::string& why) { left_ = why; }
   // Why the group ended when a member left with a failover goodbye: the others get
   // ErrorCode::Failover with the lost reducers' mask instead of PeerLost.
-  void mark_failover(uint64_t lost) { failover_ = true; failover_lost_ = lost; }
+  void mark_failover(uint64_t lost) {
+    failover_ = true;
+    failover_lost_ = lost;
+  }
   bool failover() const { return failover_; }
   uint64_t failover_lost() const { return failover_lost_; }
   // The hello flags every member must share (set by the first member).
@@ -139,7 +142,8 @@ class Group {
   bool busy() const;  // a chunk still waits for contributions (results merely being sent do not count)
 
   // Describes how `b` (from rank_b) differs from the slot's parameters `a`, or "" if it matches.
-  static std::string mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b, uint32_t rank_b);
+  static std::string mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b,
+                              uint32_t rank_b);
 
   // Folds in every contribution that is next in rank order. Returns true when the chunk is
   // fully reduced; the result is then in contribution(slot, 0).
@@ -171,8 +175,8 @@ class Group {
     Conn* conn;
     std::string ip;
   };
-  std::vector<Waiting> waiting_;                      // before completion: only who joined
-  std::vector<Conn*> members_;                       // after completion: by rank
+  std::vector<Waiting> waiting_;  // before completion: only who joined
+  std::vector<Conn*> members_;    // after completion: by rank
   uint32_t joined_ = 0;
   bool complete_ = false;
   bool failed_ = false;
@@ -198,8 +202,8 @@ class Group {
   std::vector<Slot> slots_;
   MemoryBudget::Reservation reservation_;
   Arena arena_;
-  uint64_t idle_mark_ = 0;             // bytes_received when the sweep last saw it change
-  Clock::time_point active_at_{};      // when that was
+  uint64_t idle_mark_ = 0;         // bytes_received when the sweep last saw it change
+  Clock::time_point active_at_{};  // when that was
 };
 
 }  // namespace rs::server

@@ -34,11 +34,14 @@ JoinOutcome GroupTable::join(Conn* c, const proto::Hello& h, const GroupKey& key
     g = it->second;
     std::string conflict;
     if (g->world() != h.world_size)
-      conflict = "world size " + std::to_string(h.world_size) + " differs from the group's " + std::to_string(g->world());
+      conflict =
+          "world size " + std::to_string(h.world_size) + " differs from the group's " + std::to_string(g->world());
     else if (g->num_streams() != h.num_streams)
-      conflict = "streams " + std::to_string(h.num_streams) + " differ from the group's " + std::to_string(g->num_streams());
+      conflict =
+          "streams " + std::to_string(h.num_streams) + " differ from the group's " + std::to_string(g->num_streams());
     else if (g->chunk() != h.chunk_bytes)
-      conflict = "chunk size " + std::to_string(h.chunk_bytes) + " differs from the group's " + std::to_string(g->chunk());
+      conflict =
+          "chunk size " + std::to_string(h.chunk_bytes) + " differs from the group's " + std::to_string(g->chunk());
     else if ((h.flags & proto::kHelloFailover) != g->flags())
       conflict = std::string("reducer failover is ") + ((h.flags & proto::kHelloFailover) ? "on" : "off") +
                  " for this worker and " + (g->flags() ? "on" : "off") + " for the group's first member (RS_FAILOVER)";
@@ -83,7 +86,8 @@ LeaveOutcome GroupTable::leave(const std::shared_ptr<Group>& g, uint32_t rank, c
   }
   if (g->busy()) {
     out.kind = LeaveOutcome::Kind::Failed;
-    out.message = who + (said_bye ? " left in the middle of a round (" : " disconnected in the middle of a round (") + why + ")";
+    out.message =
+        who + (said_bye ? " left in the middle of a round (" : " disconnected in the middle of a round (") + why + ")";
     fail(g, out.message);
     return out;
   }

@@ -15,8 +15,8 @@ Verdict check_hello_fixed(const uint8_t fixed[proto::kHelloFixedBytes], proto::H
   std::string err = proto::decode_fixed(fixed, h, job_len, group_len);
   if (h->version != proto::kVersion) {
     v.status = proto::Status::BadVersion;
-    v.message = "protocol version mismatch: reducer speaks version " + std::to_string(proto::kVersion) +
-                ", worker " + peer + " sent version " + std::to_string(h->version);
+    v.message = "protocol version mismatch: reducer speaks version " + std::to_string(proto::kVersion) + ", worker " +
+                peer + " sent version " + std::to_string(h->version);
   } else if (!err.empty()) {
     v.status = proto::Status::BadHello;
     v.message = "bad hello from " + peer + ": " + err;

@@ -182,7 +182,8 @@ void resolve_limits(ServerOptions& o) {
   if (!(o.memory_idle_timeout >= 0 && o.memory_idle_timeout <= 1e9))
     throw Error(ErrorKind::Config, "memory_idle_timeout must be 0 (never) to 1e9 seconds");
   if (o.max_connections < 1 || o.max_connections_per_peer < 1 || o.max_groups_per_peer < 1)
-    throw Error(ErrorKind::Config, "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
+    throw Error(ErrorKind::Config,
+                "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");
   if (o.max_memory_bytes == 0) {
     long pages = sysconf(_SC_PHYS_PAGES), page = sysconf(_SC_PAGESIZE);
     o.max_memory_bytes = pages > 0 && page > 0 ? uint64_t(pages) * uint64_t(page) / 2 : uint64_t(8) << 30;

@@ -126,8 +126,10 @@ void Loop::on_event(const epoll_event& event) {
     if (!c->dead && (ev_mask & (EPOLLIN | EPOLLHUP | EPOLLERR)) && !on_readable(c)) return;  // handed off
     if (!c->dead && (ev_mask & (EPOLLRDHUP | EPOLLHUP | EPOLLERR)) &&
         (c->paused || c->close_after_flush || c->state == ConnState::Leaving))
-      kill(c, c->close_after_flush || c->state == ConnState::Leaving ? c->why
-                                                                      : "peer closed the connection while its chunk was waiting",
+      kill(c,
+           c->close_after_flush || c->state == ConnState::Leaving
+               ? c->why
+               : "peer closed the connection while its chunk was waiting",
            !c->close_after_flush && c->state != ConnState::Leaving);
     if (!c->dead && (ev_mask & (EPOLLIN | EPOLLRDHUP)) == EPOLLRDHUP && !c->paused && c->state != ConnState::Active &&
         c->state != ConnState::Leaving && !on_readable(c))

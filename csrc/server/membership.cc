@@ -16,9 +16,9 @@ void Membership::join(Conn* c) {
   Server::Impl* srv = loop_.srv;
   if (srv->draining.load() && !loop_.table->contains(c->gkey)) {
     loop_.set_state(c, ConnState::Closing);
-    loop_.session.reject(c, proto::Status::ShuttingDown,
-                         "reducer " + std::to_string(srv->port) +
-                             " is draining: it serves the groups it has but takes no new one");
+    loop_.session.reject(
+        c, proto::Status::ShuttingDown,
+        "reducer " + std::to_string(srv->port) + " is draining: it serves the groups it has but takes no new one");
     return;
   }
   JoinOutcome j = loop_.table->join(c, c->hello, c->gkey, c->peer_ip, c->peer);
@@ -37,8 +37,7 @@ void Membership::join(Conn* c) {
       });
       return;
     case JoinOutcome::Kind::Waiting:
-    case JoinOutcome::Kind::Completed:
-      break;
+    case JoinOutcome::Kind::Completed: break;
   }
   c->group = j.group;
   c->member = true;
@@ -110,9 +109,7 @@ void Membership::leave(Conn* c) {
       log_info(o.message);
       if (g->failover()) loop_.releases.on_member_left(*g);
       break;
-    case LeaveOutcome::Kind::Quiet:
-      log_debug("closed " + c->peer + ": " + c->why);
-      break;
+    case LeaveOutcome::Kind::Quiet: log_debug("closed " + c->peer + ": " + c->why); break;
   }
   if (g->joined() == 0) {
     for (Slot& s : g->slots())

@@ -97,15 +97,16 @@ void Server::start() {
     Loop* lp = l.get();
     lp->thread = std::thread([lp] { lp->run(); });
   }
-  log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " + count_of(uint64_t(threads), "thread") + (s.opts.auth_token.empty() ? "" : ", authentication required") +
+  log_info("reducer listening on " + s.opts.host + ":" + std::to_string(s.port) + " with " +
+           count_of(uint64_t(threads), "thread") + (s.opts.auth_token.empty() ? "" : ", authentication required") +
            (s.opts.integrity == IntegrityMode::Required ? ", frame integrity required"
-            : s.opts.integrity == IntegrityMode::On    ? ", frame integrity offered"
-                                                       : "") +
-           "; limits: memory " +
-           std::to_string(s.opts.max_memory_bytes >> 20) + " MiB (" + std::to_string(s.opts.max_memory_per_job >> 20) +
-           " MiB per job, " + std::to_string(s.opts.max_memory_per_peer >> 20) + " MiB per address), " +
-           std::to_string(s.opts.max_connections) +
-           " connections (" + std::to_string(s.opts.max_connections_per_peer) + " per address)");
+            : s.opts.integrity == IntegrityMode::On     ? ", frame integrity offered"
+                                                        : "") +
+           "; limits: memory " + std::to_string(s.opts.max_memory_bytes >> 20) + " MiB (" +
+           std::to_string(s.opts.max_memory_per_job >> 20) + " MiB per job, " +
+           std::to_string(s.opts.max_memory_per_peer >> 20) + " MiB per address), " +
+           std::to_string(s.opts.max_connections) + " connections (" + std::to_string(s.opts.max_connections_per_peer) +
+           " per address)");
   if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
     log_warn("reducer on " + s.opts.host + ":" + std::to_string(s.port) +
              " has NO authentication: anyone who can reach this port can join any job's group, inject data into its "
@@ -145,7 +146,8 @@ void Server::stop(double drain_timeout) {
   if (!s.loops.empty()) epoll_ctl(s.loops[0]->ep.get(), EPOLL_CTL_DEL, s.listener.get(), nullptr);
   if (drain_timeout > 0) {
     auto deadline = Clock::now() + ms(drain_timeout);
-    while (s.busy_slots.load() > 0 && Clock::now() < deadline) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    while (s.busy_slots.load() > 0 && Clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
     if (s.busy_slots.load() > 0) log_warn("stopping with rounds still in flight after the drain timeout");
   }
   for (auto& l : s.loops) {

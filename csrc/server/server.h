@@ -21,21 +21,21 @@ const char* integrity_mode_name(IntegrityMode m);
 
 struct ServerOptions {
   std::string host = "0.0.0.0";
-  uint16_t port = 0;             // 0: any free port
-  int threads = 0;               // event loops; 0: number of CPUs, at most 8
-  std::string auth_token;        // the shared secret; empty: no authentication
-  int group_slots = 4;           // chunk slots per group stream (memory bound, see docs/protocol.md)
+  uint16_t port = 0;       // 0: any free port
+  int threads = 0;         // event loops; 0: number of CPUs, at most 8
+  std::string auth_token;  // the shared secret; empty: no authentication
+  int group_slots = 4;     // chunk slots per group stream (memory bound, see docs/protocol.md)
   double handshake_timeout = kDefaultHandshakeTimeout;  // seconds for a connection to complete its hello
-  double group_timeout = 300.0;         // seconds for a group stream to gather all its ranks
+  double group_timeout = 300.0;                         // seconds for a group stream to gather all its ranks
   int socket_buffer = kDefaultSocketBuffer;
-  uint64_t max_group_bytes = uint64_t(4) << 30;  // reduction buffers per group stream
-  uint64_t max_memory_bytes = 0;        // all groups together; 0: half of the physical memory
-  uint64_t max_memory_per_job = 0;      // the groups of one job id; 0: half of max_memory_bytes
-  uint64_t max_memory_per_peer = 0;     // one IP address's part of the groups; 0: half of max_memory_bytes
-  double memory_idle_timeout = 60.0;    // seconds without data before a group gives its memory back; 0: never
-  uint32_t max_connections = 4096;      // open connections; capped to the descriptor limit - 64
-  uint32_t max_connections_per_peer = 256;  // per peer IP address, any state
-  uint32_t max_groups_per_peer = 64;        // live group streams created from one peer IP address
+  uint64_t max_group_bytes = uint64_t(4) << 30;   // reduction buffers per group stream
+  uint64_t max_memory_bytes = 0;                  // all groups together; 0: half of the physical memory
+  uint64_t max_memory_per_job = 0;                // the groups of one job id; 0: half of max_memory_bytes
+  uint64_t max_memory_per_peer = 0;               // one IP address's part of the groups; 0: half of max_memory_bytes
+  double memory_idle_timeout = 60.0;              // seconds without data before a group gives its memory back; 0: never
+  uint32_t max_connections = 4096;                // open connections; capped to the descriptor limit - 64
+  uint32_t max_connections_per_peer = 256;        // per peer IP address, any state
+  uint32_t max_groups_per_peer = 64;              // live group streams created from one peer IP address
   IntegrityMode integrity = IntegrityMode::Auto;  // resolved by start()
 };
 
@@ -44,17 +44,17 @@ struct ServerStats {
   uint64_t bytes_sent = 0;
   uint64_t rounds_completed = 0;
   uint64_t chunks_reduced = 0;
-  uint64_t connections = 0;        // open data connections (after handshake)
-  uint64_t connected_workers = 0;  // open stream-0 connections: one per worker process
-  uint64_t groups = 0;             // live groups (job, group) with members
-  uint64_t handshakes = 0;         // connections still sending their hello
-  uint64_t waiting = 0;            // connections in a group that is still gathering its ranks
-  uint64_t errors = 0;             // connections closed because of an error
-  uint64_t rejected = 0;           // handshakes refused (auth, version, conflicts, garbage, limits)
-  uint64_t refused_over_limit = 0; // connections or groups refused by a limit
-  uint64_t memory_bytes = 0;       // reduction buffers reserved by groups
-  uint64_t chunks_in_flight = 0;   // chunk slots claimed and not yet released (all groups)
-  bool draining = false;           // drain(): no new groups
+  uint64_t connections = 0;         // open data connections (after handshake)
+  uint64_t connected_workers = 0;   // open stream-0 connections: one per worker process
+  uint64_t groups = 0;              // live groups (job, group) with members
+  uint64_t handshakes = 0;          // connections still sending their hello
+  uint64_t waiting = 0;             // connections in a group that is still gathering its ranks
+  uint64_t errors = 0;              // connections closed because of an error
+  uint64_t rejected = 0;            // handshakes refused (auth, version, conflicts, garbage, limits)
+  uint64_t refused_over_limit = 0;  // connections or groups refused by a limit
+  uint64_t memory_bytes = 0;        // reduction buffers reserved by groups
+  uint64_t chunks_in_flight = 0;    // chunk slots claimed and not yet released (all groups)
+  bool draining = false;            // drain(): no new groups
   // Round latency on the reducer (stream 0: first chunk claimed -> last result written), a
   // cumulative-free histogram: round_latency_counts[i] rounds took <= kLatencyBounds[i] seconds
   // (and more than the bound before); the last count is above the last bound.
@@ -88,8 +88,8 @@ class Server {
   Server(const Server&) = delete;
   Server& operator=(const Server&) = delete;
 
-  void start();                    // binds and starts the event loops; throws Error(Config)
-  uint16_t port() const;           // the bound port (valid after start)
+  void start();           // binds and starts the event loops; throws Error(Config)
+  uint16_t port() const;  // the bound port (valid after start)
   // Stop accepting, wait up to drain_timeout seconds for rounds in flight, then close everything.
   void stop(double drain_timeout = 0.0);
   // Stop creating groups: a hello for a group this reducer does not have gets ShuttingDown;

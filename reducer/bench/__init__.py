@@ -5,6 +5,7 @@
 
 See docs/performance.md for what it measures and how to read the tables.
 """
+
 from .runner import ALL_ALGOS, EXTRA_ALGOS, BenchConfig, BenchError, available_algos, parse_sizes, run
 
 __all__ = ["ALL_ALGOS", "EXTRA_ALGOS", "BenchConfig", "BenchError", "available_algos", "parse_sizes", "run"]

@@ -12,6 +12,7 @@ soon as its last gradient is ready: in a backward pass of ``compute`` seconds wh
 spread over the parameters in proportion to their size, that is ``compute x (bytes of buckets
 0..k) / (all bytes)`` after the backward pass started.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -24,12 +25,16 @@ DEFAULT_FIRST_BUCKET_BYTES = MIB  # torch.distributed._DEFAULT_FIRST_BUCKET_BYTE
 @dataclass(frozen=True)
 class Bucket:
     params: tuple[int, ...]  # parameter indices (registration order), in the order they fill the bucket
-    offset: int              # first element in the flat gradient buffer (buckets laid out in bucket order)
-    count: int               # elements
+    offset: int  # first element in the flat gradient buffer (buckets laid out in bucket order)
+    count: int  # elements
 
 
-def plan_buckets(counts: Sequence[int], element_size: int, bucket_cap_bytes: int,
-                 first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES) -> list[Bucket]:
+def plan_buckets(
+    counts: Sequence[int],
+    element_size: int,
+    bucket_cap_bytes: int,
+    first_bucket_bytes: int = DEFAULT_FIRST_BUCKET_BYTES,
+) -> list[Bucket]:
     """DDP's buckets for parameters of `counts` elements each (registration order), in the order
     they are all-reduced."""
     if bucket_cap_bytes < 1 or first_bucket_bytes < 1:

@@ -1,5 +1,6 @@
 """TCP congestion control for the benchmark's passes (--congestion): the names it takes, whether
 this kernel has them, setting them for a pass, and how rows and the report name them."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -36,8 +37,10 @@ def check_congestion(names: list[str] | None) -> None:
     avail = available_congestion()
     bad = [n for n in names if n != DEFAULT_CONGESTION and avail and n not in avail]
     if bad:
-        raise ConfigError(f"--congestion {','.join(bad)}: not available in this kernel (available: {' '.join(avail)}; "
-                          f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)")
+        raise ConfigError(
+            f"--congestion {','.join(bad)}: not available in this kernel (available: {' '.join(avail)}; "
+            f"a module may need loading, e.g. `modprobe tcp_{bad[0]}`)"
+        )
 
 
 def congestion_label(cc: str | None) -> str:
@@ -53,14 +56,18 @@ def describe_congestion(ccs: list[str | None], emulated: bool) -> str:
         from .._native import core  # noqa: PLC0415 (the C++ core: this module is loaded with the CLI, which must start without it)
 
         rs_cc = core.tcp_congestion()  # RS_TCP_CONGESTION as this process resolved it ('' = the kernel's)
-        return (f"the kernel's default ({kernel_congestion()})" +
-                (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION={rs_config.get('tcp_congestion')})"
-                 if rs_cc else "") +
-                " (--congestion NAME[,NAME] to choose; one pass per name)")
+        return (
+            f"the kernel's default ({kernel_congestion()})"
+            + (f"; rs and ring sockets: {rs_cc} (RS_TCP_CONGESTION={rs_config.get('tcp_congestion')})" if rs_cc else "")
+            + " (--congestion NAME[,NAME] to choose; one pass per name)"
+        )
     names = ", ".join(f"{congestion_label(c)}{' (kernel default)' if c == DEFAULT_CONGESTION else ''}" for c in ccs)
-    how = ("every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
-           "(RS_TCP_CONGESTION)" if emulated else
-           "rs and ring sockets only (RS_TCP_CONGESTION); gloo keeps the kernel's default on loopback")
+    how = (
+        "every connection of every emulated host (route congctl in each namespace) and rs/ring sockets "
+        "(RS_TCP_CONGESTION)"
+        if emulated
+        else "rs and ring sockets only (RS_TCP_CONGESTION); gloo keeps the kernel's default on loopback"
+    )
     return f"one pass each: {names}; applied to {how}"
 
 

@@ -11,6 +11,7 @@ Modes:
   size, so a slow drift of the machine's load weighs on both alike. The table gives on/off per size
   with the spread between a variant's own passes: the noise floor the ratio is to be read against.
 """
+
 from __future__ import annotations
 
 from collections.abc import Sequence
@@ -20,7 +21,7 @@ from ..errors import ConfigError
 from . import report
 
 MODES = ("off", "on", "ab")
-RS, RS_CP = "rs", "rs+cp"      # the A and B variants of `ab`
+RS, RS_CP = "rs", "rs+cp"  # the A and B variants of `ab`
 
 
 def check(mode: str, algos: Sequence[str], model: str | None, passes: int, interval_s: float) -> None:
@@ -74,8 +75,10 @@ def pass_order(algos: Sequence[str], mode: str, passes: int) -> list[str]:
 
 def describe(mode: str, interval_s: float, passes: int) -> str | None:
     """The header line of the run (None when the control plane is off)."""
-    what = (f"every reducer serves gRPC (health, GetStats, Drain) and Prometheus /metrics; a poller calls GetStats "
-            f"and fetches /metrics on each every {interval_s * 1e3:g} ms")
+    what = (
+        f"every reducer serves gRPC (health, GetStats, Drain) and Prometheus /metrics; a poller calls GetStats "
+        f"and fetches /metrics on each every {interval_s * 1e3:g} ms"
+    )
     if mode == "on":
         return f"# control plane: on: {what}"
     if mode == "ab":
@@ -92,8 +95,11 @@ def ratios(rows: list[dict[str, Any]], min_size: int = report.MIN_BOUND_SIZE) ->
     """on/off per size, and their geometric mean over sizes >= min_size (merged rows of rs and rs+cp)."""
     off = {r["size"]: r for r in rows if r["algo"] == RS}
     on = {r["size"]: r for r in rows if r["algo"] == RS_CP}
-    per = {s: on[s]["time_us"] / off[s]["time_us"] for s in sorted(set(off) & set(on))
-           if off[s]["time_us"] > 0 and on[s]["time_us"] > 0}
+    per = {
+        s: on[s]["time_us"] / off[s]["time_us"]
+        for s in sorted(set(off) & set(on))
+        if off[s]["time_us"] > 0 and on[s]["time_us"] > 0
+    }
     big = [v for s, v in per.items() if s >= min_size]
     gmean = None
     if big:
@@ -107,18 +113,26 @@ def ratios(rows: list[dict[str, Any]], min_size: int = report.MIN_BOUND_SIZE) ->
 def format_polls(polls: dict[str, Any], interval_s: float, algo: str) -> str:
     """One line: what the poller of `algo`'s passes did (merged counts of reducer.bench.poller)."""
     secs = polls.get("seconds") or 0.0
-    rate = (f", {polls['get_stats'] / secs:.0f} GetStats/s and {polls['scrapes'] / secs:.0f} scrapes/s"
-            if secs > 0 else "")
-    return (f"# poller of {algo} (every {interval_s * 1e3:g} ms): {polls['get_stats']} GetStats and {polls['scrapes']} "
-            f"/metrics scrapes ({polls['metrics_bytes'] / 1e6:.1f} MB) in {secs:.1f} s{rate}; {polls['errors']} "
-            f"failed, {polls['late']} cycles late; the last GetStats saw {polls['rounds_seen']} rounds"
-            + (f"; the poller used {100 * polls['cpu_s'] / secs:.0f}% of a core (here on the same machine; a real "
-               "scraper runs elsewhere)" if secs > 0 else "")
-            + (f"; first failure: {polls['first_error']}" if polls.get("first_error") else ""))
+    rate = (
+        f", {polls['get_stats'] / secs:.0f} GetStats/s and {polls['scrapes'] / secs:.0f} scrapes/s" if secs > 0 else ""
+    )
+    return (
+        f"# poller of {algo} (every {interval_s * 1e3:g} ms): {polls['get_stats']} GetStats and {polls['scrapes']} "
+        f"/metrics scrapes ({polls['metrics_bytes'] / 1e6:.1f} MB) in {secs:.1f} s{rate}; {polls['errors']} "
+        f"failed, {polls['late']} cycles late; the last GetStats saw {polls['rounds_seen']} rounds"
+        + (
+            f"; the poller used {100 * polls['cpu_s'] / secs:.0f}% of a core (here on the same machine; a real "
+            "scraper runs elsewhere)"
+            if secs > 0
+            else ""
+        )
+        + (f"; first failure: {polls['first_error']}" if polls.get("first_error") else "")
+    )
 
 
-def cpu_per_request_ms(reducer_cpu_s: dict[str, float | None], polls: dict[str, Any] | None,
-                       passes: int) -> float | None:
+def cpu_per_request_ms(
+    reducer_cpu_s: dict[str, float | None], polls: dict[str, Any] | None, passes: int
+) -> float | None:
     """The reducers' CPU milliseconds per control-plane request (a GetStats or a scrape): the CPU the
     reducers used in an on pass beyond an off pass (the same all-reduces), over the requests of a pass."""
     off, on = reducer_cpu_s.get(RS), reducer_cpu_s.get(RS_CP)
@@ -128,39 +142,54 @@ def cpu_per_request_ms(reducer_cpu_s: dict[str, float | None], polls: dict[str, 
     return 1e3 * (on - off) / requests if requests > 0 else None
 
 
-def format_table(rows: list[dict[str, Any]], interval_s: float, cpu_by_algo: dict[str, float | None],
-                 reducer_cpu_s: dict[str, float | None], passes: int) -> str:
+def format_table(
+    rows: list[dict[str, Any]],
+    interval_s: float,
+    cpu_by_algo: dict[str, float | None],
+    reducer_cpu_s: dict[str, float | None],
+    passes: int,
+) -> str:
     """The A/B table from merged rows: per size rs off / on times, on/off, each variant's pass-to-pass
     spread; then the geometric mean, what the poller did, the bench's CPU per variant and the
     reducers' CPU per control-plane request."""
     off = {r["size"]: r for r in rows if r["algo"] == RS}
     on = {r["size"]: r for r in rows if r["algo"] == RS_CP}
     res = ratios(rows)
-    lines = ["# Control plane A/B: rs with the reducers' control plane off vs on (polled); on/off = rs+cp time / rs "
-             "time, each the slowest rank's median over all its passes' timed iterations",
-             "# spread = a variant's slowest pass / its fastest - 1, per size: differences below it are noise",
-             f"# {'size(B)':>12} {'off(us)':>11} {'on(us)':>11} {'on/off':>7} {'spread off':>11} {'spread on':>10}"]
+    lines = [
+        "# Control plane A/B: rs with the reducers' control plane off vs on (polled); on/off = rs+cp time / rs "
+        "time, each the slowest rank's median over all its passes' timed iterations",
+        "# spread = a variant's slowest pass / its fastest - 1, per size: differences below it are noise",
+        f"# {'size(B)':>12} {'off(us)':>11} {'on(us)':>11} {'on/off':>7} {'spread off':>11} {'spread on':>10}",
+    ]
     for s in sorted(set(off) | set(on)):
         a, b = off.get(s), on.get(s)
         ratio = res["per_size"].get(s)
         sa = _spread(a.get("pass_time_us", [])) if a else None
         sb = _spread(b.get("pass_time_us", [])) if b else None
-        lines.append(f"  {s:>12} {report.fmt_time(a['time_us'] if a else None):>11} "
-                     f"{report.fmt_time(b['time_us'] if b else None):>11} "
-                     f"{'-' if ratio is None else f'{ratio:.3f}':>7} "
-                     f"{'-' if sa is None else f'{100 * sa:.1f}%':>11} {'-' if sb is None else f'{100 * sb:.1f}%':>10}")
+        lines.append(
+            f"  {s:>12} {report.fmt_time(a['time_us'] if a else None):>11} "
+            f"{report.fmt_time(b['time_us'] if b else None):>11} "
+            f"{'-' if ratio is None else f'{ratio:.3f}':>7} "
+            f"{'-' if sa is None else f'{100 * sa:.1f}%':>11} {'-' if sb is None else f'{100 * sb:.1f}%':>10}"
+        )
     if res["geomean"] is not None:
-        lines.append(f"# on/off, geometric mean over the {res['geomean_sizes']} sizes >= "
-                     f"{report.MIN_BOUND_SIZE >> 20} MiB: {res['geomean']:.3f} ({100 * (res['geomean'] - 1):+.1f}%)")
+        lines.append(
+            f"# on/off, geometric mean over the {res['geomean_sizes']} sizes >= "
+            f"{report.MIN_BOUND_SIZE >> 20} MiB: {res['geomean']:.3f} ({100 * (res['geomean'] - 1):+.1f}%)"
+        )
     polls = next((r["polls"] for r in rows if r["algo"] == RS_CP and r.get("polls")), None)
     if polls:
         lines.append(format_polls(polls, interval_s, RS_CP))
     per_request = cpu_per_request_ms(reducer_cpu_s, polls, passes)
     if per_request is not None:
-        lines.append(f"# the reducers' CPU per pass (all {rows[0]['reducers']}): off {reducer_cpu_s[RS]:.1f} s, on "
-                     f"{reducer_cpu_s[RS_CP]:.1f} s: {per_request:.2f} ms per GetStats or scrape")
+        lines.append(
+            f"# the reducers' CPU per pass (all {rows[0]['reducers']}): off {reducer_cpu_s[RS]:.1f} s, on "
+            f"{reducer_cpu_s[RS_CP]:.1f} s: {per_request:.2f} ms per GetStats or scrape"
+        )
     if cpu_by_algo.get(RS) is not None and cpu_by_algo.get(RS_CP) is not None:
-        lines.append(f"# CPU of the bench's processes (user + system, share of all cores): rs {cpu_by_algo[RS]:.0f}%, "
-                     f"rs+cp {cpu_by_algo[RS_CP]:.0f}% (the reducers' gRPC and metrics threads and the poller "
-                     "included)")
+        lines.append(
+            f"# CPU of the bench's processes (user + system, share of all cores): rs {cpu_by_algo[RS]:.0f}%, "
+            f"rs+cp {cpu_by_algo[RS_CP]:.0f}% (the reducers' gRPC and metrics threads and the poller "
+            "included)"
+        )
     return "\n".join(lines)

@@ -9,6 +9,7 @@ Busy = everything but idle and iowait (guest time is already inside user).
 `mean_percent` is over the whole monitored period (first to last snapshot),
 `max_percent` the busiest sampling interval.  Standard library only.
 """
+
 from __future__ import annotations
 
 import logging
@@ -110,5 +111,9 @@ class CpuMonitor:
         (logger or logging.getLogger(__name__)).warning(
             "CPU busy %.0f%% on average (max %.0f%%) > %.0f%%: the measurement may be limited "
             "by this machine's %d cores rather than by the emulated network",
-            mean, self.max_percent, threshold, self.ncpu)
+            mean,
+            self.max_percent,
+            threshold,
+            self.ncpu,
+        )
         return True

@@ -9,6 +9,7 @@ units in the last place of the dtype (integers: exact, truncating division). The
 rank shift makes a chunk placed at the wrong offset or taken from the wrong rank
 visible; the period (251, prime) is coprime to every segment/chunk stride used.
 """
+
 from __future__ import annotations
 
 import ml_dtypes
@@ -74,8 +75,8 @@ def count_wrong(out: np.ndarray, expected: np.ndarray, tol: float, block: int = 
         return int(np.count_nonzero(out != expected))
     wrong = 0
     for s in range(0, out.size, block):
-        o = out[s:s + block].astype(np.float64)
-        e = expected[s:s + block].astype(np.float64)
+        o = out[s : s + block].astype(np.float64)
+        e = expected[s : s + block].astype(np.float64)
         wrong += int(np.count_nonzero(np.abs(o - e) > tol * np.maximum(1.0, np.abs(e))))
     return wrong
 
@@ -90,15 +91,15 @@ def fill_input(out: np.ndarray, rank: int) -> None:
     tile = make_input(rank, min(TILE, out.size), wire_name(out.dtype))
     for s in range(0, out.size, TILE):
         n = min(TILE, out.size - s)
-        out[s:s + n] = tile[:n]
+        out[s : s + n] = tile[:n]
 
 
 def count_wrong_tiled(out: np.ndarray, world: int, op: str, tol: float) -> int:
     """count_wrong against reference(world, out.size, ..., op), a tile at a time."""
     expected, _ = reference(world, min(TILE, out.size), wire_name(out.dtype), op)
-    return sum(count_wrong(out[s:s + TILE], expected[:min(TILE, out.size - s)], tol)
-               for s in range(0, out.size, TILE))
-
+    return sum(
+        count_wrong(out[s : s + TILE], expected[: min(TILE, out.size - s)], tol) for s in range(0, out.size, TILE)
+    )
 
 
 def step_tolerance(wire: str, world: int) -> float:

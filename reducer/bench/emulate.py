@@ -50,6 +50,7 @@ can run it.  Standard library only (``measure_tcp`` runs this file as a script i
 
     python -m reducer.bench.emulate selftest [--gbps G] [--seconds S]   # TCP rates through the links
 """
+
 from __future__ import annotations
 
 import argparse
@@ -69,8 +70,19 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
-__all__ = ["EmulationError", "EmulatedHosts", "Host", "cleanup_stale", "check_prerequisites", "unavailable_reason",
-           "leftovers", "measure_tcp", "available_congestion", "parse_ss_congestion", "main"]
+__all__ = [
+    "EmulationError",
+    "EmulatedHosts",
+    "Host",
+    "cleanup_stale",
+    "check_prerequisites",
+    "unavailable_reason",
+    "leftovers",
+    "measure_tcp",
+    "available_congestion",
+    "parse_ss_congestion",
+    "main",
+]
 
 _IFNAMSIZ = 15  # max length of a Linux interface name
 _ETC_NETNS = "/etc/netns"  # `ip netns exec` bind-mounts /etc/netns/NAME/* over /etc/*
@@ -292,9 +304,17 @@ class EmulatedHosts:
     ...     p = hosts.popen(0, ["python", "server.py"], env=hosts.env_for(0))
     """
 
-    def __init__(self, n_hosts: int, gbps: float, prefix: str = "rsb", burst_bytes: int = 256 * 1024,
-                 subnet: str = "10.77.0.0/24", latency_ms: float = 20.0, mtu: int = 1500,
-                 congestion: str | None = None):
+    def __init__(
+        self,
+        n_hosts: int,
+        gbps: float,
+        prefix: str = "rsb",
+        burst_bytes: int = 256 * 1024,
+        subnet: str = "10.77.0.0/24",
+        latency_ms: float = 20.0,
+        mtu: int = 1500,
+        congestion: str | None = None,
+    ):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
         if not gbps > 0:
@@ -318,8 +338,7 @@ class EmulatedHosts:
         self.switch_netns = f"{prefix}-sw"
         self.bridge = f"{prefix}-br"
         self.hosts: list[Host] = [
-            Host(index=i, ip=str(net.network_address + i + 1), netns=f"{prefix}-h{i}")
-            for i in range(n_hosts)
+            Host(index=i, ip=str(net.network_address + i + 1), netns=f"{prefix}-h{i}") for i in range(n_hosts)
         ]
         self._procs: list[subprocess.Popen] = []
         self._active = False
@@ -342,8 +361,15 @@ class EmulatedHosts:
         return int(round(self.gbps * 1e9))
 
     def tbf_args(self) -> list[str]:
-        return ["tbf", "rate", f"{self.rate_bps}bit", "burst", str(self.burst_bytes),
-                "latency", f"{self.latency_ms:g}ms"]
+        return [
+            "tbf",
+            "rate",
+            f"{self.rate_bps}bit",
+            "burst",
+            str(self.burst_bytes),
+            "latency",
+            f"{self.latency_ms:g}ms",
+        ]
 
     # -- lifecycle
     def __enter__(self) -> EmulatedHosts:
@@ -365,8 +391,10 @@ class EmulatedHosts:
         sw = self.switch_netns
         p = _run(["ip", "netns", "add", sw], check=False)
         if p.returncode != 0:
-            raise EmulationError("emulated hosts need root and iproute2 (ip, tc): cannot create a network "
-                                 f"namespace (missing CAP_SYS_ADMIN/CAP_NET_ADMIN?): {p.stderr.strip()}")
+            raise EmulationError(
+                "emulated hosts need root and iproute2 (ip, tc): cannot create a network "
+                f"namespace (missing CAP_SYS_ADMIN/CAP_NET_ADMIN?): {p.stderr.strip()}"
+            )
         for h in self.hosts:
             _run(["ip", "netns", "add", h.netns])
         # Switch namespace: bridge without IP, no IPv6 link-local chatter.
@@ -390,7 +418,8 @@ class EmulatedHosts:
         # warnings from gloo/c10d) and a resolv.conf without name server, so
         # nothing inside a host ever tries to reach a resolver outside.
         hosts_txt = "127.0.0.1 localhost\n" + "".join(
-            f"{h.ip} {h.netns}\n::ffff:{h.ip} {h.netns}\n" for h in self.hosts)
+            f"{h.ip} {h.netns}\n::ffff:{h.ip} {h.netns}\n" for h in self.hosts
+        )
         for h in self.hosts:
             d = os.path.join(_ETC_NETNS, h.netns)
             for attempt in range(5):  # a concurrent run may rmdir an empty /etc/netns
@@ -406,13 +435,16 @@ class EmulatedHosts:
                         raise
         plen = self.subnet.prefixlen
         for i, h in enumerate(self.hosts):
-            _ip_batch([
-                "link set lo up",
-                f"link set {self.prefix}-p{i} name {h.ifname}",
-                f"link set {h.ifname} addrgenmode none",  # reset by the move; IPv4 only on the wire
-                f"addr add {h.ip}/{plen} dev {h.ifname}",
-                f"link set {h.ifname} up",
-            ], netns=h.netns)
+            _ip_batch(
+                [
+                    "link set lo up",
+                    f"link set {self.prefix}-p{i} name {h.ifname}",
+                    f"link set {h.ifname} addrgenmode none",  # reset by the move; IPv4 only on the wire
+                    f"addr add {h.ip}/{plen} dev {h.ifname}",
+                    f"link set {h.ifname} up",
+                ],
+                netns=h.netns,
+            )
             # what the host sends ...
             _run(["tc", "-n", h.netns, "qdisc", "replace", "dev", h.ifname, "root"] + self.tbf_args())
             # ... and what it receives
@@ -424,12 +456,31 @@ class EmulatedHosts:
         """Make every host's TCP connections opened from now on use congestion control `name`
         (the subnet route's ``congctl``); None or '' = the namespace's default again."""
         if name and name not in available_congestion():
-            raise EmulationError(f"TCP congestion control {name!r} is not available in this kernel (available: "
-                                 f"{' '.join(available_congestion()) or '?'}; e.g. `modprobe tcp_{name}`)")
+            raise EmulationError(
+                f"TCP congestion control {name!r} is not available in this kernel (available: "
+                f"{' '.join(available_congestion()) or '?'}; e.g. `modprobe tcp_{name}`)"
+            )
         plen = self.subnet.prefixlen
         for h in self.hosts:
-            _run(["ip", "-n", h.netns, "route", "replace", f"{self.subnet.network_address}/{plen}", "dev", h.ifname,
-                  "proto", "kernel", "scope", "link", "src", h.ip] + (["congctl", name] if name else []))
+            _run(
+                [
+                    "ip",
+                    "-n",
+                    h.netns,
+                    "route",
+                    "replace",
+                    f"{self.subnet.network_address}/{plen}",
+                    "dev",
+                    h.ifname,
+                    "proto",
+                    "kernel",
+                    "scope",
+                    "link",
+                    "src",
+                    h.ip,
+                ]
+                + (["congctl", name] if name else [])
+            )
         self.congestion = name or None
 
     def flow_congestion(self, i: int) -> dict[str, int]:
@@ -480,8 +531,7 @@ class EmulatedHosts:
             pass
         if self._sigterm_installed and threading.current_thread() is threading.main_thread():
             try:
-                signal.signal(signal.SIGTERM, self._prev_sigterm if self._prev_sigterm is not None
-                              else signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, self._prev_sigterm if self._prev_sigterm is not None else signal.SIG_DFL)
             except (ValueError, OSError, TypeError):
                 pass
             self._sigterm_installed = False
@@ -543,6 +593,7 @@ class EmulatedHosts:
 # measures TCP throughput between emulated hosts (one way and both ways at once).  `_recv`/`_send`
 # are its helpers, run inside the namespaces as `python .../emulate.py _recv|_send ...`.
 
+
 def _tcp_recv(port: int) -> None:
     s = socket.socket()
     s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -578,22 +629,21 @@ def _tcp_send(ip: str, port: int, seconds: float) -> None:
     c.close()
 
 
-def measure_tcp(hosts: EmulatedHosts, pairs: Sequence[tuple], seconds: float = 2.0,
-                base_port: int = 5201) -> list[float]:
+def measure_tcp(
+    hosts: EmulatedHosts, pairs: Sequence[tuple], seconds: float = 2.0, base_port: int = 5201
+) -> list[float]:
     """Run one TCP stream per (src, dst) pair at the same time; return the
     payload rate of each in bit/s (measured at the receiver)."""
     me = os.path.abspath(__file__)
     recvs, sends = [], []
     for k, (_src, dst) in enumerate(pairs):
-        r = hosts.popen(dst, [sys.executable, me, "_recv", str(base_port + k)],
-                        stdout=subprocess.PIPE, text=True)
+        r = hosts.popen(dst, [sys.executable, me, "_recv", str(base_port + k)], stdout=subprocess.PIPE, text=True)
         assert r.stdout is not None
         if r.stdout.readline().strip() != "ready":
             raise EmulationError("receiver did not start")
         recvs.append(r)
     for k, (src, dst) in enumerate(pairs):
-        sends.append(hosts.popen(src, [sys.executable, me, "_send", hosts[dst].ip,
-                                       str(base_port + k), str(seconds)]))
+        sends.append(hosts.popen(src, [sys.executable, me, "_send", hosts[dst].ip, str(base_port + k), str(seconds)]))
     rates = []
     for r in recvs:
         out, _ = r.communicate(timeout=seconds + 30)
@@ -633,8 +683,7 @@ def main(argv: list[str]) -> int:
         return 0
     if len(argv) >= 1 and argv[0] == "selftest":
         return _selftest(argv[1:])
-    print("usage: python -m reducer.bench.emulate selftest [--gbps G] [--seconds S] [--latency-ms L]",
-          file=sys.stderr)
+    print("usage: python -m reducer.bench.emulate selftest [--gbps G] [--seconds S] [--latency-ms L]", file=sys.stderr)
     return 2
 
 

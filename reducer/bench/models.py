@@ -13,6 +13,7 @@ register them:
 
 ``scale`` (tests) shrinks every tensor to ``max(1, round(numel * scale))`` elements, flattened.
 """
+
 from __future__ import annotations
 
 import math
@@ -57,12 +58,20 @@ def resnet(blocks: tuple[int, ...] = (3, 4, 6, 3), num_classes: int = 1000) -> S
     return out
 
 
-def bert(hidden: int = 768, layers: int = 12, intermediate: int = 3072, vocab: int = 30522,
-         positions: int = 512, type_vocab: int = 2) -> Shapes:
+def bert(
+    hidden: int = 768,
+    layers: int = 12,
+    intermediate: int = 3072,
+    vocab: int = 30522,
+    positions: int = 512,
+    type_vocab: int = 2,
+) -> Shapes:
     """Hugging Face BertModel (embeddings, encoder layers, pooler)."""
-    out: Shapes = [("embeddings.word_embeddings.weight", (vocab, hidden)),
-                   ("embeddings.position_embeddings.weight", (positions, hidden)),
-                   ("embeddings.token_type_embeddings.weight", (type_vocab, hidden))]
+    out: Shapes = [
+        ("embeddings.word_embeddings.weight", (vocab, hidden)),
+        ("embeddings.position_embeddings.weight", (positions, hidden)),
+        ("embeddings.token_type_embeddings.weight", (type_vocab, hidden)),
+    ]
     out += _bn("embeddings.LayerNorm", hidden)
     for i in range(layers):
         p = f"encoder.layer.{i}"
@@ -95,7 +104,7 @@ def gpt2(n_embd: int = 1024, layers: int = 24, vocab: int = 50257, positions: in
 @dataclass(frozen=True)
 class ModelInfo:
     build: Callable[[], Shapes]
-    tensors: int       # the published architecture's counts: a generated list must match them
+    tensors: int  # the published architecture's counts: a generated list must match them
     parameters: int
     description: str
 
@@ -125,8 +134,10 @@ def parameters(model: str, scale: float = 1.0) -> Shapes:
         raise KeyError(f"unknown model {model!r}: choose from {', '.join(MODELS)}") from None
     shapes = info.build()
     if len(shapes) != info.tensors or total_parameters(shapes) != info.parameters:
-        raise AssertionError(f"{model}: generated {len(shapes)} tensors / {total_parameters(shapes):,} parameters, "
-                             f"expected {info.tensors} / {info.parameters:,}")
+        raise AssertionError(
+            f"{model}: generated {len(shapes)} tensors / {total_parameters(shapes):,} parameters, "
+            f"expected {info.tensors} / {info.parameters:,}"
+        )
     if not 0 < scale <= 1:
         raise ValueError(f"scale must be in (0, 1], got {scale}")
     if scale != 1:

@@ -1,12 +1,17 @@
 """algbw vs size, log-log, one line per algorithm, with the link-rate bounds of ring and rs."""
+
 from __future__ import annotations
 
 from typing import Any
 
 from .report import MIN_BOUND_SIZE, TCP_PAYLOAD_FRACTION, bus_factor, rs_factor
 
-STYLE = {"rs": ("tab:blue", "o"), "rs+bf16": ("tab:purple", "D"), "ring": ("tab:orange", "s"),
-         "gloo": ("tab:green", "^")}
+STYLE = {
+    "rs": ("tab:blue", "o"),
+    "rs+bf16": ("tab:purple", "D"),
+    "ring": ("tab:orange", "s"),
+    "gloo": ("tab:green", "^"),
+}
 
 
 def _pyplot():
@@ -16,13 +21,20 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise SystemExit("--plot needs matplotlib: pip install 'reduction-server[plot]' (or: pip install matplotlib)"
-                         ) from exc
+        raise SystemExit(
+            "--plot needs matplotlib: pip install 'reduction-server[plot]' (or: pip install matplotlib)"
+        ) from exc
     return plt
 
 
-def plot(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
-         emulate_gbps: float | None = None, title: str | None = None) -> None:
+def plot(
+    rows: list[dict[str, Any]],
+    path: str,
+    workers: int,
+    reducers: int,
+    emulate_gbps: float | None = None,
+    title: str | None = None,
+) -> None:
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(7.5, 4.8), dpi=110)
     algos = [a for a in ("rs", "ring", "gloo") if any(r["algo"] == a and r.get("time_us") for r in rows)]
@@ -30,8 +42,11 @@ def plot(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
     for a in algos:
         pts = sorted((r["size"], r["algbw"]) for r in rows if r["algo"] == a and r.get("time_us"))
         color, marker = STYLE.get(a, (None, "x"))
-        label = {"rs": f"rs (reduction server, R={reducers})", "ring": "ring (this project)",
-                 "gloo": "gloo (torch.distributed)"}.get(a, a)
+        label = {
+            "rs": f"rs (reduction server, R={reducers})",
+            "ring": "ring (this project)",
+            "gloo": "gloo (torch.distributed)",
+        }.get(a, a)
         ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, color=color, label=label)
     if emulate_gbps and sizes:
         link = TCP_PAYLOAD_FRACTION * emulate_gbps / 8  # GB/s of payload per direction
@@ -39,17 +54,36 @@ def plot(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
         rs_bw = link / rs_factor(workers, reducers)
         xs = [sizes[0], sizes[-1]]
         if "rs" in algos:
-            ax.plot(xs, [rs_bw] * 2, ls="--", color=STYLE["rs"][0], alpha=0.7,
-                    label=f"rs bound: {0.956:g} x B / max(1, W/R) = {rs_bw:.3f} GB/s")
-        ax.plot(xs, [ring_bw] * 2, ls=":", color=STYLE["ring"][0], alpha=0.7,
-                label=f"ring bound: {0.956:g} x B / (2(n-1)/n) = {ring_bw:.3f} GB/s")
+            ax.plot(
+                xs,
+                [rs_bw] * 2,
+                ls="--",
+                color=STYLE["rs"][0],
+                alpha=0.7,
+                label=f"rs bound: {0.956:g} x B / max(1, W/R) = {rs_bw:.3f} GB/s",
+            )
+        ax.plot(
+            xs,
+            [ring_bw] * 2,
+            ls=":",
+            color=STYLE["ring"][0],
+            alpha=0.7,
+            label=f"ring bound: {0.956:g} x B / (2(n-1)/n) = {ring_bw:.3f} GB/s",
+        )
         if sizes[0] < MIN_BOUND_SIZE:
             # Below 1 MiB the tbf burst (256 KiB) lets a message through faster than the rate:
             # points there may lie above the bounds, which only hold for sustained transfers.
-            right = MIN_BOUND_SIZE / 2 ** 0.5 if sizes[-1] >= MIN_BOUND_SIZE else sizes[-1] * 2 ** 0.5
-            ax.axvspan(sizes[0] / 2 ** 0.5, right, color="0.5", alpha=0.08, lw=0)
-            ax.text(max(sizes[0], min(sizes[0] * 4, right / 8)), 0.02, "tbf burst (256 KiB):\nbounds do not apply here",
-                    fontsize=7, color="0.35", va="bottom", transform=ax.get_xaxis_transform())
+            right = MIN_BOUND_SIZE / 2**0.5 if sizes[-1] >= MIN_BOUND_SIZE else sizes[-1] * 2**0.5
+            ax.axvspan(sizes[0] / 2**0.5, right, color="0.5", alpha=0.08, lw=0)
+            ax.text(
+                max(sizes[0], min(sizes[0] * 4, right / 8)),
+                0.02,
+                "tbf burst (256 KiB):\nbounds do not apply here",
+                fontsize=7,
+                color="0.35",
+                va="bottom",
+                transform=ax.get_xaxis_transform(),
+            )
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("buffer size (bytes)")
@@ -72,8 +106,9 @@ def _human(n: int) -> str:
     return str(n)
 
 
-def plot_steps(rows: list[dict[str, Any]], path: str, workers: int, reducers: int,
-               emulate_gbps: float | None = None) -> None:
+def plot_steps(
+    rows: list[dict[str, Any]], path: str, workers: int, reducers: int, emulate_gbps: float | None = None
+) -> None:
     """Training steps: one group of bars per (bucket cap, backward time), one bar per algorithm,
     split into compute (grey) and exposed communication; speed-up over gloo on top."""
     plt = _pyplot()
@@ -103,8 +138,10 @@ def plot_steps(rows: list[dict[str, Any]], path: str, workers: int, reducers: in
     ax.set_ylabel("step time (ms): slowest rank's median")
     model = rows[0].get("model", "?")
     where = f"{emulate_gbps:g} Gbit/s emulated NICs" if emulate_gbps else "loopback (one machine)"
-    ax.set_title(f"{model}: one DDP step's gradients, W={workers}, R={reducers}, {where}\n"
-                 "(label: speed-up over gloo)", fontsize=10)
+    ax.set_title(
+        f"{model}: one DDP step's gradients, W={workers}, R={reducers}, {where}\n(label: speed-up over gloo)",
+        fontsize=10,
+    )
     ax.grid(True, axis="y", alpha=0.3)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()

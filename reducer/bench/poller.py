@@ -10,6 +10,7 @@ Runs in its own process (reducer.bench.rank, role "poller"; on its own emulated 
 until the runner closes its stdin after the last timed iteration. A failed request is counted,
 never fatal: the counts say whether the control plane answered all along.
 """
+
 from __future__ import annotations
 
 import threading
@@ -24,15 +25,16 @@ DEFAULT_INTERVAL_S = 0.1
 @dataclass
 class PollCounts:
     """What one poller did; the runner sums these over the passes of the same variant."""
-    cycles: int = 0              # rounds of requests (one GetStats + one scrape per reducer)
-    get_stats: int = 0           # GetStats calls answered
-    scrapes: int = 0             # /metrics pages fetched (HTTP 200, a reduction_server metric in them)
-    errors: int = 0              # requests that failed or timed out
-    late: int = 0                # cycles that started more than one interval late (the poller fell behind)
-    rounds_seen: int = 0         # the most rounds_completed (summed over the reducers) GetStats reported
-    metrics_bytes: int = 0       # bytes of /metrics text fetched
-    seconds: float = 0.0         # how long it polled
-    cpu_s: float = 0.0           # CPU time the poller's process used meanwhile (set by its runner)
+
+    cycles: int = 0  # rounds of requests (one GetStats + one scrape per reducer)
+    get_stats: int = 0  # GetStats calls answered
+    scrapes: int = 0  # /metrics pages fetched (HTTP 200, a reduction_server metric in them)
+    errors: int = 0  # requests that failed or timed out
+    late: int = 0  # cycles that started more than one interval late (the poller fell behind)
+    rounds_seen: int = 0  # the most rounds_completed (summed over the reducers) GetStats reported
+    metrics_bytes: int = 0  # bytes of /metrics text fetched
+    seconds: float = 0.0  # how long it polled
+    cpu_s: float = 0.0  # CPU time the poller's process used meanwhile (set by its runner)
     first_error: str = ""
 
     def as_dict(self) -> dict[str, Any]:
@@ -58,8 +60,9 @@ def merge_counts(parts: list[dict[str, Any]]) -> dict[str, Any]:
 class Poller:
     """Polls the control plane (GetStats) and the metrics endpoint of every reducer, at a fixed rate."""
 
-    def __init__(self, control: list[str], metrics: list[str], interval: float = DEFAULT_INTERVAL_S,
-                 timeout: float = 2.0) -> None:
+    def __init__(
+        self, control: list[str], metrics: list[str], interval: float = DEFAULT_INTERVAL_S, timeout: float = 2.0
+    ) -> None:
         from ..control.client import ControlClient
 
         if interval <= 0:

@@ -3,6 +3,7 @@ network namespace), starting a process that speaks reducer.bench.rank's JSON-lin
 (`_spawn`, a `_Proc` reading its messages on a thread), and waiting for a message from every
 process of a set (`_wait_all`), naming the process that died first when something fails.
 """
+
 from __future__ import annotations
 
 import json
@@ -67,7 +68,7 @@ class _Proc:
         self.name, self.p, self.errfile = name, popen, errfile
         self.log: list[str] = []
         self.finished = False  # said 'done': its exit is expected
-        self.errored = False   # reported an error itself: its exit is explained
+        self.errored = False  # reported an error itself: its exit is explained
         self._t = threading.Thread(target=self._read, args=(events,), daemon=True)
         self._t.start()
 
@@ -80,7 +81,7 @@ class _Proc:
         for line in self.p.stdout:
             if line.startswith(MARKER):
                 try:
-                    msg = json.loads(line[len(MARKER):])
+                    msg = json.loads(line[len(MARKER) :])
                 except ValueError:
                     self.log.append(line.rstrip())
                     continue
@@ -140,25 +141,49 @@ class BenchError(RuntimeError):
     pass
 
 
-def _spawn(hosts: Any, host_index: int, name: str, job: dict[str, Any], events: queue.Queue,
-           extra_env: dict[str, str] | None = None, module: str = "reducer.bench.rank",
-           args: Sequence[str] = ()) -> _Proc:
+def _spawn(
+    hosts: Any,
+    host_index: int,
+    name: str,
+    job: dict[str, Any],
+    events: queue.Queue,
+    extra_env: dict[str, str] | None = None,
+    module: str = "reducer.bench.rank",
+    args: Sequence[str] = (),
+) -> _Proc:
     """Start `python -m module *args` (a process speaking reducer.bench.rank's JSON-lines protocol)
     on host `host_index` and hand it `job`."""
-    env = {"PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
-           "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
+    env = {
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(_PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])),
+        "PYTHONUNBUFFERED": "1",
+        "OMP_NUM_THREADS": "1",
+    }
     env.update(extra_env or {})
     errfile = tempfile.TemporaryFile(mode="w+", prefix=f"rsb-{name}-")
-    p = hosts.popen(host_index, [sys.executable, "-m", module, *args], env=env, stdin=subprocess.PIPE,
-                    stdout=subprocess.PIPE, stderr=errfile, text=True, bufsize=1)
+    p = hosts.popen(
+        host_index,
+        [sys.executable, "-m", module, *args],
+        env=env,
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=errfile,
+        text=True,
+        bufsize=1,
+    )
     proc = _Proc(name, p, events, errfile)
     proc.send(job)
     return proc
 
 
-def _wait_all(events: queue.Queue, procs: list[_Proc], event: str, timeout: float,
-              on_other: Callable[[_Proc, dict[str, Any]], None] | None = None,
-              watch: list[_Proc] | None = None, idle: bool = False) -> dict[_Proc, dict[str, Any]]:
+def _wait_all(
+    events: queue.Queue,
+    procs: list[_Proc],
+    event: str,
+    timeout: float,
+    on_other: Callable[[_Proc, dict[str, Any]], None] | None = None,
+    watch: list[_Proc] | None = None,
+    idle: bool = False,
+) -> dict[_Proc, dict[str, Any]]:
     """Wait until every proc in `procs` emitted `event`; raise BenchError on error/exit/timeout.
     On an error, a process of `watch` (default `procs`) that died is named as the cause.
     idle: `timeout` counts from the last message received, not from the start."""
@@ -168,8 +193,10 @@ def _wait_all(events: queue.Queue, procs: list[_Proc], event: str, timeout: floa
         left = deadline - time.monotonic()
         if left <= 0:
             missing = ", ".join(p.name for p in procs if p not in got)
-            raise BenchError(f"timed out after {timeout:.0f} s {'without a message ' if idle else ''}waiting for "
-                             f"'{event}' from {missing}")
+            raise BenchError(
+                f"timed out after {timeout:.0f} s {'without a message ' if idle else ''}waiting for "
+                f"'{event}' from {missing}"
+            )
         try:
             proc, msg = events.get(timeout=min(left, 1.0))
         except queue.Empty:
@@ -179,8 +206,10 @@ def _wait_all(events: queue.Queue, procs: list[_Proc], event: str, timeout: floa
             detail = f"{proc.name}: {msg.get('error')}\n{msg.get('traceback', '')}".rstrip()
             dead = _dead_peer(watch or procs, proc)
             if dead is not None:  # the root cause (e.g. a killed rank), not its neighbour's symptom
-                raise BenchError(f"{dead.name} exited (code {dead.p.returncode}) before '{event}':\n"
-                                 f"{dead.stderr_tail()}\nthen {detail}")
+                raise BenchError(
+                    f"{dead.name} exited (code {dead.p.returncode}) before '{event}':\n"
+                    f"{dead.stderr_tail()}\nthen {detail}"
+                )
             raise BenchError(detail)
         if ev == "exit":
             if proc.finished:

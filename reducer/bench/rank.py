@@ -27,6 +27,7 @@ Reducer life cycle (job "control_plane": also a gRPC control plane and a /metric
 Poller life cycle (reducer.bench.poller; job "control", "metrics", "interval"):
   -> {"event": "ready"} ... polls until stdin closes ... -> {"event": "done", "polls": {...}}
 """
+
 from __future__ import annotations
 
 import datetime
@@ -137,8 +138,16 @@ class _RS(_Algo):
         extra: dict[str, Any] = {}
         if "steps" in j and config.env_text("fusion_threshold") is None:
             extra["fusion_threshold"] = 0  # as reducer.torch.HookState connects for DDP's (already fused) buckets
-        self.comm = Communicator(j["reducers"], rank=j["rank"], world_size=j["world"], group=j["group"],
-                                 job_id="bench", timeout=j["timeout"], connect_timeout=j["connect_timeout"], **extra)
+        self.comm = Communicator(
+            j["reducers"],
+            rank=j["rank"],
+            world_size=j["world"],
+            group=j["group"],
+            job_id="bench",
+            timeout=j["timeout"],
+            connect_timeout=j["connect_timeout"],
+            **extra,
+        )
         self._tiny = np.zeros(1, dtype=np.float32)
 
     # The DDP hook path: every bucket goes through reducer.torch's hook, as DDP calls it.
@@ -150,7 +159,7 @@ class _RS(_Algo):
         self._hook = getattr(hooks, self.hook_name)
         self._state = hooks.HookState(self.comm)
         flat = torch.from_numpy(buf)
-        return [_GradBucket(k, flat[off:off + n]) for k, (off, n) in enumerate(_slices(counts))]
+        return [_GradBucket(k, flat[off : off + n]) for k, (off, n) in enumerate(_slices(counts))]
 
     def start_bucket(self, bucket: Any) -> Any:
         return self._hook(self._state, bucket)
@@ -177,6 +186,7 @@ class _RS(_Algo):
 
 class _RSBf16(_RS):
     """The bf16 hook: each bucket cast to bfloat16 (divided by the world size), summed, cast back."""
+
     hook_name = "bf16_compress_hook"
     wire = "bfloat16"
 
@@ -200,9 +210,16 @@ class _Ring(_Algo):
         self.dtype = job["dtype"]
         # chunk: the runner's (--ring-chunk-bytes, else RS_CHUNK_BYTES); socket buffer: RS_SOCKET_BUFFER as
         # for rs, else the core's default
-        self.ring = core.Ring(job["rank"], job["world"], listen_host=job["bind_host"], port=0, timeout=job["timeout"],
-                              chunk_bytes=job["chunk_bytes"], socket_buffer=config.socket_buffer_arg(),
-                              session=job["session"])
+        self.ring = core.Ring(
+            job["rank"],
+            job["world"],
+            listen_host=job["bind_host"],
+            port=0,
+            timeout=job["timeout"],
+            chunk_bytes=job["chunk_bytes"],
+            socket_buffer=config.socket_buffer_arg(),
+            session=job["session"],
+        )
 
     def listen_port(self) -> int | None:
         return int(self.ring.port)
@@ -245,8 +262,9 @@ class _Gloo(_Algo):
         self.store = None
         if job["rank"] == 0:
             # Rank 0 hosts the rendezvous store on a free port; the runner hands it to the others.
-            self.store = dist.TCPStore(job["bind_host"], 0, job["world"], True, timeout=self.timeout,
-                                       wait_for_workers=False)
+            self.store = dist.TCPStore(
+                job["bind_host"], 0, job["world"], True, timeout=self.timeout, wait_for_workers=False
+            )
 
     def listen_port(self) -> int | None:
         return int(self.store.port) if self.store is not None else None
@@ -273,8 +291,7 @@ class _Gloo(_Algo):
         if op == "avg":  # gloo has no AVG: sum, then divide (as DDP does)
             if t.is_floating_point():
                 return lambda: (dist.all_reduce(t, op=dist.ReduceOp.SUM), t.div_(world))
-            return lambda: (dist.all_reduce(t, op=dist.ReduceOp.SUM),
-                            torch.div(t, world, rounding_mode="trunc", out=t))
+            return lambda: (dist.all_reduce(t, op=dist.ReduceOp.SUM), torch.div(t, world, rounding_mode="trunc", out=t))
         rop = {"sum": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[op]
         return lambda: dist.all_reduce(t, op=rop)
 
@@ -283,7 +300,7 @@ class _Gloo(_Algo):
 
     def bucket_objects(self, buf: Any, counts: list[int]) -> list[Any]:
         flat = self._tensors[id(buf)][1]
-        return [flat[off:off + n] for off, n in _slices(counts)]
+        return [flat[off : off + n] for off, n in _slices(counts)]
 
     def start_bucket(self, bucket: Any) -> Any:
         # DDP's default communication: divide by the world size, then an asynchronous sum
@@ -313,8 +330,9 @@ class _GlooBF16(_Gloo):
         torch, dist = self.torch, self.dist
         t = self._tensors[id(buf)][1]
         op, world = self.job["op"], self.job["world"]
-        rop = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN,
-               "max": dist.ReduceOp.MAX}[op]
+        rop = {"sum": dist.ReduceOp.SUM, "avg": dist.ReduceOp.SUM, "min": dist.ReduceOp.MIN, "max": dist.ReduceOp.MAX}[
+            op
+        ]
 
         def run() -> None:
             c = t.to(torch.bfloat16)

@@ -4,6 +4,7 @@ Conventions (nccl-tests `all_reduce_perf`): GB = 1e9 bytes; algbw = size / time;
 busbw = algbw x 2(n-1)/n for every algorithm (n = workers), so the columns compare;
 time is the slowest rank's median over the timed iterations.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,12 +22,12 @@ TCP_PAYLOAD_FRACTION = 0.956  # tbf counts Ethernet+IP+TCP headers: 1448 / 1514 
 ALGO_TITLES = {
     "rs": "rs: reduction server (this project; {workers} -> {reducers} -> {workers})",
     "rs+cp": "rs+cp: reduction server with the control plane on (gRPC control port and /metrics on every reducer, "
-             "polled; see the A/B table)",
+    "polled; see the A/B table)",
     "rs+bf16": "rs+bf16: reduction server, gradients sent as bfloat16 (reducer.torch.bf16_compress_hook)",
     "ring": "ring: ring all-reduce (this project's C++ ring over the same transport and kernels)",
     "gloo": "gloo: torch.distributed gloo backend (ring all-reduce)",
     "gloo-bf16": "gloo-bf16: gloo all-reducing a bfloat16 copy of the buffer (torch's bf16 hook: cast, all-reduce, "
-                 "copy back; the casts are timed)",
+    "copy back; the casts are timed)",
 }
 ALGO_ORDER = ("rs", "ring", "gloo", "gloo-bf16")
 
@@ -97,14 +98,38 @@ def _timing(size: int, workers: int, samples_by_rank: Sequence[Sequence[float]])
     medians = [statistics.median(s) for s in samples_by_rank]
     time_us = max(medians)
     algbw = size / (time_us * 1e-6) / 1e9 if time_us > 0 else 0.0
-    return {"time_us": time_us, "algbw": algbw, "busbw": algbw * bus_factor(workers), "rank_median_us": medians,
-            "samples_us": [list(s) for s in samples_by_rank], "iter_us": iteration_stats(samples_by_rank)}
+    return {
+        "time_us": time_us,
+        "algbw": algbw,
+        "busbw": algbw * bus_factor(workers),
+        "rank_median_us": medians,
+        "samples_us": [list(s) for s in samples_by_rank],
+        "iter_us": iteration_stats(samples_by_rank),
+    }
 
 
-def make_row(algo: str, size: int, count: int, dtype: str, op: str, workers: int, reducers: int,
-             samples_by_rank: Sequence[Sequence[float]], wrong: int, **extra: Any) -> dict[str, Any]:
-    row = {"algo": algo, "size": size, "count": count, "dtype": dtype, "op": op,
-           "workers": workers, "reducers": reducers if uses_reducers(algo) else 0, "wrong": wrong}
+def make_row(
+    algo: str,
+    size: int,
+    count: int,
+    dtype: str,
+    op: str,
+    workers: int,
+    reducers: int,
+    samples_by_rank: Sequence[Sequence[float]],
+    wrong: int,
+    **extra: Any,
+) -> dict[str, Any]:
+    row = {
+        "algo": algo,
+        "size": size,
+        "count": count,
+        "dtype": dtype,
+        "op": op,
+        "workers": workers,
+        "reducers": reducers if uses_reducers(algo) else 0,
+        "wrong": wrong,
+    }
     row.update(_timing(size, workers, samples_by_rank))
     row.update(extra)
     return row
@@ -157,21 +182,30 @@ def _fmt_cpu(p: float | None) -> str:
     return "-" if p is None else f"{p:.0f}"
 
 
-def format_algo_table(algo: str, rows: list[dict[str, Any]], workers: int, reducers: int,
-                      error: str | None = None, compression: str | None = None) -> str:
-    title = ALGO_TITLES.get(algo, algo).format(workers=plural(workers, "worker"),
-                                               reducers=plural(reducers, "reducer"))
+def format_algo_table(
+    algo: str,
+    rows: list[dict[str, Any]],
+    workers: int,
+    reducers: int,
+    error: str | None = None,
+    compression: str | None = None,
+) -> str:
+    title = ALGO_TITLES.get(algo, algo).format(workers=plural(workers, "worker"), reducers=plural(reducers, "reducer"))
     if compression:
         title += f"; compression {compression}: the buffer travels as 16-bit values (half the bytes)"
-    out = [f"# {title}", "# in-place all-reduce; time = slowest rank's median; GB = 1e9 B; "
-           f"busbw = algbw x 2(n-1)/n, n = {workers}",
-           "# cpu% = whole machine busy during the timed iterations ('-': too short to sample)",
-           "#",
-           f"# {'size(B)':>12} {'count':>12} {'type':>9} {'redop':>6} {'time(us)':>11} "
-           f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7} {'cpu%':>5}"]
+    out = [
+        f"# {title}",
+        f"# in-place all-reduce; time = slowest rank's median; GB = 1e9 B; busbw = algbw x 2(n-1)/n, n = {workers}",
+        "# cpu% = whole machine busy during the timed iterations ('-': too short to sample)",
+        "#",
+        f"# {'size(B)':>12} {'count':>12} {'type':>9} {'redop':>6} {'time(us)':>11} "
+        f"{'algbw(GB/s)':>12} {'busbw(GB/s)':>12} {'#wrong':>7} {'cpu%':>5}",
+    ]
     for r in rows:
-        out.append(f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:>6} {fmt_time(r['time_us']):>11} "
-                   f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7} {_fmt_cpu(r.get('cpu_percent')):>5}")
+        out.append(
+            f"  {r['size']:>12} {r['count']:>12} {r['dtype']:>9} {r['op']:>6} {fmt_time(r['time_us']):>11} "
+            f"{r['algbw']:>12.3f} {r['busbw']:>12.3f} {r['wrong']:>7} {_fmt_cpu(r.get('cpu_percent')):>5}"
+        )
     if error:
         out.append(f"# FAILED: {error}")
     if rows:
@@ -182,8 +216,7 @@ def format_algo_table(algo: str, rows: list[dict[str, Any]], workers: int, reduc
     return "\n".join(out)
 
 
-def format_summary(rows: list[dict[str, Any]], workers: int, reducers: int,
-                   emulate_gbps: float | None = None) -> str:
+def format_summary(rows: list[dict[str, Any]], workers: int, reducers: int, emulate_gbps: float | None = None) -> str:
     """The speed-up of rs per size. With emulated links, against the link theory (and %bound,
     targets); on loopback, where no link but the CPU limits the run, with the CPU use instead."""
     by = {(r["algo"], r["size"]): r for r in rows}
@@ -212,8 +245,10 @@ def format_summary(rows: list[dict[str, Any]], workers: int, reducers: int,
     check_bound = "rs" in algos and bool(emulate_gbps)
     if check_ring or check_bound:
         cols.append("  target")
-    lines = [f"# Summary: speed-up of rs = (other's time) / (rs time); n = {plural(workers, 'worker')}, "
-             f"{plural(reducers, 'reducer')}"]
+    lines = [
+        f"# Summary: speed-up of rs = (other's time) / (rs time); n = {plural(workers, 'worker')}, "
+        f"{plural(reducers, 'reducer')}"
+    ]
     if emulate_gbps:
         lines += _theory_notes(workers, theory, rsf, frac.get("rs", 1.0), emulate_gbps)
     else:
@@ -246,26 +281,36 @@ def format_summary(rows: list[dict[str, Any]], workers: int, reducers: int,
             cells.append("  " + _target_cell(by, s, check_ring, check_bound, emulate_gbps, reducers))
         lines.append("  " + " ".join(cells))
     if check_ring or check_bound:
-        lines.append("# target: 'met', or what fails: 'rs<ring' (64 KiB-256 MiB: rs at least as fast "
-                     "as the ring), '<95%' (4 MiB-256 MiB: rs at >= 95% of its link bound); '-' outside both ranges")
+        lines.append(
+            "# target: 'met', or what fails: 'rs<ring' (64 KiB-256 MiB: rs at least as fast "
+            "as the ring), '<95%' (4 MiB-256 MiB: rs at >= 95% of its link bound); '-' outside both ranges"
+        )
         lines += verdicts(rows, reducers, emulate_gbps if check_bound else None, check_ring)
     return "\n".join(lines)
 
 
 def _theory_notes(workers: int, theory: float, rsf: float, rs_wire: float, emulate_gbps: float) -> list[str]:
     """What the emulated links predict: the theory, theory@R and %bound columns."""
-    lines = [f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
-             "reducers not the limit)"]
+    lines = [
+        f"# theory = 2(n-1)/n = {bus_factor(workers):.3f} (ring bytes per worker / rs bytes per worker, "
+        "reducers not the limit)"
+    ]
     if rs_wire < 1:
-        lines[-1] = (f"# theory = 2 x 2(n-1)/n = {theory:.3f}: rs sends the float32 buffer as 16-bit values (half the "
-                     f"bytes) vs an algorithm sending float32; vs gloo-bf16 (also 16-bit) it is 2(n-1)/n = "
-                     f"{bus_factor(workers):.3f}")
+        lines[-1] = (
+            f"# theory = 2 x 2(n-1)/n = {theory:.3f}: rs sends the float32 buffer as 16-bit values (half the "
+            f"bytes) vs an algorithm sending float32; vs gloo-bf16 (also 16-bit) it is 2(n-1)/n = "
+            f"{bus_factor(workers):.3f}"
+        )
     if rsf > 1:
-        lines.append(f"# theory@R = theory / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
-                     "the bytes of a worker's link and become the bottleneck")
-    lines.append(f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
-                 f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n, S halved for "
-                 "16-bit wire data; shown from 1 MiB")
+        lines.append(
+            f"# theory@R = theory / (W/R) = {theory / rsf:.3f}: with R < W the reducers' links carry W/R x "
+            "the bytes of a worker's link and become the bottleneck"
+        )
+    lines.append(
+        f"# %bound = link-rate bound / time, bound = bytes per link / ({TCP_PAYLOAD_FRACTION} x "
+        f"{emulate_gbps:g} Gbit/s): rs S x max(1, W/R), ring and gloo S x 2(n-1)/n, S halved for "
+        "16-bit wire data; shown from 1 MiB"
+    )
     return lines
 
 
@@ -278,15 +323,22 @@ def _loopback_notes(workers: int, reducers: int, rs_wire: float, cpu_of: str) ->
         f"made by the {plural(cores, 'core')} that {plural(workers, 'worker')} and {plural(reducers, 'reducer')} "
         "share, so the link theory (2(n-1)/n, measured with --emulate-gbps) does not apply here",
         f"# if copies were all that counted, rs/ring would be {copies:.2f}x (rs copies 2 x W x S bytes"
-        + (" as 16-bit values" if rs_wire < 1 else "") + ", the ring 2(n-1)/n x W x S); on a cluster each host has "
+        + (" as 16-bit values" if rs_wire < 1 else "")
+        + ", the ring 2(n-1)/n x W x S); on a cluster each host has "
         "its own NIC and cores",
         f"# cpu% = the machine busy during {cpu_of}'s timed iterations ('-': too short to sample; at those sizes "
         "per-message latency, not bandwidth, sets the time)",
     ]
 
 
-def _target_cell(by: dict[Any, dict[str, Any]], size: int, check_ring: bool, check_bound: bool,
-                 emulate_gbps: float | None, reducers: int) -> str:
+def _target_cell(
+    by: dict[Any, dict[str, Any]],
+    size: int,
+    check_ring: bool,
+    check_bound: bool,
+    emulate_gbps: float | None,
+    reducers: int,
+) -> str:
     rs = by.get(("rs", size))
     if rs is None:
         return "-"
@@ -310,8 +362,9 @@ def _size_name(n: int) -> str:
     return str(n)
 
 
-def verdicts(rows: list[dict[str, Any]], reducers: int, emulate_gbps: float | None,
-             check_ring: bool = True) -> list[str]:
+def verdicts(
+    rows: list[dict[str, Any]], reducers: int, emulate_gbps: float | None, check_ring: bool = True
+) -> list[str]:
     """The target verdicts over one run's rows (one congestion control): one line each,
     'met' / 'NOT met' with the failing sizes, and which sizes of the range were not measured."""
     by = {(r["algo"], r["size"]): r for r in rows}
@@ -323,17 +376,32 @@ def verdicts(rows: list[dict[str, Any]], reducers: int, emulate_gbps: float | No
     if check_ring:
         lo, hi = TARGET_VS_RING
         sizes = [s for s in sizes_in(lo, hi) if ("ring", s) in by]
-        bad = [f"{_size_name(s)} {by[('ring', s)]['time_us'] / by[('rs', s)]['time_us']:.2f}x" for s in sizes
-               if by[("rs", s)]["time_us"] > by[("ring", s)]["time_us"]]
-        out.append(_verdict_line(f"rs >= ring at every size {_size_name(lo)}-{_size_name(hi)}", sizes, bad,
-                                 lo, hi, "rs/ring"))
+        bad = [
+            f"{_size_name(s)} {by[('ring', s)]['time_us'] / by[('rs', s)]['time_us']:.2f}x"
+            for s in sizes
+            if by[("rs", s)]["time_us"] > by[("ring", s)]["time_us"]
+        ]
+        out.append(
+            _verdict_line(f"rs >= ring at every size {_size_name(lo)}-{_size_name(hi)}", sizes, bad, lo, hi, "rs/ring")
+        )
     if emulate_gbps:
         lo, hi, need = TARGET_BOUND
         sizes = sizes_in(lo, hi)
-        bad = [f"{_size_name(s)} {100 * bound_fraction(by[('rs', s)], emulate_gbps, reducers):.1f}%" for s in sizes
-               if bound_fraction(by[("rs", s)], emulate_gbps, reducers) < need]
-        out.append(_verdict_line(f"rs >= {100 * need:.0f}% of the link bound {_size_name(lo)}-{_size_name(hi)}", sizes,
-                                 bad, lo, hi, "rs %bound"))
+        bad = [
+            f"{_size_name(s)} {100 * bound_fraction(by[('rs', s)], emulate_gbps, reducers):.1f}%"
+            for s in sizes
+            if bound_fraction(by[("rs", s)], emulate_gbps, reducers) < need
+        ]
+        out.append(
+            _verdict_line(
+                f"rs >= {100 * need:.0f}% of the link bound {_size_name(lo)}-{_size_name(hi)}",
+                sizes,
+                bad,
+                lo,
+                hi,
+                "rs %bound",
+            )
+        )
     return out
 
 
@@ -359,9 +427,10 @@ def format_variance(rows: list[dict[str, Any]]) -> str:
     by = {(r["algo"], r["size"]): r for r in rows}
     sizes = sorted({r["size"] for r in rows})
     w = 38
-    lines = ["# Per-iteration times (ms), slowest rank per iteration: median [p10-p90] spread (p90-p10)/median, "
-             "min-max",
-             "# " + f"{'size(B)':>12} " + " ".join(f"{a:<{w}}" for a in algos)]
+    lines = [
+        "# Per-iteration times (ms), slowest rank per iteration: median [p10-p90] spread (p90-p10)/median, min-max",
+        "# " + f"{'size(B)':>12} " + " ".join(f"{a:<{w}}" for a in algos),
+    ]
     for s in sizes:
         cells = []
         for a in algos:
@@ -370,8 +439,10 @@ def format_variance(rows: list[dict[str, Any]]) -> str:
                 cells.append(f"{'-':<{w}}")
                 continue
             ms = {k: v / 1e3 for k, v in st.items() if k != "spread"}
-            cells.append(f"{_fmt_ms(ms['median'])} [{_fmt_ms(ms['p10'])}-{_fmt_ms(ms['p90'])}] "
-                         f"{100 * st['spread']:.0f}% {_fmt_ms(ms['min'])}-{_fmt_ms(ms['max'])}".ljust(w))
+            cells.append(
+                f"{_fmt_ms(ms['median'])} [{_fmt_ms(ms['p10'])}-{_fmt_ms(ms['p90'])}] "
+                f"{100 * st['spread']:.0f}% {_fmt_ms(ms['min'])}-{_fmt_ms(ms['max'])}".ljust(w)
+            )
         lines.append(f"  {s:>12} " + " ".join(cells))
     return "\n".join(lines)
 
@@ -386,29 +457,49 @@ def format_step_table(rows: list[dict[str, Any]], title: str, width: int = 130) 
     from rich.table import Table  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
     t = Table(title=title, title_justify="left", show_lines=False)
-    for name, justify in (("algo", "left"), ("bucket cap", "right"), ("buckets", "right"), ("compute ms", "right"),
-                          ("step ms", "right"), ("exposed ms", "right"), ("steps/s", "right"),
-                          ("vs gloo", "right"), ("exposed/total", "right"), ("#wrong", "right"), ("cpu%", "right")):
+    for name, justify in (
+        ("algo", "left"),
+        ("bucket cap", "right"),
+        ("buckets", "right"),
+        ("compute ms", "right"),
+        ("step ms", "right"),
+        ("exposed ms", "right"),
+        ("steps/s", "right"),
+        ("vs gloo", "right"),
+        ("exposed/total", "right"),
+        ("#wrong", "right"),
+        ("cpu%", "right"),
+    ):
         t.add_column(name, justify=justify, no_wrap=True)  # type: ignore[arg-type]
     for r in rows:
-        t.add_row(r["algo"], f"{r['bucket_cap_mb']:g} MiB", str(r["buckets"]),
-                  f"{r['compute_ms']:.1f}" + (" (gloo)" if r.get("compute_from") == "gloo" else ""),
-                  f"{r['step_us'] / 1e3:.1f}", f"{r['exposed_us'] / 1e3:.1f}",
-                  f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
-                  f"{r['speedup_vs_gloo']:.2f}x" if r.get("speedup_vs_gloo") else "-",
-                  f"{r['exposed_fraction']:.2f}" if r.get("exposed_fraction") is not None else "-",
-                  str(r["wrong"]), _fmt_cpu(r.get("cpu_percent")))
+        t.add_row(
+            r["algo"],
+            f"{r['bucket_cap_mb']:g} MiB",
+            str(r["buckets"]),
+            f"{r['compute_ms']:.1f}" + (" (gloo)" if r.get("compute_from") == "gloo" else ""),
+            f"{r['step_us'] / 1e3:.1f}",
+            f"{r['exposed_us'] / 1e3:.1f}",
+            f"{r['steps_per_s']:.2f}" if r.get("steps_per_s") else "-",
+            f"{r['speedup_vs_gloo']:.2f}x" if r.get("speedup_vs_gloo") else "-",
+            f"{r['exposed_fraction']:.2f}" if r.get("exposed_fraction") is not None else "-",
+            str(r["wrong"]),
+            _fmt_cpu(r.get("cpu_percent")),
+        )
     buf = StringIO()
     Console(file=buf, width=width, force_terminal=False, color_system=None).print(t)
     lines = [buf.getvalue().rstrip()]
-    lines.append("# step = slowest rank's median step time (backward start to the last bucket averaged); exposed = "
-                 "step - compute; vs gloo = gloo's step / this step (same buckets and compute); exposed/total = "
-                 "exposed / this algorithm's step with no compute; compute '(gloo)' = gloo's communication time")
+    lines.append(
+        "# step = slowest rank's median step time (backward start to the last bucket averaged); exposed = "
+        "step - compute; vs gloo = gloo's step / this step (same buckets and compute); exposed/total = "
+        "exposed / this algorithm's step with no compute; compute '(gloo)' = gloo's communication time"
+    )
     for r in rows:
         if r.get("exposed_fraction") is not None:
-            lines.append(f"# {r['algo']}, {r['label']}: {r['exposed_us'] / 1e3:.1f} ms of its "
-                         f"{r['comm_us'] / 1e3:.1f} ms of communication stay exposed (exposed/total "
-                         f"{r['exposed_fraction']:.2f}): it hides {100 * r['hidden_fraction']:.0f}%")
+            lines.append(
+                f"# {r['algo']}, {r['label']}: {r['exposed_us'] / 1e3:.1f} ms of its "
+                f"{r['comm_us'] / 1e3:.1f} ms of communication stay exposed (exposed/total "
+                f"{r['exposed_fraction']:.2f}): it hides {100 * r['hidden_fraction']:.0f}%"
+            )
     return "\n".join(lines)
 
 

@@ -6,6 +6,7 @@ it loops over all sizes itself. Reducers (rs only) are processes too. With
 ``emulate_gbps`` every worker and every reducer gets its own network namespace
 (reducer.bench.emulate) with a B Gbit/s full-duplex link.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -50,6 +51,7 @@ ALL_ALGOS = ("rs", "ring", "gloo")
 # Also available: gloo all-reducing a bfloat16 copy (as torch's bf16 hook); run by default with --compression.
 EXTRA_ALGOS = ("gloo-bf16",)
 
+
 # ------------------------------------------------------------------------ configuration
 @dataclass
 class BenchConfig:
@@ -59,17 +61,17 @@ class BenchConfig:
     dtype: str = "float32"
     op: str = "sum"
     iters: int = 10
-    iters_bytes: int = 4 << 20               # and at least this many bytes of timed rounds per size
+    iters_bytes: int = 4 << 20  # and at least this many bytes of timed rounds per size
     warmup: int = 3
-    warmup_bytes: int = 32 << 20             # and at least this many bytes of untimed rounds per size
-    algos: list[str] | None = None        # None: every available one
+    warmup_bytes: int = 32 << 20  # and at least this many bytes of untimed rounds per size
+    algos: list[str] | None = None  # None: every available one
     emulate_gbps: float | None = None
     json_path: str | None = None
     plot_path: str | None = None
-    timeout: float = 60.0                    # per all-reduce, seconds without progress
+    timeout: float = 60.0  # per all-reduce, seconds without progress
     connect_timeout: float = 120.0
-    chunk_bytes: int | None = None        # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
-    compression: str | None = None        # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
+    chunk_bytes: int | None = None  # ring pipeline chunk (default: RS_CHUNK_BYTES, rs's largest chunk)
+    compression: str | None = None  # rs only: 'bf16' / 'fp16' sends the float32 buffer as 16-bit
     netns_prefix: str = "rsb"
     # TCP congestion control(s) to run under, each a full pass over the algorithms: an algorithm name
     # ('cubic', 'bbr', ...) or 'default' (the kernel's). Emulated hosts: every connection of every
@@ -80,13 +82,13 @@ class BenchConfig:
     # training steps (reducer.bench.steps): set `model` to measure steps instead of sizes
     model: str | None = None
     bucket_cap_mb: list[float] = field(default_factory=lambda: [25.0])
-    first_bucket_mb: float = 1.0             # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
-    compute_ms: str = "0"                    # backward time(s), ms, comma list; 'gloo' = gloo's comm time
-    scale: float = 1.0                       # shrink every tensor and bucket limit (tests)
+    first_bucket_mb: float = 1.0  # DDP's first_bucket_bytes_cap (torch's default: 1 MiB)
+    compute_ms: str = "0"  # backward time(s), ms, comma list; 'gloo' = gloo's comm time
+    scale: float = 1.0  # shrink every tensor and bucket limit (tests)
     # the reducers' control plane (reducer.bench.control_ab): off, on (polled), or ab (rs both ways)
     control_plane: str = "off"
     poll_interval: float = DEFAULT_INTERVAL_S  # seconds between the poller's GetStats + /metrics rounds
-    ab_passes: int = 2                       # with ab: passes of each variant (A B B A for 2)
+    ab_passes: int = 2  # with ab: passes of each variant (A B B A for 2)
 
 
 def parse_sizes(text: str) -> list[int]:
@@ -166,8 +168,7 @@ class _Pass:
     reducers (algorithms that use them), the control-plane poller (when they run the control
     plane), the W measured ranks; `rows` collects the results as they stream in."""
 
-    def __init__(self, algo: str, cfg: BenchConfig, hosts: Any, run_id: str,
-                 extra_env: dict[str, str] | None) -> None:
+    def __init__(self, algo: str, cfg: BenchConfig, hosts: Any, run_id: str, extra_env: dict[str, str] | None) -> None:
         self.algo, self.cfg, self.hosts, self.run_id, self.extra_env = algo, cfg, hosts, run_id, extra_env
         self.events: queue.Queue = queue.Queue()
         self.procs: list[_Proc] = []  # every process started (stopped at the end), watched while waiting
@@ -197,13 +198,19 @@ class _Pass:
         if uses_reducers(self.algo):
             control = control_ab.with_control_plane(self.algo, self.cfg.control_plane)
             for k in range(self.cfg.reducers):
-                job = {"role": "reducer", "bind_host": self.hosts.bind_host(self._host(W + k)),
-                       "threads": rs_config.get("threads"), "control_plane": control}
+                job = {
+                    "role": "reducer",
+                    "bind_host": self.hosts.bind_host(self._host(W + k)),
+                    "threads": rs_config.get("threads"),
+                    "control_plane": control,
+                }
                 self.rprocs.append(self._spawn(W + k, f"reducer {k}", job))
             self.procs += self.rprocs
             self.rready = self._wait_started(self.rprocs, "ready")
-            self.reducer_addrs = [format_address(self.hosts.bind_host(self._host(W + k)), self.rready[p]["port"])
-                                  for k, p in enumerate(self.rprocs)]
+            self.reducer_addrs = [
+                format_address(self.hosts.bind_host(self._host(W + k)), self.rready[p]["port"])
+                for k, p in enumerate(self.rprocs)
+            ]
         self.t_rready = self.t_pready = time.monotonic()  # the reducers are up (if any)
 
     def start_poller(self) -> None:
@@ -211,9 +218,12 @@ class _Pass:
         if not (control_ab.with_control_plane(self.algo, self.cfg.control_plane) and self.rprocs):
             return
         # on a host of its own when emulated (W + R): its requests cross the reducers' shaped links
-        job = {"role": "poller", "interval": self.cfg.poll_interval,
-               "control": [self.rready[p]["control_address"] for p in self.rprocs],
-               "metrics": [self.rready[p]["metrics_url"] for p in self.rprocs]}
+        job = {
+            "role": "poller",
+            "interval": self.cfg.poll_interval,
+            "control": [self.rready[p]["control_address"] for p in self.rprocs],
+            "metrics": [self.rready[p]["metrics_url"] for p in self.rprocs],
+        }
         self.poller = self._spawn(self.cfg.workers + self.cfg.reducers, "control-plane poller", job)
         self.procs.append(self.poller)
         self.pready = self._wait_started([self.poller], "ready")
@@ -226,18 +236,35 @@ class _Pass:
         is_rs = control_ab.base_algo(algo) == "rs"
         chunk = cfg.chunk_bytes or int(rs_config.get("chunk_bytes"))
         for i in range(cfg.workers):
-            job = {"role": "worker", "algo": algo, "rank": i, "world": cfg.workers, "dtype": cfg.dtype,
-                   "op": cfg.op, "iters": cfg.iters, "iters_bytes": cfg.iters_bytes, "warmup": cfg.warmup,
-                   "warmup_bytes": cfg.warmup_bytes, "timeout": cfg.timeout,
-                   "connect_timeout": cfg.connect_timeout, "bind_host": self.hosts.bind_host(self._host(i)),
-                   "reducers": self.reducer_addrs, "group": f"bench-{self.run_id}", "chunk_bytes": chunk,
-                   "session": int(self.run_id, 16) & 0xFFFFFFFF, "compression": cfg.compression if is_rs else None,
-                   "wire_dtype": wire_dtype(algo, cfg), **work}
+            job = {
+                "role": "worker",
+                "algo": algo,
+                "rank": i,
+                "world": cfg.workers,
+                "dtype": cfg.dtype,
+                "op": cfg.op,
+                "iters": cfg.iters,
+                "iters_bytes": cfg.iters_bytes,
+                "warmup": cfg.warmup,
+                "warmup_bytes": cfg.warmup_bytes,
+                "timeout": cfg.timeout,
+                "connect_timeout": cfg.connect_timeout,
+                "bind_host": self.hosts.bind_host(self._host(i)),
+                "reducers": self.reducer_addrs,
+                "group": f"bench-{self.run_id}",
+                "chunk_bytes": chunk,
+                "session": int(self.run_id, 16) & 0xFFFFFFFF,
+                "compression": cfg.compression if is_rs else None,
+                "wire_dtype": wire_dtype(algo, cfg),
+                **work,
+            }
             self.wprocs.append(self._spawn(i, f"{algo} rank {i}", job))
         self.procs += self.wprocs
         listen = self._wait_started(self.wprocs, "listen")
-        addrs = [format_address(self.hosts.bind_host(self._host(i)), listen[p].get("port") or 0)
-                 for i, p in enumerate(self.wprocs)]
+        addrs = [
+            format_address(self.hosts.bind_host(self._host(i)), listen[p].get("port") or 0)
+            for i, p in enumerate(self.wprocs)
+        ]
         for p in self.wprocs:
             p.send({"addresses": addrs})
         self.ready = self._wait_started(self.wprocs, "ready")
@@ -247,7 +274,7 @@ class _Pass:
         """The congestion control of worker 0's (and reducer 0's) established connections, counted
         (emulated hosts only, else None)."""
         flows: dict[str, int] | None = None
-        for h in ([0] + ([self.cfg.workers] if self.rprocs and self.hosts.emulated else [])):
+        for h in [0] + ([self.cfg.workers] if self.rprocs and self.hosts.emulated else []):
             got = self.hosts.flow_congestion(h)
             if got is not None:
                 flows = flows or {}
@@ -275,8 +302,9 @@ class _Pass:
             t_wall = time.monotonic()
 
         stall_timeout = max(600.0, 4 * self.cfg.timeout)
-        return _wait_all(self.events, self.wprocs, "done", stall_timeout, on_other=on_result, watch=self.procs,
-                         idle=True)
+        return _wait_all(
+            self.events, self.wprocs, "done", stall_timeout, on_other=on_result, watch=self.procs, idle=True
+        )
 
     def collect_cpu(self, done: dict[_Proc, dict[str, Any]], polls: list[dict[str, Any]] | None) -> None:
         """Stop the poller and the reducers and set every row's bench_cpu_percent (and reducer_cpu_s);
@@ -311,9 +339,16 @@ class _Pass:
             p.kill()
 
 
-def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: dict[str, Any], make_row: RowMaker,
-              run_id: str, extra_env: dict[str, str] | None = None,
-              polls: list[dict[str, Any]] | None = None) -> tuple[list[dict[str, Any]], str | None]:
+def _run_algo(
+    algo: str,
+    cfg: BenchConfig,
+    hosts: Any,
+    work: dict[str, Any],
+    make_row: RowMaker,
+    run_id: str,
+    extra_env: dict[str, str] | None = None,
+    polls: list[dict[str, Any]] | None = None,
+) -> tuple[list[dict[str, Any]], str | None]:
     """Start the ranks (and reducers) of one algorithm, hand them `work` (the job's "sizes", or
     "steps" and "elements"), and turn each result key's W messages into a row with
     make_row(algo, key, messages in rank order, wall seconds). extra_env: added to every
@@ -340,8 +375,13 @@ def _run_algo(algo: str, cfg: BenchConfig, hosts: Any, work: dict[str, Any], mak
 
 
 # ------------------------------------------------------------------------ the run
-def _choose_algos(cfg: BenchConfig, candidates: Sequence[str], avail: dict[str, str | None],
-                  out: Callable[[str], None], default: Sequence[str] | None = None) -> list[str]:
+def _choose_algos(
+    cfg: BenchConfig,
+    candidates: Sequence[str],
+    avail: dict[str, str | None],
+    out: Callable[[str], None],
+    default: Sequence[str] | None = None,
+) -> list[str]:
     """The algorithms asked for (--algos) or `default` (all candidates), minus those unavailable here."""
     if cfg.algos:
         unknown = [a for a in cfg.algos if a not in candidates]
@@ -366,15 +406,26 @@ def _size_row_maker(cfg: BenchConfig) -> RowMaker:
     def make(algo: str, size: Any, msgs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
         is_rs = control_ab.base_algo(algo) == "rs"
         cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
-        return report.make_row(algo, size, size // esize, cfg.dtype, cfg.op, cfg.workers, cfg.reducers,
-                               [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
-                               cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
-                               warmup=cfg.warmup,
-                               chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
-                               streams=int(rs_config.get("streams")) if is_rs else 1,
-                               wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
-                               **({"window": int(rs_config.get("window")), "compression": cfg.compression}
-                                  if is_rs else {}))
+        return report.make_row(
+            algo,
+            size,
+            size // esize,
+            cfg.dtype,
+            cfg.op,
+            cfg.workers,
+            cfg.reducers,
+            [m["samples_us"] for m in msgs],
+            sum(int(m["wrong"]) for m in msgs),
+            cpu_percent=cpu,
+            wall_s=wall_s,
+            emulate_gbps=cfg.emulate_gbps,
+            iters=cfg.iters,
+            warmup=cfg.warmup,
+            chunk_bytes=chunk if algo == "ring" else int(rs_config.get("chunk_bytes")),
+            streams=int(rs_config.get("streams")) if is_rs else 1,
+            wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
+            **({"window": int(rs_config.get("window")), "compression": cfg.compression} if is_rs else {}),
+        )
 
     return make
 
@@ -391,12 +442,13 @@ _Key = tuple[str | None, str]  # (congestion control, algorithm)
 @dataclass
 class _RunSpec:
     """What a run does, once its configuration is checked (see _validate)."""
+
     cfg: BenchConfig
-    ccs: list[str | None]         # a pass over the algorithms each; None: leave congestion control alone
-    algos: list[str]                 # what the tables show: with ab, rs+cp after rs
-    run_order: list[str]             # the passes over the sizes
+    ccs: list[str | None]  # a pass over the algorithms each; None: leave congestion control alone
+    algos: list[str]  # what the tables show: with ab, rs+cp after rs
+    run_order: list[str]  # the passes over the sizes
     sizes: list[int]
-    plan: steps.StepPlan | None   # --model: training steps instead of sizes
+    plan: steps.StepPlan | None  # --model: training steps instead of sizes
 
     def row_maker(self) -> RowMaker:
         return self.plan.make_row(self.cfg) if self.plan is not None else _size_row_maker(self.cfg)
@@ -414,6 +466,7 @@ class _RunSpec:
 class _Results:
     """What the passes produced, keyed by (congestion control, algorithm): each congestion
     control's passes are a run of their own."""
+
     rows_by_cc: dict[str | None, list[dict[str, Any]]]
     all_rows: list[dict[str, Any]] = field(default_factory=list)  # in run order; steps.passes reads it
     errors: dict[_Key, str | None] = field(default_factory=dict)
@@ -455,8 +508,10 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> list[dict[str, 
     _write_outputs(spec, res, all_rows, out)
     failed = [(cc, a) for (cc, a), err in res.errors.items() if err]
     if failed:
-        raise BenchError("benchmark failed for " + ", ".join(
-            f"{a}{'' if cc is None else f' ({cc})'}: {res.errors[(cc, a)]}" for cc, a in failed))
+        raise BenchError(
+            "benchmark failed for "
+            + ", ".join(f"{a}{'' if cc is None else f' ({cc})'}: {res.errors[(cc, a)]}" for cc, a in failed)
+        )
     return all_rows
 
 
@@ -488,8 +543,13 @@ def _validate(cfg: BenchConfig, out: Callable[[str], None]) -> _RunSpec:
         sizes = sorted({s - s % esize for s in cfg.sizes if s >= esize})
         if not sizes:
             raise ConfigError(f"no size holds a whole {cfg.dtype} element")
-        algos = _choose_algos(cfg, ALL_ALGOS + EXTRA_ALGOS, available_algos(), out,
-                              default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()))
+        algos = _choose_algos(
+            cfg,
+            ALL_ALGOS + EXTRA_ALGOS,
+            available_algos(),
+            out,
+            default=ALL_ALGOS + (EXTRA_ALGOS if cfg.compression else ()),
+        )
     control_ab.check(cfg.control_plane, algos, cfg.model, cfg.ab_passes, cfg.poll_interval)
     run_order = control_ab.pass_order(algos, cfg.control_plane, cfg.ab_passes)
     if cfg.plot_path:
@@ -516,21 +576,30 @@ def _count_hosts(spec: _RunSpec) -> int:
 
 def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float, out: Callable[[str], None]) -> None:
     cfg = spec.cfg
-    where = (f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), "
-             f"{n_hosts} hosts" if cfg.emulate_gbps else "loopback")
-    out(f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
+    where = (
+        f"{cfg.emulate_gbps:g} Gbit/s emulated full-duplex NIC per host (network namespaces + tbf), {n_hosts} hosts"
+        if cfg.emulate_gbps
+        else "loopback"
+    )
+    out(
+        f"# reduction-server bench: workers={cfg.workers} reducers={cfg.reducers} dtype={cfg.dtype} op={cfg.op} "
         f"iters={cfg.iters} warmup={cfg.warmup}"
         + ("" if cfg.model else f" iters_bytes={cfg.iters_bytes} warmup_bytes={cfg.warmup_bytes}")
         + f" algos={','.join(spec.algos)}"
-        + (f" compression={cfg.compression} (rs: float32 sent as 16-bit)" if cfg.compression else ""))
+        + (f" compression={cfg.compression} (rs: float32 sent as 16-bit)" if cfg.compression else "")
+    )
     out(f"# network: {where}")
     out(f"# machine: {machine_description()}")
-    out(f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
-        f"{load1:.2f}" + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else ""))
-    out(f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
+    out(
+        f"# background CPU load before the run: {background:.0f}% of {os.cpu_count()} cores, load average "
+        f"{load1:.2f}" + (" (the machine is not idle: expect disturbed numbers)" if background > 10 else "")
+    )
+    out(
+        f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) "
         f"RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
-        f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B")
+        f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B"
+    )
     out(f"# TCP congestion control: {describe_congestion(spec.ccs, bool(cfg.emulate_gbps))}")
     cp_line = control_ab.describe(cfg.control_plane, cfg.poll_interval, cfg.ab_passes)
     if cp_line:
@@ -576,8 +645,16 @@ def _run_passes(spec: _RunSpec, hosts: Any, run_id: str, res: _Results) -> None:
                 mon = cpu_monitor.CpuMonitor(interval=0.5).start()
                 advance = add_task(algo if cc is None else f"{algo} {cc}", n_results) if add_task else None
                 try:
-                    rows, err = _run_algo(algo, spec.cfg, hosts, work, _pass_row_maker(make_row, cc, advance),
-                                          run_id, extra_env, polls=res.polls_by_algo.setdefault(key, []))
+                    rows, err = _run_algo(
+                        algo,
+                        spec.cfg,
+                        hosts,
+                        work,
+                        _pass_row_maker(make_row, cc, advance),
+                        run_id,
+                        extra_env,
+                        polls=res.polls_by_algo.setdefault(key, []),
+                    )
                 finally:
                     mon.stop()
                     res.cpu_by_algo.setdefault(key, []).append(mon)
@@ -589,6 +666,7 @@ def _run_passes(spec: _RunSpec, hosts: Any, run_id: str, res: _Results) -> None:
 
 def _pass_row_maker(make_row: RowMaker, cc: str | None, advance: Callable[[str], None] | None) -> RowMaker:
     """make_row, each row marked with the pass's congestion control, the progress bar advanced."""
+
     def row_and_progress(a: str, key: Any, msgs: list[dict[str, Any]], wall: float) -> dict[str, Any]:
         row = make_row(a, key, msgs, wall)
         if cc is not None:
@@ -609,8 +687,11 @@ def _report_steps(spec: _RunSpec, res: _Results, out: Callable[[str], None]) -> 
     res.rows_by_cc = {spec.ccs[0]: res.all_rows}
     where_short = f"{cfg.emulate_gbps:g} Gbit/s emulated hosts" if cfg.emulate_gbps else "loopback"
     out("")
-    out(report.format_step_table(res.all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, "
-                                               f"R={cfg.reducers}, {where_short}"))
+    out(
+        report.format_step_table(
+            res.all_rows, f"{cfg.model}: one DDP training step, W={cfg.workers}, R={cfg.reducers}, {where_short}"
+        )
+    )
     for (_cc, algo), err in res.errors.items():
         if err:
             out(f"# {algo} FAILED: {err}")
@@ -634,9 +715,16 @@ def _report_congestion(spec: _RunSpec, res: _Results, cc: str | None, out: Calla
                 r["reducer_cpu_s"] = reducer_cpu.get(r["algo"])
         for algo in spec.algos:
             out("")
-            out(report.format_algo_table(algo, [r for r in mine_rows if r["algo"] == algo], cfg.workers,
-                                         cfg.reducers, res.errors.get((cc, algo)),
-                                         compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None))
+            out(
+                report.format_algo_table(
+                    algo,
+                    [r for r in mine_rows if r["algo"] == algo],
+                    cfg.workers,
+                    cfg.reducers,
+                    res.errors.get((cc, algo)),
+                    compression=cfg.compression if control_ab.base_algo(algo) == "rs" else None,
+                )
+            )
     _report_polls(spec, res.polls_by_algo, cc, mine_rows, out)
     if cfg.control_plane == "ab" and sized:
         out("")
@@ -652,8 +740,13 @@ def _report_congestion(spec: _RunSpec, res: _Results, cc: str | None, out: Calla
         _warn_cpu_bound(cfg, spec.algos, mine_rows, out)
 
 
-def _report_polls(spec: _RunSpec, polls_by_algo: dict[_Key, list[dict[str, Any]]], cc: str | None,
-                  rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
+def _report_polls(
+    spec: _RunSpec,
+    polls_by_algo: dict[_Key, list[dict[str, Any]]],
+    cc: str | None,
+    rows: list[dict[str, Any]],
+    out: Callable[[str], None],
+) -> None:
     """Each algorithm's poller counts, merged over its passes, into its rows (printed with --control-plane on)."""
     for algo in spec.algos:
         counts = polls_by_algo.get((cc, algo))
@@ -666,22 +759,30 @@ def _report_polls(spec: _RunSpec, polls_by_algo: dict[_Key, list[dict[str, Any]]
                 out(control_ab.format_polls(merged, spec.cfg.poll_interval, algo))
 
 
-def _report_algo_notes(algo: str, rows_a: list[dict[str, Any]], mons: list[Any] | None,
-                       out: Callable[[str], None]) -> None:
+def _report_algo_notes(
+    algo: str, rows_a: list[dict[str, Any]], mons: list[Any] | None, out: Callable[[str], None]
+) -> None:
     """The machine's CPU during an algorithm's passes, and the congestion control of its connections."""
     mine = next((r.get("bench_cpu_percent") for r in rows_a), None)
     if mons:
-        txt = f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine " \
-              f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
+        txt = (
+            f"# CPU during the {algo} run (start-up, input restores and checks included): whole machine "
+            f"mean {sum(m.mean_percent for m in mons) / len(mons):.0f}% of {mons[0].ncpu} cores"
+        )
         if mine is not None:
-            txt += (f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
-                    "kernel network processing in softirq, and any other load)")
+            txt += (
+                f", of which this benchmark's processes {mine:.0f}% (user + system time; the rest is "
+                "kernel network processing in softirq, and any other load)"
+            )
         out(txt)
     flows = next((r.get("flows") for r in rows_a if r.get("flows")), None)
     if flows:
-        out(f"# congestion control of the {algo} run's connections on worker 0"
-            + (" and reducer 0" if uses_reducers(algo) else "") + " (ss -ti, once connected): "
-            + ", ".join(f"{k} {v}" for k, v in sorted(flows.items())))
+        out(
+            f"# congestion control of the {algo} run's connections on worker 0"
+            + (" and reducer 0" if uses_reducers(algo) else "")
+            + " (ss -ti, once connected): "
+            + ", ".join(f"{k} {v}" for k, v in sorted(flows.items()))
+        )
 
 
 def _warn_cpu_bound(cfg: BenchConfig, algos: list[str], rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
@@ -689,11 +790,12 @@ def _warn_cpu_bound(cfg: BenchConfig, algos: list[str], rows: list[dict[str, Any
     for algo in algos:
         hot = [r for r in rows if r["algo"] == algo and (r.get("cpu_percent") or 0) > cfg.cpu_warn_percent]
         if hot:
-            which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)"
-                              for r in hot)
-            out(f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
+            which = ", ".join(f"{r.get('label') or str(r['size']) + ' B'} ({r['cpu_percent']:.0f}%)" for r in hot)
+            out(
+                f"# WARNING: {algo}: the machine's CPU was busy more than {cfg.cpu_warn_percent:.0f}% during "
                 f"the timed all-reduces at {which}: there the {os.cpu_count()} cores, not the emulated "
-                f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit")
+                f"{cfg.emulate_gbps:g} Gbit/s links, may be the limit"
+            )
 
 
 def _write_outputs(spec: _RunSpec, res: _Results, all_rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:
@@ -736,9 +838,15 @@ def _progress(cfg: BenchConfig):
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
     except ImportError:
         return None, None
-    prog = Progress(TextColumn("{task.description:<7}"), BarColumn(), MofNCompleteColumn(),
-                    TextColumn("{task.fields[last]}"), TimeElapsedColumn(),
-                    console=Console(stderr=True), transient=False)
+    prog = Progress(
+        TextColumn("{task.description:<7}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("{task.fields[last]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=False,
+    )
     prog.start()
 
     def add_task(algo: str, total: int) -> Callable[[str], None]:

@@ -11,6 +11,7 @@ another), ``gloo`` (torch.distributed all_reduce per bucket, asynchronous, as DD
 A backward time of ``gloo`` means: gloo's communication time for the same bucket plan, as
 measured in this run with no compute (gloo runs first; the cases that need it follow).
 """
+
 from __future__ import annotations
 
 import math
@@ -25,7 +26,7 @@ from .models import MODELS, numel, parameters
 
 ALGOS = ("rs", "rs+bf16", "ring", "gloo")
 ELEMENT_SIZE = 4  # float32 gradients
-GLOO = "gloo"     # a backward time taken from gloo's measured communication time
+GLOO = "gloo"  # a backward time taken from gloo's measured communication time
 
 
 @dataclass
@@ -37,8 +38,11 @@ class StepCase:
     buckets: list[Bucket]
 
     def job(self) -> dict[str, Any]:
-        return {"key": self.key, "counts": [b.count for b in self.buckets],
-                "release_s": release_times(self.buckets, self.compute_ms / 1e3)}
+        return {
+            "key": self.key,
+            "counts": [b.count for b in self.buckets],
+            "release_s": release_times(self.buckets, self.compute_ms / 1e3),
+        }
 
     @property
     def label(self) -> str:
@@ -69,8 +73,9 @@ def parse_compute(text: str) -> list[Any]:
 class StepPlan:
     """The model, its bucket plans and every case the run measures (keys are unique per run)."""
 
-    def __init__(self, model: str, bucket_cap_mb: Sequence[float], first_bucket_mb: float,
-                 compute_ms: str, scale: float = 1.0):
+    def __init__(
+        self, model: str, bucket_cap_mb: Sequence[float], first_bucket_mb: float, compute_ms: str, scale: float = 1.0
+    ):
         if model not in MODELS:
             raise ConfigError(f"unknown model {model!r}: choose from {', '.join(MODELS)}")
         if not 0 < scale <= 1:
@@ -86,8 +91,10 @@ class StepPlan:
         self.first_bucket_mb = float(first_bucket_mb)
         self.compute = parse_compute(compute_ms)
         self.first_bucket_bytes = max(1, int(first_bucket_mb * MIB * scale))
-        self.plans = {cap: plan_buckets(self.counts, ELEMENT_SIZE, max(1, int(cap * MIB * scale)),
-                                        self.first_bucket_bytes) for cap in self.caps}
+        self.plans = {
+            cap: plan_buckets(self.counts, ELEMENT_SIZE, max(1, int(cap * MIB * scale)), self.first_bucket_bytes)
+            for cap in self.caps
+        }
         self.cases: dict[int, StepCase] = {}
 
     @property
@@ -110,22 +117,31 @@ class StepPlan:
         """One case per bucket plan whose backward time is gloo's zero-compute step time."""
         out = []
         for cap in self.caps:
-            comm = next((r["time_us"] for r in rows if r["algo"] == "gloo" and r["bucket_cap_mb"] == cap
-                         and r["compute_ms"] == 0.0), None)
+            comm = next(
+                (
+                    r["time_us"]
+                    for r in rows
+                    if r["algo"] == "gloo" and r["bucket_cap_mb"] == cap and r["compute_ms"] == 0.0
+                ),
+                None,
+            )
             if comm is not None:
                 out.append(self.case(cap, comm / 1e3, GLOO))
         return out
 
     def describe(self) -> list[str]:
         info = MODELS[self.model]
-        lines = [f"# model: {self.model}: {info.description}; {len(self.shapes)} tensors, {self.elements:,} "
-                 f"float32 parameters = {self.nbytes / 1e6:.1f} MB of gradients per step"
-                 + (f" (scaled by {self.scale:g}, bucket limits too)" if self.scale != 1 else "")]
+        lines = [
+            f"# model: {self.model}: {info.description}; {len(self.shapes)} tensors, {self.elements:,} "
+            f"float32 parameters = {self.nbytes / 1e6:.1f} MB of gradients per step"
+            + (f" (scaled by {self.scale:g}, bucket limits too)" if self.scale != 1 else "")
+        ]
         for cap, buckets in self.plans.items():
             sizes = [b.count * ELEMENT_SIZE for b in buckets]
-            lines.append(f"# DDP buckets, bucket_cap_mb={cap:g}, first-bucket limit {self.first_bucket_mb:g} MiB: "
-                         f"{len(buckets)} buckets, in all-reduce order (MB): "
-                         + " ".join(f"{s / 1e6:.2f}" for s in sizes))
+            lines.append(
+                f"# DDP buckets, bucket_cap_mb={cap:g}, first-bucket limit {self.first_bucket_mb:g} MiB: "
+                f"{len(buckets)} buckets, in all-reduce order (MB): " + " ".join(f"{s / 1e6:.2f}" for s in sizes)
+            )
         return lines
 
     def work(self, cases: Sequence[StepCase]) -> dict[str, Any]:
@@ -138,18 +154,39 @@ class StepPlan:
         def row(algo: str, key: Any, msgs: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
             case = self.cases[int(key)]
             cpu = next((m.get("cpu_percent") for m in msgs if m.get("cpu_percent") is not None), None)
-            r = report.make_row(algo, self.nbytes, self.elements, "float32", "avg", cfg.workers, cfg.reducers,
-                                [m["samples_us"] for m in msgs], sum(int(m["wrong"]) for m in msgs),
-                                cpu_percent=cpu, wall_s=wall_s, emulate_gbps=cfg.emulate_gbps, iters=cfg.iters,
-                                warmup=cfg.warmup)
+            r = report.make_row(
+                algo,
+                self.nbytes,
+                self.elements,
+                "float32",
+                "avg",
+                cfg.workers,
+                cfg.reducers,
+                [m["samples_us"] for m in msgs],
+                sum(int(m["wrong"]) for m in msgs),
+                cpu_percent=cpu,
+                wall_s=wall_s,
+                emulate_gbps=cfg.emulate_gbps,
+                iters=cfg.iters,
+                warmup=cfg.warmup,
+            )
             step_us = r["time_us"]
-            r.update(mode="step", model=self.model, scale=self.scale, tensors=len(self.shapes),
-                     label=case.label, bucket_cap_mb=case.bucket_cap_mb,
-                     first_bucket_bytes=self.first_bucket_bytes, buckets=len(case.buckets),
-                     bucket_bytes=[b.count * ELEMENT_SIZE for b in case.buckets],
-                     compute_ms=case.compute_ms, compute_from=case.compute_from,
-                     step_us=step_us, exposed_us=max(0.0, step_us - case.compute_ms * 1e3),
-                     steps_per_s=1e6 / step_us if step_us > 0 else None)
+            r.update(
+                mode="step",
+                model=self.model,
+                scale=self.scale,
+                tensors=len(self.shapes),
+                label=case.label,
+                bucket_cap_mb=case.bucket_cap_mb,
+                first_bucket_bytes=self.first_bucket_bytes,
+                buckets=len(case.buckets),
+                bucket_bytes=[b.count * ELEMENT_SIZE for b in case.buckets],
+                compute_ms=case.compute_ms,
+                compute_from=case.compute_from,
+                step_us=step_us,
+                exposed_us=max(0.0, step_us - case.compute_ms * 1e3),
+                steps_per_s=1e6 / step_us if step_us > 0 else None,
+            )
             return r
 
         return row
@@ -176,9 +213,11 @@ def finish(rows: list[dict[str, Any]]) -> None:
     """Add what compares rows: speed-up over gloo (same bucket plan and backward time) and, for a
     backward time > 0, how much of the algorithm's own communication (its step time with no
     compute, same bucket plan) stays exposed."""
+
     def find(algo: str, cap: float, compute: float) -> dict[str, Any] | None:
-        return next((r for r in rows if r["algo"] == algo and r["bucket_cap_mb"] == cap
-                     and r["compute_ms"] == compute), None)
+        return next(
+            (r for r in rows if r["algo"] == algo and r["bucket_cap_mb"] == cap and r["compute_ms"] == compute), None
+        )
 
     for r in rows:
         gloo = find("gloo", r["bucket_cap_mb"], r["compute_ms"])

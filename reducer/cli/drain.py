@@ -7,6 +7,7 @@ RS_AUTH_TOKEN_FILE) the request is signed with it; a reducer that has a token re
 unsigned Drain, and one without a token refuses every Drain unless it was started with
 --allow-unauthenticated-drain.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -20,16 +21,34 @@ from reducer.errors import ConfigError
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    p = subparsers.add_parser("drain", help="drain reducers (stop accepting, finish rounds in flight) over gRPC",
-                              description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
-    p.add_argument("addresses", nargs="*", metavar="HOST:PORT",
-                   help="control-plane addresses (default: the reducers of CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS)")
-    p.add_argument("--timeout", type=float, default=0.0,
-                   help="seconds to let rounds in flight finish; 0 = each reducer's --drain-timeout (default)")
-    p.add_argument("--no-wait", dest="wait", action="store_false",
-                   help="return once the drains have started (default: wait until the data planes stopped)")
-    p.add_argument("--auth-token-file", default=None,
-                   help="file holding the shared secret (default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)")
+    p = subparsers.add_parser(
+        "drain",
+        help="drain reducers (stop accepting, finish rounds in flight) over gRPC",
+        description=__doc__.split("\n\n", 1)[1] if __doc__ else None,
+    )
+    p.add_argument(
+        "addresses",
+        nargs="*",
+        metavar="HOST:PORT",
+        help="control-plane addresses (default: the reducers of CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=0.0,
+        help="seconds to let rounds in flight finish; 0 = each reducer's --drain-timeout (default)",
+    )
+    p.add_argument(
+        "--no-wait",
+        dest="wait",
+        action="store_false",
+        help="return once the drains have started (default: wait until the data planes stopped)",
+    )
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file holding the shared secret (default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)",
+    )
     p.set_defaults(func=run)
 
 

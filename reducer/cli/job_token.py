@@ -4,6 +4,7 @@ The reducers hold the shared secret; a worker given only `rsjob1:<job>:<key>` ca
 of that job and no other's (docs/security.md). The secret comes from --auth-token-file,
 RS_AUTH_TOKEN or RS_AUTH_TOKEN_FILE, never from the command line (it would show in `ps`).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -18,12 +19,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "job-token",
         help="print a worker credential that is valid for one job only",
         description="Derives the job's key from the reducers' shared secret and prints the credential "
-                    "rsjob1:<job>:<key> to give the workers of that job as RS_AUTH_TOKEN. Workers holding it "
-                    "cannot join another job's groups; the reducers need only the shared secret.",
+        "rsjob1:<job>:<key> to give the workers of that job as RS_AUTH_TOKEN. Workers holding it "
+        "cannot join another job's groups; the reducers need only the shared secret.",
     )
     p.add_argument("--job", required=True, help="the job id (the workers' RS_JOB_ID / CLOUD_ML_JOB_ID)")
-    p.add_argument("--auth-token-file", default=None,
-                   help="file with the shared secret (default: $RS_AUTH_TOKEN, else $RS_AUTH_TOKEN_FILE)")
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file with the shared secret (default: $RS_AUTH_TOKEN, else $RS_AUTH_TOKEN_FILE)",
+    )
     p.set_defaults(func=run)
 
 

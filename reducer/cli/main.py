@@ -6,6 +6,7 @@ Each subcommand module in reducer/cli/ exposes
 and is listed in SUBCOMMANDS. Modules are imported lazily so that one
 subcommand's optional dependencies never slow down or break another.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,10 +35,10 @@ def build_parser() -> argparse.ArgumentParser:
         prog="reduction-server",
         description="Reduction server: a faster all-reduce for data-parallel training.",
     )
-    parser.add_argument("--log-level", default=None,
-                        help="logging level (default: $RS_LOG_LEVEL or INFO)")
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}",
-                        help="print the version and exit")
+    parser.add_argument("--log-level", default=None, help="logging level (default: $RS_LOG_LEVEL or INFO)")
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {__version__}", help="print the version and exit"
+    )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     for _name, module in SUBCOMMANDS:

@@ -12,6 +12,7 @@ and then that name. So the library's directory must be on the loader's path
 a shell. ``--install DIR`` puts the library in DIR under that name, plus ``libnccl-net.so`` (the
 name NCCL loads when ``NCCL_NET_PLUGIN`` is unset) as a link to it.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -90,13 +91,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "nccl-plugin",
         help="print the NCCL plugin library's path and the environment that enables it",
         description="Prints where the NCCL network plugin shipped with this package is and the "
-                    "environment (or /etc/nccl.conf lines) that makes NCCL 2.19-2.30 load it and route "
-                    "its inter-node all-reduce through the reducers. The reducers are found like "
-                    "reducer.init() finds them: CLUSTER_SPEC, TF_CONFIG or RS_REDUCERS.",
+        "environment (or /etc/nccl.conf lines) that makes NCCL 2.19-2.30 load it and route "
+        "its inter-node all-reduce through the reducers. The reducers are found like "
+        "reducer.init() finds them: CLUSTER_SPEC, TF_CONFIG or RS_REDUCERS.",
     )
-    p.add_argument("--install", metavar="DIR", type=Path, default=None,
-                   help=f"copy the library to DIR/{LIBRARY_NAME} and link DIR/{DEFAULT_NAME} to it; DIR must "
-                        f"then be on the loader's path (LD_LIBRARY_PATH, or /etc/ld.so.conf.d + ldconfig)")
+    p.add_argument(
+        "--install",
+        metavar="DIR",
+        type=Path,
+        default=None,
+        help=f"copy the library to DIR/{LIBRARY_NAME} and link DIR/{DEFAULT_NAME} to it; DIR must "
+        f"then be on the loader's path (LD_LIBRARY_PATH, or /etc/ld.so.conf.d + ldconfig)",
+    )
     p.add_argument("--conf", action="store_true", help="print nccl.conf lines instead of shell exports")
     p.set_defaults(func=run)
 
@@ -116,8 +122,11 @@ def run(args: argparse.Namespace) -> int:
         print(f"reduction-server nccl-plugin: {note}", file=sys.stderr)
     if args.conf:
         sys.stdout.write(nccl_conf())
-        print(f"reduction-server nccl-plugin: NCCL loads {LIBRARY_NAME} by name: {directory} must be on the "
-              f"loader's path (LD_LIBRARY_PATH, or /etc/ld.so.conf.d + ldconfig)", file=sys.stderr)
+        print(
+            f"reduction-server nccl-plugin: NCCL loads {LIBRARY_NAME} by name: {directory} must be on the "
+            f"loader's path (LD_LIBRARY_PATH, or /etc/ld.so.conf.d + ldconfig)",
+            file=sys.stderr,
+        )
         return 0
     print(f"# NCCL plugin library: {directory / LIBRARY_NAME}")
     for line in shell_exports(directory):

@@ -1,4 +1,5 @@
 """`reduction-server plan`: how many reducers the workers' bandwidth needs."""
+
 from __future__ import annotations
 
 import argparse
@@ -17,12 +18,20 @@ from reducer.errors import ConfigError
 
 def add_reducer_cpu_args(p: argparse._ActionsContainer) -> None:
     """--reducer-core-gbps / --reducer-threads: the CPU side of a reducer's bandwidth."""
-    p.add_argument("--reducer-core-gbps", type=float, default=None,
-                   help=f"Gbit/s of worker data one reducer thread sums (default {REDUCER_CORE_GBPS:g}, "
-                        "measured by benchmarks/bench_reducer_cpu.py; see docs/performance.md)")
-    p.add_argument("--reducer-threads", type=int, default=None,
-                   help=f"reducer threads (default: the reducer's own, min(vCPUs, {REDUCER_DEFAULT_MAX_THREADS}), "
-                        "for a machine of the table)")
+    p.add_argument(
+        "--reducer-core-gbps",
+        type=float,
+        default=None,
+        help=f"Gbit/s of worker data one reducer thread sums (default {REDUCER_CORE_GBPS:g}, "
+        "measured by benchmarks/bench_reducer_cpu.py; see docs/performance.md)",
+    )
+    p.add_argument(
+        "--reducer-threads",
+        type=int,
+        default=None,
+        help=f"reducer threads (default: the reducer's own, min(vCPUs, {REDUCER_DEFAULT_MAX_THREADS}), "
+        "for a machine of the table)",
+    )
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -30,29 +39,44 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "plan",
         help="size the reducer pool from the workers' network bandwidth",
         description="Prints how many reducers are needed so that their total bandwidth is at least "
-                    "the workers' total bandwidth: ceil(workers * worker_gbps / reducer_gbps), where "
-                    "one reducer's bandwidth is the slower of its NIC (egress cap) and its cores "
-                    "(threads x --reducer-core-gbps); then the machine types the planner knows.",
+        "the workers' total bandwidth: ceil(workers * worker_gbps / reducer_gbps), where "
+        "one reducer's bandwidth is the slower of its NIC (egress cap) and its cores "
+        "(threads x --reducer-core-gbps); then the machine types the planner knows.",
     )
     p.add_argument("--workers", type=int, required=True, help="number of worker machines (nodes)")
-    p.add_argument("--worker-gbps", type=float, required=True,
-                   help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100)")
+    p.add_argument(
+        "--worker-gbps",
+        type=float,
+        required=True,
+        help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100)",
+    )
     group = p.add_argument_group(f"reducer bandwidth (default: {DEFAULT_REDUCER_MACHINE})")
-    group.add_argument("--reducer-machine", default=None,
-                       help=f"reducer machine type from the table (default {DEFAULT_REDUCER_MACHINE})")
-    group.add_argument("--reducer-gbps", type=float, default=None,
-                       help="egress bandwidth of one reducer, Gbps (overrides the table)")
-    group.add_argument("--tier1", action="store_true",
-                       help="reducers use per-VM Tier_1 networking (N2 with >= 30 vCPUs)")
+    group.add_argument(
+        "--reducer-machine",
+        default=None,
+        help=f"reducer machine type from the table (default {DEFAULT_REDUCER_MACHINE})",
+    )
+    group.add_argument(
+        "--reducer-gbps", type=float, default=None, help="egress bandwidth of one reducer, Gbps (overrides the table)"
+    )
+    group.add_argument(
+        "--tier1", action="store_true", help="reducers use per-VM Tier_1 networking (N2 with >= 30 vCPUs)"
+    )
     add_reducer_cpu_args(group)
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
-        plan = plan_reducers(args.workers, args.worker_gbps, reducer_machine=args.reducer_machine,
-                             reducer_gbps=args.reducer_gbps, tier1=args.tier1,
-                             core_gbps=args.reducer_core_gbps, reducer_threads=args.reducer_threads)
+        plan = plan_reducers(
+            args.workers,
+            args.worker_gbps,
+            reducer_machine=args.reducer_machine,
+            reducer_gbps=args.reducer_gbps,
+            tier1=args.tier1,
+            core_gbps=args.reducer_core_gbps,
+            reducer_threads=args.reducer_threads,
+        )
     except ConfigError as exc:
         print(f"reduction-server plan: error: {exc}", file=sys.stderr)
         return 2

@@ -19,6 +19,7 @@ Prometheus endpoint. A Drain RPC (it needs the shared secret; without one it is 
 NOT_SERVING, until it gets a signal. Both ports are capped in connections and requests per
 address (docs/security.md, "Control port and metrics port").
 """
+
 from __future__ import annotations
 
 import argparse
@@ -48,40 +49,78 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "serve",
         help="run a reducer node (Vertex AI workerPoolSpecs[2], a ps replica, or anywhere)",
         description="Runs a reducer node until SIGINT/SIGTERM, then drains the rounds in flight and "
-                    "exits 0. Without --port the port comes from CLUSTER_SPEC (then TF_CONFIG), "
-                    "where this process must be a workerpool2 / ps replica; with no cluster "
-                    f"description at all it is $RS_PORT, else {DEFAULT_PORT}.",
+        "exits 0. Without --port the port comes from CLUSTER_SPEC (then TF_CONFIG), "
+        "where this process must be a workerpool2 / ps replica; with no cluster "
+        f"description at all it is $RS_PORT, else {DEFAULT_PORT}.",
     )
     p.add_argument("--host", default=None, help="address to bind (default: $RS_HOST, else 0.0.0.0 = all interfaces)")
-    p.add_argument("--port", type=int, default=None,
-                   help="port to bind; 0 = any free port (default: own CLUSTER_SPEC/TF_CONFIG entry, "
-                        f"$RS_PORT, else {DEFAULT_PORT})")
-    p.add_argument("--threads", type=int, default=None,
-                   help="event-loop threads (default: $RS_THREADS, else the number of CPUs, at most 8)")
-    p.add_argument("--auth-token-file", default=None,
-                   help="file holding the shared secret workers must prove they know "
-                        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE, else no authentication)")
-    p.add_argument("--integrity", choices=("off", "on", "required"), default=None,
-                   help="frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered "
-                        "to workers that ask, required = workers that do not ask are refused "
-                        "(default: $RS_INTEGRITY, else on with a secret, off without)")
-    p.add_argument("--drain-timeout", type=float, default=DEFAULT_DRAIN_TIMEOUT,
-                   help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)")
-    p.add_argument("--stats-interval", type=float, default=DEFAULT_STATS_INTERVAL,
-                   help="seconds between stats lines, logged at DEBUG level; 0 = never (default %(default)s)")
-    p.add_argument("--control-port", type=_port_arg, default=None, metavar="PORT|off",
-                   help="gRPC control plane (health, GetStats, Drain); 0 = any free port, off = none "
-                        "(default: $RS_CONTROL_PORT, else the data port + 1)")
-    p.add_argument("--metrics-port", type=_port_arg, default=None, metavar="PORT|off",
-                   help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
-                        "(default: $RS_METRICS_PORT, else off)")
-    p.add_argument("--allow-unauthenticated-drain", action="store_true", default=None,
-                   help="without a shared secret, let anyone who reaches the control port Drain this reducer "
-                        "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)")
+    p.add_argument(
+        "--port",
+        type=int,
+        default=None,
+        help="port to bind; 0 = any free port (default: own CLUSTER_SPEC/TF_CONFIG entry, "
+        f"$RS_PORT, else {DEFAULT_PORT})",
+    )
+    p.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="event-loop threads (default: $RS_THREADS, else the number of CPUs, at most 8)",
+    )
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file holding the shared secret workers must prove they know "
+        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE, else no authentication)",
+    )
+    p.add_argument(
+        "--integrity",
+        choices=("off", "on", "required"),
+        default=None,
+        help="frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered "
+        "to workers that ask, required = workers that do not ask are refused "
+        "(default: $RS_INTEGRITY, else on with a secret, off without)",
+    )
+    p.add_argument(
+        "--drain-timeout",
+        type=float,
+        default=DEFAULT_DRAIN_TIMEOUT,
+        help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)",
+    )
+    p.add_argument(
+        "--stats-interval",
+        type=float,
+        default=DEFAULT_STATS_INTERVAL,
+        help="seconds between stats lines, logged at DEBUG level; 0 = never (default %(default)s)",
+    )
+    p.add_argument(
+        "--control-port",
+        type=_port_arg,
+        default=None,
+        metavar="PORT|off",
+        help="gRPC control plane (health, GetStats, Drain); 0 = any free port, off = none "
+        "(default: $RS_CONTROL_PORT, else the data port + 1)",
+    )
+    p.add_argument(
+        "--metrics-port",
+        type=_port_arg,
+        default=None,
+        metavar="PORT|off",
+        help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
+        "(default: $RS_METRICS_PORT, else off)",
+    )
+    p.add_argument(
+        "--allow-unauthenticated-drain",
+        action="store_true",
+        default=None,
+        help="without a shared secret, let anyone who reaches the control port Drain this reducer "
+        "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)",
+    )
     for flag, kind, metavar, text in _MEMORY_FLAGS:
         p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
-    p.add_argument("--ready-file", default=None,
-                   help="once listening, write HOST:PORT to this file (for scripts and `launch`)")
+    p.add_argument(
+        "--ready-file", default=None, help="once listening, write HOST:PORT to this file (for scripts and `launch`)"
+    )
     p.set_defaults(func=run)
 
 
@@ -104,12 +143,27 @@ def _size_arg(text: str) -> int:
 
 # The memory shares (docs/security.md, "Memory shares"): flag, type, metavar, help.
 _MEMORY_FLAGS = (
-    ("--max-memory-per-job", _size_arg, "BYTES", "reduction-buffer memory one job's groups may hold, e.g. 8G "
-     "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)"),
-    ("--max-memory-per-peer", _size_arg, "BYTES", "reduction-buffer memory charged to one worker IP address "
-     "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)"),
-    ("--memory-idle-timeout", float, "SECONDS", "a group that receives nothing this long gives its memory back "
-     "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)"),
+    (
+        "--max-memory-per-job",
+        _size_arg,
+        "BYTES",
+        "reduction-buffer memory one job's groups may hold, e.g. 8G "
+        "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)",
+    ),
+    (
+        "--max-memory-per-peer",
+        _size_arg,
+        "BYTES",
+        "reduction-buffer memory charged to one worker IP address "
+        "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)",
+    ),
+    (
+        "--memory-idle-timeout",
+        float,
+        "SECONDS",
+        "a group that receives nothing this long gives its memory back "
+        "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)",
+    ),
 )
 
 
@@ -120,13 +174,14 @@ _MEMORY_FLAGS = (
 class ListenPlan:
     host: str
     port: int
-    origin: str                 # where the port came from, for the log
-    cluster: Any = None         # reducer.cluster.ClusterInfo when a cluster description was read
+    origin: str  # where the port came from, for the log
+    cluster: Any = None  # reducer.cluster.ClusterInfo when a cluster description was read
     warning: str | None = None
 
 
-def resolve_listen(host: str | None = None, port: int | None = None,
-                   env: Mapping[str, str] | None = None) -> ListenPlan:
+def resolve_listen(
+    host: str | None = None, port: int | None = None, env: Mapping[str, str] | None = None
+) -> ListenPlan:
     """Decide the address to bind from the flags, RS_HOST/RS_PORT and CLUSTER_SPEC/TF_CONFIG.
 
     Raises ConfigError when the cluster description is invalid or does not describe a reducer
@@ -149,15 +204,20 @@ def resolve_listen(host: str | None = None, port: int | None = None,
                 if found.role == cluster.REDUCER:
                     info = found
                 else:
-                    warning = (f"{found.source} describes this process as {found.task_type} (a {found.role}), "
-                               f"not a reducer; serving anyway on --port {port}")
+                    warning = (
+                        f"{found.source} describes this process as {found.task_type} (a {found.role}), "
+                        f"not a reducer; serving anyway on --port {port}"
+                    )
         return ListenPlan(bind_host, port, "--port", info, warning)
 
     if has_cluster:
-        info = cluster.discover_reducer(env)   # ConfigError unless workerpool2 / ps
+        info = cluster.discover_reducer(env)  # ConfigError unless workerpool2 / ps
         assert info.bind_port is not None
-        origin = ("RS_PORT" if config.env_text("port", env) is not None
-                  else f"{info.source} entry {info.task_type}[{info.node_rank}]")
+        origin = (
+            "RS_PORT"
+            if config.env_text("port", env) is not None
+            else f"{info.source} entry {info.task_type}[{info.node_rank}]"
+        )
         return ListenPlan(bind_host, info.bind_port, origin, info)
 
     rs_port = config.get("port", None, env)
@@ -176,10 +236,12 @@ def _short_list(addrs: list[str], limit: int = 6) -> str:
 
 def describe_cluster(info: Any) -> str:
     """One log line about the cluster a reducer sees."""
-    return (f"{info.source}: this is reducer {info.node_rank} of {len(info.reducers)} "
-            f"({info.task_type} index {info.node_rank}); job {info.job_id}; "
-            f"{len(info.workers)} worker node(s): {_short_list(info.workers)}; "
-            f"reducers: {_short_list(info.reducers)}")
+    return (
+        f"{info.source}: this is reducer {info.node_rank} of {len(info.reducers)} "
+        f"({info.task_type} index {info.node_rank}); job {info.job_id}; "
+        f"{len(info.workers)} worker node(s): {_short_list(info.workers)}; "
+        f"reducers: {_short_list(info.reducers)}"
+    )
 
 
 # -- running ------------------------------------------------------------------------------------
@@ -199,8 +261,9 @@ def _format_stats(stats: Mapping[str, Any]) -> str:
 @dataclass
 class SidePorts:
     """Where the control plane and the metrics listen (None = not at all)."""
+
     control: int | None
-    control_is_default: bool     # data port + 1, chosen by us: a failed bind is only a warning
+    control_is_default: bool  # data port + 1, chosen by us: a failed bind is only a warning
     metrics: int | None
 
 
@@ -211,12 +274,16 @@ def resolve_side_ports(control: int | None, metrics: int | None, data_port: int)
     is_default = control is None
     if is_default:
         control = control_port_for(data_port)
-    return SidePorts(None if control == config.OFF else control, is_default,
-                     None if metrics is None or metrics == config.OFF else metrics)
+    return SidePorts(
+        None if control == config.OFF else control,
+        is_default,
+        None if metrics is None or metrics == config.OFF else metrics,
+    )
 
 
-def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecycle: Any,
-                token: str | None) -> tuple[Any, Any]:
+def _start_side(
+    args: argparse.Namespace, plan: ListenPlan, server: Any, lifecycle: Any, token: str | None
+) -> tuple[Any, Any]:
     """Start the control plane and the metrics endpoint; raises OSError for a port asked for explicitly."""
     ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
     control = metrics = None
@@ -225,21 +292,32 @@ def _start_side(args: argparse.Namespace, plan: ListenPlan, server: Any, lifecyc
         try:
             from reducer.control.service import ControlPlane
 
-            control = ControlPlane(server, lifecycle, host=plan.host, port=ports.control, auth_token=token,
-                                   limits=limits, allow_unauthenticated_drain=args.allow_unauthenticated_drain).start()
+            control = ControlPlane(
+                server,
+                lifecycle,
+                host=plan.host,
+                port=ports.control,
+                auth_token=token,
+                limits=limits,
+                allow_unauthenticated_drain=args.allow_unauthenticated_drain,
+            ).start()
         except (OSError, ImportError) as exc:
             if not ports.control_is_default:
                 raise
-            log.warning("no control plane (health, GetStats, Drain): %s; choose a port with --control-port or "
-                        "RS_CONTROL_PORT, or set it to 'off'", exc)
+            log.warning(
+                "no control plane (health, GetStats, Drain): %s; choose a port with --control-port or "
+                "RS_CONTROL_PORT, or set it to 'off'",
+                exc,
+            )
         else:
             log.info("control plane (gRPC health, GetStats, Drain) on %s:%d", plan.host, control.port)
     if ports.metrics is not None:
         from reducer.control.metrics import MetricsEndpoint, reducer_registry
 
         try:
-            metrics = MetricsEndpoint(reducer_registry(server, lifecycle), host=plan.host, port=ports.metrics,
-                                      limits=limits)
+            metrics = MetricsEndpoint(
+                reducer_registry(server, lifecycle), host=plan.host, port=ports.metrics, limits=limits
+            )
         except OSError as exc:
             if control is not None:
                 control.stop(0)
@@ -255,9 +333,14 @@ def _side_limits(server: Any, ports: SidePorts) -> Any:
     from reducer.control.limits import configured_limits
 
     limits = configured_limits(server)
-    log.info("control and metrics ports: at most %d and %d connections (%d per address), %g requests/s per "
-             "address%s", limits.control_connections, limits.metrics_connections, limits.per_peer, limits.rate,
-             "" if limits.budget_fds is None else f"; {limits.budget_fds} descriptors left beside the data plane's")
+    log.info(
+        "control and metrics ports: at most %d and %d connections (%d per address), %g requests/s per address%s",
+        limits.control_connections,
+        limits.metrics_connections,
+        limits.per_peer,
+        limits.rate,
+        "" if limits.budget_fds is None else f"; {limits.budget_fds} descriptors left beside the data plane's",
+    )
     return limits
 
 
@@ -265,14 +348,19 @@ def _warn_unauthenticated(plan: ListenPlan, server: Any, control: Any, metrics: 
     """The startup WARNING of a reducer without a shared secret: every port it opened, and what is open."""
     ports = [f"data port {format_address(plan.host, server.port)} (anyone may join any group)"]
     if control is not None:
-        drain = ("anyone may Drain it: --allow-unauthenticated-drain" if control.service.allow_unauthenticated_drain
-                 else "Drain refused")
-        ports.append(f"control port {format_address(plan.host, control.port)} (health and GetStats open to anyone, "
-                     f"{drain})")
+        drain = (
+            "anyone may Drain it: --allow-unauthenticated-drain"
+            if control.service.allow_unauthenticated_drain
+            else "Drain refused"
+        )
+        ports.append(
+            f"control port {format_address(plan.host, control.port)} (health and GetStats open to anyone, {drain})"
+        )
     if metrics is not None:
         ports.append(f"metrics port {format_address(plan.host, metrics.port)} (open to anyone)")
-    log.warning("running WITHOUT authentication (no shared secret: --auth-token-file, RS_AUTH_TOKEN): %s",
-                "; ".join(ports))
+    log.warning(
+        "running WITHOUT authentication (no shared secret: --auth-token-file, RS_AUTH_TOKEN): %s", "; ".join(ports)
+    )
 
 
 def _serve_until_signalled(args: argparse.Namespace, server: Any, control: Any, signals: dict[str, Any]) -> None:
@@ -302,8 +390,12 @@ def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, m
     if metrics is not None:
         metrics.stop()
     stats = server.stats()
-    log.info("stopped after %s (%.1f MB received, %.1f MB sent)", plural(stats.get("rounds_completed", 0), "round"),
-             stats.get("bytes_received", 0) / 1e6, stats.get("bytes_sent", 0) / 1e6)
+    log.info(
+        "stopped after %s (%.1f MB received, %.1f MB sent)",
+        plural(stats.get("rounds_completed", 0), "round"),
+        stats.get("bytes_received", 0) / 1e6,
+        stats.get("bytes_sent", 0) / 1e6,
+    )
     log.debug("final stats: %s", _format_stats(stats))
 
 
@@ -347,10 +439,16 @@ def run(args: argparse.Namespace) -> int:
             pass
     try:
         try:
-            server = ReducerServer(host=plan.host, port=plan.port, threads=args.threads, auth_token=token or "",
-                                   integrity=args.integrity, max_memory_per_job=args.max_memory_per_job,
-                                   max_memory_per_peer=args.max_memory_per_peer,
-                                   memory_idle_timeout=args.memory_idle_timeout)
+            server = ReducerServer(
+                host=plan.host,
+                port=plan.port,
+                threads=args.threads,
+                auth_token=token or "",
+                integrity=args.integrity,
+                max_memory_per_job=args.max_memory_per_job,
+                max_memory_per_peer=args.max_memory_per_peer,
+                memory_idle_timeout=args.memory_idle_timeout,
+            )
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
@@ -371,8 +469,13 @@ def run(args: argparse.Namespace) -> int:
             _warn_unauthenticated(plan, server, control, metrics)
         if args.ready_file:
             _write_ready_file(args.ready_file, server.address)
-        log.info("listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",
-                 plan.host, server.port, plan.origin, "on" if token else "off")
+        log.info(
+            "listening on %s:%d (port from %s; authentication %s); stop with SIGTERM or Ctrl-C",
+            plan.host,
+            server.port,
+            plan.origin,
+            "on" if token else "off",
+        )
 
         _serve_until_signalled(args, server, control, signals)
         _stop(args, server, lifecycle, control, metrics, signals["name"])

@@ -5,6 +5,7 @@ Without addresses the reducers come from the cluster description (CLUSTER_SPEC, 
 RS_REDUCERS, reducer.cluster.discover) and their control port is RS_CONTROL_PORT, else each
 reducer's data port + 1. Exit status: 0 when every reducer answered, 1 otherwise, 2 on bad usage.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,23 +30,34 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "status",
         help="show the reducers of a job and their groups (live in a terminal, else one snapshot)",
         description="Asks every reducer's control plane (GetStats) and shows the reducers, their "
-                    "live groups and the groups that ended. In a terminal the tables refresh every "
-                    "--interval seconds until Ctrl-C; with --once, or when the output is not a "
-                    "terminal (piped, redirected), one snapshot is printed and the command exits; "
-                    "--json prints one snapshot as JSON. Without addresses the reducers come from "
-                    "CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS, their control port being "
-                    "RS_CONTROL_PORT, else the data port + 1.",
+        "live groups and the groups that ended. In a terminal the tables refresh every "
+        "--interval seconds until Ctrl-C; with --once, or when the output is not a "
+        "terminal (piped, redirected), one snapshot is printed and the command exits; "
+        "--json prints one snapshot as JSON. Without addresses the reducers come from "
+        "CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS, their control port being "
+        "RS_CONTROL_PORT, else the data port + 1.",
     )
     p.add_argument("addresses", nargs="*", metavar="HOST:PORT", help="control-plane addresses of reducers")
     p.add_argument("--once", action="store_true", help="print one snapshot and exit (the default when not a terminal)")
     p.add_argument("--json", action="store_true", help="print one snapshot as JSON and exit")
-    p.add_argument("--interval", type=float, default=DEFAULT_INTERVAL,
-                   help="seconds between refreshes of the live table (default %(default)s)")
-    p.add_argument("--auth-token-file", default=None,
-                   help="file holding the shared secret, which reducers that have one want proven for GetStats "
-                        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)")
-    p.add_argument("--timeout", type=float, default=DEFAULT_TIMEOUT,
-                   help="seconds to wait for each reducer's answer (default %(default)s)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=DEFAULT_INTERVAL,
+        help="seconds between refreshes of the live table (default %(default)s)",
+    )
+    p.add_argument(
+        "--auth-token-file",
+        default=None,
+        help="file holding the shared secret, which reducers that have one want proven for GetStats "
+        "(default: $RS_AUTH_TOKEN, $RS_AUTH_TOKEN_FILE)",
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_TIMEOUT,
+        help="seconds to wait for each reducer's answer (default %(default)s)",
+    )
     p.set_defaults(func=run)
 
 
@@ -53,7 +65,7 @@ def control_addresses(addresses: Sequence[str], env: Mapping[str, str] | None = 
     """The addresses given, else the reducers of the cluster description at their control ports."""
     if addresses:
         for a in addresses:
-            cluster.parse_address(a)   # ConfigError names the bad one
+            cluster.parse_address(a)  # ConfigError names the bad one
         return list(addresses)
     env = os.environ if env is None else env
     info = cluster.discover(env)
@@ -63,15 +75,19 @@ def control_addresses(addresses: Sequence[str], env: Mapping[str, str] | None = 
     except ValueError as exc:
         raise ConfigError(f"{config.SETTINGS['control_port'].env}={raw!r} is not valid: {exc}") from None
     if port == config.OFF or port == 0:
-        raise ConfigError(f"{config.SETTINGS['control_port'].env}={raw!r} does not name the reducers' control "
-                          "port: pass their control addresses instead")
+        raise ConfigError(
+            f"{config.SETTINGS['control_port'].env}={raw!r} does not name the reducers' control "
+            "port: pass their control addresses instead"
+        )
     out = []
     for addr in info.reducers:
         host, data_port = cluster.parse_address(addr)
         control = port if port is not None else control_port_for(data_port)
         if control is None:
-            raise ConfigError(f"reducer {addr!r} has data port {data_port}, so no default control port "
-                              "(data port + 1): pass its control address instead")
+            raise ConfigError(
+                f"reducer {addr!r} has data port {data_port}, so no default control port "
+                "(data port + 1): pass its control address instead"
+            )
         out.append(cluster.format_address(host, control))
     return out
 
@@ -135,11 +151,11 @@ def _table(title: str, columns: Sequence[str], left: int) -> Any:
     columns are text (left-aligned), the others numbers."""
     from rich.table import Table  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 
-    table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False,
-                  header_style="bold")
+    table = Table(title=title, title_justify="left", title_style="bold", box=None, pad_edge=False, header_style="bold")
     for i, name in enumerate(columns):
-        table.add_column(name, justify="left" if i < left else "right", min_width=len(name),
-                         overflow="fold", no_wrap=i >= left)
+        table.add_column(
+            name, justify="left" if i < left else "right", min_width=len(name), overflow="fold", no_wrap=i >= left
+        )
     return table
 
 
@@ -152,8 +168,11 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
     top = _table("reducers", ("control", "data", "state", "up", "groups", "workers"), 3)
     traffic = _table("traffic", ("control", "rounds", "MB in", "MB out", "errors", "rejected", "memory MB"), 1)
     live = _table("live groups", ("reducer", "job/group", "ranks", "rounds", "MB in", "MB out", "age"), 2)
-    ended = _table("ended groups (the last few each reducer keeps)",
-                   ("reducer", "job/group", "world", "rounds", "MB in", "MB out", "ended"), 2)
+    ended = _table(
+        "ended groups (the last few each reducer keeps)",
+        ("reducer", "job/group", "world", "rounds", "MB in", "MB out", "ended"),
+        2,
+    )
     ended.columns[-1].justify = "left"
     notes: list[Any] = []
     for r in reducers:
@@ -163,11 +182,23 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
             continue
         c = r["counters"]
         state = r["state"] if r["state"] == "serving" else f"[yellow]{r['state']}[/yellow]"
-        top.add_row(r["address"], r["data_address"], state, _age(r["uptime_s"]), str(c.get("groups", "")),
-                    str(c.get("connected_workers", "")))
-        traffic.add_row(r["address"], str(c.get("rounds_completed", "")), _mb(c.get("bytes_received", 0)),
-                        _mb(c.get("bytes_sent", 0)), str(c.get("errors", "")), str(c.get("rejected", "")),
-                        _mb(c.get("memory_bytes", 0)))
+        top.add_row(
+            r["address"],
+            r["data_address"],
+            state,
+            _age(r["uptime_s"]),
+            str(c.get("groups", "")),
+            str(c.get("connected_workers", "")),
+        )
+        traffic.add_row(
+            r["address"],
+            str(c.get("rounds_completed", "")),
+            _mb(c.get("bytes_received", 0)),
+            _mb(c.get("bytes_sent", 0)),
+            str(c.get("errors", "")),
+            str(c.get("rejected", "")),
+            _mb(c.get("memory_bytes", 0)),
+        )
         for g in r["groups"]:
             name = f"{g['job']}/{g['group']}"
             traffic_cells = (str(g["rounds"]), _mb(g["bytes_received"]), _mb(g["bytes_sent"]))
@@ -178,8 +209,13 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
                 ended.add_row(r["address"], name, str(g["world_size"]), *traffic_cells, how)
                 continue
             ranks = f"{g['connected']}/{g['world_size']}"
-            live.add_row(r["address"], name, ranks if g["complete"] else f"[yellow]{ranks}[/yellow]", *traffic_cells,
-                         _age(g["age_s"]))
+            live.add_row(
+                r["address"],
+                name,
+                ranks if g["complete"] else f"[yellow]{ranks}[/yellow]",
+                *traffic_cells,
+                _age(g["age_s"]),
+            )
     parts: list[Any] = [top, Text(""), traffic, Text(""), live]
     if not live.row_count:
         parts.append(Text("(none)", style="dim"))
@@ -199,8 +235,10 @@ def run(args: argparse.Namespace) -> int:
         addresses = control_addresses(args.addresses)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
     except ConfigError as exc:
-        print(f"reduction-server status: error: {exc} (or pass the reducers' control addresses HOST:PORT)",
-              file=sys.stderr)
+        print(
+            f"reduction-server status: error: {exc} (or pass the reducers' control addresses HOST:PORT)",
+            file=sys.stderr,
+        )
         return 2
     reducers = snapshot(addresses, args.timeout, token)
     status = 0 if all("error" not in r for r in reducers) else 1
@@ -217,8 +255,9 @@ def run(args: argparse.Namespace) -> int:
     return _live(console, addresses, args, reducers, token)
 
 
-def _live(console: Any, addresses: Sequence[str], args: argparse.Namespace, reducers: list[dict[str, Any]],
-          token: str | None) -> int:
+def _live(
+    console: Any, addresses: Sequence[str], args: argparse.Namespace, reducers: list[dict[str, Any]], token: str | None
+) -> int:
     """The table refreshed every --interval seconds until Ctrl-C (a terminal only)."""
     from rich.live import Live  # noqa: PLC0415 (rich (60 ms): not at the CLI's start)
 

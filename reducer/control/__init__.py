@@ -10,13 +10,16 @@
 Nothing here is imported by `import reducer`: a worker that never asks for metrics never loads
 grpc or prometheus_client.
 """
+
 from __future__ import annotations
 
 import importlib
 from typing import Any
 
-_HINT = ("it comes with a plain `pip install reduction-server`; in another environment: "
-         "pip install grpcio grpcio-health-checking prometheus_client")
+_HINT = (
+    "it comes with a plain `pip install reduction-server`; in another environment: "
+    "pip install grpcio grpcio-health-checking prometheus_client"
+)
 
 
 def _require(module: str, package: str) -> Any:

@@ -8,6 +8,7 @@ The reducer accepts each nonce once, for NONCE_TTL seconds, and compares MACs in
 the labels keep a proof for one RPC from being used for the other. Pure Python (hmac, secrets):
 no grpc here.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -22,8 +23,8 @@ from collections.abc import Callable
 LABEL = b"reduction_server.v1.Drain\x00"
 STATS_LABEL = b"reduction_server.v1.GetStats\x00"
 NONCE_BYTES = 32
-NONCE_TTL = 60.0         # seconds a nonce stays valid
-MAX_NONCES = 1024        # outstanding nonces kept; the oldest is dropped past this
+NONCE_TTL = 60.0  # seconds a nonce stays valid
+MAX_NONCES = 1024  # outstanding nonces kept; the oldest is dropped past this
 
 
 def drain_mac(token: str, nonce: bytes, timeout_s: float) -> bytes:
@@ -88,8 +89,10 @@ def check_stats(token: str | None, book: NonceBook, nonce: bytes, mac: bytes) ->
 
 def _check(rpc: str, book: NonceBook, nonce: bytes, mac: bytes, expected: Callable[[bytes], bytes]) -> str | None:
     if not nonce or not mac:
-        return (f"this reducer requires authentication: {rpc} needs a nonce from Challenge and its HMAC "
-                "(the reducer's shared secret: --auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE)")
+        return (
+            f"this reducer requires authentication: {rpc} needs a nonce from Challenge and its HMAC "
+            "(the reducer's shared secret: --auth-token-file, RS_AUTH_TOKEN, RS_AUTH_TOKEN_FILE)"
+        )
     if not book.take(nonce):
         return "unknown, expired or already used nonce: call Challenge again"
     if not hmac.compare_digest(expected(bytes(nonce)), bytes(mac)):

@@ -8,6 +8,7 @@
 A reducer with a shared secret wants it proven for GetStats and Drain (a Challenge nonce and an
 HMAC, reducer.control.auth): pass `token` to the client or to the call.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -70,12 +71,15 @@ class ControlClient:
         out = MessageToDict(reply, preserving_proto_field_name=True, always_print_fields_with_no_presence=True)
         # JSON mapping writes uint64 as strings; give the numbers back.
         out["counters"] = {k: int(v) for k, v in reply.counters.items()}
-        out["groups"] = [dict(g, rounds=int(g["rounds"]), bytes_received=int(g["bytes_received"]),
-                              bytes_sent=int(g["bytes_sent"])) for g in out["groups"]]
+        out["groups"] = [
+            dict(g, rounds=int(g["rounds"]), bytes_received=int(g["bytes_received"]), bytes_sent=int(g["bytes_sent"]))
+            for g in out["groups"]
+        ]
         return out
 
-    def drain(self, timeout_s: float = 0.0, wait: bool = False, token: str | None = None,
-              rpc_timeout: float | None = None) -> dict[str, Any]:
+    def drain(
+        self, timeout_s: float = 0.0, wait: bool = False, token: str | None = None, rpc_timeout: float | None = None
+    ) -> dict[str, Any]:
         """Ask the reducer to drain (timeout_s 0 = its own --drain-timeout). With a token (this call's,
         else the client's), proves it with the Challenge nonce; without, a reducer that has a token
         refuses (UNAUTHENTICATED), one without refuses unless it allows unauthenticated drains
@@ -87,11 +91,13 @@ class ControlClient:
             mac = drain_mac(token, nonce, timeout_s)
         if rpc_timeout is None:
             rpc_timeout = self.timeout + (timeout_s + 30.0 if wait else 0.0)
-        reply = self._call("Drain", self._reducer.Drain,
-                           reducer_pb2.DrainRequest(timeout_s=timeout_s, wait=wait, nonce=nonce, mac=mac),
-                           timeout=rpc_timeout)
-        return {"state": reply.state, "already_draining": reply.already_draining,
-                "drained": reply.state == DRAINED}
+        reply = self._call(
+            "Drain",
+            self._reducer.Drain,
+            reducer_pb2.DrainRequest(timeout_s=timeout_s, wait=wait, nonce=nonce, mac=mac),
+            timeout=rpc_timeout,
+        )
+        return {"state": reply.state, "already_draining": reply.already_draining, "drained": reply.state == DRAINED}
 
     def close(self) -> None:
         self._channel.close()

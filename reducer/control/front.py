@@ -11,6 +11,7 @@ with the bytes to a subclass:
   sends no byte for `idle_s` seconds is closed;
 - reducer.control.http.MetricsServer reads one HTTP request and answers it from a bounded pool.
 """
+
 from __future__ import annotations
 
 import errno
@@ -27,9 +28,9 @@ from .limits import BLOCK_S, MAX_TRACKED_PEERS, ConnectionTable, LogThrottle, gr
 
 log = logging.getLogger(__name__)
 
-FIRST_BYTES_S = 10.0     # seconds a new connection has to send something (metrics: its whole request)
-IDLE_S = 60.0            # control port: seconds without a byte from the client before it is closed
-ACCEPT_PAUSE_S = 0.1     # no accepting for this long after EMFILE/ENFILE/ENOBUFS/ENOMEM
+FIRST_BYTES_S = 10.0  # seconds a new connection has to send something (metrics: its whole request)
+IDLE_S = 60.0  # control port: seconds without a byte from the client before it is closed
+ACCEPT_PAUSE_S = 0.1  # no accepting for this long after EMFILE/ENFILE/ENOBUFS/ENOMEM
 BUFFER_BYTES = 64 << 10  # per direction, per control connection
 _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 
@@ -37,8 +38,9 @@ _OUT_OF_RESOURCES = (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM)
 def listen_socket(host: str, port: int, backlog: int = 64) -> socket.socket:
     """A non-blocking listening TCP socket on host:port (port 0 = any free port); OSError if not."""
     try:
-        family, kind, proto, _, addr = socket.getaddrinfo(host or None, port, type=socket.SOCK_STREAM,
-                                                          flags=socket.AI_PASSIVE)[0]
+        family, kind, proto, _, addr = socket.getaddrinfo(
+            host or None, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
         sock = socket.socket(family, kind, proto)
     except (OSError, IndexError) as exc:
         raise OSError(f"cannot listen on {format_address(host, port)}: {exc}") from None
@@ -91,7 +93,7 @@ class SelectorFront:
         self._thread = threading.Thread(target=self._run, name=f"rs-{self.kind}", daemon=True)
         self._refusals = LogThrottle(log)
         self._blocks = LogThrottle(log)
-        self._blocked: dict[str, float] = {}   # peer key -> until (monotonic)
+        self._blocked: dict[str, float] = {}  # peer key -> until (monotonic)
 
     @property
     def port(self) -> int:
@@ -113,8 +115,12 @@ class SelectorFront:
         if len(self._blocked) >= MAX_TRACKED_PEERS:
             self._blocked.clear()
         self._blocked[peer] = time.monotonic() + seconds
-        self._blocks.warning("%s port: %s is far over its request rate: its connections are closed and new "
-                             "ones refused for %gs", self.kind, peer, seconds)
+        self._blocks.warning(
+            "%s port: %s is far over its request rate: its connections are closed and new ones refused for %gs",
+            self.kind,
+            peer,
+            seconds,
+        )
         self.wake()
 
     def blocked(self, peer: str, now: float) -> bool:
@@ -192,8 +198,13 @@ class SelectorFront:
             return
         if verdict.evict is not None and verdict.evict in self.conns:
             victim = self.conns[verdict.evict]
-            self._refusals.warning("%s port: full (%d connections): closed the least active one of %s for one "
-                                   "from %s", self.kind, self.table.max_total, victim.peer, address[0])
+            self._refusals.warning(
+                "%s port: full (%d connections): closed the least active one of %s for one from %s",
+                self.kind,
+                self.table.max_total,
+                victim.peer,
+                address[0],
+            )
             self.close_conn(victim, f"evicted for a connection from {peer}")
         sock.setblocking(False)
         conn = Conn(verdict.conn_id, sock, peer, address)
@@ -208,8 +219,11 @@ class SelectorFront:
             self.sel.register(self.listener, selectors.EVENT_READ, "accept")
             self._accepting = True
         for conn in list(self.conns.values()):
-            why = "blocked: far over its request rate" if self._blocked and self.blocked(conn.peer, now) \
+            why = (
+                "blocked: far over its request rate"
+                if self._blocked and self.blocked(conn.peer, now)
                 else self._expired(conn, now)
+            )
             if why:
                 self.timed_out += 1
                 self.close_conn(conn, why)
@@ -291,12 +305,19 @@ class ControlFront(SelectorFront):
 
     kind = "control"
 
-    def __init__(self, host: str, port: int, table: ConnectionTable, upstream: tuple[str, int],
-                 first_bytes_s: float = FIRST_BYTES_S, idle_s: float = IDLE_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        table: ConnectionTable,
+        upstream: tuple[str, int],
+        first_bytes_s: float = FIRST_BYTES_S,
+        idle_s: float = IDLE_S,
+    ) -> None:
         super().__init__(host, port, table, first_bytes_s)
         self.upstream = upstream
         self.idle_s = float(idle_s)
-        self._peers: dict[int, str] = {}   # local port of an upstream connection -> the client's peer key
+        self._peers: dict[int, str] = {}  # local port of an upstream connection -> the client's peer key
 
     def real_peer(self, grpc_peer: str) -> str:
         """The peer key of the client behind an RPC the internal server got (context.peer())."""
@@ -360,7 +381,7 @@ class ControlFront(SelectorFront):
         except (BlockingIOError, InterruptedError):
             return True
         if not data:
-            if side == "u" and pipe.to_client:   # the server's last words (GOAWAY), best effort
+            if side == "u" and pipe.to_client:  # the server's last words (GOAWAY), best effort
                 try:
                     pipe.conn.sock.send(pipe.to_client)
                 except OSError:
@@ -384,10 +405,11 @@ class ControlFront(SelectorFront):
                 del buf[:sent]
 
     def _update(self, pipe: _Pipe) -> None:
-        client = (selectors.EVENT_READ if len(pipe.to_up) < BUFFER_BYTES else 0) | \
-                 (selectors.EVENT_WRITE if pipe.to_client else 0)
-        up = (selectors.EVENT_READ if len(pipe.to_client) < BUFFER_BYTES and not pipe.connecting else 0) | \
-             (selectors.EVENT_WRITE if pipe.to_up or pipe.connecting else 0)
+        client = (selectors.EVENT_READ if len(pipe.to_up) < BUFFER_BYTES else 0) | (
+            selectors.EVENT_WRITE if pipe.to_client else 0
+        )
+        up = (selectors.EVENT_READ if len(pipe.to_client) < BUFFER_BYTES and not pipe.connecting else 0) | (
+            selectors.EVENT_WRITE if pipe.to_up or pipe.connecting else 0
+        )
         _set_interest(self.sel, pipe.conn.sock, client, (pipe, "c"))
         _set_interest(self.sel, pipe.up, up, (pipe, "u"))
-

@@ -8,6 +8,7 @@ politely what is over the limits: 429 past the per-peer request rate, 503 when t
 has `workers` x 2 requests to do. Nothing here knows about Prometheus: `render(accept)` returns
 (body, content type).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,21 +23,31 @@ from .limits import ConnectionTable, LogThrottle, PeerRateLimiter
 
 log = logging.getLogger(__name__)
 
-MAX_REQUEST_BYTES = 8192      # request line and headers
-WRITE_TIMEOUT_S = 10.0        # to send one answer
+MAX_REQUEST_BYTES = 8192  # request line and headers
+WRITE_TIMEOUT_S = 10.0  # to send one answer
 DEFAULT_WORKERS = 2
 
 Render = Callable[[str], tuple[bytes, str]]
 
-_REASONS = {200: "OK", 400: "Bad Request", 405: "Method Not Allowed", 429: "Too Many Requests",
-            431: "Request Header Fields Too Large", 500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {
+    200: "OK",
+    400: "Bad Request",
+    405: "Method Not Allowed",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
 
 
-def response(status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", head: bool = False,
-             extra: str = "") -> bytes:
+def response(
+    status: int, body: bytes, content_type: str = "text/plain; charset=utf-8", head: bool = False, extra: str = ""
+) -> bytes:
     """A complete HTTP/1.1 answer that closes the connection."""
-    lines = (f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
-             f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n")
+    lines = (
+        f"HTTP/1.1 {status} {_REASONS.get(status, 'Error')}\r\nContent-Type: {content_type}\r\n"
+        f"Content-Length: {len(body)}\r\nConnection: close\r\n{extra}\r\n"
+    )
     return lines.encode("ascii") + (b"" if head else body)
 
 
@@ -59,9 +70,16 @@ class MetricsServer(SelectorFront):
 
     kind = "metrics"
 
-    def __init__(self, host: str, port: int, render: Render, table: ConnectionTable,
-                 limiter: PeerRateLimiter | None = None, workers: int = DEFAULT_WORKERS,
-                 request_timeout: float = FIRST_BYTES_S) -> None:
+    def __init__(
+        self,
+        host: str,
+        port: int,
+        render: Render,
+        table: ConnectionTable,
+        limiter: PeerRateLimiter | None = None,
+        workers: int = DEFAULT_WORKERS,
+        request_timeout: float = FIRST_BYTES_S,
+    ) -> None:
         super().__init__(host, port, table, request_timeout)
         self.render = render
         self.limiter = limiter
@@ -114,8 +132,9 @@ class MetricsServer(SelectorFront):
         elif self.limiter is not None and not self.limiter.allow(conn.peer):
             if self.limiter.should_block(conn.peer):
                 self.block(conn.peer)
-            self._slow.warning("metrics port: too many requests from %s (at most %g per second)", conn.peer,
-                               self.limiter.rate)
+            self._slow.warning(
+                "metrics port: too many requests from %s (at most %g per second)", conn.peer, self.limiter.rate
+            )
             self._answer_now(conn, 429, b"too many requests from this address\n", extra="Retry-After: 1\r\n")
         else:
             self._hand_off(conn, method == "HEAD", accept)

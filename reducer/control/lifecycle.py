@@ -3,6 +3,7 @@
 SIGTERM/SIGINT (reduction-server serve) and the Drain RPC both end up in Lifecycle.drain(); the
 health service and the metrics subscribe to the changes. Pure Python: no grpc here.
 """
+
 from __future__ import annotations
 
 import logging
@@ -14,9 +15,9 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-SERVING = "serving"      # the data plane accepts workers and groups
-DRAINING = "draining"    # no new connections; rounds in flight finish (up to the drain timeout)
-DRAINED = "drained"      # the data plane is stopped
+SERVING = "serving"  # the data plane accepts workers and groups
+DRAINING = "draining"  # no new connections; rounds in flight finish (up to the drain timeout)
+DRAINED = "drained"  # the data plane is stopped
 STATES = (SERVING, DRAINING, DRAINED)
 
 Listener = Callable[[str], None]
@@ -38,7 +39,7 @@ class Lifecycle:
         self.started_at = time.monotonic()
         self._state = SERVING
         self._reason = ""
-        self._lock = threading.RLock()   # held while listeners run: they see the changes in order
+        self._lock = threading.RLock()  # held while listeners run: they see the changes in order
         self._done = threading.Event()
         self._listeners: list[Listener] = []
 

@@ -10,6 +10,7 @@
 
 No sockets and no grpc here: reducer.control.front and reducer.control.http use these.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -35,11 +36,11 @@ RESERVE_FDS = 48
 # internal gRPC server and that server's end of it. A metrics connection costs one.
 CONTROL_FDS_PER_CONNECTION = 3
 
-DEFAULT_MAX_CONNECTIONS = 32        # per port
+DEFAULT_MAX_CONNECTIONS = 32  # per port
 DEFAULT_MAX_CONNECTIONS_PER_PEER = 4
-DEFAULT_RATE = 50.0                 # requests per second per peer key, each port
-MAX_TRACKED_PEERS = 4096            # rate-limiter buckets kept; the least recently used go first
-BLOCK_S = 10.0                      # a peer far over its request rate is cut off for this long
+DEFAULT_RATE = 50.0  # requests per second per peer key, each port
+MAX_TRACKED_PEERS = 4096  # rate-limiter buckets kept; the least recently used go first
+BLOCK_S = 10.0  # a peer far over its request rate is cut off for this long
 
 
 def peer_key(host: str) -> str:
@@ -81,8 +82,14 @@ class PeerRateLimiter:
     full, which only helps a peer that was quiet).
     """
 
-    def __init__(self, rate: float, burst: float | None = None, max_peers: int = MAX_TRACKED_PEERS,
-                 clock: Clock = time.monotonic, block_after: int | None = None) -> None:
+    def __init__(
+        self,
+        rate: float,
+        burst: float | None = None,
+        max_peers: int = MAX_TRACKED_PEERS,
+        clock: Clock = time.monotonic,
+        block_after: int | None = None,
+    ) -> None:
         self.rate = float(rate)
         self.burst = float(burst if burst is not None else max(1.0, self.rate))
         self.block_after = int(block_after if block_after is not None else max(20, 2 * self.burst))
@@ -134,9 +141,9 @@ class _Entry:
 @dataclass(frozen=True)
 class Admission:
     ok: bool
-    conn_id: int = 0            # the new connection's id when ok
+    conn_id: int = 0  # the new connection's id when ok
     evict: int | None = None  # a connection to close first, to make room
-    why: str = ""               # why not, when refused
+    why: str = ""  # why not, when refused
 
 
 class ConnectionTable:
@@ -218,16 +225,21 @@ class ConnectionTable:
 @dataclass(frozen=True)
 class SideLimits:
     """The caps of the control port and the metrics port (docs/configuration.md)."""
+
     control_connections: int = DEFAULT_MAX_CONNECTIONS
     metrics_connections: int = DEFAULT_MAX_CONNECTIONS
     per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER
-    rate: float = DEFAULT_RATE          # requests per second per peer key (0 = no limit), each port
-    budget_fds: int | None = None    # descriptors left to the two ports (None: not derived)
+    rate: float = DEFAULT_RATE  # requests per second per peer key (0 = no limit), each port
+    budget_fds: int | None = None  # descriptors left to the two ports (None: not derived)
 
 
-def side_limits(nofile: int | None, data_max_connections: int | None,
-                max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER, rate: float = DEFAULT_RATE) -> SideLimits:
+def side_limits(
+    nofile: int | None,
+    data_max_connections: int | None,
+    max_connections: int = DEFAULT_MAX_CONNECTIONS,
+    per_peer: int = DEFAULT_MAX_CONNECTIONS_PER_PEER,
+    rate: float = DEFAULT_RATE,
+) -> SideLimits:
     """The caps of both ports: at most `max_connections` each, and together within the descriptors
     the data plane cannot use: nofile - data_max_connections - RESERVE_FDS, two thirds of them for
     the control port (CONTROL_FDS_PER_CONNECTION each), a third for the metrics port. At least one
@@ -255,8 +267,13 @@ def configured_limits(server: Any = None) -> SideLimits:
         except (KeyError, TypeError, ValueError, AttributeError, RuntimeError):
             data_max = None
     try:
-        return side_limits(nofile_limit(), data_max, config.get("control_max_connections"),
-                           config.get("control_max_connections_per_peer"), config.get("control_rate"))
+        return side_limits(
+            nofile_limit(),
+            data_max,
+            config.get("control_max_connections"),
+            config.get("control_max_connections_per_peer"),
+            config.get("control_rate"),
+        )
     except ValueError as exc:
         raise ConfigError(f"control-plane limits: {exc}") from None
 

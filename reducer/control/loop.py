@@ -5,6 +5,7 @@ costs a suspended coroutine, not a thread (grpc's threaded server holds a pool t
 request message comes, so a few half-sent requests would stop it answering anything). All the
 control planes of a process share this loop (grpc.aio is happiest with one).
 """
+
 from __future__ import annotations
 
 import asyncio

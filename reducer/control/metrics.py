@@ -8,6 +8,7 @@ group labels) are kept for at most `max_groups` groups (RS_METRICS_GROUPS, 0 = n
 counted in reduction_server_group_series_omitted. The endpoint is reducer.control.http's bounded
 server (docs/security.md, "Control port and metrics port").
 """
+
 from __future__ import annotations
 
 import re
@@ -39,7 +40,7 @@ COUNTERS: dict[str, tuple[str, str]] = {
 }
 # stats() key -> cause label of reduction_server_errors_total.
 ERRORS: dict[str, str] = {
-    "errors": "connection",            # a data connection closed because of an error
+    "errors": "connection",  # a data connection closed because of an error
     "rejected": "handshake_rejected",  # a handshake refused: auth, version, conflicts, garbage
 }
 GAUGES: dict[str, tuple[str, str]] = {
@@ -47,18 +48,32 @@ GAUGES: dict[str, tuple[str, str]] = {
     "connected_workers": ("workers_connected", "Workers connected (stream-0 connections: one per worker process)."),
     "groups": ("groups", "Live groups (job, group) with members."),
     "memory_bytes": ("memory_bytes", "Memory held by the groups' reduction buffers (arenas)."),
-    "chunks_in_flight": ("chunks_in_flight",
-                         "Chunk slots claimed and not yet released: the reducer's chunk queue depth."),
+    "chunks_in_flight": (
+        "chunks_in_flight",
+        "Chunk slots claimed and not yet released: the reducer's chunk queue depth.",
+    ),
 }
 HISTOGRAMS: dict[str, tuple[str, str]] = {
-    "round_latency_seconds": ("round_latency_seconds",
-                              "Round latency on the reducer: first chunk claimed to last result written (stream 0)."),
+    "round_latency_seconds": (
+        "round_latency_seconds",
+        "Round latency on the reducer: first chunk claimed to last result written (stream 0).",
+    ),
 }
 
 
 # Names this collector makes itself: a stats() key that would collide with one is left out.
-_OWN = {"state", "errors", "group_world_size", "group_connected_ranks", "group_rounds", "group_received_bytes",
-        "group_sent_bytes", "group_age_seconds", "group_failed", "group_series_omitted"}
+_OWN = {
+    "state",
+    "errors",
+    "group_world_size",
+    "group_connected_ranks",
+    "group_rounds",
+    "group_received_bytes",
+    "group_sent_bytes",
+    "group_age_seconds",
+    "group_failed",
+    "group_series_omitted",
+}
 
 
 def _name(suffix: str) -> str:
@@ -115,8 +130,9 @@ class ReducerCollector(Collector):
                 yield GaugeMetricFamily(_name(other), f"ReducerServer.stats()[{key!r}].", value=float(value))
         yield from self._groups()
         if self.lifecycle is not None:
-            state = GaugeMetricFamily(_name("state"), "1 for the reducer's current state (serving, draining, drained).",
-                                      labels=["state"])
+            state = GaugeMetricFamily(
+                _name("state"), "1 for the reducer's current state (serving, draining, drained).", labels=["state"]
+            )
             for name in STATES:
                 state.add_metric([name], 1.0 if self.lifecycle.state == name else 0.0)
             yield state
@@ -126,22 +142,26 @@ class ReducerCollector(Collector):
         world = GaugeMetricFamily(_name("group_world_size"), "Workers a group expects.", labels=labels)
         connected = GaugeMetricFamily(_name("group_connected_ranks"), "Workers of a group connected.", labels=labels)
         rounds = CounterMetricFamily(_name("group_rounds"), "Rounds a group completed.", labels=labels)
-        received = CounterMetricFamily(_name("group_received_bytes"), "Bytes a group's workers sent here.",
-                                       labels=labels)
+        received = CounterMetricFamily(
+            _name("group_received_bytes"), "Bytes a group's workers sent here.", labels=labels
+        )
         sent = CounterMetricFamily(_name("group_sent_bytes"), "Bytes sent back to a group's workers.", labels=labels)
         age = GaugeMetricFamily(_name("group_age_seconds"), "Seconds since a group was created.", labels=labels)
-        failed = GaugeMetricFamily(_name("group_failed"), "1 if a group has an error (see GetStats last_error).",
-                                   labels=labels)
+        failed = GaugeMetricFamily(
+            _name("group_failed"), "1 if a group has an error (see GetStats last_error).", labels=labels
+        )
         # One series per (job, group): group_rows lists a live group before an ended one of the same name.
         rows, seen = [], set()
         for r in group_rows(self.server.group_stats()):
             if (r.job, r.group) not in seen:
                 seen.add((r.job, r.group))
                 rows.append(r)
-        shown = rows[:self.max_groups]
-        omitted = GaugeMetricFamily(_name("group_series_omitted"),
-                                    "Groups left out of the per-group series (RS_METRICS_GROUPS).",
-                                    value=len(rows) - len(shown))
+        shown = rows[: self.max_groups]
+        omitted = GaugeMetricFamily(
+            _name("group_series_omitted"),
+            "Groups left out of the per-group series (RS_METRICS_GROUPS).",
+            value=len(rows) - len(shown),
+        )
         for row in shown:
             key = [row.job, row.group]
             world.add_metric(key, row.world_size)

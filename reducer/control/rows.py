@@ -4,6 +4,7 @@ Pure Python (no grpc, no prometheus_client): the gRPC service (reducer.control.s
 metrics (reducer.control.metrics) and `reduction-server status` all read the reducer through
 these two functions.
 """
+
 from __future__ import annotations
 
 import ipaddress
@@ -27,15 +28,15 @@ class GroupRow:
     job: str
     group: str
     world_size: int
-    connected: int          # ranks connected (stream-0 connections)
-    complete: bool          # every rank has connected
-    rounds: int             # rounds completed (stream 0: every stream takes part in every round)
-    bytes_received: int     # all streams
+    connected: int  # ranks connected (stream-0 connections)
+    complete: bool  # every rank has connected
+    rounds: int  # rounds completed (stream 0: every stream takes part in every round)
+    bytes_received: int  # all streams
     bytes_sent: int
-    last_error: str         # "" when none (stream 0's error first)
-    age_s: float            # seconds since the oldest stream of the group was created
-    streams: int            # stream rows seen for the group
-    ended: bool = False     # one of the last groups that ended (no round can run in it any more)
+    last_error: str  # "" when none (stream 0's error first)
+    age_s: float  # seconds since the oldest stream of the group was created
+    streams: int  # stream rows seen for the group
+    ended: bool = False  # one of the last groups that ended (no round can run in it any more)
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -60,26 +61,29 @@ def group_rows(rows: Iterable[Mapping[str, Any]]) -> list[GroupRow]:
         streams = sorted({int(r["stream"]): r for r in listed}.values(), key=lambda r: int(r["stream"]))
         first = streams[0]
         errors = [str(r["last_error"]) for r in streams if r["last_error"]]
-        out.append(GroupRow(
-            job=job,
-            group=group,
-            world_size=int(first["world_size"]),
-            connected=int(first["connected"]),
-            complete=bool(first["complete"]),
-            rounds=int(first["rounds"]),
-            bytes_received=sum(int(r["bytes_received"]) for r in streams),
-            bytes_sent=sum(int(r["bytes_sent"]) for r in streams),
-            last_error=errors[0] if errors else "",
-            age_s=max(float(r["age_s"]) for r in streams),
-            streams=len(streams),
-            ended=ended,
-        ))
+        out.append(
+            GroupRow(
+                job=job,
+                group=group,
+                world_size=int(first["world_size"]),
+                connected=int(first["connected"]),
+                complete=bool(first["complete"]),
+                rounds=int(first["rounds"]),
+                bytes_received=sum(int(r["bytes_received"]) for r in streams),
+                bytes_sent=sum(int(r["bytes_sent"]) for r in streams),
+                last_error=errors[0] if errors else "",
+                age_s=max(float(r["age_s"]) for r in streams),
+                streams=len(streams),
+                ended=ended,
+            )
+        )
     return out
 
 
 def redact_addresses(text: str) -> str:
     """`text` with every IP address (with its port, if any) replaced by "<address>": what the
     control plane shows a caller that has not proved the shared secret (docs/security.md)."""
+
     def maybe(m: re.Match[str]) -> str:
         candidate = m.group(0).split("%", 1)[0]
         try:

@@ -19,6 +19,7 @@ Health service names (docs/operations.md, "Probes"):
 - ``liveness``: SERVING while this process is healthy (the data plane runs, or was drained on
   purpose), NOT_SERVING when the data plane stopped without a drain — the liveness probe.
 """
+
 from __future__ import annotations
 
 import asyncio
@@ -55,13 +56,13 @@ log = logging.getLogger(__name__)
 SERVICE = "reduction_server.v1.Reducer"
 LIVENESS = "liveness"
 
-STREAMS_PER_CONNECTION = 4       # concurrent RPCs on one connection
-MAX_MESSAGE_BYTES = 16 << 10     # largest request (every request is a few dozen bytes)
-IDLE_MS = 30_000                 # a connection without RPCs is closed (GOAWAY) after this
-AGE_MS = 600_000                 # every connection is asked to go after 10 minutes...
-AGE_GRACE_MS = 600_000           # ...and closed 10 minutes later (room for Drain --wait)
-KEEPALIVE_MS = 20_000            # the server pings; a live client's acks keep the front's idle timer off
-HANDSHAKE_MS = 10_000            # to send the HTTP/2 preface and settings
+STREAMS_PER_CONNECTION = 4  # concurrent RPCs on one connection
+MAX_MESSAGE_BYTES = 16 << 10  # largest request (every request is a few dozen bytes)
+IDLE_MS = 30_000  # a connection without RPCs is closed (GOAWAY) after this
+AGE_MS = 600_000  # every connection is asked to go after 10 minutes...
+AGE_GRACE_MS = 600_000  # ...and closed 10 minutes later (room for Drain --wait)
+KEEPALIVE_MS = 20_000  # the server pings; a live client's acks keep the front's idle timer off
+HANDSHAKE_MS = 10_000  # to send the HTTP/2 preface and settings
 _SERVING = health_pb2.HealthCheckResponse.SERVING
 _NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
@@ -95,14 +96,22 @@ def group_message(row: GroupRow) -> Any:
     return reducer_pb2.GroupStats(**row.as_dict())
 
 
-def stats_response(server: Any, lifecycle: Lifecycle, data_address: str, auth_required: bool,
-                   hide_addresses: bool = False) -> Any:
+def stats_response(
+    server: Any, lifecycle: Lifecycle, data_address: str, auth_required: bool, hide_addresses: bool = False
+) -> Any:
     """GetStatsResponse for a ReducerServer (its counters, whatever keys it has, and its groups)."""
     ints, floats, strings = split_stats(server.stats())
     return reducer_pb2.GetStatsResponse(
-        state=lifecycle.state, counters=ints, values=floats, info=strings,
-        groups=group_messages(server.group_stats(), hide_addresses), data_address=data_address,
-        uptime_s=lifecycle.uptime_s, version=__version__, auth_required=auth_required)
+        state=lifecycle.state,
+        counters=ints,
+        values=floats,
+        info=strings,
+        groups=group_messages(server.group_stats(), hide_addresses),
+        data_address=data_address,
+        uptime_s=lifecycle.uptime_s,
+        version=__version__,
+        auth_required=auth_required,
+    )
 
 
 class RequestGate:
@@ -125,11 +134,12 @@ class RequestGate:
         if not self.limiter.allow(key):
             if self.front is not None and self.limiter.should_block(key):
                 self.front.block(key)
-            self._log.warning("control port: too many requests from %s (at most %g per second)", key,
-                              self.limiter.rate)
-            await context.abort(grpc.StatusCode.RESOURCE_EXHAUSTED,
-                                f"too many requests from {key}: at most {self.limiter.rate:g} per second "
-                                "(RS_CONTROL_RATE); try again shortly")
+            self._log.warning("control port: too many requests from %s (at most %g per second)", key, self.limiter.rate)
+            await context.abort(
+                grpc.StatusCode.RESOURCE_EXHAUSTED,
+                f"too many requests from {key}: at most {self.limiter.rate:g} per second "
+                "(RS_CONTROL_RATE); try again shortly",
+            )
         return key
 
 
@@ -153,7 +163,8 @@ class HealthService(health_pb2_grpc.HealthServicer):
     async def List(self, request: Any, context: Any) -> Any:
         await self.gate.admit(context)
         return health_pb2.HealthListResponse(
-            statuses={k: health_pb2.HealthCheckResponse(status=v) for k, v in dict(self.statuses).items()})
+            statuses={k: health_pb2.HealthCheckResponse(status=v) for k, v in dict(self.statuses).items()}
+        )
 
     async def Watch(self, request: Any, context: Any) -> Any:
         await self.gate.admit(context)
@@ -167,11 +178,17 @@ class HealthService(health_pb2_grpc.HealthServicer):
 
 
 class ReducerService(reducer_pb2_grpc.ReducerServicer):
-    def __init__(self, server: Any, lifecycle: Lifecycle, auth_token: str | None, gate: RequestGate,
-                 allow_unauthenticated_drain: bool = False) -> None:
+    def __init__(
+        self,
+        server: Any,
+        lifecycle: Lifecycle,
+        auth_token: str | None,
+        gate: RequestGate,
+        allow_unauthenticated_drain: bool = False,
+    ) -> None:
         self.server = server
         self.lifecycle = lifecycle
-        self.data_address = server.address   # kept: a drained server no longer knows its bound port
+        self.data_address = server.address  # kept: a drained server no longer knows its bound port
         self.token = auth_token or None
         self.nonces = NonceBook()
         self.gate = gate
@@ -183,8 +200,9 @@ class ReducerService(reducer_pb2_grpc.ReducerServicer):
         if refused is not None:
             log.debug("refused GetStats from %s: %s", peer, refused)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
-        return stats_response(self.server, self.lifecycle, self.data_address, self.token is not None,
-                              hide_addresses=self.token is None)
+        return stats_response(
+            self.server, self.lifecycle, self.data_address, self.token is not None, hide_addresses=self.token is None
+        )
 
     async def Challenge(self, request: Any, context: Any) -> Any:
         await self.gate.admit(context)
@@ -194,22 +212,25 @@ class ReducerService(reducer_pb2_grpc.ReducerServicer):
         peer = await self.gate.admit(context)
         timeout_s = request.timeout_s
         if not math.isfinite(timeout_s) or timeout_s < 0:
-            await context.abort(grpc.StatusCode.INVALID_ARGUMENT,
-                                f"timeout_s must be a finite number of seconds >= 0, got {timeout_s}")
+            await context.abort(
+                grpc.StatusCode.INVALID_ARGUMENT, f"timeout_s must be a finite number of seconds >= 0, got {timeout_s}"
+            )
         refused = check_drain(self.token, self.nonces, request.nonce, request.mac, timeout_s)
         if refused is not None:
             log.warning("refused Drain from %s: %s", peer, refused)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
         if self.token is None and not self.allow_unauthenticated_drain:
             log.warning("refused Drain from %s: no shared secret and no --allow-unauthenticated-drain", peer)
-            await context.abort(grpc.StatusCode.PERMISSION_DENIED,
-                                "this reducer has no shared secret, so it takes Drain from nobody: give it one "
-                                "(--auth-token-file, RS_AUTH_TOKEN) or start it with --allow-unauthenticated-drain "
-                                "(RS_ALLOW_UNAUTHENTICATED_DRAIN=1); SIGTERM drains it too")
+            await context.abort(
+                grpc.StatusCode.PERMISSION_DENIED,
+                "this reducer has no shared secret, so it takes Drain from nobody: give it one "
+                "(--auth-token-file, RS_AUTH_TOKEN) or start it with --allow-unauthenticated-drain "
+                "(RS_ALLOW_UNAUTHENTICATED_DRAIN=1); SIGTERM drains it too",
+            )
         started = self.lifecycle.drain(timeout_s, reason=f"Drain RPC from {peer}")
         if request.wait:
             while not self.lifecycle.wait(0):
-                await asyncio.sleep(0.25)   # a caller that gives up cancels this coroutine
+                await asyncio.sleep(0.25)  # a caller that gives up cancels this coroutine
         return reducer_pb2.DrainResponse(state=self.lifecycle.state, already_draining=not started)
 
 
@@ -221,9 +242,16 @@ class ControlPlane:
     RS_ALLOW_UNAUTHENTICATED_DRAIN, else False.
     """
 
-    def __init__(self, server: Any, lifecycle: Lifecycle, host: str = "0.0.0.0", port: int = 0,
-                 auth_token: str | None = None, limits: SideLimits | None = None,
-                 allow_unauthenticated_drain: bool | None = None) -> None:
+    def __init__(
+        self,
+        server: Any,
+        lifecycle: Lifecycle,
+        host: str = "0.0.0.0",
+        port: int = 0,
+        auth_token: str | None = None,
+        limits: SideLimits | None = None,
+        allow_unauthenticated_drain: bool | None = None,
+    ) -> None:
         self.server = server
         self.lifecycle = lifecycle
         self.host = host
@@ -253,8 +281,10 @@ class ControlPlane:
         return self
 
     async def _start_grpc(self) -> tuple[Any, tuple[str, int]]:
-        server = grpc.aio.server(options=grpc_options(self.limits),
-                                 maximum_concurrent_rpcs=self.limits.control_connections * STREAMS_PER_CONNECTION + 4)
+        server = grpc.aio.server(
+            options=grpc_options(self.limits),
+            maximum_concurrent_rpcs=self.limits.control_connections * STREAMS_PER_CONNECTION + 4,
+        )
         health_pb2_grpc.add_HealthServicer_to_server(self.health, server)
         reducer_pb2_grpc.add_ReducerServicer_to_server(self.service, server)
         for host in ("127.0.0.1", "::1"):

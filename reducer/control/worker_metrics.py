@@ -9,6 +9,7 @@ comm.stats() / comm.fusion_stats() at scrape time; the round latency is measured
 every blocking all-reduce (Communicator.allreduce / allreduce_raw). Nothing is recorded unless
 instrument() is called.
 """
+
 from __future__ import annotations
 
 import time
@@ -25,8 +26,26 @@ from prometheus_client.registry import Collector, CollectorRegistry  # noqa: E40
 PREFIX = "reduction_worker"
 LABELS = ("job", "group", "rank")
 # Seconds: 100 us .. 60 s.
-LATENCY_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5,
-                   1.0, 2.5, 5.0, 10.0, 30.0, 60.0)
+LATENCY_BUCKETS = (
+    0.0001,
+    0.00025,
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    30.0,
+    60.0,
+)
 
 # Communicator.stats() key -> (metric name without prefix, help).
 CLIENT_COUNTERS = {
@@ -37,8 +56,10 @@ CLIENT_COUNTERS = {
     "reducer_failovers": ("reducer_failovers", "Sessions moved to the surviving reducers after a reducer was lost."),
     "reducer_rejoins": ("reducer_rejoins", "Lost reducers taken back after they came back at their address."),
     "rejoin_probes": ("rejoin_probes", "Non-blocking connects to lost reducers started by rejoin checks."),
-    "early_releases": ("early_releases",
-                       "Small rounds handed back before the reducers' CLEAR (a copy of the results stands in)."),
+    "early_releases": (
+        "early_releases",
+        "Small rounds handed back before the reducers' CLEAR (a copy of the results stands in).",
+    ),
     "repaired_bytes": ("repaired_bytes", "Bytes of unfinished rounds copied or reduced again after failovers."),
 }
 
@@ -66,9 +87,11 @@ class _CommunicatorCollector(Collector):
             yield family
         for key, value in self.comm.fusion_stats().items():
             if isinstance(value, (int, float)) and not isinstance(value, bool):
-                family = CounterMetricFamily(f"{PREFIX}_fusion_{key}",
-                                             f"allreduce_async: Communicator.fusion_stats()[{key!r}].",
-                                             labels=list(LABELS))
+                family = CounterMetricFamily(
+                    f"{PREFIX}_fusion_{key}",
+                    f"allreduce_async: Communicator.fusion_stats()[{key!r}].",
+                    labels=list(LABELS),
+                )
                 family.add_metric(self.labels, value)
                 yield family
 
@@ -82,15 +105,19 @@ class CommunicatorMetrics:
         labels = [str(comm.job_id), str(comm.group), str(comm.rank)]
         self.registry.register(_CommunicatorCollector(comm, labels))
         self.latency = prometheus_client.Histogram(
-            f"{PREFIX}_allreduce_seconds", "Wall time of one blocking all-reduce, measured around the call.",
-            labelnames=list(LABELS), buckets=LATENCY_BUCKETS, registry=self.registry).labels(*labels)
+            f"{PREFIX}_allreduce_seconds",
+            "Wall time of one blocking all-reduce, measured around the call.",
+            labelnames=list(LABELS),
+            buckets=LATENCY_BUCKETS,
+            registry=self.registry,
+        ).labels(*labels)
         self.endpoint: Any = None
-        inner = comm.allreduce_raw   # the bound method; Communicator.allreduce calls allreduce_raw
+        inner = comm.allreduce_raw  # the bound method; Communicator.allreduce calls allreduce_raw
 
         def timed_allreduce_raw(*args: Any, **kwargs: Any) -> None:
             start = time.perf_counter()
             inner(*args, **kwargs)
-            self.latency.observe(time.perf_counter() - start)   # completed rounds only
+            self.latency.observe(time.perf_counter() - start)  # completed rounds only
 
         comm.allreduce_raw = timed_allreduce_raw
 

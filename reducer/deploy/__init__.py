@@ -3,6 +3,7 @@
 Pure Python with no dependency on the C++ core, so `reduction-server plan` and
 `vertex-job` work on a laptop without a build.
 """
+
 from .bandwidth import WorkerBandwidth, worker_bandwidth
 from .planner import (
     DEFAULT_REDUCER_MACHINE,

@@ -12,6 +12,7 @@ One table, from Google Cloud's Compute Engine documentation:
 Anything else (other families, GPU models or counts) is refused: the caller must give the
 bandwidth (`--worker-gbps`) instead of this module guessing it.
 """
+
 from __future__ import annotations
 
 import re
@@ -48,8 +49,9 @@ FIXED_GPU_MACHINES: dict[str, FixedGpuMachine] = {
     "a3-highgpu-1g": FixedGpuMachine("NVIDIA_H100_80GB", 1, 25),
     "a3-highgpu-2g": FixedGpuMachine("NVIDIA_H100_80GB", 2, 50),
     "a3-highgpu-4g": FixedGpuMachine("NVIDIA_H100_80GB", 4, 100),
-    "a3-highgpu-8g": FixedGpuMachine("NVIDIA_H100_80GB", 8, 200,
-                                     "the general-purpose gVNIC; the 4 GPU NICs carry GPUDirect-TCPX only"),
+    "a3-highgpu-8g": FixedGpuMachine(
+        "NVIDIA_H100_80GB", 8, 200, "the general-purpose gVNIC; the 4 GPU NICs carry GPUDirect-TCPX only"
+    ),
     "g2-standard-4": FixedGpuMachine("NVIDIA_L4", 1, 10),
     "g2-standard-8": FixedGpuMachine("NVIDIA_L4", 1, 16),
     "g2-standard-12": FixedGpuMachine("NVIDIA_L4", 1, 16),
@@ -82,9 +84,9 @@ N1_GPUS: dict[tuple[str, int], tuple[float, int]] = {
     ("NVIDIA_TESLA_P4", 2): (32, 48),
     ("NVIDIA_TESLA_P4", 4): (32, 96),
 }
-N1_FEW_VCPUS = 5          # T4/V100 VMs with this many vCPUs or fewer get N1_FEW_VCPUS_GBPS
+N1_FEW_VCPUS = 5  # T4/V100 VMs with this many vCPUs or fewer get N1_FEW_VCPUS_GBPS
 N1_FEW_VCPUS_GBPS = 10.0
-GBPS_PER_VCPU = 2.0       # N1/N2 default egress cap per vCPU ...
+GBPS_PER_VCPU = 2.0  # N1/N2 default egress cap per vCPU ...
 GENERAL_PURPOSE_CAP = 32.0  # ... and per VM
 
 _GENERAL_PURPOSE = re.compile(r"^(n1|n2)-(standard|highmem|highcpu)-(\d+)$")
@@ -93,53 +95,74 @@ _GENERAL_PURPOSE = re.compile(r"^(n1|n2)-(standard|highmem|highcpu)-(\d+)$")
 @dataclass(frozen=True)
 class WorkerBandwidth:
     gbps: float
-    reason: str   # which rule gave the figure, for the user to check
+    reason: str  # which rule gave the figure, for the user to check
 
 
 def _unknown(what: str) -> ConfigError:
-    return ConfigError(f"{what}; this tool will not guess a worker's network bandwidth: "
-                       "pass --worker-gbps (or --reducers)")
+    return ConfigError(
+        f"{what}; this tool will not guess a worker's network bandwidth: pass --worker-gbps (or --reducers)"
+    )
 
 
-def worker_bandwidth(machine_type: str, accelerator_type: str | None = None,
-                     accelerator_count: int = 1) -> WorkerBandwidth:
+def worker_bandwidth(
+    machine_type: str, accelerator_type: str | None = None, accelerator_count: int = 1
+) -> WorkerBandwidth:
     """The per-VM network bandwidth of a worker, with the rule that gave it (ConfigError if unknown)."""
     fixed = FIXED_GPU_MACHINES.get(machine_type)
     if fixed is not None:
         if accelerator_type and (accelerator_type, accelerator_count) != (fixed.accelerator, fixed.count):
-            raise ConfigError(f"{machine_type} comes with {fixed.count} x {fixed.accelerator}, not "
-                              f"{accelerator_count} x {accelerator_type}")
+            raise ConfigError(
+                f"{machine_type} comes with {fixed.count} x {fixed.accelerator}, not "
+                f"{accelerator_count} x {accelerator_type}"
+            )
         note = f"; {fixed.note}" if fixed.note else ""
-        return WorkerBandwidth(fixed.gbps, f"{machine_type} ({fixed.count} x {fixed.accelerator}) has "
-                                           f"{fixed.gbps:g} Gbps{note} ({SOURCE})")
+        return WorkerBandwidth(
+            fixed.gbps, f"{machine_type} ({fixed.count} x {fixed.accelerator}) has {fixed.gbps:g} Gbps{note} ({SOURCE})"
+        )
     m = _GENERAL_PURPOSE.match(machine_type)
     if m is None:
-        raise _unknown(f"unknown worker machine type {machine_type!r} (known: n1-*/n2-* standard, highmem, "
-                       f"highcpu and {', '.join(FIXED_GPU_MACHINES)})")
+        raise _unknown(
+            f"unknown worker machine type {machine_type!r} (known: n1-*/n2-* standard, highmem, "
+            f"highcpu and {', '.join(FIXED_GPU_MACHINES)})"
+        )
     family, vcpus = m.group(1), int(m.group(3))
     default = min(GBPS_PER_VCPU * vcpus, GENERAL_PURPOSE_CAP)
     if not accelerator_type:
-        return WorkerBandwidth(default, f"{machine_type} without GPUs: {GBPS_PER_VCPU:g} Gbps per vCPU, at most "
-                                        f"{GENERAL_PURPOSE_CAP:g} ({SOURCE})")
+        return WorkerBandwidth(
+            default,
+            f"{machine_type} without GPUs: {GBPS_PER_VCPU:g} Gbps per vCPU, at most {GENERAL_PURPOSE_CAP:g} ({SOURCE})",
+        )
     if family != "n1":
         raise ConfigError(f"GPUs attach to N1 general-purpose VMs only, not {machine_type}")
     entry = N1_GPUS.get((accelerator_type, accelerator_count))
     if entry is None:
         known = sorted({f"{g} x {c}" for g, c in N1_GPUS})
-        raise _unknown(f"no bandwidth rule for {machine_type} with {accelerator_count} x {accelerator_type} "
-                       f"(known N1 combinations: {', '.join(known)})")
+        raise _unknown(
+            f"no bandwidth rule for {machine_type} with {accelerator_count} x {accelerator_type} "
+            f"(known N1 combinations: {', '.join(known)})"
+        )
     cap, max_vcpus = entry
     if vcpus > max_vcpus:
-        raise ConfigError(f"N1 with {accelerator_count} x {accelerator_type} allows at most {max_vcpus} vCPUs; "
-                          f"{machine_type} has {vcpus}")
+        raise ConfigError(
+            f"N1 with {accelerator_count} x {accelerator_type} allows at most {max_vcpus} vCPUs; "
+            f"{machine_type} has {vcpus}"
+        )
     gpus = f"{machine_type} + {accelerator_count} x {accelerator_type}"
     if accelerator_type in ("NVIDIA_TESLA_V100", "NVIDIA_TESLA_T4"):
         if vcpus <= N1_FEW_VCPUS:
-            return WorkerBandwidth(N1_FEW_VCPUS_GBPS, f"{gpus}: N1 with T4/V100 and <= {N1_FEW_VCPUS} vCPUs has "
-                                                      f"{N1_FEW_VCPUS_GBPS:g} Gbps ({SOURCE})")
+            return WorkerBandwidth(
+                N1_FEW_VCPUS_GBPS,
+                f"{gpus}: N1 with T4/V100 and <= {N1_FEW_VCPUS} vCPUs has {N1_FEW_VCPUS_GBPS:g} Gbps ({SOURCE})",
+            )
         gbps = min(GBPS_PER_VCPU * vcpus, cap)
-        return WorkerBandwidth(gbps, f"{gpus}: N1 with T4/V100 GPUs has min({GBPS_PER_VCPU:g} Gbps x {vcpus} vCPUs, "
-                                     f"{cap:g} Gbps for {accelerator_count} GPUs) = {gbps:g} Gbps, with gVNIC "
-                                     f"above 32 ({SOURCE})")
-    return WorkerBandwidth(default, f"{gpus}: N1 with P100/P4 GPUs keeps the N1 cap, min({GBPS_PER_VCPU:g} Gbps "
-                                    f"x {vcpus} vCPUs, {GENERAL_PURPOSE_CAP:g}) = {default:g} Gbps ({SOURCE})")
+        return WorkerBandwidth(
+            gbps,
+            f"{gpus}: N1 with T4/V100 GPUs has min({GBPS_PER_VCPU:g} Gbps x {vcpus} vCPUs, "
+            f"{cap:g} Gbps for {accelerator_count} GPUs) = {gbps:g} Gbps, with gVNIC "
+            f"above 32 ({SOURCE})",
+        )
+    return WorkerBandwidth(
+        default,
+        f"{gpus}: N1 with P100/P4 GPUs keeps the N1 cap, min({GBPS_PER_VCPU:g} Gbps "
+        f"x {vcpus} vCPUs, {GENERAL_PURPOSE_CAP:g}) = {default:g} Gbps ({SOURCE})",
+    )

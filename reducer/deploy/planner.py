@@ -14,6 +14,7 @@ The per-VM egress caps below are Compute Engine's published maximums for traffic
 inside a VPC network (docs/deploy.md cites the pages). They are upper bounds, not
 measured throughput. REDUCER_CORE_GBPS is measured (docs/performance.md).
 """
+
 from __future__ import annotations
 
 import logging
@@ -40,7 +41,7 @@ REDUCER_DEFAULT_MAX_THREADS = 8
 class MachineType:
     name: str
     vcpus: int
-    egress_gbps: float                 # default per-VM egress cap
+    egress_gbps: float  # default per-VM egress cap
     tier1_gbps: float | None = None  # with per-VM Tier_1 networking; None = not offered
 
 
@@ -66,11 +67,11 @@ class Plan:
 
     workers: int
     worker_gbps: float
-    reducer_machine: str | None   # None when only --reducer-gbps was given
-    reducer_gbps: float              # usable bandwidth of one reducer: min(NIC, cores)
+    reducer_machine: str | None  # None when only --reducer-gbps was given
+    reducer_gbps: float  # usable bandwidth of one reducer: min(NIC, cores)
     tier1: bool
     reducers: int
-    reducer_nic_gbps: float = 0.0    # egress cap of one reducer
+    reducer_nic_gbps: float = 0.0  # egress cap of one reducer
     reducer_threads: int | None = None  # None: CPU not known (custom machine)
     core_gbps: float = REDUCER_CORE_GBPS
 
@@ -147,8 +148,9 @@ def plan_reducers(
     if core_gbps is None:
         core_gbps = REDUCER_CORE_GBPS
     _positive("core_gbps", core_gbps)
-    if reducer_threads is not None and (isinstance(reducer_threads, bool) or not isinstance(reducer_threads, int)
-                                        or reducer_threads < 1):
+    if reducer_threads is not None and (
+        isinstance(reducer_threads, bool) or not isinstance(reducer_threads, int) or reducer_threads < 1
+    ):
         raise ConfigError(f"reducer_threads must be an integer >= 1, got {reducer_threads!r}")
     if reducer_gbps is not None:
         _positive("reducer_gbps", reducer_gbps)
@@ -164,8 +166,17 @@ def plan_reducers(
     total = workers * float(worker_gbps)
     # round() guards against 800/32 = 25.000000000000004-style float noise.
     count = max(1, math.ceil(round(total / per_reducer, 9)))
-    plan = Plan(workers, float(worker_gbps), reducer_machine, per_reducer, tier1, count,
-                reducer_nic_gbps=nic, reducer_threads=reducer_threads, core_gbps=float(core_gbps))
+    plan = Plan(
+        workers,
+        float(worker_gbps),
+        reducer_machine,
+        per_reducer,
+        tier1,
+        count,
+        reducer_nic_gbps=nic,
+        reducer_threads=reducer_threads,
+        core_gbps=float(core_gbps),
+    )
     logger.debug("reducer plan: %s", plan)
     return plan
 
@@ -182,9 +193,11 @@ def format_plan(plan: Plan) -> str:
     if cores is None:
         per = f"{_gbps(plan.reducer_nic_gbps)} (NIC; CPU limit unknown for this machine: give --reducer-threads)"
     else:
-        per = (f"min(NIC {_gbps(plan.reducer_nic_gbps)}, cores {plan.reducer_threads} threads x "
-               f"{_gbps(round(plan.core_gbps, 2))} = {_gbps(round(cores, 2))}) = {_gbps(plan.reducer_gbps)}, "
-               f"{plan.limited_by}-bound")
+        per = (
+            f"min(NIC {_gbps(plan.reducer_nic_gbps)}, cores {plan.reducer_threads} threads x "
+            f"{_gbps(round(plan.core_gbps, 2))} = {_gbps(round(cores, 2))}) = {_gbps(plan.reducer_gbps)}, "
+            f"{plan.limited_by}-bound"
+        )
     lines = [
         f"reducers needed:        {plan.reducers} x {machine}{tier}",
         f"workers' total:         {plan.workers} x {_gbps(plan.worker_gbps)} = {_gbps(plan.workers_total_gbps)}",

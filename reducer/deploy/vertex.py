@@ -5,6 +5,7 @@ Vertex AI's workerPoolSpecs are positional (docs/deploy.md): pool 0 = the primar
 not used stays in the list as an empty entry `{}` so the later pools keep their
 index. Every replica gets CLUSTER_SPEC from Vertex AI; reducer.cluster reads it.
 """
+
 from __future__ import annotations
 
 import copy
@@ -25,9 +26,17 @@ from .planner import DEFAULT_REDUCER_MACHINE, REDUCER_MACHINES, Plan, plan_reduc
 logger = logging.getLogger(__name__)
 
 KNOWN_ACCELERATORS = (
-    "NVIDIA_TESLA_K80", "NVIDIA_TESLA_P100", "NVIDIA_TESLA_V100", "NVIDIA_TESLA_P4",
-    "NVIDIA_TESLA_T4", "NVIDIA_TESLA_A100", "NVIDIA_A100_80GB", "NVIDIA_L4",
-    "NVIDIA_H100_80GB", "NVIDIA_H100_MEGA_80GB", "NVIDIA_H200_141GB",
+    "NVIDIA_TESLA_K80",
+    "NVIDIA_TESLA_P100",
+    "NVIDIA_TESLA_V100",
+    "NVIDIA_TESLA_P4",
+    "NVIDIA_TESLA_T4",
+    "NVIDIA_TESLA_A100",
+    "NVIDIA_A100_80GB",
+    "NVIDIA_L4",
+    "NVIDIA_H100_80GB",
+    "NVIDIA_H100_MEGA_80GB",
+    "NVIDIA_H200_141GB",
 )
 
 
@@ -35,14 +44,13 @@ KNOWN_ACCELERATORS = (
 class VertexJob:
     """A generated CustomJobSpec plus how its reducer count was chosen."""
 
-    spec: dict[str, Any]          # camelCase CustomJobSpec, as gcloud --config expects
+    spec: dict[str, Any]  # camelCase CustomJobSpec, as gcloud --config expects
     reducers: int
-    plan: Plan | None          # None when the reducer count was given explicitly
+    plan: Plan | None  # None when the reducer count was given explicitly
     worker_bandwidth: WorkerBandwidth | None = None  # the figure the plan assumed, and why
 
 
-def _machine_spec(machine_type: str, accelerator_type: str | None,
-                  accelerator_count: int) -> dict[str, Any]:
+def _machine_spec(machine_type: str, accelerator_type: str | None, accelerator_count: int) -> dict[str, Any]:
     spec: dict[str, Any] = {"machineType": machine_type}
     if accelerator_type:
         spec["acceleratorType"] = accelerator_type
@@ -75,8 +83,12 @@ def build_custom_job(
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
-    for flag, value in (("--machine-type", machine_type), ("--image", image),
-                        ("--reducer-image", reducer_image), ("--reducer-machine", reducer_machine)):
+    for flag, value in (
+        ("--machine-type", machine_type),
+        ("--image", image),
+        ("--reducer-image", reducer_image),
+        ("--reducer-machine", reducer_machine),
+    ):
         if not value or not str(value).strip():
             raise ConfigError(f"{flag} must not be empty")
     if accelerator_type:
@@ -86,10 +98,8 @@ def build_custom_job(
                 f"(e.g. {', '.join(KNOWN_ACCELERATORS[:5])}, ...)"
             )
         if accelerator_type not in KNOWN_ACCELERATORS:
-            logger.warning("accelerator type %s is not in this tool's list; passing it through",
-                           accelerator_type)
-        if isinstance(accelerator_count, bool) or not isinstance(accelerator_count, int) \
-                or accelerator_count < 1:
+            logger.warning("accelerator type %s is not in this tool's list; passing it through", accelerator_type)
+        if isinstance(accelerator_count, bool) or not isinstance(accelerator_count, int) or accelerator_count < 1:
             raise ConfigError(f"--accelerator-count must be an integer >= 1, got {accelerator_count!r}")
 
     plan: Plan | None = None
@@ -100,8 +110,14 @@ def build_custom_job(
         else:
             bandwidth = worker_bandwidth(machine_type, accelerator_type, accelerator_count)
         logger.debug("worker bandwidth %g Gbps: %s", bandwidth.gbps, bandwidth.reason)
-        plan = plan_reducers(workers, bandwidth.gbps, reducer_machine=reducer_machine, reducer_gbps=reducer_gbps,
-                             core_gbps=core_gbps, reducer_threads=reducer_threads)
+        plan = plan_reducers(
+            workers,
+            bandwidth.gbps,
+            reducer_machine=reducer_machine,
+            reducer_gbps=reducer_gbps,
+            core_gbps=core_gbps,
+            reducer_threads=reducer_threads,
+        )
         reducers = plan.reducers
     else:
         if isinstance(reducers, bool) or not isinstance(reducers, int) or reducers < 1:
@@ -115,30 +131,40 @@ def build_custom_job(
     worker_machine = _machine_spec(machine_type, accelerator_type, accelerator_count)
 
     pools: list[dict[str, Any]] = [
-        {"machineSpec": dict(worker_machine), "replicaCount": 1,
-         "containerSpec": copy.deepcopy(worker_container)},
+        {"machineSpec": dict(worker_machine), "replicaCount": 1, "containerSpec": copy.deepcopy(worker_container)},
     ]
     if workers > 1:
-        pools.append({"machineSpec": dict(worker_machine), "replicaCount": workers - 1,
-                      "containerSpec": copy.deepcopy(worker_container)})
+        pools.append(
+            {
+                "machineSpec": dict(worker_machine),
+                "replicaCount": workers - 1,
+                "containerSpec": copy.deepcopy(worker_container),
+            }
+        )
     else:
         pools.append({})  # keeps the reducers at index 2
-    pools.append({"machineSpec": {"machineType": reducer_machine}, "replicaCount": reducers,
-                  "containerSpec": {"imageUri": reducer_image}})
+    pools.append(
+        {
+            "machineSpec": {"machineType": reducer_machine},
+            "replicaCount": reducers,
+            "containerSpec": {"imageUri": reducer_image},
+        }
+    )
     logger.debug("vertex job: %d workers, %d reducers", workers, reducers)
     return VertexJob(spec={"workerPoolSpecs": pools}, reducers=reducers, plan=plan, worker_bandwidth=bandwidth)
 
 
 def gcloud_command(config_path: str, display_name: str, region: str = "REGION") -> str:
     """The command that submits a spec written by render_spec()."""
-    return ("gcloud ai custom-jobs create"
-            f" --region={shlex.quote(region)}"
-            f" --display-name={shlex.quote(display_name)}"
-            f" --config={shlex.quote(config_path)}")
+    return (
+        "gcloud ai custom-jobs create"
+        f" --region={shlex.quote(region)}"
+        f" --display-name={shlex.quote(display_name)}"
+        f" --config={shlex.quote(config_path)}"
+    )
 
 
-def render_spec(spec: dict[str, Any], fmt: str = "yaml",
-                header: Sequence[str] | None = None) -> str:
+def render_spec(spec: dict[str, Any], fmt: str = "yaml", header: Sequence[str] | None = None) -> str:
     """The spec as YAML (with `header` lines as # comments) or JSON."""
     if fmt == "json":
         return json.dumps(spec, indent=2) + "\n"
@@ -156,7 +182,6 @@ def to_sdk_spec(spec: dict[str, Any]) -> Any:
         from google.cloud.aiplatform_v1.types import CustomJobSpec
     except ImportError as exc:
         raise ConfigError(
-            "validating a spec needs google-cloud-aiplatform: "
-            "pip install 'reduction-server[vertex]'"
+            "validating a spec needs google-cloud-aiplatform: pip install 'reduction-server[vertex]'"
         ) from exc
     return CustomJobSpec.from_json(json.dumps(spec))

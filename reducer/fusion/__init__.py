@@ -16,6 +16,7 @@ chunk by chunk by the transport (the client's ``compression=``): the engine copi
 - ``diagnosis``: fingerprints of the submitted tensors and the mismatch diagnosis that names the
   first tensor the workers disagree on.
 """
+
 from .engine import FusionEngine, compression_dtype
 from .handle import Handle
 from .rounds import PROBE_TAG

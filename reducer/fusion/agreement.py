@@ -16,6 +16,7 @@ rounds not yet handed to the network thread. Caller threads append (``submit_loc
 ``request_flush_locked``); the probe thread reads the probe values; the fusion thread does the
 rest. Every method here expects the engine lock held (reducer.fusion.lifecycle): no I/O here.
 """
+
 from __future__ import annotations
 
 from collections import deque
@@ -118,7 +119,8 @@ class Agreement:
         if agreed < self._agreed or agreed > self.count:
             raise MismatchError(
                 f"fusion probes disagree: the workers agreed on {agreed} tensors but this worker has planned "
-                f"{self._agreed} and submitted {self.count} (was a worker restarted?)")
+                f"{self._agreed} and submitted {self.count} (was a worker restarted?)"
+            )
         cuts: list[Cut[Entry]] = []
         for _ in range(agreed - self._agreed):
             e = self._submitted.popleft()

@@ -12,6 +12,7 @@ Ownership: ``Results`` holds the rounds finished by the network and probe thread
 processed, guarded by the engine lock; everything else ``FusionCycle`` touches belongs to the
 parts it is given.
 """
+
 from __future__ import annotations
 
 import logging
@@ -57,9 +58,18 @@ class Results:
 class FusionCycle:
     """die: stops the engine with an error; diagnose: the error to report for a failed data round."""
 
-    def __init__(self, life: Lifecycle, agreement: Agreement, ledger: Ledger, results: Results, sender: Sender,
-                 prober: Prober, stats: FusionStats, die: Callable[[BaseException], None],
-                 diagnose: Callable[[BaseException], BaseException]) -> None:
+    def __init__(
+        self,
+        life: Lifecycle,
+        agreement: Agreement,
+        ledger: Ledger,
+        results: Results,
+        sender: Sender,
+        prober: Prober,
+        stats: FusionStats,
+        die: Callable[[BaseException], None],
+        diagnose: Callable[[BaseException], BaseException],
+    ) -> None:
         self._life = life
         self._cv = life.cv
         self._agreement = agreement

@@ -14,6 +14,7 @@ says how each field's min and max read in the message. Every array has the same 
 decision to continue is taken from reduced (identical) values, so the check itself cannot
 mismatch; the client it runs on bounds it by the communicator's timeout.
 """
+
 from __future__ import annotations
 
 import functools
@@ -33,8 +34,17 @@ from ..errors import MismatchError, PeerLostError, ReductionError
 
 log = logging.getLogger(__name__)
 
-__all__ = ["FIELDS", "Field", "Described", "Fingerprint", "fingerprint", "round_tag", "History", "Diagnosis",
-           "DIAG_TAG"]
+__all__ = [
+    "FIELDS",
+    "Field",
+    "Described",
+    "Fingerprint",
+    "fingerprint",
+    "round_tag",
+    "History",
+    "Diagnosis",
+    "DIAG_TAG",
+]
 
 DIAG_TAG = 0x3147414944535352  # b"RSDIAG1"
 DIAG_WINDOW = 512  # entry hashes per diagnostic round
@@ -57,9 +67,9 @@ def h62(data: bytes) -> int:
 class Described(NamedTuple):
     """What the fingerprint reads of a submitted tensor."""
 
-    nbytes: int               # bytes on the wire
-    src: str                  # wire name of the caller's dtype
-    wire: str                 # wire name of what is sent (differs under compression)
+    nbytes: int  # bytes on the wire
+    src: str  # wire name of the caller's dtype
+    wire: str  # wire name of what is sent (differs under compression)
     op: str
     numel: int
     shape: tuple[int, ...]
@@ -90,9 +100,9 @@ def _optional(label: str, a: int, b: int) -> str:
 
 @dataclass(frozen=True)
 class Field:
-    label: str                                  # how the message names it
-    value: Callable[[Described], int]           # an int64 (hashes are non-zero; 0 = absent)
-    explain: Callable[[str, int, int], str]     # the difference, from the min and max over the workers
+    label: str  # how the message names it
+    value: Callable[[Described], int]  # an int64 (hashes are non-zero; 0 = absent)
+    explain: Callable[[str, int, int], str]  # the difference, from the min and max over the workers
 
 
 FIELDS: tuple[Field, ...] = (
@@ -116,8 +126,8 @@ def differences(lo: Iterable[int], hi: Iterable[int]) -> str:
 
 # ---------------------------------------------------------------------- fingerprints
 class Fingerprint(NamedTuple):
-    dhash: int                  # hash of the descriptor (non-zero)
-    fields: tuple[int, ...]     # the descriptor: one value per FIELDS entry
+    dhash: int  # hash of the descriptor (non-zero)
+    fields: tuple[int, ...]  # the descriptor: one value per FIELDS entry
 
 
 @functools.lru_cache(maxsize=1 << 16)
@@ -175,8 +185,16 @@ class Diagnosis:
     while reading `history` and `count` (the number of entries submitted so far).
     """
 
-    def __init__(self, make_client: Callable[[], Any], *, rank: int, threshold: int, lock: threading.Condition,
-                 history: History, count: Callable[[], int]) -> None:
+    def __init__(
+        self,
+        make_client: Callable[[], Any],
+        *,
+        rank: int,
+        threshold: int,
+        lock: threading.Condition,
+        history: History,
+        count: Callable[[], int],
+    ) -> None:
         self._make_client = make_client
         self.rank = rank
         self.threshold = threshold
@@ -200,8 +218,10 @@ class Diagnosis:
             log.debug("fusion fingerprint check took %.3f s", time.monotonic() - t0)
         if found is None:
             if isinstance(err, MismatchError):
-                return MismatchError(f"{err} [fusion fingerprint check: the tensors every worker has submitted match; "
-                                     "the workers may have cut their buffers differently]")
+                return MismatchError(
+                    f"{err} [fusion fingerprint check: the tensors every worker has submitted match; "
+                    "the workers may have cut their buffers differently]"
+                )
             return err
         return MismatchError(f"{found}. The reducer reported: {err}")
 
@@ -211,8 +231,8 @@ class Diagnosis:
         def exchange(*values: int, tail: Sequence[int] = ()) -> tuple[np.ndarray, np.ndarray]:
             """min and max over the workers of [values..., tail...] (zero-padded to a fixed size)."""
             v = np.zeros(_SLOTS, np.int64)
-            v[:len(values)] = values
-            v[len(values):len(values) + len(tail)] = tail
+            v[: len(values)] = values
+            v[len(values) : len(values) + len(tail)] = tail
             buf = np.concatenate([v, -v])
             client.allreduce(buf, "int64", "min", DIAG_TAG)
             return buf[:_SLOTS], -buf[_SLOTS:]
@@ -223,9 +243,11 @@ class Diagnosis:
             lo, hi = exchange(base, count, self.threshold)
             start = int(lo[0])  # the first entry some worker has not completed
             if lo[2] != hi[2]:
-                return (f"the workers use different fusion thresholds ({int(lo[2])} to {int(hi[2])} bytes; this "
-                        f"worker: {self.threshold}), so they cut their fused buffers at different places: set "
-                        "fusion_threshold / RS_FUSION_THRESHOLD to the same value on every worker")
+                return (
+                    f"the workers use different fusion thresholds ({int(lo[2])} to {int(hi[2])} bytes; this "
+                    f"worker: {self.threshold}), so they cut their fused buffers at different places: set "
+                    "fusion_threshold / RS_FUSION_THRESHOLD to the same value on every worker"
+                )
             for w in range(DIAG_MAX_WINDOWS):
                 s = start + w * DIAG_WINDOW
                 with self._lock:
@@ -255,6 +277,8 @@ class Diagnosis:
         assert rec is not None
         fp, text = rec
         mn, mx = exchange(*fp.fields)
-        return (f"workers submitted different tensors to allreduce_async: the first difference is at "
-                f"tensor #{index} (0-based submission order); on rank {self.rank} it is {text}; "
-                f"the workers differ in its {differences(mn, mx)}")
+        return (
+            f"workers submitted different tensors to allreduce_async: the first difference is at "
+            f"tensor #{index} (0-based submission order); on rank {self.rank} it is {text}; "
+            f"the workers differ in its {differences(mn, mx)}"
+        )

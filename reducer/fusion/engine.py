@@ -28,6 +28,7 @@ mismatch first goes through reducer.fusion.diagnosis, which names the differing 
 ``allreduce_async`` calls raise it. The blocking ``allreduce`` keeps working (the C++ client
 reconnects to the group on its next call).
 """
+
 from __future__ import annotations
 
 import logging
@@ -121,16 +122,32 @@ class FusionEngine:
         results = Results(self._cv)
         self._sender = Sender(client, self._life, self._stats, results.report_locked)
         self._prober = Prober(probe_client, self._life, self._agreement, self._stats, results.report_locked)
-        self._fusion_cycle = FusionCycle(self._life, self._agreement, self._ledger, results, self._sender,
-                                         self._prober, self._stats, die=self._die, diagnose=self._diagnose)
+        self._fusion_cycle = FusionCycle(
+            self._life,
+            self._agreement,
+            self._ledger,
+            results,
+            self._sender,
+            self._prober,
+            self._stats,
+            die=self._die,
+            diagnose=self._diagnose,
+        )
         self._diagnosis: Diagnosis | None = None
         if diag_client is not None:
             agreement = self._agreement
-            self._diagnosis = Diagnosis(diag_client, rank=rank, threshold=self.threshold, lock=self._cv,
-                                        history=self._ledger.history, count=lambda: agreement.count)
+            self._diagnosis = Diagnosis(
+                diag_client,
+                rank=rank,
+                threshold=self.threshold,
+                lock=self._cv,
+                history=self._ledger.history,
+                count=lambda: agreement.count,
+            )
 
-        self._fusion_thread = threading.Thread(target=self._fusion_cycle.run, name=f"reducer-fusion-{rank}",
-                                               daemon=True)
+        self._fusion_thread = threading.Thread(
+            target=self._fusion_cycle.run, name=f"reducer-fusion-{rank}", daemon=True
+        )
         self._net_thread = threading.Thread(target=self._sender.run, name=f"reducer-net-{rank}", daemon=True)
         self._probe_thread = threading.Thread(target=self._prober.run, name=f"reducer-probe-{rank}", daemon=True)
         self._threads = (self._fusion_thread, self._net_thread, self._probe_thread)

@@ -5,6 +5,7 @@ engine lock, reducer.fusion.lifecycle), before the ledger's ``completion`` condi
 callers read ``_done`` under that condition or without a lock (a bool written once).
 ``_finish`` runs on the waiting caller's thread only.
 """
+
 from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, Protocol

@@ -7,6 +7,7 @@ fails what is left. Handles are marked done outside the engine lock, then ``comp
 condition of its own, never nested with the engine lock) wakes the callers waiting in
 ``await_handles``: once for many handles.
 """
+
 from __future__ import annotations
 
 import functools
@@ -32,8 +33,11 @@ class Ledger:
     def register_locked(self, e: Entry) -> None:
         """Track a newly numbered entry until it completes or fails."""
         self._pending[e.index] = e
-        self.history.add(e.fp, functools.partial(describe, e.index, e.name, e.src, e.shape, e.op, e.wire),
-                         functools.partial(self.lowest_pending_locked, e.index + 1))
+        self.history.add(
+            e.fp,
+            functools.partial(describe, e.index, e.name, e.src, e.shape, e.op, e.wire),
+            functools.partial(self.lowest_pending_locked, e.index + 1),
+        )
 
     def lowest_pending_locked(self, count: int) -> int:
         """Index of the first entry not completed (`count`, the entries submitted, if none)."""

@@ -21,6 +21,7 @@ Lock discipline of the whole engine (reducer.fusion.*), written down once here:
   ``Sender.client`` (replaced only before the first round), a ``Handle``'s fields
   (reducer.fusion.handle).
 """
+
 from __future__ import annotations
 
 import threading

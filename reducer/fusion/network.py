@@ -13,6 +13,7 @@ appends (``hand_over_locked``), this thread pops. The rounds started and not fin
 ``client``, are this thread's alone (``client`` is replaced only before the first round, by
 tests that spy on it). Finished rounds go back through ``report_locked``, in order.
 """
+
 from __future__ import annotations
 
 from collections import deque

@@ -19,6 +19,7 @@ So threshold 0 (fusion off) sends every entry alone. How entries are handed over
 time or in batches, when the agreement probes happen to run) does not change the cuts: only
 flushes do. No locks, no clocks, no I/O here (the engine owns those).
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
@@ -34,10 +35,10 @@ ALONE = 1  # one entry of at least `threshold` bytes, sent from its own memory
 class Plannable(Protocol):
     """What the planner reads of an entry."""
 
-    index: int   # position in the submitted sequence
+    index: int  # position in the submitted sequence
     nbytes: int  # bytes on the wire
-    src: str     # dtype name of the entry's memory
-    wire: str    # wire dtype name (differs from src when the transport compresses float32)
+    src: str  # dtype name of the entry's memory
+    wire: str  # wire dtype name (differs from src when the transport compresses float32)
     op: str
 
 

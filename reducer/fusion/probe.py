@@ -11,6 +11,7 @@ are guarded by the engine lock (reducer.fusion.lifecycle). The probe's values ar
 ``Agreement`` under that lock at the moment the probe goes out (as fresh as they can be); the
 client call itself runs without it. The result goes back through ``report_locked``.
 """
+
 from __future__ import annotations
 
 import time
@@ -32,8 +33,14 @@ __all__ = ["Prober"]
 class Prober:
     """make_client: connects the probe client (on the first probe)."""
 
-    def __init__(self, make_client: Callable[[], Any] | None, life: Lifecycle, agreement: Agreement,
-                 stats: FusionStats, report_locked: Report) -> None:
+    def __init__(
+        self,
+        make_client: Callable[[], Any] | None,
+        life: Lifecycle,
+        agreement: Agreement,
+        stats: FusionStats,
+        report_locked: Report,
+    ) -> None:
         self._make_client = make_client
         self._life = life
         self._cv = life.cv
@@ -108,4 +115,5 @@ class Prober:
         return ReductionTimeout(
             f"{err} [while agreeing on the next fused buffers: this worker has submitted "
             f"{count} tensors and waits for every other worker to submit more or to flush; "
-            "all workers must submit the same sequence of tensors]")
+            "all workers must submit the same sequence of tensors]"
+        )

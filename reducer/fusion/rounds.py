@@ -11,6 +11,7 @@ device array was staged into): no packing copy, no unpacking copy, no cast. Comp
 sent as bfloat16/float16) is the transport's: a compressed round passes its float32 segments with
 ``compression=`` and the client narrows and widens them chunk by chunk.
 """
+
 from __future__ import annotations
 
 from collections.abc import Iterable
@@ -24,8 +25,21 @@ from .diagnosis import Described, Fingerprint, fingerprint, round_tag
 from .handle import Handle
 from .planner import Cut
 
-__all__ = ["PROBE", "PROBE_TAG", "CLIENT_ROUND_BYTES", "Entry", "new_entry", "Round", "describe", "probe_round",
-           "round_of", "prepare", "split", "segments", "client_failure"]
+__all__ = [
+    "PROBE",
+    "PROBE_TAG",
+    "CLIENT_ROUND_BYTES",
+    "Entry",
+    "new_entry",
+    "Round",
+    "describe",
+    "probe_round",
+    "round_of",
+    "prepare",
+    "split",
+    "segments",
+    "client_failure",
+]
 
 PROBE_TAG = 0x3145424F52505352  # b"RSPROBE1", little-endian
 PROBE = 2  # a round kind besides the planner's FUSED and ALONE: the agreement probe
@@ -44,8 +58,21 @@ class Entry:
     (differs from src only for float32 under compression, narrowed by the transport); nbytes:
     bytes on the wire; staged: the reducer.frameworks staging hooks; handle: its Handle."""
 
-    __slots__ = ("index", "host", "wire", "wire_dt", "op", "nbytes", "name", "shape", "src", "staged", "handle", "t",
-                 "fp")
+    __slots__ = (
+        "index",
+        "host",
+        "wire",
+        "wire_dt",
+        "op",
+        "nbytes",
+        "name",
+        "shape",
+        "src",
+        "staged",
+        "handle",
+        "t",
+        "fp",
+    )
 
     index: int
     host: np.ndarray
@@ -101,8 +128,19 @@ def describe(index: int, name: str | None, src: str, shape: tuple[int, ...], op:
 class Round:
     """One round in the agreed sequence: a probe, or a planner cut (FUSED or ALONE) of entries."""
 
-    __slots__ = ("kind", "entries", "src", "wire", "compression", "op", "nbytes", "tag", "pieces", "next_piece",
-                 "values")
+    __slots__ = (
+        "kind",
+        "entries",
+        "src",
+        "wire",
+        "compression",
+        "op",
+        "nbytes",
+        "tag",
+        "pieces",
+        "next_piece",
+        "values",
+    )
 
     def __init__(self, kind: int, entries: list[Entry], src: str, wire: str, op: str, nbytes: int) -> None:
         self.kind = kind

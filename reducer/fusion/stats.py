@@ -5,6 +5,7 @@ with the engine lock held (reducer.fusion.lifecycle; the network and probe threa
 and read without it by ``fusion_stats()`` (a copy of a dict of ints). ``peaks`` depend on timing;
 they are written by the network thread alone.
 """
+
 from __future__ import annotations
 
 from .rounds import PROBE, Round
@@ -14,8 +15,16 @@ __all__ = ["FusionStats"]
 
 class FusionStats:
     def __init__(self) -> None:
-        self.counters: dict[str, int] = {"rounds": 0, "probes": 0, "fused_rounds": 0, "tensors": 0, "bytes": 0,
-                                         "flushes": 0, "segments": 0, "compressed_tensors": 0}
+        self.counters: dict[str, int] = {
+            "rounds": 0,
+            "probes": 0,
+            "fused_rounds": 0,
+            "tensors": 0,
+            "bytes": 0,
+            "flushes": 0,
+            "segments": 0,
+            "compressed_tensors": 0,
+        }
         self.peaks: dict[str, int] = {"max_in_flight": 0}
 
     def count_round_locked(self, rnd: Round) -> None:

@@ -1,4 +1,5 @@
 """``python -m reducer.gpucheck``: see reducer.gpucheck.main."""
+
 import sys
 
 from .main import main

@@ -1,6 +1,7 @@
 """What the GPU check needs from the machine: a CUDA GPU and PyTorch with NCCL (probed in a
 subprocess with a timeout, so a wedged driver cannot hang the check), and the NCCL plugin
 installed with ``reduction-server nccl-plugin --install DIR``."""
+
 from __future__ import annotations
 
 import json
@@ -11,8 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-NEEDS = "the GPU check needs a CUDA GPU and PyTorch with NCCL (torch.cuda.is_available() and " \
-        "torch.distributed.is_nccl_available())"
+NEEDS = (
+    "the GPU check needs a CUDA GPU and PyTorch with NCCL (torch.cuda.is_available() and "
+    "torch.distributed.is_nccl_available())"
+)
 
 _PROBE = r"""
 import json, sys
@@ -52,8 +55,13 @@ class Probe:
 def probe(python: str = sys.executable, timeout: float = 120.0, env: Mapping[str, str] | None = None) -> Probe:
     """Whether this machine can run the check; never raises."""
     try:
-        proc = subprocess.run([python, "-c", _PROBE], capture_output=True, text=True, timeout=timeout,
-                              env=None if env is None else dict(env))
+        proc = subprocess.run(
+            [python, "-c", _PROBE],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=None if env is None else dict(env),
+        )
     except subprocess.TimeoutExpired:
         return Probe(False, f"probing PyTorch/CUDA took longer than {timeout:g}s")
     except OSError as exc:
@@ -94,6 +102,6 @@ def parse_exports(lines: list[str]) -> dict[str, str]:
     for line in lines:
         line = line.strip()
         if line.startswith("export ") and "=" in line:
-            key, _, value = line[len("export "):].partition("=")
+            key, _, value = line[len("export ") :].partition("=")
             env[key.strip()] = value.strip().strip("'\"")
     return env

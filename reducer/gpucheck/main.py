@@ -17,6 +17,7 @@ reducers and two worker processes that are two NCCL hosts on the same GPU (reduc
 Prints the JSON summary, then one verdict line; exit 0 PASS, 1 FAIL, 3 no GPU / no PyTorch
 with NCCL. The JSON also goes to --out, else $OUT/gpu-check.json when $OUT is a directory.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -36,7 +37,7 @@ log = logging.getLogger("reducer.gpucheck")
 
 EXIT_PASS, EXIT_FAIL, EXIT_NO_GPU = 0, 1, 3
 KiB, MiB = 1024, 1024 * 1024
-FULL_SIZES = [4 * KiB * 4 ** k for k in range(9)]          # 4 KiB, 16 KiB, ..., 256 MiB
+FULL_SIZES = [4 * KiB * 4**k for k in range(9)]  # 4 KiB, 16 KiB, ..., 256 MiB
 QUICK_SIZES = [4 * KiB, 1 * MiB, 64 * MiB]
 NCCL_DEBUG_ENV = {"NCCL_DEBUG": "INFO", "NCCL_DEBUG_SUBSYS": "INIT,NET,ENV,COLL,TUNING"}
 FORCE_ALGO = "allreduce:CollNetChain,CollNetDirect"
@@ -47,14 +48,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--quick", action="store_true", help=f"sizes {QUICK_SIZES} only and 5 DDP steps")
     p.add_argument("--sizes", default=None, help="comma-separated byte sizes (overrides --quick's/the full list)")
     p.add_argument("--ddp-steps", type=int, default=None, help="DDP steps (default 20, --quick 5)")
-    p.add_argument("--out", default=None, help="write the JSON summary here (default: $OUT/gpu-check.json "
-                                                 "when $OUT is a directory)")
-    p.add_argument("--work-dir", default=None, help="logs and results (default: a new temporary directory; "
-                                                      "when $OUT is a directory they are also packed into "
-                                                      "$OUT/gpu-check-logs.tar.gz)")
-    p.add_argument("--budget", type=float, default=540.0,
-                   help="seconds for all phases together; a phase that would start later is skipped "
-                        "(default %(default)s)")
+    p.add_argument(
+        "--out",
+        default=None,
+        help="write the JSON summary here (default: $OUT/gpu-check.json when $OUT is a directory)",
+    )
+    p.add_argument(
+        "--work-dir",
+        default=None,
+        help="logs and results (default: a new temporary directory; "
+        "when $OUT is a directory they are also packed into "
+        "$OUT/gpu-check-logs.tar.gz)",
+    )
+    p.add_argument(
+        "--budget",
+        type=float,
+        default=540.0,
+        help="seconds for all phases together; a phase that would start later is skipped (default %(default)s)",
+    )
     p.add_argument("--no-force", action="store_true", help="do not run the forced-collnet phase")
     p.add_argument("--log-level", default="INFO")
     return p.parse_args(argv)
@@ -77,8 +88,9 @@ class Plan:
         self.deadline = time.monotonic() + args.budget
         self.phases: dict[str, PhaseResult] = {}
 
-    def run(self, name: str, task: str, env: dict[str, str], reducers: int, limit: float,
-            extra: list[str] | None = None) -> PhaseResult:
+    def run(
+        self, name: str, task: str, env: dict[str, str], reducers: int, limit: float, extra: list[str] | None = None
+    ) -> PhaseResult:
         left = self.deadline - time.monotonic()
         if left < 30:
             res = PhaseResult(name, os.path.join(self.work_dir, name), error="skipped: out of the time budget")
@@ -92,8 +104,7 @@ class Plan:
 
 
 def run_checks(args: argparse.Namespace, work_dir: str, environment: dict[str, Any]) -> dict[str, Any]:
-    sizes = ([int(s) for s in args.sizes.split(",") if s] if args.sizes
-             else QUICK_SIZES if args.quick else FULL_SIZES)
+    sizes = [int(s) for s in args.sizes.split(",") if s] if args.sizes else QUICK_SIZES if args.quick else FULL_SIZES
     steps = args.ddp_steps or (5 if args.quick else 20)
     dtypes = ["float32", "bfloat16", "float16"]
     warnings: list[str] = []
@@ -117,11 +128,10 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: dict[str, A
     if not ddp_collnet:
         warnings.append("no DDP all-reduce went through CollNet (the tuner's choice for those sizes)")
     if collnet.ok is False and not args.no_force and _nccl_at_least(environment.get("nccl", ""), (2, 24)):
-        forced = plan.run("forced-collnet", "sums", dict(plan.plugin_env, NCCL_ALGO=FORCE_ALGO), 2, 180,
-                          sums_args)
+        forced = plan.run("forced-collnet", "sums", dict(plan.plugin_env, NCCL_ALGO=FORCE_ALGO), 2, 180, sums_args)
         forced_check = V.check_collnet(forced.logs)
         forced_check.name = "forced_collnet_diagnostic"
-        forced_check.ok = None   # a diagnosis, never a pass: the verdict stays what the tuner did
+        forced_check.ok = None  # a diagnosis, never a pass: the verdict stays what the tuner did
         forced_check.data["sums"] = V.asdict(V.check_sums(forced.results, sizes, dtypes))
         forced_check.data["reducer_stats"] = forced.reducer_stats
         checks.append(forced_check)
@@ -133,15 +143,17 @@ def build_checks(phases: dict[str, PhaseResult], sizes: list[int], dtypes: list[
     """The checks from the four main phases (collnet first)."""
     sums, bare = phases["collnet-sums"], phases["no-reducers"]
     ddp, plain = phases["collnet-ddp"], phases["plain-ddp"]
-    return [V.check_collnet(sums.logs),
-            V.check_reducer_bytes(sums.reducer_stats, sums.logs[0].collnet_bytes() if sums.logs else 0),
-            V.check_sums(sums.results, sizes, dtypes),
-            V.check_teardown("teardown_with_reducers", sums.status, sums.results, why=sums.error),
-            V.check_teardown("teardown_without_reducers", bare.status, bare.results, why=bare.error),
-            V.check_ddp(ddp.results, plain.results),
-            V.check_teardown("teardown_ddp_with_plugin", ddp.status, ddp.results, why=ddp.error),
-            V.check_teardown("teardown_ddp_without_plugin", plain.status, plain.results, why=plain.error),
-            V.check_plain_network(plain.logs[0] if plain.logs else V.NcclLog())]
+    return [
+        V.check_collnet(sums.logs),
+        V.check_reducer_bytes(sums.reducer_stats, sums.logs[0].collnet_bytes() if sums.logs else 0),
+        V.check_sums(sums.results, sizes, dtypes),
+        V.check_teardown("teardown_with_reducers", sums.status, sums.results, why=sums.error),
+        V.check_teardown("teardown_without_reducers", bare.status, bare.results, why=bare.error),
+        V.check_ddp(ddp.results, plain.results),
+        V.check_teardown("teardown_ddp_with_plugin", ddp.status, ddp.results, why=ddp.error),
+        V.check_teardown("teardown_ddp_without_plugin", plain.status, plain.results, why=plain.error),
+        V.check_plain_network(plain.logs[0] if plain.logs else V.NcclLog()),
+    ]
 
 
 def _nccl_at_least(version: str, wanted: tuple) -> bool:
@@ -170,8 +182,7 @@ def pack_logs(work_dir: str) -> str | None:
     path = os.path.join(out, "gpu-check-logs.tar.gz")
     try:
         with tarfile.open(path, "w:gz") as tar:
-            tar.add(work_dir, arcname="gpu-check-logs",
-                    filter=lambda ti: None if ti.name.endswith(".so") else ti)
+            tar.add(work_dir, arcname="gpu-check-logs", filter=lambda ti: None if ti.name.endswith(".so") else ti)
     except OSError as exc:
         log.warning("cannot pack the logs into %s: %s", path, exc)
         return None
@@ -180,19 +191,31 @@ def pack_logs(work_dir: str) -> str | None:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=getattr(logging, args.log_level.upper(), logging.INFO),
-                        format="%(asctime)s gpu-check %(levelname)s: %(message)s", stream=sys.stderr)
+    logging.basicConfig(
+        level=getattr(logging, args.log_level.upper(), logging.INFO),
+        format="%(asctime)s gpu-check %(levelname)s: %(message)s",
+        stream=sys.stderr,
+    )
     found = probe()
     if not found.ok:
-        print(f"gpu-check: cannot run here: {found.reason}.\n{NEEDS}; run it on a machine with one CUDA GPU "
-              f"(see docs/nccl-plugin.md, 'GPU check').", file=sys.stderr)
+        print(
+            f"gpu-check: cannot run here: {found.reason}.\n{NEEDS}; run it on a machine with one CUDA GPU "
+            f"(see docs/nccl-plugin.md, 'GPU check').",
+            file=sys.stderr,
+        )
         return EXIT_NO_GPU
     work_dir = args.work_dir or tempfile.mkdtemp(prefix="rs-gpucheck-")
     os.makedirs(work_dir, exist_ok=True)
-    environment = dict(found.info, python=sys.version.split()[0], work_dir=work_dir,
-                       cpus=os.cpu_count(), quick=bool(args.quick))
-    log.info("GPU %s, torch %s, NCCL %s; logs in %s", found.info.get("gpu"), found.info.get("torch"),
-             found.info.get("nccl"), work_dir)
+    environment = dict(
+        found.info, python=sys.version.split()[0], work_dir=work_dir, cpus=os.cpu_count(), quick=bool(args.quick)
+    )
+    log.info(
+        "GPU %s, torch %s, NCCL %s; logs in %s",
+        found.info.get("gpu"),
+        found.info.get("torch"),
+        found.info.get("nccl"),
+        work_dir,
+    )
     t0 = time.monotonic()
     summary = run_checks(args, work_dir, environment)
     summary["environment"]["seconds"] = round(time.monotonic() - t0, 1)

@@ -19,6 +19,7 @@ src/enqueue.cc of NCCL 2.21-2.30); every line starts with ``host:pid:tid [cudaDe
   ``AllReduce [Symmetric]: ... -> Kernel ...`` and ``[Copy Engine]`` name other paths;
 - this project's plugin logs through NCCL's logger as ``NET/reduction-server: ...``.
 """
+
 from __future__ import annotations
 
 import re
@@ -37,8 +38,10 @@ _USING = re.compile(r"^Using network (\S+)")
 _COLLNET_CHANNEL = re.compile(r"^CollNet \d+/\d+ : \d+ \[(send|receive)\] via COLLNET/([^/\s]+)")
 _CONNECTED = re.compile(r"^(rank \d+ Connected CollNet|Connected Collnet Chains|Connected collnet \+ chain)")
 _THRESHOLD = re.compile(r"less than CollNet node threshold \d+, disabling CollNet")
-_TUNING = re.compile(r"^(?:(?P<func>[A-Za-z]+)(?P<special> \[[^\]]+\])?: )?(?P<bytes>\d+) Bytes -> "
-                     r"(?:Algo (?P<algo>\S+) proto (?P<proto>\S+)|(?P<other>.*))")
+_TUNING = re.compile(
+    r"^(?:(?P<func>[A-Za-z]+)(?P<special> \[[^\]]+\])?: )?(?P<bytes>\d+) Bytes -> "
+    r"(?:Algo (?P<algo>\S+) proto (?P<proto>\S+)|(?P<other>.*))"
+)
 _PLUGIN = re.compile(r"NET/reduction-server: (.*)$")
 
 
@@ -64,9 +67,10 @@ def normalize_proto(text: str) -> str:
 @dataclass
 class TuningChoice:
     """One collective as the tuner placed it (rank 0's log only)."""
-    func: str          # 'AllReduce', or '' on NCCL 2.21, which does not print it
+
+    func: str  # 'AllReduce', or '' on NCCL 2.21, which does not print it
     nbytes: int
-    algo: str          # normalized: RING, COLLNET_CHAIN, ... or SYMMETRIC / COPY_ENGINE / OTHER
+    algo: str  # normalized: RING, COLLNET_CHAIN, ... or SYMMETRIC / COPY_ENGINE / OTHER
     proto: str
 
     @property
@@ -77,11 +81,12 @@ class TuningChoice:
 @dataclass
 class NcclLog:
     """What one process's NCCL log says."""
+
     lines: int = 0
-    net_plugin: str | None = None          # 'reduction-server (v12)'
+    net_plugin: str | None = None  # 'reduction-server (v12)'
     collnet_plugin: str | None = None
-    networks: list[str] = field(default_factory=list)   # 'Using network X', once per communicator
-    collnet_channels: int = 0                  # 'CollNet xx/x : r [send|receive] via COLLNET/...' lines
+    networks: list[str] = field(default_factory=list)  # 'Using network X', once per communicator
+    collnet_channels: int = 0  # 'CollNet xx/x : r [send|receive] via COLLNET/...' lines
     collnet_connected: bool = False
     collnet_disabled: list[str] = field(default_factory=list)
     tuning: list[TuningChoice] = field(default_factory=list)
@@ -118,8 +123,9 @@ def _tuning(body: str) -> TuningChoice | None:
         return None
     func = m.group("func") or ""
     if m.group("algo") is not None:
-        return TuningChoice(func, int(m.group("bytes")), normalize_algo(m.group("algo")),
-                            normalize_proto(m.group("proto")))
+        return TuningChoice(
+            func, int(m.group("bytes")), normalize_algo(m.group("algo")), normalize_proto(m.group("proto"))
+        )
     special = (m.group("special") or "").strip(" []").upper().replace(" ", "_") or "OTHER"
     return TuningChoice(func, int(m.group("bytes")), special, "")
 

@@ -3,6 +3,7 @@ launcher (reducer.launch, what ``reduction-server launch`` runs), then what they
 collected: the workers' result files, their NCCL logs, and the reducers' final stats (each
 ``reduction-server serve`` logs ``final stats: bytes_received=...`` at DEBUG when the launcher
 stops it)."""
+
 from __future__ import annotations
 
 import json
@@ -32,17 +33,21 @@ _STOPPED = re.compile(r"^\[reducer (\d+)\] .*stopped after (\d+) rounds \(([\d.]
 class PhaseResult:
     name: str
     run_dir: str
-    status: int | None = None              # the launcher's exit status; None = not run
+    status: int | None = None  # the launcher's exit status; None = not run
     error: str = ""
-    results: list[dict[str, Any]] = field(default_factory=list)    # one per rank that wrote one
-    logs: list[NcclLog] = field(default_factory=list)              # per rank
+    results: list[dict[str, Any]] = field(default_factory=list)  # one per rank that wrote one
+    logs: list[NcclLog] = field(default_factory=list)  # per rank
     reducer_stats: list[dict[str, int]] = field(default_factory=list)
 
     def summary(self) -> dict[str, Any]:
-        return {"status": self.status, "error": self.error, "run_dir": self.run_dir,
-                "reducer_stats": self.reducer_stats,
-                "nccl": [lg.to_dict() for lg in self.logs],
-                "workers": [{k: v for k, v in r.items() if k not in ("sums", "ddp")} for r in self.results]}
+        return {
+            "status": self.status,
+            "error": self.error,
+            "run_dir": self.run_dir,
+            "reducer_stats": self.reducer_stats,
+            "nccl": [lg.to_dict() for lg in self.logs],
+            "workers": [{k: v for k, v in r.items() if k not in ("sums", "ddp")} for r in self.results],
+        }
 
 
 def parse_reducer_stats(lines: Sequence[str], reducers: int) -> list[dict[str, int]]:
@@ -58,9 +63,12 @@ def parse_reducer_stats(lines: Sequence[str], reducers: int) -> list[dict[str, i
             continue
         m = _STOPPED.match(line)
         if m:
-            rough[int(m.group(1))] = {"rounds_completed": int(m.group(2)),
-                                      "bytes_received": int(float(m.group(3)) * 1e6),
-                                      "bytes_sent": int(float(m.group(4)) * 1e6), "approximate": 1}
+            rough[int(m.group(1))] = {
+                "rounds_completed": int(m.group(2)),
+                "bytes_received": int(float(m.group(3)) * 1e6),
+                "bytes_sent": int(float(m.group(4)) * 1e6),
+                "approximate": 1,
+            }
     return [found.get(i, rough.get(i, {})) for i in range(reducers)]
 
 
@@ -77,12 +85,29 @@ def read_results(run_dir: str, world: int = WORLD) -> list[dict[str, Any]]:
 
 
 def worker_command(task: str, run_dir: str, timeout: float, extra: Sequence[str] = ()) -> list[str]:
-    return [sys.executable, "-m", "reducer.gpucheck.worker", "--task", task, "--run-dir", run_dir,
-            "--timeout", f"{timeout:g}", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "reducer.gpucheck.worker",
+        "--task",
+        task,
+        "--run-dir",
+        run_dir,
+        "--timeout",
+        f"{timeout:g}",
+        *extra,
+    ]
 
 
-def run_phase(name: str, work_dir: str, command: Sequence[str], env: Mapping[str, str], reducers: int,
-              timeout: float, world: int = WORLD) -> PhaseResult:
+def run_phase(
+    name: str,
+    work_dir: str,
+    command: Sequence[str],
+    env: Mapping[str, str],
+    reducers: int,
+    timeout: float,
+    world: int = WORLD,
+) -> PhaseResult:
     """Run `command` as `world` worker nodes with `reducers` reducers; never longer than
     `timeout` (+ the launcher's grace period): after it, SIGTERM to this process makes the
     launcher stop every child (its own signal handling)."""
@@ -97,12 +122,21 @@ def run_phase(name: str, work_dir: str, command: Sequence[str], env: Mapping[str
         with open(out_path, "w", encoding="utf-8") as out:
             timer.start()
             try:
-                result.status = launch(list(command), workers=world, reducers=reducers, procs_per_worker=1,
-                                       log_level="DEBUG", out=out, err=out, env=dict(env),
-                                       grace_period=10.0, ready_timeout=60.0)
+                result.status = launch(
+                    list(command),
+                    workers=world,
+                    reducers=reducers,
+                    procs_per_worker=1,
+                    log_level="DEBUG",
+                    out=out,
+                    err=out,
+                    env=dict(env),
+                    grace_period=10.0,
+                    ready_timeout=60.0,
+                )
             finally:
                 timer.cancel()
-    except Exception as exc:   # a launcher refusal (ConfigError, OSError): the phase failed, the check goes on
+    except Exception as exc:  # a launcher refusal (ConfigError, OSError): the phase failed, the check goes on
         result.error = f"{type(exc).__name__}: {exc}"
         log.error("phase %s could not run: %s", name, result.error)
     if result.status is not None and result.status == 128 + signal.SIGTERM:

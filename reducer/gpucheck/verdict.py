@@ -1,6 +1,7 @@
 """The GPU check's judgements: one function per claim, each a `Check`, then the verdict line
 and the JSON summary. Pure functions of the phases' results (no processes, no torch), so they
 are unit tested on recorded data."""
+
 from __future__ import annotations
 
 import json
@@ -11,13 +12,13 @@ from typing import Any
 from .nccl_log import NcclLog, summarize_tuning
 
 PLUGIN_NAME = "reduction-server"
-DDP_RTOL = 1e-6   # relative; world 2 sums a+b in either order, so equal runs are bitwise equal
+DDP_RTOL = 1e-6  # relative; world 2 sums a+b in either order, so equal runs are bitwise equal
 
 
 @dataclass
 class Check:
     name: str
-    ok: bool | None           # None = skipped (not counted against the verdict)
+    ok: bool | None  # None = skipped (not counted against the verdict)
     detail: str
     data: dict[str, Any] = field(default_factory=dict)
 
@@ -49,35 +50,58 @@ def check_collnet(logs: Sequence[NcclLog], plugin: str = PLUGIN_NAME) -> Check:
     elif not on_collnet:
         algos = sorted({c.algo for c in choices})
         problems.append(f"NCCL's tuner chose {', '.join(algos)} for every AllReduce, never CollNet")
-    data = {"net_plugin": logs[0].net_plugin, "collnet_plugin": logs[0].collnet_plugin,
-            "networks": [lg.networks for lg in logs], "collnet_connected": connected,
-            "allreduce_on_collnet": len(on_collnet), "allreduce_total": len(choices),
-            "collnet_bytes": logs[0].collnet_bytes(), "tuning": summarize_tuning(choices)}
+    data = {
+        "net_plugin": logs[0].net_plugin,
+        "collnet_plugin": logs[0].collnet_plugin,
+        "networks": [lg.networks for lg in logs],
+        "collnet_connected": connected,
+        "allreduce_on_collnet": len(on_collnet),
+        "allreduce_total": len(choices),
+        "collnet_bytes": logs[0].collnet_bytes(),
+        "tuning": summarize_tuning(choices),
+    }
     if problems:
         return Check("collnet", False, "; ".join(problems), data)
-    return Check("collnet", True, f"{len(on_collnet)} of {len(choices)} AllReduce on "
-                 f"{'/'.join(sorted({c.algo for c in on_collnet}))} via {logs[0].networks[0]}", data)
+    return Check(
+        "collnet",
+        True,
+        f"{len(on_collnet)} of {len(choices)} AllReduce on "
+        f"{'/'.join(sorted({c.algo for c in on_collnet}))} via {logs[0].networks[0]}",
+        data,
+    )
 
 
 def check_reducer_bytes(stats: Sequence[Mapping[str, Any]], collnet_bytes: int, heads: int = 2) -> Check:
     """The reducers received at least what the CollNet all-reduces carried: every head sends its
     whole buffer to the reducers, so sum(bytes_received) >= heads x the CollNet bytes."""
     received = [int(s.get("bytes_received", -1)) for s in stats]
-    data = {"bytes_received": received, "bytes_sent": [int(s.get("bytes_sent", -1)) for s in stats],
-            "rounds_completed": [int(s.get("rounds_completed", -1)) for s in stats],
-            "collnet_bytes": collnet_bytes, "expected_at_least": heads * collnet_bytes}
+    data = {
+        "bytes_received": received,
+        "bytes_sent": [int(s.get("bytes_sent", -1)) for s in stats],
+        "rounds_completed": [int(s.get("rounds_completed", -1)) for s in stats],
+        "collnet_bytes": collnet_bytes,
+        "expected_at_least": heads * collnet_bytes,
+    }
     if not stats or any(r < 0 for r in received):
         return Check("reducer_bytes", False, f"reducer stats missing ({len(stats)} reducer(s) reported)", data)
     total = sum(received)
     if collnet_bytes <= 0:
         return Check("reducer_bytes", False, f"no CollNet all-reduce to account for (reducers got {total} B)", data)
     if total < heads * collnet_bytes:
-        return Check("reducer_bytes", False, f"reducers received {total} B, less than {heads} heads x "
-                     f"{collnet_bytes} B on CollNet", data)
+        return Check(
+            "reducer_bytes",
+            False,
+            f"reducers received {total} B, less than {heads} heads x {collnet_bytes} B on CollNet",
+            data,
+        )
     idle = [i for i, r in enumerate(received) if r == 0]
     note = f" (reducer(s) {idle} received nothing)" if idle else ""
-    return Check("reducer_bytes", True, f"reducers received {total} B >= {heads} x {collnet_bytes} B "
-                 f"on CollNet; per reducer {received}{note}", data)
+    return Check(
+        "reducer_bytes",
+        True,
+        f"reducers received {total} B >= {heads} x {collnet_bytes} B on CollNet; per reducer {received}{note}",
+        data,
+    )
 
 
 def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtypes: Sequence[str]) -> Check:
@@ -98,8 +122,9 @@ def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtype
                 if row is None:
                     problems.append(f"rank {rank}: {dt} {size} B not run")
                 elif row["mismatches"]:
-                    problems.append(f"rank {rank}: {dt} {size} B: {row['mismatches']} wrong "
-                                    f"(first {row.get('first_bad')})")
+                    problems.append(
+                        f"rank {rank}: {dt} {size} B: {row['mismatches']} wrong (first {row.get('first_bad')})"
+                    )
     if not results:
         problems.append("no worker results")
     data = {"rows": rows_total, "sizes": list(sizes), "dtypes": list(dtypes), "rank0_seconds": seconds}
@@ -108,11 +133,13 @@ def check_sums(results: Sequence[Mapping[str, Any]], sizes: Sequence[int], dtype
     return Check("sums", True, f"{len(dtypes)} dtypes x {len(sizes)} sizes exact on {len(results)} ranks", data)
 
 
-def check_ddp(with_plugin: Sequence[Mapping[str, Any]], without: Sequence[Mapping[str, Any]],
-              rtol: float = DDP_RTOL) -> Check:
+def check_ddp(
+    with_plugin: Sequence[Mapping[str, Any]], without: Sequence[Mapping[str, Any]], rtol: float = DDP_RTOL
+) -> Check:
     """Same seeds and data, the gradients summed by CollNet or by NCCL's own ring: the losses of
     every rank at every step agree to rtol (in practice bitwise: a+b for two ranks is one IEEE
     addition whatever the algorithm, and DDP divides by 2 exactly)."""
+
     def losses(results: Sequence[Mapping[str, Any]]) -> dict[int, list[float]]:
         return {int(r["rank"]): list(r.get("ddp", {}).get("losses", [])) for r in results}
 
@@ -136,8 +163,9 @@ def check_ddp(with_plugin: Sequence[Mapping[str, Any]], without: Sequence[Mappin
     return Check("ddp", True, f"{steps} steps x {len(a)} ranks, losses with and without the plugin {how}", data)
 
 
-def check_teardown(name: str, status: int | None, results: Sequence[Mapping[str, Any]], world: int = 2,
-                   why: str = "") -> Check:
+def check_teardown(
+    name: str, status: int | None, results: Sequence[Mapping[str, Any]], world: int = 2, why: str = ""
+) -> Check:
     """The phase's processes exited 0 and each got past destroy_process_group()."""
     states = {int(r.get("rank", -1)): r.get("teardown") for r in results}
     data = {"status": status, "teardown": states}
@@ -163,8 +191,9 @@ def check_plain_network(log: NcclLog, plugin: str = PLUGIN_NAME) -> Check:
     return Check("baseline_without_plugin", True, f"baseline used NCCL's {log.networks[0]} net", data)
 
 
-def summarize(checks: Sequence[Check], environment: Mapping[str, Any], phases: Mapping[str, Any],
-              warnings: Sequence[str] = ()) -> dict[str, Any]:
+def summarize(
+    checks: Sequence[Check], environment: Mapping[str, Any], phases: Mapping[str, Any], warnings: Sequence[str] = ()
+) -> dict[str, Any]:
     failed = [c for c in checks if c.ok is False]
     return {
         "verdict": "FAIL" if failed or not any(c.ok for c in checks) else "PASS",

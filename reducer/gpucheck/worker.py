@@ -15,6 +15,7 @@ Every task ends with ``destroy_process_group()``; the result JSON is written bef
 ``teardown: "pending"``) and again after it (``"ok"``), so a crash at teardown is visible.
 A watchdog (faulthandler) ends the process with a traceback after --timeout seconds.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -60,8 +61,9 @@ def _write(path: str, result: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: list[int],
-             dtypes: list[str]) -> list[dict[str, Any]]:
+def run_sums(
+    torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: list[int], dtypes: list[str]
+) -> list[dict[str, Any]]:
     out = []
     for name in dtypes:
         dtype = getattr(torch, name)
@@ -77,8 +79,13 @@ def run_sums(torch: Any, dist: Any, dev: Any, rank: int, world: int, sizes: list
             got = x.float().cpu().numpy().astype(np.float64)
             want = expected_sum(n, world, base)
             bad = np.nonzero(got != want)[0]
-            row: dict[str, Any] = {"dtype": name, "bytes": n * _ITEMSIZE[name], "count": n,
-                                   "mismatches": int(bad.size), "seconds": round(seconds, 6)}
+            row: dict[str, Any] = {
+                "dtype": name,
+                "bytes": n * _ITEMSIZE[name],
+                "count": n,
+                "mismatches": int(bad.size),
+                "seconds": round(seconds, 6),
+            }
             if bad.size:
                 k = int(bad[0])
                 row["first_bad"] = {"index": k, "got": float(got[k]), "want": float(want[k])}
@@ -99,8 +106,9 @@ def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> dict[str
 
     torch.use_deterministic_algorithms(True)
     torch.manual_seed(1234)
-    model = torch.nn.Sequential(torch.nn.Linear(width, 4 * width), torch.nn.ReLU(),
-                                torch.nn.Linear(4 * width, width)).to(dev)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(width, 4 * width), torch.nn.ReLU(), torch.nn.Linear(4 * width, width)
+    ).to(dev)
     ddp = DDP(model, device_ids=[dev.index] if dev.type == "cuda" else None)
     opt = torch.optim.SGD(ddp.parameters(), lr=0.05, momentum=0.9)
     gen = torch.Generator(device="cpu").manual_seed(99 + rank)
@@ -127,11 +135,16 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--width", type=int, default=1024)
-    p.add_argument("--no-reducers", action="store_true",
-                   help="drop the reducer addresses the launcher gave (CLUSTER_SPEC etc.)")
+    p.add_argument(
+        "--no-reducers", action="store_true", help="drop the reducer addresses the launcher gave (CLUSTER_SPEC etc.)"
+    )
     p.add_argument("--timeout", type=float, default=240.0)
-    p.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
-                   help="cpu runs the same code over gloo (the CPU tests of this module)")
+    p.add_argument(
+        "--device",
+        choices=("cuda", "cpu"),
+        default="cuda",
+        help="cpu runs the same code over gloo (the CPU tests of this module)",
+    )
     return p.parse_args(argv)
 
 
@@ -139,7 +152,7 @@ def prepare_env(args: argparse.Namespace, rank: int) -> None:
     """Settings that must be in the environment before CUDA / NCCL start."""
     os.environ["NCCL_HOSTID"] = f"rs-gpucheck-host-{rank}"
     os.environ["NCCL_DEBUG_FILE"] = os.path.join(args.run_dir, f"nccl-rank{rank}.log")
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")   # deterministic cuBLAS (DDP task)
+    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # deterministic cuBLAS (DDP task)
     if args.no_reducers:
         for key in ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS"):
             os.environ.pop(key, None)
@@ -147,7 +160,7 @@ def prepare_env(args: argparse.Namespace, rank: int) -> None:
 
 def main(argv: list[str]) -> int:
     args = parse_args(argv)
-    faulthandler.dump_traceback_later(args.timeout, exit=True)   # a hang becomes exit 1 with a traceback
+    faulthandler.dump_traceback_later(args.timeout, exit=True)  # a hang becomes exit 1 with a traceback
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     prepare_env(args, rank)
     path = os.path.join(args.run_dir, f"result-rank{rank}.json")
@@ -165,9 +178,13 @@ def main(argv: list[str]) -> int:
         dev, backend = torch.device("cpu"), "gloo"
     result["torch"] = torch.__version__
     t0 = time.perf_counter()
-    dist.init_process_group(backend, rank=rank, world_size=world,
-                            timeout=datetime.timedelta(seconds=max(30.0, args.timeout / 2)),
-                            device_id=dev if dev.type == "cuda" else None)
+    dist.init_process_group(
+        backend,
+        rank=rank,
+        world_size=world,
+        timeout=datetime.timedelta(seconds=max(30.0, args.timeout / 2)),
+        device_id=dev if dev.type == "cuda" else None,
+    )
     result["init_seconds"] = round(time.perf_counter() - t0, 3)
     if args.task == "sums":
         sizes = [int(s) for s in args.sizes.split(",") if s]

@@ -11,6 +11,7 @@ Importing this module registers the backend, so either of these is enough (docs/
 
 PyTorch is an optional dependency; the rest of the library works without it.
 """
+
 from __future__ import annotations
 
 try:

@@ -18,6 +18,7 @@ Each process group gets its own group on the reducers, named ``<RS_GROUP>.torch.
 is drawn by rank 0 and shared through the store, so several groups (and several runs against the
 same reducers) never mix.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -130,8 +131,9 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
     # ProcessGroupGloo implements; torch's stub of ProcessGroup declares the public overloads
     # instead, hence the `type: ignore[override]` (and [assignment] on the aliases).
 
-    def __init__(self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta,
-                 comm: Any = None, **init_kwargs: Any) -> None:
+    def __init__(
+        self, store: dist.Store, rank: int, size: int, timeout: datetime.timedelta, comm: Any = None, **init_kwargs: Any
+    ) -> None:
         # the binding's (rank, size) form; torch's stub lists only (store, rank, size)
         super().__init__(rank, size)  # type: ignore[call-arg]
         self._rank = int(rank)
@@ -143,8 +145,9 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
             try:
                 comm = reducer.init(rank=rank, world_size=size, group=group, **init_kwargs)
             except ConfigError as exc:
-                raise ConfigError(f"the {BACKEND_NAME!r} torch.distributed backend cannot find the reducers: {exc}") \
-                    from None
+                raise ConfigError(
+                    f"the {BACKEND_NAME!r} torch.distributed backend cannot find the reducers: {exc}"
+                ) from None
         elif init_kwargs:
             raise TypeError(f"unexpected arguments with comm=: {', '.join(sorted(init_kwargs))}")
         self._comm = comm
@@ -173,12 +176,20 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
             return op
         if op == "avg":
             bad = sorted({str(t.dtype) for t in tensors if t.dtype not in _REDUCER_DTYPES})
-            raise _unsupported(f"{collective} with ReduceOp.AVG on {', '.join(bad)}",
-                               f"the reducers average {', '.join(sorted(str(d) for d in _REDUCER_DTYPES))}")
+            raise _unsupported(
+                f"{collective} with ReduceOp.AVG on {', '.join(bad)}",
+                f"the reducers average {', '.join(sorted(str(d) for d in _REDUCER_DTYPES))}",
+            )
         return None
 
-    def _reduce(self, tensors: Sequence[torch.Tensor], op: str, name: str,
-                after: Callable[[], None] | None = None, result: Any = None) -> torch.futures.Future:
+    def _reduce(
+        self,
+        tensors: Sequence[torch.Tensor],
+        op: str,
+        name: str,
+        after: Callable[[], None] | None = None,
+        result: Any = None,
+    ) -> torch.futures.Future:
         """All-reduce `tensors` through the reducers (copies for non-contiguous ones), then after()."""
         targets: list[torch.Tensor] = []
         copies: list[tuple] = []
@@ -225,8 +236,11 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         if opts.rootRank == self._rank:
             return _work(self._reduce(tensors, op, "reduce"))
         # Other ranks contribute without having their tensors overwritten.
-        return _work(self._reduce([t.clone(memory_format=torch.contiguous_format) for t in tensors], op, "reduce",
-                                  result=list(tensors)))
+        return _work(
+            self._reduce(
+                [t.clone(memory_format=torch.contiguous_format) for t in tensors], op, "reduce", result=list(tensors)
+            )
+        )
 
     def barrier(self, opts: Any = None) -> dist.Work:
         token = torch.zeros(1, dtype=torch.int32)
@@ -251,7 +265,7 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
 
         def scatter() -> None:
             for out, full, off in zip(outputs, fulls, offsets):
-                out.copy_(full[off: off + out.numel()].view(out.shape))
+                out.copy_(full[off : off + out.numel()].view(out.shape))
 
         return _work(self._reduce(fulls, op, "reduce_scatter", after=scatter, result=list(outputs)))
 
@@ -260,25 +274,29 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
 
     reduce_scatter_single = _reduce_scatter_base  # type: ignore[assignment]
 
-    def reduce_scatter_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> dist.Work:
+    def reduce_scatter_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
         opts = dist.ReduceScatterOptions() if opts is None else opts
         op = self._op_for("reduce_scatter_tensor", list(inputs) + list(outputs), opts.reduceOp)
         if op is None:
             if len(outputs) != 1:
-                raise _unsupported(f"reduce_scatter_tensor_coalesced of {outputs[0].dtype} tensors",
-                                   "reduce them one at a time")
+                raise _unsupported(
+                    f"reduce_scatter_tensor_coalesced of {outputs[0].dtype} tensors", "reduce them one at a time"
+                )
             return self._fallback._reduce_scatter_base(outputs[0], inputs[0], opts)
         for out, inp in zip(outputs, inputs):
             if inp.numel() != out.numel() * self._size:
-                raise ValueError(f"reduce_scatter_tensor: input has {inp.numel()} elements, expected "
-                                 f"{self._size} x {out.numel()} (world size x output)")
+                raise ValueError(
+                    f"reduce_scatter_tensor: input has {inp.numel()} elements, expected "
+                    f"{self._size} x {out.numel()} (world size x output)"
+                )
         fulls = [inp.reshape(-1).clone() for inp in inputs]
 
         def scatter() -> None:
             for out, full in zip(outputs, fulls):
                 n = out.numel()
-                out.copy_(full[self._rank * n: (self._rank + 1) * n].view(out.shape))
+                out.copy_(full[self._rank * n : (self._rank + 1) * n].view(out.shape))
 
         return _work(self._reduce(fulls, op, "reduce_scatter_tensor", after=scatter, result=list(outputs)))
 
@@ -301,15 +319,17 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
 
     all_gather_single = _allgather_base
 
-    def allgather_coalesced(self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor],
-                            opts: Any = None) -> dist.Work:
-        return self._fallback.allgather_coalesced(output_lists, inputs,
-                                                  _AllgatherOptions() if opts is None else opts)
+    def allgather_coalesced(
+        self, output_lists: list[list[torch.Tensor]], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        return self._fallback.allgather_coalesced(output_lists, inputs, _AllgatherOptions() if opts is None else opts)
 
-    def allgather_into_tensor_coalesced(self, outputs: list[torch.Tensor], inputs: list[torch.Tensor],
-                                        opts: Any = None) -> dist.Work:
-        return self._fallback.allgather_into_tensor_coalesced(outputs, inputs,
-                                                              _AllgatherOptions() if opts is None else opts)
+    def allgather_into_tensor_coalesced(
+        self, outputs: list[torch.Tensor], inputs: list[torch.Tensor], opts: Any = None
+    ) -> dist.Work:
+        return self._fallback.allgather_into_tensor_coalesced(
+            outputs, inputs, _AllgatherOptions() if opts is None else opts
+        )
 
     all_gather_single_coalesced = allgather_into_tensor_coalesced  # type: ignore[assignment]
 
@@ -324,10 +344,17 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
     ) -> dist.Work:
         return self._fallback.scatter(outputs, input_lists, dist.ScatterOptions() if opts is None else opts)
 
-    def alltoall_base(self, output: torch.Tensor, input: torch.Tensor, output_split_sizes: list[int],
-                      input_split_sizes: list[int], opts: Any = None) -> dist.Work:
-        return self._fallback.alltoall_base(output, input, output_split_sizes, input_split_sizes,
-                                            dist.AllToAllOptions() if opts is None else opts)
+    def alltoall_base(
+        self,
+        output: torch.Tensor,
+        input: torch.Tensor,
+        output_split_sizes: list[int],
+        input_split_sizes: list[int],
+        opts: Any = None,
+    ) -> dist.Work:
+        return self._fallback.alltoall_base(
+            output, input, output_split_sizes, input_split_sizes, dist.AllToAllOptions() if opts is None else opts
+        )
 
     all_to_all_single = alltoall_base  # type: ignore[assignment]
 
@@ -345,8 +372,10 @@ class ReductionServerProcessGroup(dist.ProcessGroup):
         raise _unsupported("all_to_all with tensor lists", "use dist.all_to_all_single")
 
     def start_coalescing(self, device: Any) -> None:
-        raise _unsupported("coalescing managers (_coalescing_manager / batched collectives)",
-                           "issue the collectives one by one, or use allreduce_coalesced")
+        raise _unsupported(
+            "coalescing managers (_coalescing_manager / batched collectives)",
+            "issue the collectives one by one, or use allreduce_coalesced",
+        )
 
     def end_coalescing(self, device: Any) -> dist.Work:
         raise _unsupported("coalescing managers (_coalescing_manager / batched collectives)")

@@ -12,6 +12,7 @@ the transport converts it chunk by chunk), so the network work overlaps the rest
 pass; one completion thread per communicator waits for the handles in submission order and
 completes the futures in that order.
 """
+
 import logging
 import queue
 import threading
@@ -151,8 +152,9 @@ def _value(fut: torch.futures.Future) -> Any:
     return fut.wait()  # raises what set_exception stored
 
 
-def reduce_async(comm: Any, tensors: Sequence[torch.Tensor], op: str, finish: Callable[[], Any],
-                 name: str | None = None) -> torch.futures.Future:
+def reduce_async(
+    comm: Any, tensors: Sequence[torch.Tensor], op: str, finish: Callable[[], Any], name: str | None = None
+) -> torch.futures.Future:
     """Submit every tensor with comm.allreduce_async; the returned Future gets finish()'s value.
 
     The tensors must be contiguous (they are reduced in place). Futures of one communicator
@@ -236,8 +238,10 @@ def _connect(process_group: Any, init_kwargs: dict) -> tuple[Any, bool]:
         return reducer.init(**{**defaults, **kwargs}), True
     with _default_lock:
         comm = _default_comm
-        if comm is None or (comm.rank, comm.world_size) != (kwargs.get("rank", comm.rank),
-                                                            kwargs.get("world_size", comm.world_size)):
+        if comm is None or (comm.rank, comm.world_size) != (
+            kwargs.get("rank", comm.rank),
+            kwargs.get("world_size", comm.world_size),
+        ):
             comm = _default_comm = reducer.init(**{**defaults, **kwargs})
         return comm, True
 
@@ -287,8 +291,11 @@ def _compress_hook(dtype: torch.dtype, compression: str, state: Any, bucket: dis
         # the bucket: no cast copy. Each gradient is rounded once to 16 bits, the reducers sum in
         # float32 and divide by the world size, the mean is rounded once.
         target = buffer if buffer.is_contiguous() else buffer.contiguous()
-        rounds = [comm.allreduce_raw_async(target.data_ptr(), target.numel() * 4, "float32", "avg",
-                                           compression=compression)] if target.numel() else []
+        rounds = (
+            [comm.allreduce_raw_async(target.data_ptr(), target.numel() * 4, "float32", "avg", compression=compression)]
+            if target.numel()
+            else []
+        )
 
         def finish_in_place() -> torch.Tensor:
             if target is not buffer:
