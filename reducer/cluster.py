@@ -27,7 +27,7 @@ import logging
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Union
+from typing import Any
 
 from . import config
 from ._native import core
@@ -52,7 +52,7 @@ _NO_CLUSTER = (
     "RS_WORLD_SIZE (or pass reducers=, rank= and world_size=)"
 )
 
-Reducers = Union[str, Sequence[str], None]
+Reducers = str | Sequence[str] | None
 
 
 @dataclass(frozen=True)
