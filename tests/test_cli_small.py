@@ -35,7 +35,7 @@ def test_launch_usage_shows_reducers_as_optional() -> None:
 def test_bench_bad_size_names_the_flag(flag: str, capsys) -> None:
     assert main(["bench", flag, "1X"]) == 2
     err = capsys.readouterr().err
-    assert f"bad {flag} '1X': not a size" in err and "4K, 64M" in err, err
+    assert f"bad {flag} '1X': expected a size in bytes" in err and "4K, 64M" in err, err
     assert "convert" not in err
 
 
