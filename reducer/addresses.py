@@ -12,7 +12,6 @@ names a group on the reducers. Used by the worker library, the reducer node and 
 
 from __future__ import annotations
 
-import ipaddress
 import os
 from collections.abc import Mapping
 from typing import Any
@@ -71,46 +70,14 @@ def control_port_for(data_port: int) -> int | None:
 def parse_address(addr: str) -> tuple[str, int]:
     """Split ``"host:port"``, ``"1.2.3.4:5"`` or ``"[::1]:5"`` into ``(host, port)``.
 
-    IPv6 hosts come back without brackets. Raises ConfigError on anything else.
+    IPv6 hosts come back without brackets. Raises ConfigError on anything else: no port, no host,
+    whitespace inside, '[' without ']', an unbracketed IPv6 address, a bracketed host that is not
+    IPv6, a port that is not ASCII digits or not 1-65535 (csrc/net/address.cc).
     """
     if not isinstance(addr, str):
         raise ConfigError(f"address must be a string 'host:port', found {type(addr).__name__} {addr!r}")
-    text = addr.strip()
-    if not text:
-        raise ConfigError("empty address: expected 'host:port' (IPv6 as '[addr]:port')")
-    if any(c.isspace() for c in text):
-        raise ConfigError(f"address {addr!r} contains whitespace: expected 'host:port'")
-    if text.startswith("["):
-        close = text.find("]")
-        if close < 0:
-            raise ConfigError(f"address {addr!r} has '[' without ']': expected '[ipv6]:port'")
-        host = text[1:close]
-        rest = text[close + 1 :]
-        if not rest.startswith(":"):
-            raise ConfigError(f"address {addr!r} has no port: expected '[{host}]:port'")
-        port_text = rest[1:]
-        try:
-            ipaddress.IPv6Address(host.split("%", 1)[0])
-        except ValueError:
-            raise ConfigError(f"address {addr!r}: {host!r} inside [] is not an IPv6 address") from None
-    else:
-        if text.count(":") > 1:
-            raise ConfigError(f"address {addr!r} looks like an unbracketed IPv6 address: write it as '[ipv6]:port'")
-        host, sep, port_text = text.rpartition(":")
-        if not sep:
-            raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
-        if "[" in host or "]" in host:
-            raise ConfigError(f"address {addr!r} is malformed: expected 'host:port' or '[ipv6]:port'")
-    if not host:
-        raise ConfigError(f"address {addr!r} has no host: expected 'host:port'")
-    if not port_text:
-        raise ConfigError(f"address {addr!r} has no port: expected 'host:port'")
-    if not port_text.isdigit() or not port_text.isascii():
-        raise ConfigError(f"address {addr!r}: port {port_text!r} is not a number")
-    port = int(port_text)
-    if not 1 <= port <= MAX_PORT:
-        raise ConfigError(f"address {addr!r}: port {port} is out of range 1-{MAX_PORT}")
-    return host, port
+    host, port = core.parse_address(addr)  # csrc/net/address.cc: the one parser (the NCCL plugin's too)
+    return str(host), int(port)
 
 
 def resolve_job_id(explicit: str | None = None, env: Mapping[str, str] | None = None) -> str:

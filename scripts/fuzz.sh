@@ -63,7 +63,7 @@ build() {  # build TARGET: $out/TARGET_fuzz
                       -lcrypto -o "$out/reducer_frames_fuzz" ;;
     plugin_env) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/plugin_env_fuzz.cc csrc/nccl_plugin/plugin_env.cc \
                   csrc/common/settings.cc csrc/client/client_settings.cc \
-                  csrc/cluster/spec.cc csrc/cluster/job.cc csrc/cluster/repr.cc csrc/common/json.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" -o "$out/plugin_env_fuzz" ;;
+                  csrc/cluster/spec.cc csrc/cluster/job.cc csrc/cluster/repr.cc csrc/common/json.cc csrc/net/socket.cc csrc/net/address.cc "${protocol[@]}" "${objs[@]}" -o "$out/plugin_env_fuzz" ;;
     *) echo "fuzz.sh: unknown target $1 (wire, failover, reducer_frames, plugin_env)" >&2; exit 2 ;;
   esac
 }

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
+#include "net/address.h"
 #include "net/frame_auth.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
@@ -213,6 +214,14 @@ void bind_common(py::module_& m) {
         "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
         "from now on; '' or 'default' = the kernel's default, 'auto' = cubic where allowed, else the kernel's. "
         "Returns the setting in force. Raises ConfigError if the kernel refuses a named algorithm.");
+  m.def(
+      "parse_address",
+      [](const std::string& text) {
+        rs::net::HostPort hp = rs::net::parse_host_port(text);
+        return py::make_tuple(hp.host, hp.port);
+      },
+      py::arg("text"),
+      "(host, port) of 'host:port' / '[ipv6]:port' text (csrc/net/address.h); ConfigError if it is malformed.");
   m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
   m.def(
       "tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),

@@ -20,6 +20,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/text.h"
+#include "net/address.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
 

@@ -22,7 +22,7 @@
 #include "common/error.h"
 #include "common/settings.h"
 #include "common/text.h"
-#include "net/socket.h"
+#include "net/address.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
 

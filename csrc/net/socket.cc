@@ -30,33 +30,6 @@ std::string HostPort::str() const {
   return host + ":" + std::to_string(port);
 }
 
-HostPort parse_host_port(const std::string& text) {
-  HostPort hp;
-  std::string port_text;
-  if (!text.empty() && text[0] == '[') {
-    size_t close = text.find(']');
-    if (close == std::string::npos || close + 1 >= text.size() || text[close + 1] != ':')
-      throw Error(ErrorKind::Config, "bad address '" + text + "': expected [ipv6]:port");
-    hp.host = text.substr(1, close - 1);
-    port_text = text.substr(close + 2);
-  } else {
-    size_t colon = text.rfind(':');
-    if (colon == std::string::npos) throw Error(ErrorKind::Config, "bad address '" + text + "': expected host:port");
-    hp.host = text.substr(0, colon);
-    port_text = text.substr(colon + 1);
-    if (hp.host.find(':') != std::string::npos)
-      throw Error(ErrorKind::Config, "bad address '" + text + "': write IPv6 addresses as [addr]:port");
-  }
-  if (hp.host.empty()) throw Error(ErrorKind::Config, "bad address '" + text + "': empty host");
-  if (port_text.empty() || port_text.size() > 5 || port_text.find_first_not_of("0123456789") != std::string::npos)
-    throw Error(ErrorKind::Config, "bad address '" + text + "': port must be a number");
-  long port = std::stol(port_text);
-  if (port < 1 || port > 65535)
-    throw Error(ErrorKind::Config, "bad address '" + text + "': port out of range 1..65535");
-  hp.port = uint16_t(port);
-  return hp;
-}
-
 namespace {
 
 // The process-wide congestion control (set_tcp_congestion); read once per new connection.

@@ -42,9 +42,6 @@ struct HostPort {
   std::string str() const;  // "host:port" or "[v6]:port"
 };
 
-// "host:port", "1.2.3.4:5", "[::1]:5". Throws Error(Config) on junk.
-HostPort parse_host_port(const std::string& text);
-
 // Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, and the
 // process-wide TCP congestion control (TCP_CONGESTION) if one is set.
 void tune_socket(int fd, int buffer_bytes);

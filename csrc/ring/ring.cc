@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "net/address.h"
 #include "net/frame_io.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
