@@ -309,6 +309,26 @@ class _Output:
             self.broken.add(which)
 
 
+def _report(procs: Sequence[_Proc], failure: str | None, status: int | None) -> None:
+    """The end of a job in the log: reducers that did not stop cleanly, or why the job failed and
+    how every process ended."""
+    if failure is None:
+        bad = [
+            p
+            for p in procs
+            if p.role == "reducer" and p.returncode not in (0, None) and p.returncode != -signal.SIGTERM
+        ]
+        for p in bad:
+            log.warning("%s (pid %d) did not stop cleanly: %s", p.label, p.pid, describe_status(p.exit_code))
+        return
+    lines = []
+    for p in procs:
+        how = describe_status(p.returncode if p.returncode is not None else 0)
+        note = " (stopped by the launcher)" if p.stopped else ""
+        lines.append(f"  {p.label:<14} pid {p.pid:<8} {how}{note}")
+    log.error("job failed: %s; exit status %s\n%s", failure, status, "\n".join(lines))
+
+
 class _Launcher:
     def __init__(
         self,
@@ -595,25 +615,8 @@ class _Launcher:
                     )
                     self._signal_groups(signal.SIGKILL, alive)
                     self.killed = True
-        self._report()
+        _report(self.procs, self.failure, self.status)
         return int(self.status or 0)
-
-    def _report(self) -> None:
-        if self.failure is None:
-            bad = [
-                p
-                for p in self.procs
-                if p.role == "reducer" and p.returncode not in (0, None) and p.returncode != -signal.SIGTERM
-            ]
-            for p in bad:
-                log.warning("%s (pid %d) did not stop cleanly: %s", p.label, p.pid, describe_status(p.exit_code))
-            return
-        lines = []
-        for p in self.procs:
-            how = describe_status(p.returncode if p.returncode is not None else 0)
-            note = " (stopped by the launcher)" if p.stopped else ""
-            lines.append(f"  {p.label:<14} pid {p.pid:<8} {how}{note}")
-        log.error("job failed: %s; exit status %s\n%s", self.failure, self.status, "\n".join(lines))
 
 
 def resolve_command(command: Sequence[str]) -> list[str]:

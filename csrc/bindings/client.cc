@@ -108,37 +108,55 @@ void bind_client_settings(py::module_& m) {
       "from the mapping `env` instead of the process environment.");
 }
 
+GilFreeHolder<Client> make_client(const std::vector<std::string>& reducers, uint32_t rank, uint32_t world,
+                                  const std::string& group, const std::string& job, double timeout,
+                                  double connect_timeout, const std::string& token, int streams, uint32_t chunk,
+                                  int socket_buffer, int window, int max_rounds_in_flight, bool failover,
+                                  bool integrity) {
+  ClientOptions o;
+  o.failover = failover;
+  o.integrity = integrity;
+  if (socket_buffer >= 0) o.socket_buffer = socket_buffer;  // -1: the core's default
+  o.window = window;
+  o.max_rounds_in_flight = max_rounds_in_flight;
+  o.reducers = reducers;
+  o.rank = rank;
+  o.world_size = world;
+  o.group = group;
+  o.job_id = job;
+  o.timeout = timeout;
+  o.connect_timeout = connect_timeout;
+  o.auth_token = token;
+  o.streams = streams;
+  o.chunk_bytes = chunk;
+  py::gil_scoped_release release;
+  return GilFreeHolder<Client>(std::make_unique<Client>(o));
+}
+
+py::dict stats_dict(const Client& c) {
+  rs::client::ClientStats st = c.stats();
+  py::dict d;
+  d["bytes_sent"] = st.bytes_sent;
+  d["bytes_received"] = st.bytes_received;
+  d["rounds"] = st.rounds;
+  d["reconnects"] = st.reconnects;
+  d["reducer_failovers"] = st.reducer_failovers;
+  d["reducers_active"] = st.reducers_active;
+  d["repaired_bytes"] = st.repaired_bytes;
+  d["reducer_rejoins"] = st.reducer_rejoins;
+  d["rejoin_probes"] = st.rejoin_probes;
+  d["early_releases"] = st.early_releases;
+  return d;
+}
+
 }  // namespace
 
 void bind_client(py::module_& m) {
   bind_client_settings(m);
   const ClientOptions defaults;
   py::class_<Client, GilFreeHolder<Client>>(m, "Client")
-      .def(py::init([](const std::vector<std::string>& reducers, uint32_t rank, uint32_t world,
-                       const std::string& group, const std::string& job, double timeout, double connect_timeout,
-                       const std::string& token, int streams, uint32_t chunk, int socket_buffer, int window,
-                       int max_rounds_in_flight, bool failover, bool integrity) {
-             ClientOptions o;
-             o.failover = failover;
-             o.integrity = integrity;
-             if (socket_buffer >= 0) o.socket_buffer = socket_buffer;  // -1: the core's default
-             o.window = window;
-             o.max_rounds_in_flight = max_rounds_in_flight;
-             o.reducers = reducers;
-             o.rank = rank;
-             o.world_size = world;
-             o.group = group;
-             o.job_id = job;
-             o.timeout = timeout;
-             o.connect_timeout = connect_timeout;
-             o.auth_token = token;
-             o.streams = streams;
-             o.chunk_bytes = chunk;
-             py::gil_scoped_release release;
-             return GilFreeHolder<Client>(std::make_unique<Client>(o));
-           }),
-           py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"), py::arg("job_id"),
-           py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
+      .def(py::init(&make_client), py::arg("reducers"), py::arg("rank"), py::arg("world_size"), py::arg("group"),
+           py::arg("job_id"), py::arg("timeout"), py::arg("connect_timeout"), py::arg("auth_token"), py::arg("streams"),
            py::arg("chunk_bytes") = defaults.chunk_bytes, py::arg("socket_buffer") = defaults.socket_buffer,
            py::arg("window") = defaults.window, py::arg("max_rounds_in_flight") = defaults.max_rounds_in_flight,
            py::arg("failover") = defaults.failover, py::arg("integrity") = defaults.integrity)
@@ -199,21 +217,7 @@ void bind_client(py::module_& m) {
       .def(
           "options", [](const Client& c) { return options_dict(c.options()); },
           "The options this client runs with (ClientOptions), by setting name.")
-      .def("stats", [](const Client& c) {
-        rs::client::ClientStats st = c.stats();
-        py::dict d;
-        d["bytes_sent"] = st.bytes_sent;
-        d["bytes_received"] = st.bytes_received;
-        d["rounds"] = st.rounds;
-        d["reconnects"] = st.reconnects;
-        d["reducer_failovers"] = st.reducer_failovers;
-        d["reducers_active"] = st.reducers_active;
-        d["repaired_bytes"] = st.repaired_bytes;
-        d["reducer_rejoins"] = st.reducer_rejoins;
-        d["rejoin_probes"] = st.rejoin_probes;
-        d["early_releases"] = st.early_releases;
-        return d;
-      });
+      .def("stats", &stats_dict);
 }
 
 }  // namespace rs::py_bind

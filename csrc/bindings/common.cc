@@ -152,10 +152,8 @@ void bind_compression(py::module_& m) {
       "ConfigError for an unknown name.");
 }
 
-}  // namespace
-
-void bind_common(py::module_& m) {
-  // Exceptions: the classes come from reducer.errors so Python and C++ raise the same types.
+// Exceptions: the classes come from reducer.errors so Python and C++ raise the same types.
+void register_errors() {
   py::module_ errors = py::module_::import("reducer.errors");
   static py::object cls[8];
   const char* names[8] = {"ConfigError",   "ConnectError",  "AuthError",        "ProtocolError",
@@ -179,7 +177,34 @@ void bind_common(py::module_& m) {
       PyErr_SetString(cls[idx].ptr(), e.what());
     }
   });
+}
 
+// Addresses and the data connections' socket options (csrc/net).
+void bind_net(py::module_& m) {
+  m.def("set_tcp_congestion", &rs::net::set_tcp_congestion, py::arg("name"),
+        "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
+        "from now on; '' or 'default' = the kernel's default, 'auto' = cubic where allowed, else the kernel's. "
+        "Returns the setting in force. Raises ConfigError if the kernel refuses a named algorithm.");
+  m.def(
+      "parse_address",
+      [](const std::string& text) {
+        rs::net::HostPort hp = rs::net::parse_host_port(text);
+        return py::make_tuple(hp.host, hp.port);
+      },
+      py::arg("text"),
+      "(host, port) of 'host:port' / '[ipv6]:port' text (csrc/net/address.h); ConfigError if it is malformed.");
+  m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
+  m.def(
+      "tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
+      py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
+  m.def("socket_congestion", &rs::net::socket_congestion, py::arg("fd"),
+        "The congestion control a TCP socket uses ('' if unreadable).");
+}
+
+}  // namespace
+
+void bind_common(py::module_& m) {
+  register_errors();
   m.def("set_log_callback", &set_log_callback, py::arg("fn"),
         "Route C++ log lines to fn(level: int, message: str); None restores stderr.");
   m.def(
@@ -210,24 +235,7 @@ void bind_common(py::module_& m) {
       "check_name",
       [](const std::string& what, const std::string& name) { return rs::proto::check_name(what.c_str(), name); },
       py::arg("what"), py::arg("name"), "Why a job id / group name is refused, or ''.");
-  m.def("set_tcp_congestion", &rs::net::set_tcp_congestion, py::arg("name"),
-        "TCP congestion control (TCP_CONGESTION) of every data connection this process opens or accepts "
-        "from now on; '' or 'default' = the kernel's default, 'auto' = cubic where allowed, else the kernel's. "
-        "Returns the setting in force. Raises ConfigError if the kernel refuses a named algorithm.");
-  m.def(
-      "parse_address",
-      [](const std::string& text) {
-        rs::net::HostPort hp = rs::net::parse_host_port(text);
-        return py::make_tuple(hp.host, hp.port);
-      },
-      py::arg("text"),
-      "(host, port) of 'host:port' / '[ipv6]:port' text (csrc/net/address.h); ConfigError if it is malformed.");
-  m.def("tcp_congestion", &rs::net::tcp_congestion, "The process-wide setting ('' = the kernel's default).");
-  m.def(
-      "tune_socket", [](int fd, int buffer_bytes) { rs::net::tune_socket(fd, buffer_bytes); }, py::arg("fd"),
-      py::arg("buffer_bytes") = 0, "Apply the data-connection socket options to a TCP socket (tests).");
-  m.def("socket_congestion", &rs::net::socket_congestion, py::arg("fd"),
-        "The congestion control a TCP socket uses ('' if unreadable).");
+  bind_net(m);
   m.def(
       "frame_tags",
       [](const std::string& key, int direction, uint64_t frame, const std::string& header, const py::buffer& payload,

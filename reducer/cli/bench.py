@@ -59,6 +59,47 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="rs sends the float32 buffer as bfloat16 / float16 on the wire (converted chunk by chunk "
         "in the transport); gloo-bf16 is its baseline: gloo all-reducing a bfloat16 copy",
     )
+    _add_model_arguments(p)
+    p.add_argument(
+        "--emulate-gbps",
+        type=float,
+        default=None,
+        metavar="B",
+        help="run every worker and reducer in its own network namespace with a B Gbit/s "
+        "full-duplex link (needs root and iproute2)",
+    )
+    p.add_argument(
+        "--congestion",
+        default=None,
+        metavar="NAME[,NAME]",
+        help="TCP congestion control, e.g. cubic, bbr, or 'default' (the kernel's); a comma list runs "
+        "every algorithm once per name (an A/B in one run). With --emulate-gbps it applies to every "
+        "connection of the emulated hosts (gloo's too), else to rs's and the ring's sockets "
+        "(RS_TCP_CONGESTION) (default: leave it alone)",
+    )
+    _add_control_plane_arguments(p)
+    p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the rows as JSON")
+    p.add_argument(
+        "--plot",
+        dest="plot_path",
+        default=None,
+        metavar="FILE.png",
+        help="write algbw vs size (log-log), with --model step times as bars, as an image (needs matplotlib)",
+    )
+    p.add_argument(
+        "--timeout", type=float, default=60.0, help="seconds without progress before an all-reduce fails (default 60)"
+    )
+    p.add_argument(
+        "--ring-chunk-bytes",
+        default=None,
+        help="pipeline chunk of the ring (default: RS_CHUNK_BYTES, the largest chunk rs uses)",
+    )
+    p.add_argument("--netns-prefix", default="rsb", help=argparse.SUPPRESS)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def _add_model_arguments(p: argparse.ArgumentParser) -> None:
+    """--model and its options: one DDP training step's buckets instead of --sizes."""
     m = p.add_argument_group("training step (--model): one step's gradient traffic as PyTorch DDP produces it")
     m.add_argument(
         "--model",
@@ -90,23 +131,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=1.0,
         help="shrink every tensor and bucket limit by this factor (0 < S <= 1; for tests)",
     )
-    p.add_argument(
-        "--emulate-gbps",
-        type=float,
-        default=None,
-        metavar="B",
-        help="run every worker and reducer in its own network namespace with a B Gbit/s "
-        "full-duplex link (needs root and iproute2)",
-    )
-    p.add_argument(
-        "--congestion",
-        default=None,
-        metavar="NAME[,NAME]",
-        help="TCP congestion control, e.g. cubic, bbr, or 'default' (the kernel's); a comma list runs "
-        "every algorithm once per name (an A/B in one run). With --emulate-gbps it applies to every "
-        "connection of the emulated hosts (gloo's too), else to rs's and the ring's sockets "
-        "(RS_TCP_CONGESTION) (default: leave it alone)",
-    )
+
+
+def _add_control_plane_arguments(p: argparse.ArgumentParser) -> None:
+    """--control-plane and its options: the reducers also serve gRPC and /metrics while polled."""
     c = p.add_argument_group("control plane (docs/operations.md): does serving it cost the data path anything?")
     c.add_argument(
         "--control-plane",
@@ -130,24 +158,6 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         default=2,
         help="with --control-plane ab: passes of each variant over all sizes (default 2: A B B A)",
     )
-    p.add_argument("--json", dest="json_path", default=None, metavar="FILE", help="write the rows as JSON")
-    p.add_argument(
-        "--plot",
-        dest="plot_path",
-        default=None,
-        metavar="FILE.png",
-        help="write algbw vs size (log-log), with --model step times as bars, as an image (needs matplotlib)",
-    )
-    p.add_argument(
-        "--timeout", type=float, default=60.0, help="seconds without progress before an all-reduce fails (default 60)"
-    )
-    p.add_argument(
-        "--ring-chunk-bytes",
-        default=None,
-        help="pipeline chunk of the ring (default: RS_CHUNK_BYTES, the largest chunk rs uses)",
-    )
-    p.add_argument("--netns-prefix", default="rsb", help=argparse.SUPPRESS)
-    p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
 def register(subparsers) -> None:
