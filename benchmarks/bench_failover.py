@@ -153,22 +153,24 @@ def _sigkill_at(pid: int, t_start: list[float], record: dict[str, float]) -> Non
     os.kill(pid, signal.SIGKILL)
 
 
+def _connect(job: dict[str, Any], failover: bool) -> Communicator:
+    """A worker's communicator, in the group of its failover setting."""
+    return Communicator(
+        job["reducers"],
+        rank=job["rank"],
+        world_size=job["world"],
+        group=f"{job['group']}-{'on' if failover else 'off'}",
+        job_id="bench-failover",
+        timeout=job["timeout"],
+        connect_timeout=job["connect_timeout"],
+        failover=failover,
+    )
+
+
 def _worker(job: dict[str, Any]) -> None:
     rank, world = job["rank"], job["world"]
 
-    def connect(failover: bool) -> Communicator:
-        return Communicator(
-            job["reducers"],
-            rank=rank,
-            world_size=world,
-            group=f"{job['group']}-{'on' if failover else 'off'}",
-            job_id="bench-failover",
-            timeout=job["timeout"],
-            connect_timeout=job["connect_timeout"],
-            failover=failover,
-        )
-
-    comms = {"off": connect(False), "on": connect(True)}
+    comms = {"off": _connect(job, False), "on": _connect(job, True)}
     tiny = np.zeros(1, np.float32)
     emit(event="ready", cpu_s=cpu_seconds())
 
@@ -307,6 +309,43 @@ class _Inbox:
         return [got[p] for p in procs]
 
 
+def _worker_job(args: argparse.Namespace, rank: int, addrs: list[str], group: str) -> dict[str, Any]:
+    """What worker `rank` is told to do (its --worker process reads it)."""
+    return {
+        "rank": rank,
+        "world": args.workers,
+        "reducers": addrs,
+        "group": group,
+        "timeout": args.round_timeout,
+        "connect_timeout": args.connect_timeout,
+        "size": args.size,
+        "rounds": args.rounds,
+        "ab_sizes": args.ab_sizes,
+        "ab_rounds": args.ab_rounds,
+        "victim": args.victim,
+    }
+
+
+def _ab_rows(inbox: Any, wprocs: list[Any], sizes: list[int]) -> list[dict[str, Any]]:
+    """The release A/B per size: the slowest worker's rounds with failover off and on."""
+    ab = []
+    for size in sizes:
+        msgs = inbox.wait(wprocs, f"ab {size}")
+        off = slowest([m["samples"]["off"] for m in msgs])
+        on = slowest([m["samples"]["on"] for m in msgs])
+        ab.append(
+            {
+                "size": size,
+                "off_s": off,
+                "on_s": on,
+                "ratio": on / off,
+                "wrong": sum(m["wrong"] for m in msgs),
+                "differ": sum(m["differ"] for m in msgs),
+            }
+        )
+    return ab
+
+
 def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
     W, R = args.workers, args.reducers
     events: queue.Queue = queue.Queue()
@@ -332,19 +371,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         group = f"failover-{uuid.uuid4().hex[:8]}"
         wprocs = []
         for i in range(W):
-            job = {
-                "rank": i,
-                "world": W,
-                "reducers": addrs,
-                "group": group,
-                "timeout": args.round_timeout,
-                "connect_timeout": args.connect_timeout,
-                "size": args.size,
-                "rounds": args.rounds,
-                "ab_sizes": args.ab_sizes,
-                "ab_rounds": args.ab_rounds,
-                "victim": args.victim,
-            }
+            job = _worker_job(args, i, addrs, group)
             wprocs.append(
                 runner._spawn(
                     hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover", args=["--worker"]
@@ -355,21 +382,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         inbox.wait(wprocs, "ready")
         note("workers connected")
 
-        ab = []
-        for size in args.ab_sizes:
-            msgs = inbox.wait(wprocs, f"ab {size}")
-            off = slowest([m["samples"]["off"] for m in msgs])
-            on = slowest([m["samples"]["on"] for m in msgs])
-            ab.append(
-                {
-                    "size": size,
-                    "off_s": off,
-                    "on_s": on,
-                    "ratio": on / off,
-                    "wrong": sum(m["wrong"] for m in msgs),
-                    "differ": sum(m["differ"] for m in msgs),
-                }
-            )
+        ab = _ab_rows(inbox, wprocs, args.ab_sizes)
         note("release A/B done")
         msgs = inbox.wait(wprocs, "normal")
         note("normal rounds done")
