@@ -208,9 +208,6 @@ void bind_client(py::module_& m) {
            "Progress every round without blocking; True once round `id` is done (raises its error).")
       .def("wait", &Client::wait, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
            "Block until round `id` is done (raises its error).")
-      .def("progress", &Client::progress, py::call_guard<py::gil_scoped_release>(),
-           "For an idle client: read a reducer's loss or failover and join the failover exchange "
-           "(may block in it); nothing while another call drives it or without a session.")
       .def_property_readonly("in_flight", &Client::in_flight)
       .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
       .def_property_readonly("connected", &Client::connected)

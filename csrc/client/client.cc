@@ -489,8 +489,8 @@ void Client::watch(std::vector<pollfd>* pfds) {
 // One non-blocking pass over the links: each link that can move bytes takes its turn
 // (pump_link), then finished rounds retire and the recovery coordinator looks at losses and
 // stalls. Any error that is not a reducer's loss fails every round in flight.
-bool Client::pump(const pollfd* ready, bool idle) {
-  if (links_.empty() || (open_ == 0 && !idle)) return false;
+bool Client::pump(const pollfd* ready) {
+  if (links_.empty() || open_ == 0) return false;
   bool moved = false;
   try {
     if (!ready) ready = poll_links();

@@ -144,13 +144,6 @@ class Client {
   // Fails with a Timeout naming the reducers after `timeout` seconds without progress (time
   // in which no thread was inside start/test/wait does not count: rounds only move then).
   void wait(RoundId id);
-  // For an idle client (no call drives it; released rounds may wait for CLEARs): one pass over
-  // the links without waiting, so that a
-  // reducer's loss or ERROR Failover is read and the failover exchange joined while this client
-  // has nothing to do (another client of the process may be waiting on the other workers). It
-  // may block in that exchange, as a waiting call would. Nothing if another thread is inside a
-  // call or there is no session. (client/progress.cc)
-  void progress();
   // Rounds started and not yet handed back (a released round waiting for its CLEARs is not counted).
   size_t in_flight() const;
 
@@ -180,8 +173,8 @@ class Client {
                     Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
-  bool pump(const pollfd* ready = nullptr, bool idle = false);  // idle: a pass with no round open
-  void poll_and_pump(std::vector<pollfd>* pfds, int ms);        // waits up to ms for a link (lock held), then pump()
+  bool pump(const pollfd* ready = nullptr);
+  void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
   // pump()'s handlers, in the order a pass meets them:
   const pollfd* poll_links();            // which links can move bytes now (poll, no wait)
   bool pump_link(size_t li, short rev);  // link li's turn: write, read, queue more

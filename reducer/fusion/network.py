@@ -16,7 +16,6 @@ tests that spy on it). Finished rounds go back through ``report_locked``, in ord
 
 from __future__ import annotations
 
-import logging
 from collections import deque
 from collections.abc import Callable
 from typing import Any
@@ -25,30 +24,11 @@ from .lifecycle import Lifecycle
 from .rounds import Round, Segments, client_failure
 from .stats import FusionStats
 
-__all__ = ["IDLE_PROGRESS_S", "Sender", "progress_idle"]
-
-log = logging.getLogger(__name__)
-
-# How often an idle thread lets its client read a reducer's loss or failover (progress_idle).
-IDLE_PROGRESS_S = 0.05
+__all__ = ["Sender"]
 
 # (round, client round id or None, error, whether it is the round's last piece)
 _Started = deque[tuple[Round, int | None, BaseException | None, bool]]
 Report = Callable[[Round, BaseException | None], None]  # called with the engine lock held
-
-
-def progress_idle(client: Any) -> None:
-    """Let an idle client (no round in flight) read a reducer's loss or failover and join the
-    failover exchange. A worker's data and probe clients fail over separately: without this, one
-    of them waiting on the other workers' exchange could wait for the other, idle one of another
-    worker until the connect timeout (each only moves inside calls). Errors are the next call's."""
-    progress = getattr(client, "progress", None)  # tests may spy with clients that have none
-    if progress is None:
-        return
-    try:
-        progress()
-    except Exception as exc:  # the session is failed: the next round's start reports it
-        log.debug("idle client progress: %s", exc)
 
 
 class Sender:
@@ -75,14 +55,10 @@ class Sender:
         failed: Round | None = None  # a round already reported failed (its later pieces are dropped)
         while True:
             with self._cv:
-                if not started and not self._queue and not self._life.stopped_locked():
-                    self._cv.wait(IDLE_PROGRESS_S)
+                while not started and not self._queue and not self._life.stopped_locked():
+                    self._cv.wait()
                 if self._life.stopped_locked():
                     return
-                idle = not started and not self._queue
-            if idle:
-                progress_idle(self.client)
-                continue
             self._start_ready(started)
             if not started:
                 continue

@@ -23,7 +23,7 @@ import numpy as np
 from ..errors import ReductionTimeout
 from .agreement import Agreement
 from .lifecycle import Lifecycle
-from .network import IDLE_PROGRESS_S, Report, progress_idle
+from .network import Report
 from .rounds import PROBE_TAG, Round, client_failure, probe_round
 from .stats import FusionStats
 
@@ -60,16 +60,11 @@ class Prober:
         """The thread's body: until the engine stops."""
         while True:
             with self._cv:
-                if self._next is None and not self._life.stopped_locked():
-                    self._cv.wait(IDLE_PROGRESS_S)
+                while self._next is None and not self._life.stopped_locked():
+                    self._cv.wait()
                 if self._life.stopped_locked():
                     return
                 rnd, self._next = self._next, None
-                conn = self._conn
-            if rnd is None:  # idle: the probe client still reads a reducer's failover (progress_idle)
-                if conn is not None:
-                    progress_idle(conn)
-                continue
             assert rnd is not None and rnd.values is not None  # set by ask_locked
             err: BaseException | None = None
             try:
