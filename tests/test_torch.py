@@ -13,11 +13,10 @@ import io
 import multiprocessing as mp
 import os
 import re
-import socket
 import subprocess
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from typing import Any
 
 import numpy as np
@@ -38,9 +37,11 @@ STEPS = 30
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A port for torch's TCPStore: outside the ephemeral range, where an outgoing connection of
+    another test could take it before the store binds it (EADDRINUSE, seen in CI)."""
+    from reducer.launch import free_ports
+
+    return free_ports(1)[0]
 
 
 def _worker_env(rank: int, world: int, port: int, addrs: list[str]) -> dict[str, str]:
@@ -57,33 +58,60 @@ def _worker_env(rank: int, world: int, port: int, addrs: list[str]) -> dict[str,
     }
 
 
-def _run(pool: ProcessPoolExecutor, fn: Any, world: int, addrs: list[str], **kw: Any) -> list[Any]:
+def _run(pool: _Pool, fn: Any, world: int, addrs: list[str], **kw: Any) -> list[Any]:
     """fn(env=..., rank=r, world=world, **kw) on `world` pool processes at once; results by rank."""
     port = _free_port()
     futs = [pool.submit(fn, env=_worker_env(r, world, port, addrs), rank=r, world=world, **kw) for r in range(world)]
-    return [f.result(timeout=TASK_TIMEOUT) for f in futs]
+    return pool.results(futs)
 
 
 def _rounds(servers: list[Any]) -> int:
     return sum(int(s.stats()["rounds_completed"]) for s in servers)
 
 
-@pytest.fixture(scope="module")
-def tpool():
-    """Three spawned processes with torch, DDP (torch._dynamo) and the data set imported once."""
-    ctx = mp.get_context("spawn")
-    ex = ProcessPoolExecutor(max_workers=3, mp_context=ctx)
-    try:
+class _Pool:
+    """Three spawned processes with torch, DDP (torch._dynamo) and the data set imported once.
+    When a task fails, its peers may stay blocked in a rendezvous or a collective (a rank whose
+    partner died waits out torch's timeout): the processes are then replaced, so that one failure
+    does not make the next test wait behind them."""
+
+    def __init__(self) -> None:
+        self._ex = self._start()
+
+    @staticmethod
+    def _start() -> ProcessPoolExecutor:
+        ex = ProcessPoolExecutor(max_workers=3, mp_context=mp.get_context("spawn"))
         list(ex.map(_warm, range(3), timeout=TASK_TIMEOUT))
-        yield ex
-    finally:
-        # A failed test may leave a worker blocked in a collective: do not wait for it.
-        procs = list(getattr(ex, "_processes", {}).values())
-        ex.shutdown(wait=False, cancel_futures=True)
+        return ex
+
+    def submit(self, fn: Any, **kw: Any) -> Future[Any]:
+        return self._ex.submit(fn, **kw)
+
+    def results(self, futs: list[Future[Any]]) -> list[Any]:
+        """The futures' results in order; on any failure the pool is replaced, then it raises."""
+        try:
+            return [f.result(timeout=TASK_TIMEOUT) for f in futs]
+        except BaseException:
+            self.close()
+            self._ex = self._start()
+            raise
+
+    def close(self) -> None:
+        procs = list(getattr(self._ex, "_processes", {}).values())
+        self._ex.shutdown(wait=False, cancel_futures=True)
         for p in procs:
             p.terminate()
         for p in procs:
             p.join(5)
+
+
+@pytest.fixture(scope="module")
+def tpool():
+    pool = _Pool()
+    try:
+        yield pool
+    finally:
+        pool.close()
 
 
 @pytest.fixture
@@ -586,8 +614,8 @@ def test_backend_errors_reach_the_caller(tpool, first):
     Future failed), and DDP's backward() raises it (DDP's reducer once read the exception object
     as the bucket's result and crashed the process)."""
     port = _free_port()
-    out = tpool.submit(task_backend_errors, env=_worker_env(0, 1, port, []), rank=0, world=1, first=first).result(
-        timeout=TASK_TIMEOUT
+    (out,) = tpool.results(
+        [tpool.submit(task_backend_errors, env=_worker_env(0, 1, port, []), rank=0, world=1, first=first)]
     )
     assert out["before"] == [1.0] * 4, out
     assert out["all_reduce"].startswith("PeerLostError: every reducer is lost"), out
@@ -648,7 +676,7 @@ def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
             assert time.monotonic() < deadline and not any(f.done() for f in futs), "training did not progress"
             time.sleep(0.01)
         victim.kill()
-        logs = [f.result(timeout=TASK_TIMEOUT) for f in futs]
+        logs = tpool.results(futs)
     finally:
         victim.kill()
     assert len(re.findall(r"^step \d+ loss", logs[0], re.M)) == STEPS, logs[0]
