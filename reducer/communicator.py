@@ -22,6 +22,17 @@ log = logging.getLogger(__name__)
 
 PROBE_CHUNK_BYTES = 4096  # the fusion probe group's chunk size: its rounds are 16 bytes
 EXIT_GRACE = 1.0  # seconds a round in flight at interpreter exit gets to finish before it fails
+# How often a client that no call drives reads its links (a reducer's loss, the failover exchange).
+IDLE_PROGRESS_S = 0.05
+
+
+def _client(*args: Any, **kwargs: Any) -> Any:
+    """A core.Client whose links are read while no call drives it (Client.progress_while_idle,
+    with failover): a worker holds several clients of one job (the fusion engine's data and probe
+    groups), and a failover exchange on one may need another worker's idle client of its group."""
+    client = core.Client(*args, **kwargs)
+    client.progress_while_idle(IDLE_PROGRESS_S)
+    return client
 
 
 class Communicator:
@@ -106,7 +117,7 @@ class Communicator:
             len(self.reducers),
             ", ".join(self.reducers),
         )
-        self._client = core.Client(
+        self._client = _client(
             self.reducers,
             self.rank,
             self.world_size,
@@ -230,7 +241,7 @@ class Communicator:
 
         A partial, not a bound method: the engine's threads must not keep the Communicator alive."""
         return functools.partial(
-            core.Client,
+            _client,
             list(reducers),
             self.rank,
             self.world_size,

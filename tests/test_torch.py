@@ -627,29 +627,14 @@ def test_backend_errors_reach_the_caller(tpool, first):
         assert out["backward"].startswith("PeerLostError: every reducer is lost"), out
 
 
-# Known intermittent failure, seen on the code before 2026-11-26 too (1 run in 5 there, 1 in 4 here):
-# the fusion engine's agreement group (".../fusion-probe") and the training group are two clients
-# of one process. When a reducer dies, rank 1's training group may fail over first and wait on the
-# survivor for rank 0's training group, while rank 0 waits in its probe group, whose failover waits
-# for rank 1's probe group: nobody drives rank 0's training client, so it never reads the reducer's
-# ERROR Failover, and both wait until RS_CONNECT_TIMEOUT ("waiting for all workers of the group").
-# The fix (a worker's clients of one job make progress together while one of them waits) is open.
-_CROSS_GROUP_FAILOVER = pytest.mark.xfail(
-    strict=False,
-    reason="intermittent: cross-group failover wait between the fusion probe group and the "
-    "training group of one process (see the comment above)",
-)
-
-
 @needs_torch
-@pytest.mark.parametrize(
-    "path", [pytest.param("hook", marks=_CROSS_GROUP_FAILOVER), pytest.param("backend", marks=_CROSS_GROUP_FAILOVER)]
-)
+@pytest.mark.parametrize("path", ["hook", "backend"])
 def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
     """A reducer SIGKILLed in the middle of DDP training (through the reducer.torch hook) costs
     nothing: the job finishes, and every parameter equals, bit for bit, the run without the
     failure; both through the hook and as plain DDP over the reduction_server backend (whose
-    fusion engine's agreement probes then fail over too)."""
+    fusion engine's agreement probes then fail over too: a worker's data and probe clients each
+    read their links while idle, tests/test_cross_group_failover.py)."""
     import torch
     from test_failover import Victim
 

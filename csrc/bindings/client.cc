@@ -134,7 +134,11 @@ GilFreeHolder<Client> make_client(const std::vector<std::string>& reducers, uint
 }
 
 py::dict stats_dict(const Client& c) {
-  rs::client::ClientStats st = c.stats();
+  rs::client::ClientStats st;
+  {
+    py::gil_scoped_release release;  // (another thread may hold the client's lock while it logs)
+    st = c.stats();
+  }
   py::dict d;
   d["bytes_sent"] = st.bytes_sent;
   d["bytes_received"] = st.bytes_received;
@@ -208,9 +212,17 @@ void bind_client(py::module_& m) {
            "Progress every round without blocking; True once round `id` is done (raises its error).")
       .def("wait", &Client::wait, py::arg("id"), py::call_guard<py::gil_scoped_release>(),
            "Block until round `id` is done (raises its error).")
-      .def_property_readonly("in_flight", &Client::in_flight)
+      .def("progress_while_idle", &Client::progress_while_idle, py::arg("period_s"),
+           py::call_guard<py::gil_scoped_release>(),
+           "With failover: a C++ thread passes over the links every period_s seconds in which no call "
+           "drives the client (a reducer's loss is read and the failover exchange joined); until close().")
+      // The client's lock may be held by a thread that logs (through Python's logging, with the
+      // GIL): every accessor that takes it releases the GIL first.
+      .def_property_readonly("in_flight",
+                             py::cpp_function(&Client::in_flight, py::call_guard<py::gil_scoped_release>()))
       .def("close", &Client::close, py::call_guard<py::gil_scoped_release>())
-      .def_property_readonly("connected", &Client::connected)
+      .def_property_readonly("connected",
+                             py::cpp_function(&Client::connected, py::call_guard<py::gil_scoped_release>()))
       .def(
           "options", [](const Client& c) { return options_dict(c.options()); },
           "The options this client runs with (ClientOptions), by setting name.")

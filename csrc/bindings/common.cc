@@ -49,8 +49,18 @@ namespace {
 // ---- logging: C++ log lines go to Python's logging module ("reducer.core") ----
 py::object* g_log_fn = nullptr;  // a Python callable (level, message), owned by the module
 
+bool py_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing() != 0;
+#else
+  return _Py_IsFinalizing() != 0;
+#endif
+}
+
 void py_log_sink(rs::LogLevel level, const std::string& msg) {
-  if (!Py_IsInitialized()) return;
+  // A C++ thread (a client's idle progress) must not take the GIL of a finalizing interpreter:
+  // the interpreter would end the thread inside C++ code (std::terminate). The line is dropped.
+  if (!Py_IsInitialized() || py_finalizing()) return;
   py::gil_scoped_acquire gil;
   if (!g_log_fn || g_log_fn->is_none()) return;
   try {

@@ -65,7 +65,7 @@ Client::Client(ClientOptions opts)
 
 Client::~Client() {
   try {
-    close();
+    close();  // (ends the idle progress thread too)
   } catch (...) {
   }
 }
@@ -221,12 +221,14 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
 }
 
 void Client::close() {
+  stop_idle_thread();  // first: it would otherwise pass over the links as they close
   std::lock_guard<std::mutex> lock(mu_);
   // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
   // Released rounds still waiting for their CLEARs leave with the session (their callers have them).
   if (running_ > 0 || released_open_ > 0 || recovery_->check_open())
     fail_all(ErrorKind::Config, "the client was closed while the round was in flight");
   disconnect(true);
+  idle_error_.reset();  // a later start() connects a new session
 }
 
 bool Client::connected() const {
@@ -306,6 +308,11 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   if (running_ >= max_rounds) {
     if (!may_wait) return false;
     drive(lk, 0, true);
+  }
+  if (idle_error_) {  // an idle pass met an error (idle.cc): this call reports it, the next reconnects
+    Error e = std::move(*idle_error_);
+    idle_error_.reset();
+    throw e;
   }
   if (links_.empty()) {
     // First use after an error (or after close): start a fresh group session.
@@ -489,8 +496,8 @@ void Client::watch(std::vector<pollfd>* pfds) {
 // One non-blocking pass over the links: each link that can move bytes takes its turn
 // (pump_link), then finished rounds retire and the recovery coordinator looks at losses and
 // stalls. Any error that is not a reducer's loss fails every round in flight.
-bool Client::pump(const pollfd* ready) {
-  if (links_.empty() || open_ == 0) return false;
+bool Client::pump(const pollfd* ready, bool idle) {
+  if (links_.empty() || (open_ == 0 && !idle)) return false;
   bool moved = false;
   try {
     if (!ready) ready = poll_links();

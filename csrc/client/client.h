@@ -37,13 +37,18 @@
 #pragma once
 
 #include <poll.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
+#include <chrono>
+#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <string>
+#include <thread>
 #include <unordered_map>
 #include <vector>
 
@@ -147,6 +152,15 @@ class Client {
   // Rounds started and not yet handed back (a released round waiting for its CLEARs is not counted).
   size_t in_flight() const;
 
+  // With failover, starts a thread that, every `period_s` seconds in which no call drives this
+  // client, passes over its links without waiting (client/idle.cc): a reducer's loss or its
+  // ERROR Failover is read and the failover exchange joined while the caller is busy elsewhere.
+  // A process with two clients of one job (the fusion engine's data and probe groups) needs it:
+  // one of them may wait in an exchange for the other workers' idle client of the same group.
+  // An error such a pass meets drops the session as a call would, and the next start() raises it.
+  // Runs until close(); a second call only changes the period; nothing without failover.
+  void progress_while_idle(double period_s);
+
   // Says goodbye to every reducer; rounds in flight fail. Idempotent; a later start() reconnects.
   void close();
   bool connected() const;
@@ -173,8 +187,8 @@ class Client {
                     Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
-  bool pump(const pollfd* ready = nullptr);
-  void poll_and_pump(std::vector<pollfd>* pfds, int ms);  // waits up to ms for a link (lock held), then pump()
+  bool pump(const pollfd* ready = nullptr, bool idle = false);  // idle: also with no round open (idle.cc)
+  void poll_and_pump(std::vector<pollfd>* pfds, int ms);        // waits up to ms for a link (lock held), then pump()
   // pump()'s handlers, in the order a pass meets them:
   const pollfd* poll_links();            // which links can move bytes now (poll, no wait)
   bool pump_link(size_t li, short rev);  // link li's turn: write, read, queue more
@@ -192,6 +206,9 @@ class Client {
   void retire();             // drops finished rounds from the front of the session's
   std::string describe_stall() const;
   void wake_waiters();
+  void idle_loop();         // the progress_while_idle thread's body (client/idle.cc)
+  void idle_pass();         // one pass over the links with no call driving them (mu_ held)
+  void stop_idle_thread();  // ends and joins that thread (mu_ not held)
 
   ClientOptions opts_;
   std::vector<net::HostPort> addrs_;
@@ -228,6 +245,14 @@ class Client {
   std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
   uint64_t session_gen_ = 0;  // changes whenever links_ does
   mutable std::mutex mu_;
+  // progress_while_idle(): its thread, period and stop flag (under mu_), and the error one of its
+  // passes met (the next start() raises it).
+  std::unique_ptr<std::thread> idle_thread_;
+  pid_t idle_pid_ = 0;  // the process that started it (a forked child has no such thread)
+  std::condition_variable idle_cv_;
+  std::chrono::milliseconds idle_period_{0};
+  bool idle_stop_ = false;
+  std::optional<Error> idle_error_;
 };
 
 }  // namespace rs::client
