@@ -22,7 +22,7 @@ import reducer
 from reducer._native import core
 from reducer.communicator import IDLE_PROGRESS_S
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.sanitize]
 
 WORLD = 2
 CONNECT_TIMEOUT = 8.0  # the old code waited this long, then raised

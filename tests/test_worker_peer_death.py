@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import signal
 import struct
 import time
 from collections.abc import Sequence
@@ -127,7 +128,9 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
     """A reducer dies mid-round; the survivor moves to a failover session on the other reducer,
     and its peer dies before it noticed the loss, so it never comes there. That rendezvous waits up to
     connect_timeout (docs/protocol.md), then raises; it does not wait forever (the soak's
-    second kind of "hang": its hang threshold was below the workers' connect_timeout)."""
+    second kind of "hang": its hang threshold was below the workers' connect_timeout).
+    The peer is frozen (SIGSTOP) before the reducer stops: a live idle peer would read the loss on
+    its idle-progress thread and join the failover session (tests/test_cross_group_failover.py)."""
     servers = reducers(2)
     addrs = [s.address for s in servers]
     group = "peerdeath-failover"
@@ -136,9 +139,10 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
     try:
         fut = pool.submit(join_then_round, addrs, 0, group, 1 << 20, "", 15.0)
         _wait_for(lambda: _received_everywhere(servers, group), "no round of the group reached every reducer")
+        os.kill(victim.pid, signal.SIGSTOP)  # it can notice nothing from now on
         servers[1].stop()
         # The survivor is in the failover session's rendezvous on servers[0] (a new session of the
-        # group, rank 0 connected) when its peer dies, which has not noticed the loss (it sleeps).
+        # group, rank 0 connected) when its peer dies, which has not noticed the loss (frozen).
         _wait_for(
             lambda: any(
                 r["group"] != group and r["group"].startswith(group) and r["connected"] == 1
