@@ -10,7 +10,8 @@
 // by round number and offset. The byte moving is csrc/net/frame_io.h. The implementation is in
 // parts: client.cc (rounds, links, the pump over them), schedule.{h,cc} (which chunk goes next on
 // which connection), staging.{h,cc} (compression), recovery.{h,cc} (failover and rejoin; its
-// pure decisions are failover.{h,cc}), round.h (the state they share).
+// pure decisions are failover.{h,cc}), idle.cc (passes while no call drives the client), round.h
+// (the state they share).
 //
 // Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
 // buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
