@@ -400,7 +400,13 @@ def p2p_peer(
 def _p2p_peer(rank: int, rdv: str, version: int, sizes: Sequence[int], extra: int) -> dict[str, Any]:
     tasks_before = len(os.listdir("/proc/self/task"))
     plugin = Plugin()
-    net = init_net(plugin, version)
+    try:
+        net = init_net(plugin, version)
+    except BaseException:
+        # Unload it: a pool process keeps its state otherwise, and the next test's Plugin() would
+        # get the same, already initialized library back (its RS_* settings read once).
+        plugin.close()
+        raise
     ndev = C.c_int()
     check(net.devices(C.byref(ndev)), "devices", plugin)
     props = PROPS[version]()
