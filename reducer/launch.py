@@ -51,7 +51,9 @@ __all__ = ["launch", "build_cluster", "cluster_spec", "worker_env", "free_ports"
 # Cluster / rank variables a child must not inherit from the launcher's own environment: the
 # launcher sets the ones that apply, and e.g. an inherited RS_PORT would put every reducer on
 # one port.
-_CLEARED_ENV = (
+# What a child must not inherit from the launcher's own environment: it would change what the
+# child discovers (tests/conftest.py builds its children's environments from it too).
+CLEARED_ENV = (
     "CLUSTER_SPEC",
     "TF_CONFIG",
     "RS_REDUCERS",
@@ -215,7 +217,7 @@ def worker_env(
 
 def _base_env(base: Mapping[str, str] | None) -> dict[str, str]:
     env = dict(os.environ if base is None else base)
-    for k in _CLEARED_ENV:
+    for k in CLEARED_ENV:
         env.pop(k, None)
     env.setdefault("PYTHONUNBUFFERED", "1")  # so output lines arrive when printed
     return env

@@ -11,11 +11,26 @@ from typing import Any
 
 import pytest
 
+from reducer.launch import CLEARED_ENV
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 if HERE not in sys.path:
     sys.path.insert(0, HERE)
 
 MAX_POOL = 5
+
+# Variables of the test runner's own environment that would change what a child process discovers
+# (the launcher's list), how it authenticates, logs or sizes its threads.
+CHILD_ENV_DROP = (*CLEARED_ENV, "RS_AUTH_TOKEN", "RS_AUTH_TOKEN_FILE", "RS_LOG_LEVEL", "RS_THREADS")
+
+
+def child_env(drop: Sequence[str] = (), **extra: str) -> dict[str, str]:
+    """This process's environment without CHILD_ENV_DROP (and `drop`), unbuffered, plus `extra`."""
+    gone = set(CHILD_ENV_DROP) | set(drop)
+    env = {k: v for k, v in os.environ.items() if k not in gone}
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
 
 
 @pytest.fixture(scope="session")

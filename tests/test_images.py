@@ -33,6 +33,7 @@ import time
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 from reducer.launch import free_ports
 
@@ -41,27 +42,6 @@ REDUCER_DOCKERFILE = ROOT / "docker" / "reducer.Dockerfile"
 WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
-
-_ENV_DROP = (
-    "CLUSTER_SPEC",
-    "TF_CONFIG",
-    "RS_REDUCERS",
-    "RS_RANK",
-    "RS_WORLD_SIZE",
-    "RS_PORT",
-    "RS_HOST",
-    "RS_AUTH_TOKEN",
-    "RS_AUTH_TOKEN_FILE",
-    "RS_LOG_LEVEL",
-    "RS_THREADS",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "RANK",
-    "WORLD_SIZE",
-    "PYTHONPATH",
-    "PYTHONHOME",
-    "VIRTUAL_ENV",
-)
 
 
 # -- reading the Dockerfiles ---------------------------------------------------------------------
@@ -220,10 +200,9 @@ def venv(tmp_path_factory) -> dict[str, Path]:
 
 
 def _venv_env(venv: dict[str, Path], **extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
+    env = child_env(drop=("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"))
     env["PATH"] = f"{venv['bin']}{os.pathsep}{env.get('PATH', '')}"
     env["VIRTUAL_ENV"] = str(venv["root"])
-    env["PYTHONUNBUFFERED"] = "1"
     env.update(extra)
     return env
 

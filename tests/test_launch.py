@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from conftest import child_env
 
 from reducer import cluster, launch
 from reducer.errors import ConfigError
@@ -29,29 +30,9 @@ EXAMPLE = ROOT / "examples" / "allreduce_numpy.py"
 
 pytestmark = pytest.mark.timeout(60)
 
-# Variables of the test runner's own environment that would change what the children discover.
-_ENV_DROP = (
-    "CLUSTER_SPEC",
-    "TF_CONFIG",
-    "RS_REDUCERS",
-    "RS_RANK",
-    "RS_WORLD_SIZE",
-    "RS_PORT",
-    "RS_HOST",
-    "RS_AUTH_TOKEN",
-    "RS_AUTH_TOKEN_FILE",
-    "RS_LOG_LEVEL",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "RANK",
-    "WORLD_SIZE",
-)
-
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
+    return child_env()
 
 
 def _launch_argv(*args: str) -> list[str]:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import re
 import signal
 import socket
@@ -15,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from conftest import CHILD_ENV_DROP, child_env
 
 import reducer
 from reducer.cli import serve
@@ -25,26 +25,10 @@ from reducer.launch import free_ports
 pytestmark = pytest.mark.timeout(60)
 
 ROOT = Path(__file__).resolve().parents[1]
-_ENV_DROP = (
-    "CLUSTER_SPEC",
-    "TF_CONFIG",
-    "RS_REDUCERS",
-    "RS_RANK",
-    "RS_WORLD_SIZE",
-    "RS_PORT",
-    "RS_HOST",
-    "RS_AUTH_TOKEN",
-    "RS_AUTH_TOKEN_FILE",
-    "RS_THREADS",
-    "RS_LOG_LEVEL",
-)
 
 
 def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k not in _ENV_DROP}
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
+    return child_env(**extra)
 
 
 def vertex_spec(pools: dict[str, list[str]], task_type: str, index: int) -> str:
@@ -238,7 +222,7 @@ _WORKERS = {"workerpool0": ["10.0.0.1:2222"], "workerpool1": ["10.0.0.2:2222"], 
     ],
 )
 def test_not_a_reducer_is_a_clear_error(monkeypatch, capsys, variable, text, expected):
-    for k in _ENV_DROP:
+    for k in CHILD_ENV_DROP:
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv(variable, text)
     assert main(["serve"]) == 2
@@ -290,7 +274,7 @@ def test_auth_token_file(served, tmp_path):
 
 
 def test_auth_token_file_errors(monkeypatch, capsys, tmp_path):
-    for k in _ENV_DROP:
+    for k in CHILD_ENV_DROP:
         monkeypatch.delenv(k, raising=False)
     empty = tmp_path / "empty"
     empty.write_text("\n")
