@@ -87,10 +87,18 @@ def test_listener_bounds_silent_and_junk_connections(monkeypatch):
         assert len(drop_lines(plugin)) <= BURST * (1 + math.ceil(elapsed / WINDOW_S)), drop_lines(plugin)
         assert open_fds() - base - len(clients) <= MAX_PENDING
 
-        # After the hello timeout every silent one is closed too.
+        # After the hello timeout every silent one is closed too. A connection the kernel queued
+        # late (its handshake's last ACK lost to a full accept queue under load, then retried) is
+        # taken by a later accept() with a timer of its own: poll until none is held, bounded.
         time.sleep(1.2)
-        assert not accept_once(plugin, net, lcomm).value
-        assert open_fds() - base - len(clients) == 0
+        deadline = time.monotonic() + 15.0
+        while True:
+            assert not accept_once(plugin, net, lcomm).value
+            held = open_fds() - base - len(clients)
+            if held == 0 or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert held == 0, f"{held} silent connection(s) still open 15 s after the hello timeout"
     finally:
         for c in clients:
             c.close()
