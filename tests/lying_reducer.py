@@ -103,9 +103,13 @@ class LyingReducer:
         max_conns: int = 8,
         timeout: float = 20.0,
         on_done: OnDone | None = None,
+        idle_lie: tuple[float, bytes] | None = None,
     ) -> None:
         self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
         self.on_done = on_done
+        # (delay, bytes): sent on the first connection `delay` seconds after it answered its first
+        # DATA frame, unasked: to a worker that has its results and is idle by then.
+        self.idle_lie = idle_lie
         self.data: list[tuple[int, Header]] = []  # (connection, header) of every DATA frame received
         self.errors: list[BaseException] = []  # unexpected failures of the script itself
         self._lock = threading.Lock()
@@ -157,6 +161,8 @@ class LyingReducer:
                         self.data.append((index, h))
                     out = self.on_data(index, h, payload) if self.on_data else None
                     conn.sendall(result_for(h, payload) if out is None else out)
+                    if index == 0 and self.idle_lie is not None:
+                        self._send_later(conn, *self.idle_lie)
                 elif h.type == DONE:
                     out = self.on_done(index, h) if self.on_done else None
                     conn.sendall(clear_frame(h.round) if out is None else out)
@@ -166,6 +172,20 @@ class LyingReducer:
             pass  # the worker left
         except BaseException as exc:  # a broken script: reported to the test
             self.errors.append(exc)
+
+    def _send_later(self, conn: socket.socket, delay: float, data: bytes) -> None:
+        self.idle_lie = None  # once
+
+        def send() -> None:
+            if not self._stop.wait(delay):
+                try:
+                    conn.sendall(data)
+                except OSError:
+                    pass  # the worker left
+
+        t = threading.Thread(target=send, daemon=True)
+        t.start()
+        self._threads.append(t)
 
     def __enter__(self) -> LyingReducer:
         t = threading.Thread(target=self._accept, daemon=True)

@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from attack_tools import BYE, ERR_PROTOCOL, ERR_SHUTDOWN, Status
+from attack_tools import BYE, DATA, ERR_PROTOCOL, ERR_SHUTDOWN, F32, SUM, Status
 from lying_reducer import ERR_FAILOVER, EXCHANGE_TAG, Header, LyingReducer, clear_frame, error_frame, result_for
 
 pytestmark = pytest.mark.timeout(120)
@@ -55,6 +55,12 @@ try:
     a = np.arange(args["n"], dtype=np.float32)
     client.allreduce(a, "float32", "sum")
     out["sum"] = float(a.astype(np.float64).sum())
+    if args["idle"]:  # then idle, its links read by the idle-progress thread only, then a round
+        client.progress_while_idle(0.05)
+        import time
+        time.sleep(args["idle"])
+        out["connected_after_idle"] = client.connected
+        client.allreduce(np.arange(args["n"], dtype=np.float32), "float32", "sum")
 except reducer.ReductionError as exc:
     out["error"] = type(exc).__name__
     out["message"] = str(exc)
@@ -67,12 +73,14 @@ print(json.dumps(out))
 """
 
 
-def run_worker(address: str, failover: bool = True) -> dict[str, Any]:
-    """Runs the worker against `address`; returns its report after checking it ended cleanly."""
+def run_worker(address: str, failover: bool = True, idle: float = 0.0) -> dict[str, Any]:
+    """Runs the worker against `address`; returns its report after checking it ended cleanly.
+    idle > 0: after its round it lets the idle-progress thread read its links for `idle` seconds,
+    then starts another round."""
     env = dict(os.environ)
     env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     proc = subprocess.run(
-        [sys.executable, "-c", _WORKER, json.dumps({"address": address, "failover": failover, "n": N})],
+        [sys.executable, "-c", _WORKER, json.dumps({"address": address, "failover": failover, "n": N, "idle": idle})],
         capture_output=True,
         text=True,
         timeout=90,
@@ -261,6 +269,38 @@ def test_lying_frames_are_a_clear_protocol_error(lie, why, failover):
     with LyingReducer(lie) as fake:
         report = run_worker(fake.address, failover=failover)
     expect_error(report, "ProtocolError", fake.address, why)
+    assert not fake.errors
+
+
+# ---- frames sent to an idle worker --------------------------------------------------------------
+
+
+@pytest.mark.sanitize
+@pytest.mark.parametrize(
+    "lie,kind,why",
+    [
+        (
+            result_for(Header(DATA, F32, SUM, 0, 4096, 7, 4096, 4096, 0, 0), bytes(4096)),
+            "ProtocolError",
+            "round 7 is not in flight",
+        ),
+        (clear_frame(U64 - 1), "ProtocolError", "cleared round 18446744073709551615"),
+        (b"\xff" * 64, "ProtocolError", "unknown frame type 255"),
+        (error_frame(ERR_PROTOCOL, b"idle lie \x1b[2J"), "ProtocolError", "idle lie \\x1b[2J"),
+        (error_frame(ERR_SHUTDOWN, b"going away"), "PeerLostError", "every reducer is lost"),
+    ],
+    ids=["result-never-started", "clear-2^64-1", "garbage", "error-text", "shutdown"],
+)
+def test_a_lie_to_an_idle_worker_is_read_by_its_idle_thread_and_raised_by_the_next_round(lie, kind, why):
+    """Idle progress (Client.progress_while_idle) reads a reducer's frames with no call inside the
+    client: a frame sent unasked to a worker that has its results is parsed by the same checks as
+    in a call, drops the session there (not connected any more when the worker comes back), and
+    the next round raises the one clear error; the process ends normally."""
+    with LyingReducer(idle_lie=(0.3, lie)) as fake:
+        report = run_worker(fake.address, idle=1.5)
+    assert report["sum"] == float(np.arange(N, dtype=np.float64).sum()), report  # the honest first round
+    assert report["connected_after_idle"] is False, report  # the idle thread read the lie
+    expect_error(report, kind, why)
     assert not fake.errors
 
 
