@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 step() { printf '\n==> scripts/test.sh: %s\n' "$*"; }
 lint=0
 if [ "${1:-}" = "--lint" ]; then lint=1; shift; fi
-n=$((4 + lint))  # the number of stages
+n=$((5 + lint))  # the number of stages
 
 # System tools some tests use: clang (libFuzzer, for the bounded fuzz run of the wire parsers)
 # and ccache (the image test rebuilds the core from a copy of the tree).
@@ -29,19 +29,27 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${NO_APT:-}
     fi
   fi
 fi
-if command -v ccache >/dev/null 2>&1; then
-  export CC="${CC:-ccache gcc}" CXX="${CXX:-ccache g++}"
-fi
+. scripts/install-lib.sh
+rs_use_ccache
 step "[1/$n] virtual environment .venv (python3 -m venv)"
 python3 -m venv .venv
 . .venv/bin/activate
 step "[2/$n] upgrading pip"
 python -m pip install --upgrade pip
-# torch is pinned to the CPU build (a newer torch would pull a multi-GB CUDA build).
-step "[3/$n] installing the package with its test dependencies and torch (CPU); compiling the C++ core takes about 2 minutes on 2 cores"
-python -m pip install -e ".[test]" "torch==2.13.0"
+# torch: the CPU-only build, pinned (the default build on PyPI bundles CUDA: gigabytes). First as
+# `torch==2.13.0+cpu`, which a local wheel cache or a configured index (pip's find-links /
+# extra-index-url) answers offline; where none has it, from PyTorch's CPU-only index
+# (RS_TORCH_INDEX_URL overrides it). Installed before the package so that nothing pulls another build.
+torch_cpu="torch==2.13.0+cpu"
+step "[3/$n] installing torch 2.13.0, CPU-only build"
+if ! python -m pip install "$torch_cpu"; then
+  echo "scripts/test.sh: $torch_cpu is in no local cache or configured index; trying PyTorch's CPU-only index" >&2
+  python -m pip install --index-url "${RS_TORCH_INDEX_URL:-https://download.pytorch.org/whl/cpu}" "$torch_cpu"
+fi
+step "[4/$n] installing the package with its test dependencies; compiling the C++ core takes about 2 minutes on 2 cores"
+rs_pip_install -e ".[test]" "$torch_cpu"
 if [ "$lint" = 1 ]; then
-  step "[4/$n] static checks: scripts/lint.sh (ruff, mypy, clang-format)"
+  step "[5/$n] static checks: scripts/lint.sh (ruff, mypy, clang-format)"
   bash scripts/lint.sh
 fi
 step "[$n/$n] running the test suite: python -m pytest $*"

@@ -32,7 +32,7 @@ def _sdk_or_skip() -> Any:
     try:
         from google.cloud.aiplatform_v1.types import CustomJobSpec
     except ImportError:
-        pytest.skip("google-cloud-aiplatform is not installed (pip install 'reduction-server[vertex]')")
+        pytest.skip("google-cloud-aiplatform is not installed (pip install google-cloud-aiplatform)")
     return CustomJobSpec
 
 

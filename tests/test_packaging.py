@@ -132,7 +132,7 @@ def test_test_script_says_when_it_installs_system_packages(tmp_path, no_apt):
     said = "installing clang ccache system-wide with apt-get" in out.stdout
     installed = log.exists() and "install -y -qq clang ccache" in log.read_text()
     assert (said, installed) == ((False, False) if no_apt else (True, True)), out.stdout
-    assert "[1/4] virtual environment .venv" in out.stdout  # a line per stage
+    assert "[1/5] virtual environment .venv" in out.stdout  # a line per stage
 
 
 def test_set_up_scripts_show_pips_output():

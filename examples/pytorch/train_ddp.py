@@ -1,6 +1,6 @@
 """DDP training of a small MLP on scikit-learn's handwritten digits, all-reducing through the reducers.
 
-    pip install reduction-server[torch] scikit-learn
+    pip install torch scikit-learn       # in the environment where reduction-server is installed
     reduction-server launch --workers 2 --reducers 2 -- python examples/pytorch/train_ddp.py
 
 Modes (all from the same seed, so their parameters can be compared):

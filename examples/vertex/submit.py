@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Submit a reduction-server CustomJob to Vertex AI with the google-cloud-aiplatform SDK.
 
-    pip install 'reduction-server[vertex]'        # or: pip install google-cloud-aiplatform
+    pip install google-cloud-aiplatform            # beside reduction-server (a clone or its wheel)
     gcloud auth application-default login
     python examples/vertex/submit.py --project my-project --region us-central1 \
         --bucket gs://my-bucket [--config examples/vertex/custom_job.yaml]
@@ -26,8 +26,7 @@ def _require_aiplatform() -> Any:
     try:
         from google.cloud import aiplatform
     except ImportError:
-        sys.exit("submit.py needs the Vertex AI SDK: pip install 'reduction-server[vertex]' "
-                 "(or pip install google-cloud-aiplatform)")
+        sys.exit("submit.py needs the Vertex AI SDK: pip install google-cloud-aiplatform")
     return aiplatform
 
 

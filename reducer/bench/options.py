@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 
 from .. import config as rs_config
 from ..errors import ConfigError
+from ..wording import install_hint
 from . import control_ab
 from .poller import DEFAULT_INTERVAL_S
 
@@ -89,7 +90,7 @@ def available_algos(steps: bool = False) -> dict[str, str | None]:
     if steps:
         out = {"rs": None, "rs+bf16": None, "ring": None, "gloo": None}
     if importlib.util.find_spec("torch") is None:
-        missing = "torch is not installed (pip install 'reduction-server[torch]')"
+        missing = f"torch is not installed ({install_hint('torch', 'torch')})"
         for a in out:
             if a != "ring" and (a.startswith("gloo") or steps):
                 out[a] = missing

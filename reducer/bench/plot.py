@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..wording import install_hint
 from .report import MIN_BOUND_SIZE, TCP_PAYLOAD_FRACTION, bus_factor, rs_factor
 
 STYLE = {
@@ -22,7 +23,7 @@ def _pyplot():
         import matplotlib.pyplot as plt
     except ImportError as exc:
         raise SystemExit(
-            "--plot needs matplotlib: pip install 'reduction-server[plot]' (or: pip install matplotlib)"
+            f"--plot needs matplotlib: {install_hint('plot', 'matplotlib')}"
         ) from exc
     return plt
 

@@ -20,6 +20,7 @@ from typing import Any
 import yaml
 
 from ..errors import ConfigError
+from ..wording import install_hint
 from .bandwidth import WorkerBandwidth, worker_bandwidth
 from .planner import DEFAULT_REDUCER_MACHINE, REDUCER_MACHINES, Plan, plan_reducers
 
@@ -182,6 +183,6 @@ def to_sdk_spec(spec: dict[str, Any]) -> Any:
         from google.cloud.aiplatform_v1.types import CustomJobSpec
     except ImportError as exc:
         raise ConfigError(
-            "validating a spec needs google-cloud-aiplatform: pip install 'reduction-server[vertex]'"
+            f"validating a spec needs google-cloud-aiplatform: {install_hint('vertex', 'google-cloud-aiplatform')}"
         ) from exc
     return CustomJobSpec.from_json(json.dumps(spec))

@@ -14,19 +14,22 @@ PyTorch is an optional dependency; the rest of the library works without it.
 
 from __future__ import annotations
 
+from ..wording import install_hint as _install_hint
+
 try:
     import torch as _torch
     import torch.distributed as _dist
 except ImportError as _exc:  # torch missing (or broken): say how to get it
     raise ImportError(
         "reducer.torch needs PyTorch, which could not be imported "
-        f"({_exc}): install it with `pip install reduction-server[torch]` (or `pip install torch`)"
+        f"({_exc}): install it with {_install_hint('torch', 'torch')}"
     ) from _exc
 
 if not _dist.is_available():  # pragma: no cover - builds without distributed support
     raise ImportError(
         f"reducer.torch needs torch.distributed, which this PyTorch build ({_torch.__version__}) does not "
-        "include: install a PyTorch build with distributed support (`pip install reduction-server[torch]`)"
+        "include: install a PyTorch build with distributed support (the CPU build: "
+        "pip install torch --index-url https://download.pytorch.org/whl/cpu)"
     )
 
 from .backend import BACKEND_NAME, ReductionServerProcessGroup, register_backend  # noqa: E402
