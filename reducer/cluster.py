@@ -289,6 +289,12 @@ def _from_rs(
     )
 
 
+def has_cluster(env: Mapping[str, str] | None = None) -> bool:
+    """Whether the environment describes a cluster at all (CLUSTER_SPEC, TF_CONFIG or RS_REDUCERS)."""
+    env = os.environ if env is None else env
+    return core.cluster.spec_from_env(env.get) is not None or bool(env.get("RS_REDUCERS", "").strip())
+
+
 def discover(
     env: Mapping[str, str] | None = None,
     *,

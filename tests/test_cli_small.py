@@ -127,3 +127,51 @@ def test_reducer_log_lines_count_in_the_singular(caplog):
     assert "1 threads" not in text and "1 streams" not in text, text
     assert "(world size 1, 1 stream, chunk" in text, text
     assert plural(1, "round") == "1 round" and plural(0, "round") == "0 rounds"
+
+
+@pytest.mark.parametrize(
+    ("argv", "names"),
+    [
+        (["serve", "--port", "abc"], "--port"),
+        (["serve", "--bogus"], "--bogus"),
+        (["launch", "--workers", "x"], "--workers"),
+        (["bogus"], "bogus"),
+    ],
+)
+def test_bad_arguments_are_one_line_naming_the_flag(argv: list[str], names: str, capsys) -> None:
+    """Issue 30 point 4: argparse's own errors print the whole usage first (14 lines for
+    `serve --port abc`) and an unknown flag of a subcommand was the top level's error."""
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "usage:" not in err, err
+    assert names in err and "error:" in err, err
+    if argv[0] != "bogus":
+        assert err.startswith(f"reduction-server {argv[0]}: error:"), err  # the subcommand's, not the top level's
+
+
+def test_launch_keeps_the_commands_own_flags(monkeypatch) -> None:
+    """The one-line errors parse known arguments first: flags after `--` stay the command's."""
+    seen: dict[str, Any] = {}
+    monkeypatch.setattr("reducer.cli.launch.launch", lambda *a, **k: seen.update(args=a, kw=k) or 0)
+    assert main(["launch", "--workers", "1", "--", "python", "x.py", "--bogus", "1"]) == 0
+    assert "--bogus" in repr(seen), seen
+
+
+def test_status_without_a_cluster_says_what_to_pass(capsys, monkeypatch) -> None:
+    for var in ("CLUSTER_SPEC", "TF_CONFIG", "RS_REDUCERS"):
+        monkeypatch.delenv(var, raising=False)
+    assert main(["status"]) == 2
+    err = capsys.readouterr().err
+    assert "no reducers to ask: pass their control addresses" in err, err
+    assert "RS_RANK" not in err and "world_size=" not in err, err  # not the library's Python wording
+    assert main(["status", "127.0.0.1:1", "--auth-token-file", "/nonexistent/secret"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot read auth token file" in err and "control addresses" not in err, err
+
+
+def test_nccl_plugin_install_into_a_bad_directory(capsys) -> None:
+    assert main(["nccl-plugin", "--install", "/proc/nope"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == "reduction-server nccl-plugin: error: cannot install into /proc/nope: No such file or directory", err

@@ -22,9 +22,7 @@ def _pyplot():
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError as exc:
-        raise SystemExit(
-            f"--plot needs matplotlib: {install_hint('plot', 'matplotlib')}"
-        ) from exc
+        raise SystemExit(f"--plot needs matplotlib: {install_hint('plot', 'matplotlib')}") from exc
     return plt
 
 

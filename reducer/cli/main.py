@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
+from typing import NoReturn
 
 from reducer import __version__
 from reducer.config import setup_logging
@@ -30,8 +31,20 @@ SUBCOMMANDS = [
 ]
 
 
+class OneLineErrorParser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one line on stderr and exit status 2.
+
+    argparse prints the whole usage before a bad value (`serve --port abc`: 14 lines) but a single
+    line for errors raised later (`--port 99999`); every command answers bad input the second way,
+    naming the flag, with a pointer to its --help.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = OneLineErrorParser(
         prog="reduction-server",
         description="Reduction server: a faster all-reduce for data-parallel training.",
     )
@@ -39,7 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}", help="print the version and exit"
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineErrorParser)
     sub.required = True
     for _name, module in SUBCOMMANDS:
         try:
@@ -54,7 +67,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # reported by the subcommand's parser (`serve --bogus` is serve's error, not the top level's)
+        sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        sub.choices[args.command].error(f"unrecognized arguments: {' '.join(extra)}")
     setup_logging(args.log_level)
     return int(args.func(args) or 0)
 

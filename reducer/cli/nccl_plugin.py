@@ -115,9 +115,10 @@ def run(args: argparse.Namespace) -> int:
             directory = args.install.resolve()
         else:
             directory = plugin_path().parent
-    except (FileNotFoundError, OSError) as exc:
-        print(f"reduction-server nccl-plugin: error: {exc}", file=sys.stderr)
-        return 1
+    except OSError as exc:
+        where = f"cannot install into {args.install}" if args.install is not None else "cannot find the library"
+        print(f"reduction-server nccl-plugin: error: {where}: {exc.strerror or exc}", file=sys.stderr)
+        return 2
     for note in notes:
         print(f"reduction-server nccl-plugin: {note}", file=sys.stderr)
     if args.conf:

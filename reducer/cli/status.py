@@ -68,6 +68,11 @@ def control_addresses(addresses: Sequence[str], env: Mapping[str, str] | None = 
             cluster.parse_address(a)  # ConfigError names the bad one
         return list(addresses)
     env = os.environ if env is None else env
+    if not cluster.has_cluster(env):
+        raise ConfigError(
+            "no reducers to ask: pass their control addresses (HOST:PORT ...), or run where CLUSTER_SPEC, "
+            "TF_CONFIG or RS_REDUCERS names them"
+        )
     info = cluster.discover(env)
     raw = env.get(config.SETTINGS["control_port"].env, "")
     try:
@@ -235,10 +240,7 @@ def run(args: argparse.Namespace) -> int:
         addresses = control_addresses(args.addresses)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
     except ConfigError as exc:
-        print(
-            f"reduction-server status: error: {exc} (or pass the reducers' control addresses HOST:PORT)",
-            file=sys.stderr,
-        )
+        print(f"reduction-server status: error: {exc}", file=sys.stderr)
         return 2
     reducers = snapshot(addresses, args.timeout, token)
     status = 0 if all("error" not in r for r in reducers) else 1
