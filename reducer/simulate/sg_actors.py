@@ -6,15 +6,17 @@ every parameter from the code's own rules and passes them in the spec), only the
 and simgrid. It prints one JSON object: ``{"seconds": T, "events": N}``.
 
 Network: SimGrid's flow-level TCP model (LV08: max-min fair sharing of every link among the flows
-that cross it, a flow's rate also bounded by its window: TCP_gamma / (2 x latency)). Each TCP
-connection is FIFO: a link's chunks are transferred one after the other (one receive posted at a
-time per connection), the connections of a host share its link. Hosts: one split-duplex link per
-host (its NIC, both directions at full rate) into a non-blocking switch, or a two-level fat tree.
+that cross it). Each TCP connection is FIFO: its chunks are transferred one after the other (one
+receive posted at a time per connection, the next as soon as one completes), the connections of a
+host share its link, and a message is handed over one propagation delay (half the round trip)
+after its last byte (Inbox). Hosts: one split-duplex link per host (its NIC, both directions at
+full rate) into a non-blocking switch, or a two-level fat tree.
 """
 
 from __future__ import annotations
 
 import glob
+import heapq
 import importlib.util
 import json
 import os
@@ -100,31 +102,74 @@ def fat_tree_xml(hosts: list[tuple[str, float]], latency: float, speed: float, l
 # ---- actors ---------------------------------------------------------------------------------
 
 
-DEPTH = 2  # receives posted per connection: a connection streams its next chunk while one arrives
-
-
 class Counter:
     """Simulated events (chunk transfers), reported with the result."""
 
     events = 0
 
 
-def _recv(sg: Any, comms: list[Any], datas: list[Any], owners: list[Any], mb: Any, owner: Any) -> None:
-    comm, data = mb.get_async()
-    comms.append(comm)
-    datas.append(data)
-    owners.append(owner)
+def _wait_any(sg: Any, comms: list[Any], timeout: float | None) -> int:
+    if hasattr(sg.Comm, "wait_any"):  # SimGrid 3.x
+        return int(sg.Comm.wait_any(comms) if timeout is None else sg.Comm.wait_any_for(comms, timeout))
+    # SimGrid 4.x: ActivitySet (written to its documented API; the tests run on 3.32)
+    aset = sg.ActivitySet(comms)
+    done = aset.wait_any() if timeout is None else aset.wait_any_for(timeout)
+    return next((n for n, c in enumerate(comms) if c is done or c == done), -1)
 
 
-def _take(sg: Any, comms: list[Any], datas: list[Any], owners: list[Any]) -> tuple[Any, Any]:
-    """Waits for the first of the posted receives to finish: (its owner, its payload)."""
-    i = sg.Comm.wait_any(comms)
-    comms[i], comms[-1] = comms[-1], comms[i]
-    datas[i], datas[-1] = datas[-1], datas[i]
-    owners[i], owners[-1] = owners[-1], owners[i]
-    comms.pop()
-    Counter.events += 1
-    return owners.pop(), datas.pop().get()
+class Inbox:
+    """An actor's TCP connections in: one receive posted per connection (a connection is FIFO),
+    the next posted as soon as one completes (the stream goes on), and each message handed over
+    one propagation delay after its last byte (`delay`: the links themselves have none, so a
+    stream pays the latency once, not per chunk)."""
+
+    def __init__(self, sg: Any, delay: float) -> None:
+        self.sg, self.delay = sg, delay
+        self.comms: list[Any] = []
+        self.datas: list[Any] = []
+        self.keys: list[Any] = []
+        self.left: dict[Any, int] = {}  # messages still to receive per connection
+        self.due: list[tuple[float, int, Any, Any]] = []  # (time, order, key, payload)
+        self.order = 0
+
+    def open(self, key: Any, mailbox: str, messages: int) -> None:
+        self.left[key] = messages
+        self._post(key, mailbox)
+
+    def _post(self, key: Any, mailbox: str) -> None:
+        if self.left[key] > 0:
+            self.left[key] -= 1
+            comm, data = self.sg.Mailbox.by_name(mailbox).get_async()
+            self.comms.append(comm)
+            self.datas.append(data)
+            self.keys.append((key, mailbox))
+
+    def pending(self) -> bool:
+        return bool(self.comms or self.due)
+
+    def take(self) -> tuple[Any, Any]:
+        """The next message handed over: (its connection's key, its payload)."""
+        sg = self.sg
+        while True:
+            now = sg.Engine.clock
+            if self.due and self.due[0][0] <= now + 1e-15:
+                _, _, key, payload = heapq.heappop(self.due)
+                return key, payload
+            timeout = self.due[0][0] - now if self.due else None
+            i = _wait_any(sg, self.comms, timeout) if self.comms else -1
+            if i < 0:
+                if not self.comms:
+                    sg.this_actor.sleep_until(self.due[0][0])
+                continue
+            for lst in (self.comms, self.datas, self.keys):
+                lst[i], lst[-1] = lst[-1], lst[i]
+            self.comms.pop()
+            payload = self.datas.pop().get()
+            key, mailbox = self.keys.pop()
+            Counter.events += 1
+            self._post(key, mailbox)
+            self.order += 1
+            heapq.heappush(self.due, (sg.Engine.clock + self.delay, self.order, key, payload))
 
 
 def rs_worker(sg: Any, spec: dict[str, Any], i: int, finish: list[float]) -> None:
@@ -137,10 +182,6 @@ def rs_worker(sg: Any, spec: dict[str, Any], i: int, finish: list[float]) -> Non
     out = [sg.Mailbox.by_name(f"d{j}_{i}") for j in range(len(shards))]
     nchunks = [-(-b // c) if b else 0 for b, c in shards]
     sent = [0] * len(shards)
-    comms: list[Any] = []
-    datas: list[Any] = []
-    owners: list[Any] = []
-
     def send(j: int) -> None:
         b, c = shards[j]
         k = sent[j]
@@ -155,20 +196,14 @@ def rs_worker(sg: Any, spec: dict[str, Any], i: int, finish: list[float]) -> Non
     first_window([j for j in range(len(shards)) if j not in late])
     if late:
         sg.Actor.create(f"w{i}.rto", sg.this_actor.get_host(), _after, sg, spec["rto"], first_window, sorted(late))
+    inbox = Inbox(sg, spec["delay"])
     for j, n in enumerate(nchunks):
-        owner = [j, 0, 0]  # reducer, results received, receives posted
-        for _ in range(min(DEPTH, n)):
-            _recv(sg, comms, datas, owners, sg.Mailbox.by_name(f"r{i}_{j}"), owner)
-            owner[2] += 1
-    while comms:
-        owner, _k = _take(sg, comms, datas, owners)
-        j = owner[0]
-        owner[1] += 1
+        if n:
+            inbox.open(j, f"r{i}_{j}", n)
+    while inbox.pending():
+        j, _k = inbox.take()
         if sent[j] < nchunks[j]:
             send(j)
-        if owner[2] < nchunks[j]:
-            _recv(sg, comms, datas, owners, sg.Mailbox.by_name(f"r{i}_{j}"), owner)
-            owner[2] += 1
     finish[i] = sg.Engine.clock
 
 
@@ -200,20 +235,10 @@ def rs_reducer_thread(sg: Any, spec: dict[str, Any], j: int, thread: int, thread
     nchunks = -(-b // c)
     workers = spec["workers"]
     mine = range(thread, workers, threads)
-    posted = dict.fromkeys(mine, 0)
     sum_bps = spec["sum_bps"]
-    comms: list[Any] = []
-    datas: list[Any] = []
-    owners: list[Any] = []
-
-    def post(i: int) -> None:
-        if posted[i] < nchunks:
-            _recv(sg, comms, datas, owners, sg.Mailbox.by_name(f"d{j}_{i}"), i)
-            posted[i] += 1
-
+    inbox = Inbox(sg, spec["delay"])
     for i in mine:
-        for _ in range(DEPTH):
-            post(i)
+        inbox.open(i, f"d{j}_{i}", nchunks)
 
     def fold(i: int, k: int) -> None:
         size = min(c, b - k * c)
@@ -237,16 +262,15 @@ def rs_reducer_thread(sg: Any, spec: dict[str, Any], j: int, thread: int, thread
             state.paused.append((i, k))  # the slot holds an older chunk: this link is not read
         else:
             fold(i, k)
-            post(i)
 
     def paused_here() -> bool:
         return any(w in mine for w, _ in state.paused)
 
-    while comms or paused_here():
-        if not comms:  # only paused links: another thread's chunk frees the slot
+    while inbox.pending() or paused_here():
+        if not inbox.pending():  # only paused chunks: another thread's chunk frees the slot
             state.wake[thread].acquire()
             continue
-        i, k = _take(sg, comms, datas, owners)
+        i, k = inbox.take()
         claim(i, k)
 
 
@@ -258,21 +282,13 @@ def ring_rank(sg: Any, spec: dict[str, Any], r: int, finish: list[float]) -> Non
     reduce_steps = steps // 2
     sum_bps = spec["sum_bps"]
     right = sg.Mailbox.by_name(f"ring{(r + 1) % n}")
-    left = sg.Mailbox.by_name(f"ring{r}")
     sizes = [min(c, seg - k * c) for k in range(-(-seg // c))] if seg else []
     for k, size in enumerate(sizes):
         right.put_init((0, k), size).detach()
-    total = steps * len(sizes)
-    posted = []
-    for _ in range(min(DEPTH, total)):
-        posted.append(left.get_async())
-    for n_got in range(total):
-        comm, data = posted.pop(0)
-        comm.wait()
-        s, k = data.get()
-        if n_got + len(posted) + 1 < total:
-            posted.append(left.get_async())
-        Counter.events += 1
+    inbox = Inbox(sg, spec["delay"])
+    inbox.open(0, f"ring{r}", steps * len(sizes))
+    while inbox.pending():
+        _, (s, k) = inbox.take()
         if s < reduce_steps and sum_bps:
             sg.this_actor.execute(sizes[k])
         if s + 1 < steps:
@@ -286,6 +302,7 @@ def ring_rank(sg: Any, spec: dict[str, Any], r: int, finish: list[float]) -> Non
 def run(spec: dict[str, Any]) -> dict[str, Any]:
     sg = load_simgrid()
     plat = spec["platform"]
+    spec["delay"] = plat["latency"] / 2  # one way; the links carry none (Inbox adds it per message)
     algo = spec["algo"]
     speed = spec["sum_bps"] or 1e18
     if algo == "rs":
@@ -296,10 +313,10 @@ def run(spec: dict[str, Any]) -> dict[str, Any]:
         hosts = [(f"w{i}", spec["worker_bps"]) for i in range(spec["ranks"])]
     cores = {name: spec.get("threads", 1) for name, _ in hosts if name.startswith("r")}
     if plat["kind"] == "fat_tree":
-        xml = fat_tree_xml(hosts, plat["latency"], speed, plat["leaf"], plat["uplinks"])
+        xml = fat_tree_xml(hosts, 0.0, speed, plat["leaf"], plat["uplinks"])
         names = {name: f"c{idx}" for idx, (name, _) in enumerate(hosts)}
     else:
-        xml = star_xml(hosts, plat["latency"], speed, cores)
+        xml = star_xml(hosts, 0.0, speed, cores)
         names = {name: name for name, _ in hosts}
     args = [
         "rs-simulate",
