@@ -18,8 +18,7 @@ import pytest
 
 from reducer import _core
 from reducer.cli.main import main
-from reducer.simulate import Network, Settings, SimulatorUnavailable, available, simulate
-from reducer.simulate import calibration, engine, model
+from reducer.simulate import Network, Settings, SimulatorUnavailable, available, calibration, engine, model, simulate
 
 MIB = 1 << 20
 _WHY = available()
@@ -185,7 +184,6 @@ def test_without_simgrid_the_error_says_how_to_install(tmp_path: Path) -> None:
         timeout=120,
     )
     assert plan.returncode == 0 and "predicted all-reduce:   none (" in plan.stdout
-
 
 
 def test_engine_unavailable_is_its_own_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

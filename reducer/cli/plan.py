@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reducer.config import parse_size
 from reducer.deploy.planner import (
     DEFAULT_REDUCER_MACHINE,
     REDUCER_CORE_GBPS,
@@ -14,7 +15,6 @@ from reducer.deploy.planner import (
     format_prediction,
     plan_reducers,
 )
-from reducer.config import parse_size
 from reducer.errors import ConfigError
 
 

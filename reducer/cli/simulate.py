@@ -37,7 +37,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     net = p.add_argument_group("network model")
     net.add_argument("--latency-us", type=float, default=100.0, help="round trip between two hosts (default 100)")
     net.add_argument("--efficiency", type=float, default=0.956, help="TCP payload / line rate (default 0.956)")
-    net.add_argument("--topology", choices=("star", "fat-tree"), default="star", help="per-host links (star) or a fat tree")
+    net.add_argument(
+        "--topology", choices=("star", "fat-tree"), default="star", help="per-host links (star) or a fat tree"
+    )
     net.add_argument("--leaf", type=int, default=16, help="fat tree: hosts per leaf switch (default 16)")
     net.add_argument("--uplinks", type=int, default=16, help="fat tree: spine links per leaf (default 16)")
     net.add_argument(
@@ -63,9 +65,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def _settings(args: argparse.Namespace) -> Any:
-    from reducer import config
-    from reducer.simulate import Network, Reducers, Settings
-    from reducer.deploy.planner import REDUCER_CORE_GBPS
+    from reducer import config  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
+    from reducer.deploy.planner import REDUCER_CORE_GBPS  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
+    from reducer.simulate import Network, Reducers, Settings  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
 
     queue = None if str(args.queue_ms).strip().lower() in ("none", "off") else float(args.queue_ms) / 1e3
     net = Network(
@@ -105,7 +107,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
 
 
 def _vertex(args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
-    from reducer.simulate.vertex import sweep
+    from reducer.simulate.vertex import sweep  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
 
     rows = sweep(size)
     print(f"{'workers':<28} {'reducers':<24} {'W':>5} {'R':>5} {'rs ms':>9} {'ring ms':>9} {'speed-up':>9}")
@@ -115,7 +117,7 @@ def _vertex(args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
             f"{r['rs_seconds'] * 1e3:>9.2f} {r['ring_seconds'] * 1e3:>9.2f} {r['speedup']:>8.2f}x"
         )
     if args.plot:
-        from reducer.simulate.plot import plot_speedup
+        from reducer.simulate.plot import plot_speedup  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
 
         plot_speedup(rows, args.plot, f"simulated all-reduce of {size >> 20} MiB: ring time / rs time")
         print(f"plot: {args.plot}")
@@ -123,8 +125,8 @@ def _vertex(args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
 
 
 def run(args: argparse.Namespace) -> int:
-    from reducer.bench.options import parse_sizes
-    from reducer.simulate import simulate
+    from reducer.bench.options import parse_sizes  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
+    from reducer.simulate import simulate  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
 
     try:
         sizes = parse_sizes(args.sizes)

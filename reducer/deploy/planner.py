@@ -228,8 +228,8 @@ def format_machine_table() -> str:
 def format_prediction(plan: Plan, nbytes: int) -> str:
     """The simulated all-reduce of `nbytes` on the plan's pool against the ring among its workers
     (reducer.simulate on SimGrid), or why there is none (SimGrid not installed)."""
-    from ..simulate import SimulatorUnavailable
-    from ..simulate.vertex import predict
+    from ..simulate import SimulatorUnavailable  # noqa: PLC0415 (reducer.simulate loads the C++ core)
+    from ..simulate.vertex import predict  # noqa: PLC0415
 
     size = f"{nbytes / (1 << 20):g} MiB"
     try:

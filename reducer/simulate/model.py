@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import engine
-from .params import Settings, ring_pipeline, rs_pipeline
+from .params import DEFAULTS, Settings, ring_pipeline, rs_pipeline
 
 MAX_WORKERS = 8  # simulated workers, reducers or ring ranks at most; larger jobs use the scale model
 MAX_FAT_TREE_HOSTS = 256
@@ -58,6 +58,9 @@ class Reducers:
     threads: int = 8
     core_gbps: float = 8 * 1.9  # reducer.deploy.planner.REDUCER_CORE_GBPS
     ring_core_gbps: float | None = None  # the ring's summing rate per rank; None: not a limit (NCCL sums on the GPU)
+
+
+DEFAULT_CPU = Reducers()
 
 
 @dataclass
@@ -106,7 +109,7 @@ def late_links(net: Network, workers: int, w_s: int, r_s: int, burst: int, reduc
 
 
 def simulate_rs(
-    nbytes: int, workers: int, reducers: int, net: Network, cpu: Reducers = Reducers(), s: Settings = Settings()
+    nbytes: int, workers: int, reducers: int, net: Network, cpu: Reducers = DEFAULT_CPU, s: Settings = DEFAULTS
 ) -> Result:
     pipe = rs_pipeline(nbytes, workers, reducers, s)
     used = [sh for sh in pipe.shards if sh[0]]
@@ -144,11 +147,17 @@ def simulate_rs(
         bound,
         w_s + r_s,
         out["events"],
-        {"chunk": used[0][1], "shard": used[0][0], "window": pipe.window, "slots": pipe.slots, "reducers_used": len(used)},
+        {
+            "chunk": used[0][1],
+            "shard": used[0][0],
+            "window": pipe.window,
+            "slots": pipe.slots,
+            "reducers_used": len(used),
+        },
     )
 
 
-def simulate_ring(nbytes: int, ranks: int, net: Network, cpu: Reducers = Reducers(), s: Settings = Settings()) -> Result:
+def simulate_ring(nbytes: int, ranks: int, net: Network, cpu: Reducers = DEFAULT_CPU, s: Settings = DEFAULTS) -> Result:
     pipe = ring_pipeline(nbytes, ranks, s)
     n_s = min(ranks, MAX_WORKERS)
     if net.topology == "fat-tree" and n_s != ranks:
@@ -165,4 +174,6 @@ def simulate_ring(nbytes: int, ranks: int, net: Network, cpu: Reducers = Reducer
     out = engine.run(spec)
     payload = net.worker_gbps * net.efficiency * GBPS
     bound = 2 * (ranks - 1) / ranks * nbytes / payload
-    return Result("ring", nbytes, out["seconds"], bound, n_s, out["events"], {"chunk": pipe.chunk, "segment": pipe.segment})
+    return Result(
+        "ring", nbytes, out["seconds"], bound, n_s, out["events"], {"chunk": pipe.chunk, "segment": pipe.segment}
+    )

@@ -28,6 +28,9 @@ class Settings:
     socket_buffer: int | None = None  # RS_SOCKET_BUFFER: bounds a connection's TCP window
 
 
+DEFAULTS = Settings()
+
+
 @dataclass(frozen=True)
 class RsPipeline:
     shards: list[tuple[int, int]]  # per reducer: (shard bytes, chunk bytes); (0, 0) = unused
@@ -54,7 +57,7 @@ def _setting(name: str, value: int | None) -> int:
     return int(config.get(name, value, env={}))
 
 
-def rs_pipeline(nbytes: int, workers: int, reducers: int, s: Settings = Settings()) -> RsPipeline:
+def rs_pipeline(nbytes: int, workers: int, reducers: int, s: Settings = DEFAULTS) -> RsPipeline:
     """Shards, chunks, window and slots of one rs round of `nbytes` (round 0)."""
     max_chunk = _setting("chunk_bytes", s.chunk_bytes)
     used = int(_core.reducers_for(nbytes, reducers, workers))
@@ -70,7 +73,7 @@ def rs_pipeline(nbytes: int, workers: int, reducers: int, s: Settings = Settings
     return RsPipeline(shards, window, slots, _setting("socket_buffer", s.socket_buffer))
 
 
-def ring_pipeline(nbytes: int, ranks: int, s: Settings = Settings()) -> RingPipeline:
+def ring_pipeline(nbytes: int, ranks: int, s: Settings = DEFAULTS) -> RingPipeline:
     """Segment, steps and chunk of one ring all-reduce of `nbytes` over `ranks` ranks."""
     segment = (nbytes // ELEM + ranks - 1) // ranks * ELEM  # the largest segment
     chunk = _setting("chunk_bytes", s.chunk_bytes)

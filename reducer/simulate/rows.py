@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from ..errors import ConfigError
-from .model import Network, Reducers, Result, simulate_ring, simulate_rs
-from .params import Settings
+from .model import DEFAULT_CPU, Network, Reducers, Result, simulate_ring, simulate_rs
+from .params import DEFAULTS, Settings
 
 ALGOS = ("rs", "ring")
 
@@ -36,8 +36,8 @@ def simulate(
     sizes: list[int],
     net: Network,
     algos: tuple[str, ...] | list[str] = ALGOS,
-    cpu: Reducers = Reducers(),
-    settings: Settings = Settings(),
+    cpu: Reducers = DEFAULT_CPU,
+    settings: Settings = DEFAULTS,
 ) -> list[dict[str, Any]]:
     """One row per size and algorithm (rs rows also get `speedup`, the ring's time over rs's, when
     the ring ran): `algo`, `bytes`, `seconds`, the link bound and more (see _row)."""

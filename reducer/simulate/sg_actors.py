@@ -31,7 +31,7 @@ def load_simgrid() -> Any:
     """The simgrid module: installed in this Python, else Debian's python3-simgrid build for the same
     Python version (imported from its file alone, not the whole system site-packages)."""
     try:
-        import simgrid
+        import simgrid  # noqa: PLC0415 (optional: the fallback below loads Debian's build)
 
         return simgrid
     except ImportError:
@@ -182,6 +182,7 @@ def rs_worker(sg: Any, spec: dict[str, Any], i: int, finish: list[float]) -> Non
     out = [sg.Mailbox.by_name(f"d{j}_{i}") for j in range(len(shards))]
     nchunks = [-(-b // c) if b else 0 for b, c in shards]
     sent = [0] * len(shards)
+
     def send(j: int) -> None:
         b, c = shards[j]
         k = sent[j]
