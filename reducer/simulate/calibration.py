@@ -86,8 +86,8 @@ def table() -> str:
         rs, ring = predict(c)
         e_rs, e_ring = (rs - c.rs_ms) / c.rs_ms, (ring - c.ring_ms) / c.ring_ms
         out.append(
-            f"| {c.workers} | {c.reducers or c.workers} | {c.gbps:g} | {c.nbytes // MIB} MiB | {c.rs_ms:.1f} ms | {rs:.1f} ms | "
-            f"{e_rs:+.1%} | {c.ring_ms:.1f} ms | {ring:.1f} ms | {e_ring:+.1%} |"
+            f"| {c.workers} | {c.reducers or c.workers} | {c.gbps:g} | {c.nbytes // MIB} MiB | "
+            f"{c.rs_ms:.1f} ms | {rs:.1f} ms | {e_rs:+.1%} | {c.ring_ms:.1f} ms | {ring:.1f} ms | {e_ring:+.1%} |"
         )
     out.append(
         f"\nW=R=32, 0.025 Gbit/s, 16 MiB: simulated rs/ring {w32_speedup():.2f}x (measured: >= {W32_MIN_SPEEDUP}x)"
