@@ -140,6 +140,7 @@ def test_cli_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
         (["--workers", "4", "--gbps", "1", "--sizes", "1Q"], "size"),
         (["--workers", "four", "--gbps", "1"], "--workers"),
         (["--gbps", "1"], "--workers"),
+        (["--workers", "4"], "--gbps"),
         (["--workers", "4", "--gbps", "1", "--window", "0"], "--window"),
         (["--workers", "4", "--gbps", "1", "--queue-ms", "x"], "x"),
         (["--workers", "4", "--gbps", "1", "--plot", "a.png"], "--vertex"),

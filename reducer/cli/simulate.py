@@ -27,9 +27,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "SimGrid: apt-get install python3-simgrid, or pip install 'reduction-server[sim]'.",
     )
     p.error = _fail  # type: ignore[method-assign]  # one line, exit 2
-    p.add_argument("--workers", type=int, required=True, help="workers W")
+    p.add_argument("--workers", type=int, default=None, help="workers W (required, except with --vertex)")
     p.add_argument("--reducers", type=int, default=None, help="reducers R (default W)")
-    p.add_argument("--gbps", type=float, required=True, help="line rate of a worker's link, Gbit/s")
+    p.add_argument(
+        "--gbps", type=float, default=None, help="line rate of a worker's link, Gbit/s (required, except with --vertex)"
+    )
     p.add_argument("--reducer-gbps", type=float, default=None, help="line rate of a reducer's link (default --gbps)")
     p.add_argument("--sizes", default="64M", help="sizes like the bench: 4M,16M or 1M:256M (default 64M)")
     p.add_argument("--algos", default="rs,ring", help="rs,ring (default both)")
@@ -71,7 +73,7 @@ def _settings(args: argparse.Namespace) -> Any:
 
     queue = None if str(args.queue_ms).strip().lower() in ("none", "off") else float(args.queue_ms) / 1e3
     net = Network(
-        args.gbps,
+        1.0 if args.gbps is None else args.gbps,  # --vertex: each machine type's own rate
         args.reducer_gbps,
         latency=args.latency_us * 1e-6,
         efficiency=args.efficiency,
@@ -130,6 +132,8 @@ def run(args: argparse.Namespace) -> int:
 
     try:
         sizes = parse_sizes(args.sizes)
+        if not args.vertex and (args.workers is None or args.gbps is None):
+            raise ConfigError("--workers and --gbps are required (or --vertex)")
         net, cpu, knobs = _settings(args)
         if args.vertex:
             if len(sizes) != 1:
