@@ -145,6 +145,7 @@ def test_cli_json_rows(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
         (["--workers", "4", "--gbps", "1", "--queue-ms", "x"], "x"),
         (["--workers", "4", "--gbps", "1", "--plot", "a.png"], "--vertex"),
         (["--workers", "64", "--gbps", "1", "--topology", "fat-tree"], "fat-tree"),
+        (["--workers", "4", "--gbps", "1", "--reducer-gbps", "2", "--topology", "fat-tree"], "one link rate"),
     ],
 )
 def test_cli_errors_one_line_exit_2(args: list[str], says: str, capsys: pytest.CaptureFixture) -> None:

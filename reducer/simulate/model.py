@@ -22,7 +22,9 @@ from . import engine
 from .params import DEFAULTS, Settings, ring_pipeline, rs_pipeline
 
 MAX_WORKERS = 8  # simulated workers, reducers or ring ranks at most; larger jobs use the scale model
-MAX_FAT_TREE_HOSTS = 256
+# A fat tree is simulated host by host (placement decides what crosses the spines, so the scale
+# model does not apply): at most this many workers (and as many reducers); slow near the limit.
+MAX_FAT_TREE_WORKERS = 32
 GBPS = 1e9 / 8  # bytes/s per Gbit/s
 
 
@@ -92,6 +94,15 @@ def _scaled(workers: int, reducers: int) -> tuple[int, int]:
     return max(1, round(workers * MAX_WORKERS / reducers)), MAX_WORKERS
 
 
+def _check_fat_tree(workers: int, reducers: int, net: Network) -> None:
+    if max(workers, reducers) > MAX_FAT_TREE_WORKERS:
+        raise ConfigError(
+            f"--topology fat-tree simulates every host: at most {MAX_FAT_TREE_WORKERS} workers and reducers"
+        )
+    if net.reducer_gbps not in (None, net.worker_gbps):
+        raise ConfigError("--topology fat-tree has one link rate: leave --reducer-gbps out (or equal to --gbps)")
+
+
 def late_links(net: Network, workers: int, w_s: int, r_s: int, burst: int, reducer_gbps: float) -> list[list[int]]:
     """Per simulated worker, the reducers whose connection lost its first burst (incast): the
     real job's fraction of the W connections that overflow a reducer port, on every reducer."""
@@ -113,10 +124,12 @@ def simulate_rs(
 ) -> Result:
     pipe = rs_pipeline(nbytes, workers, reducers, s)
     used = [sh for sh in pipe.shards if sh[0]]
-    w_s, r_s = _scaled(workers, len(used))
-    if net.topology == "fat-tree" and (w_s, r_s) != (workers, len(used)):
-        raise ConfigError(f"--topology fat-tree simulates every host: at most {MAX_WORKERS} workers and reducers")
     reducer_gbps = net.reducer_gbps or net.worker_gbps
+    if net.topology == "fat-tree":
+        _check_fat_tree(workers, len(used), net)
+        w_s, r_s = workers, len(used)
+    else:
+        w_s, r_s = _scaled(workers, len(used))
     sum_bps = cpu.core_gbps * GBPS * cpu.threads * w_s / workers
     threads = max(1, min(cpu.threads, w_s))
     # the CPU is modelled where it can matter: summing under 4x the reducer link's rate
@@ -160,8 +173,9 @@ def simulate_rs(
 def simulate_ring(nbytes: int, ranks: int, net: Network, cpu: Reducers = DEFAULT_CPU, s: Settings = DEFAULTS) -> Result:
     pipe = ring_pipeline(nbytes, ranks, s)
     n_s = min(ranks, MAX_WORKERS)
-    if net.topology == "fat-tree" and n_s != ranks:
-        raise ConfigError(f"--topology fat-tree simulates every host: at most {MAX_WORKERS} ranks")
+    if net.topology == "fat-tree":
+        _check_fat_tree(ranks, 0, net)
+        n_s = ranks
     spec = _common(net, pipe.socket_buffer) | {
         "algo": "ring",
         "ranks": n_s,
