@@ -14,12 +14,15 @@ lint=0
 if [ "${1:-}" = "--lint" ]; then lint=1; shift; fi
 n=$((5 + lint))  # the number of stages
 
-# System tools some tests use: clang (libFuzzer, for the bounded fuzz run of the wire parsers)
-# and ccache (the image test rebuilds the core from a copy of the tree).
+# System tools some tests use: clang (libFuzzer, for the bounded fuzz run of the wire parsers),
+# ccache (the image test rebuilds the core from a copy of the tree) and python3-simgrid (the
+# simulator's engine; its tests skip without it).
 if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${NO_APT:-}" ]; then
   missing=()
   command -v clang++ >/dev/null 2>&1 || missing+=(clang)
   command -v ccache >/dev/null 2>&1 || missing+=(ccache)
+  # SimGrid for `reduction-server simulate` (tests/test_simulate.py; about 10 s to install)
+  compgen -G "/usr/lib/python3/dist-packages/simgrid.cpython-*.so" >/dev/null || missing+=(python3-simgrid)
   if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${missing[*]} system-wide with apt-get (running as root; NO_APT=1 skips this)"
     if { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}"; } >/dev/null 2>&1; then

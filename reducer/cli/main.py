@@ -25,6 +25,7 @@ SUBCOMMANDS = [
     ("launch", "reducer.cli.launch"),
     ("bench", "reducer.cli.bench"),
     ("plan", "reducer.cli.plan"),
+    ("simulate", "reducer.cli.simulate"),
     ("vertex-job", "reducer.cli.vertex_job"),
     ("job-token", "reducer.cli.job_token"),
     ("nccl-plugin", "reducer.cli.nccl_plugin"),

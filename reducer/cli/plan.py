@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import sys
 
+from reducer.config import parse_size
 from reducer.deploy.planner import (
     DEFAULT_REDUCER_MACHINE,
     REDUCER_CORE_GBPS,
     REDUCER_DEFAULT_MAX_THREADS,
     format_machine_table,
     format_plan,
+    format_prediction,
     plan_reducers,
 )
 from reducer.errors import ConfigError
@@ -63,11 +65,18 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--tier1", action="store_true", help="reducers use per-VM Tier_1 networking (N2 with >= 30 vCPUs)"
     )
     add_reducer_cpu_args(group)
+    p.add_argument(
+        "--predict-size",
+        default="64M",
+        help="simulate one all-reduce of this size on the recommended pool against the ring (default 64M; "
+        "'0' skips it; needs SimGrid, see `reduction-server simulate`)",
+    )
     p.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace) -> int:
     try:
+        predict = parse_size(args.predict_size)
         plan = plan_reducers(
             args.workers,
             args.worker_gbps,
@@ -81,6 +90,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"reduction-server plan: error: {exc}", file=sys.stderr)
         return 2
     print(format_plan(plan))
+    if predict:
+        print(format_prediction(plan, predict))
     print()
     print("known reducer machine types (per-VM egress caps):")
     print(format_machine_table())

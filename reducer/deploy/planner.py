@@ -223,3 +223,21 @@ def format_machine_table() -> str:
     out = ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in rows]
     out.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(out)
+
+
+def format_prediction(plan: Plan, nbytes: int) -> str:
+    """The simulated all-reduce of `nbytes` on the plan's pool against the ring among its workers
+    (reducer.simulate on SimGrid), or why there is none (SimGrid not installed)."""
+    from ..simulate import SimulatorUnavailable  # noqa: PLC0415 (reducer.simulate loads the C++ core)
+    from ..simulate.vertex import predict  # noqa: PLC0415
+
+    size = f"{nbytes / (1 << 20):g} MiB"
+    try:
+        p = predict(plan, nbytes)
+    except SimulatorUnavailable as exc:
+        return f"predicted all-reduce:   none ({exc})"
+    return (
+        f"predicted all-reduce:   {size} in {p.rs_seconds * 1e3:.2f} ms ({p.rs_pct_of_bound:.0f}% of the link bound); "
+        f"the ring {p.ring_seconds * 1e3:.2f} ms: {p.speedup:.2f}x faster (simulated, SimGrid; "
+        "docs/performance.md 'Simulated jobs')"
+    )
