@@ -14,6 +14,7 @@ import threading
 import time
 
 import nccl_harness as H
+import pytest
 
 MAX_PENDING = 64  # p2p::Listener::kMaxPending
 BURST, WINDOW_S = 5, 10.0  # the listener's log limiter
@@ -174,6 +175,7 @@ def late_peers(host: str, port: int, nonce: int, nsocks: int, out: list[str]) ->
                 s.close()
 
 
+@pytest.mark.sanitize
 def test_listener_keeps_late_peers_under_a_connection_flood(monkeypatch):
     """Silent connections from 8 other addresses, as fast as one process opens them (bounded in
     count and time), while 10 real peers say their hello 100 ms after connecting: each is accepted.
