@@ -76,6 +76,19 @@ def wait_failed(plugin: H.Plugin, net: Any, req: C.c_void_p, timeout: float = 30
     raise AssertionError("test() never reported the reset socket\n" + plugin.log_text())
 
 
+def fail_then_mark(
+    plugin: H.Plugin, net: Any, req: C.c_void_p, buf: np.ndarray, peer: Any, reported: threading.Event
+) -> threading.Thread:
+    """Starts the peer, waits until test() reports the failure, then overwrites `buf` with MARK
+    (NCCL would free or reuse it now) and lets the peer go on; the peer's thread."""
+    t = threading.Thread(target=peer, daemon=True)
+    t.start()
+    assert wait_failed(plugin, net, req) != H.SUCCESS
+    buf[:] = MARK
+    reported.set()
+    return t
+
+
 def test_receive_buffer_untouched_after_a_socket_reset(plugin):
     """The peer resets socket 1 halfway through an 8 MiB message, then sends the rest of the others."""
     p, net = plugin
@@ -118,13 +131,9 @@ def test_receive_buffer_untouched_after_a_socket_reset(plugin):
             except OSError:
                 pass  # nobody reads any more (the fixed plugin): fine
 
-    t = threading.Thread(target=peer, daemon=True)
-    t.start()
+    t = None
     try:
-        rc = wait_failed(p, net, req)
-        assert rc != H.SUCCESS
-        buf[:] = MARK  # NCCL would free or reuse the buffer now
-        reported.set()
+        t = fail_then_mark(p, net, req, buf, peer, reported)
         end = time.monotonic() + WATCH_S
         while time.monotonic() < end:
             written = int(np.count_nonzero(buf != MARK))
@@ -133,7 +142,8 @@ def test_receive_buffer_untouched_after_a_socket_reset(plugin):
         assert "receive from peer" in p.log_text(), p.log_text()
     finally:
         reported.set()
-        t.join(30)
+        if t:
+            t.join(30)
         H.check(net.closeRecv(rcomm), "closeRecv", p)
         for s in socks:
             s.close()
@@ -204,13 +214,8 @@ def test_send_buffer_unread_after_a_socket_reset(plugin):
                 wrong[0] += int(np.count_nonzero(np.frombuffer(chunk, np.uint8) != expect))
                 got[s] += len(chunk)
 
-    t = threading.Thread(target=peer, daemon=True)
-    t.start()
     try:
-        rc = wait_failed(p, net, req)
-        assert rc != H.SUCCESS
-        src[:] = MARK  # NCCL would free or reuse the buffer now
-        reported.set()
+        t = fail_then_mark(p, net, req, src, peer, reported)
         t.join(30)
         assert not t.is_alive()
         assert wrong[0] == 0, (
