@@ -120,7 +120,10 @@ class Comm {
   bool valid() const { return magic_ == kMagic; }
 
   Request* post(uint8_t* data, uint64_t size) {
-    if (failed_.load(std::memory_order_acquire)) throw Error(ErrorKind::PeerLost, error());
+    // No error leaves the comm while a progress thread may still touch a buffer: until they have
+    // all stopped, a new request is refused with NULL (NCCL retries), as for a full ring.
+    if (halted()) throw Error(ErrorKind::PeerLost, error().empty() ? "the connection is closed" : error());
+    if (failed_.load(std::memory_order_acquire)) return nullptr;
     Request& r = slots_[next_ % kSlots];
     if (r.state.load(std::memory_order_acquire) != kFree) return nullptr;  // ring full: NCCL retries
     r.data = data;
