@@ -47,6 +47,12 @@ if ! nm -D "$out"/src/reducer/_core*.so | grep "__asan_report" >/dev/null; then
   echo "sanitize.sh: the extension is not instrumented (no __asan_report_* references): check the compiler flags" >&2
   exit 1
 fi
+# The NCCL plugin (reducer/lib) is built by the same build_ext with the same flags: it runs inside
+# the training process, so its tests (the p2p net's fault and attack tests) run sanitized too.
+if ! nm -D "$out"/src/reducer/lib/libnccl-net-reduction-server.so | grep "__asan_report" >/dev/null; then
+  echo "sanitize.sh: the NCCL plugin is not instrumented (no __asan_report_* references)" >&2
+  exit 1
+fi
 
 # 3. The tests, with the sanitizer runtimes preloaded.
 gxx="${SANITIZE_CXX:-g++}"
@@ -56,7 +62,8 @@ export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stac
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$out/reports/ubsan"
 export PYTHONPATH="$out/src${PYTHONPATH:+:$PYTHONPATH}"
 tests=(tests/test_protocol.py tests/test_faults.py tests/test_allreduce.py tests/test_attacks.py tests/test_integrity.py
-       tests/test_failover.py tests/test_tenant_budget.py tests/test_worker_lies.py tests/test_cross_group_failover.py)
+       tests/test_failover.py tests/test_tenant_budget.py tests/test_worker_lies.py tests/test_cross_group_failover.py
+       tests/test_nccl_plugin_p2p_faults.py tests/test_nccl_plugin_listener.py)
 # RSS and CPU-time bounds do not hold under the sanitizers (shadow memory, quarantine, slowdown).
 skip="not memory_budget and not huge_world and not never_reads and not descriptor_exhaustion"
 if [[ $fast == 1 ]]; then

@@ -80,3 +80,33 @@ def test_listen_writes_the_documented_layout(monkeypatch):
     assert raw[:8] == b"RNCH\x01\x00\x00\x00" and int.from_bytes(raw[24:32], "little") == 77
     assert int.from_bytes(raw[40:44], "little") == 1 and raw[108:] == bytes(20)
     assert rc != H.SUCCESS
+
+
+def test_a_peer_host_name_reaches_the_log_escaped(monkeypatch):
+    """Head 1's handle (another job's pool, as a peer can make it) names its host with a newline,
+    a forged log line and an ESC sequence: the refusal quotes it escaped, one line, no control byte."""
+    for k in H.CLUSTER_VARS:
+        monkeypatch.delenv(k, raising=False)
+    monkeypatch.setenv("RS_NCCL_SOCKET_IFNAME", "lo")
+    monkeypatch.setenv("RS_REDUCERS", "127.0.0.1:9")
+    evil = b"node\nNCCL WARN forged line\x1b[2J\x1b]0;title\x07\\end"
+    plugin = H.Plugin()
+    try:
+        H.init_net(plugin, 12)
+        coll, ctx = H.init_coll(plugin, 12, comm_id=77)
+        handle, lcomm = H.listen(plugin, coll, 12, ctx)
+        other = bytearray(handle.raw)
+        other[32] ^= 1  # another reducer pool's fingerprint
+        other[44:108] = evil.ljust(64, b"\0")
+        bufs = [C.create_string_buffer(handle.raw, H.HANDLE_BYTES), C.create_string_buffer(bytes(other), 128)]
+        handles = (C.c_void_p * 2)(*(C.addressof(b) for b in bufs))
+        ccomm = C.c_void_p()
+        rc = coll.connect(handles, 2, 0, lcomm, C.byref(ccomm))
+        assert rc != H.SUCCESS and not ccomm.value
+        H.check(coll.closeListen(lcomm), "closeListen", plugin)
+        H.check(coll.finalize(ctx), "finalize", plugin)
+    finally:
+        plugin.close()
+    (line,) = [t for _, t in plugin.log if "has a different reducer pool" in t]
+    assert "head 1 (node\\nNCCL WARN forged line\\x1b[2J\\x1b]0;title\\x07\\\\end)" in line, line
+    assert all(0x20 <= ord(ch) < 0x7F for ch in line), repr(line)

@@ -7,6 +7,7 @@
 #include <optional>
 #include <string>
 
+#include "client/peer_text.h"
 #include "common/error.h"
 #include "common/settings.h"
 #include "common/text.h"
@@ -194,8 +195,8 @@ void connect(void* handles[], int nranks, int rank, void* listen_comm, void** co
   for (size_t i = 1; i < h.size(); ++i) {
     if (h[i].pool_fingerprint != h[0].pool_fingerprint || h[i].reducers != h[0].reducers)
       throw Error(ErrorKind::Config,
-                  "connect: head " + std::to_string(i) + " (" + h[i].host +
-                      ") has a different reducer pool or job id than head 0 (" + h[0].host +
+                  "connect: head " + std::to_string(i) + " (" + client::peer_text(h[i].host) +
+                      ") has a different reducer pool or job id than head 0 (" + client::peer_text(h[0].host) +
                       "): every node must see the same CLUSTER_SPEC / TF_CONFIG / RS_REDUCERS and job id");
     if (h[i].comm_id != h[0].comm_id)
       throw Error(ErrorKind::Protocol, "connect: head " + std::to_string(i) + " belongs to another NCCL communicator");

@@ -29,7 +29,8 @@ struct Handle {
   uint64_t comm_id = 0;
   uint64_t pool_fingerprint = 0;
   uint32_t reducers = 0;
-  std::string host;  // cut to kHandleHostBytes (and at a NUL) when encoded
+  std::string host;  // cut to kHandleHostBytes (and at a NUL) when encoded; a peer's: quote it with
+                     // client::peer_text (raw bytes, any of them)
 };
 
 // Writes `h` over out[0, kHandleBytes) (zeros where nothing is stored). Throws

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string_view>
 
 #include "common/error.h"
 #include "nccl_plugin/plugin_log.h"
@@ -89,15 +90,35 @@ void Listener::accept_queued(Clock::time_point now) {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       throw Error(ErrorKind::Internal, "accept: " + errno_text(errno));
     }
-    Pending p{net::Fd(fd), net::peer_name(fd), now};
+    Pending p{net::Fd(fd), net::peer_name(fd), {}, now};
+    p.source = p.peer.substr(0, p.peer.rfind(':'));
     if (step(p, now)) continue;  // its hello was already there (or it was dropped)
-    if (pending_.size() >= kMaxPending) {
-      drop(pending_.front().peer,
-           std::to_string(kMaxPending) + " connections already wait for their hello: closing the oldest");
-      pending_.pop_front();
-    }
     pending_.push_back(std::move(p));
+    if (pending_.size() > kMaxPending) evict_one();
   }
+}
+
+void Listener::evict_one() {
+  // The source holding the most places (of equals, the first to reach that count, oldest first).
+  std::map<std::string_view, size_t> share;
+  std::string_view top;
+  size_t most = 0;
+  for (const Pending& q : pending_) {
+    const size_t n = ++share[q.source];
+    if (n > most) most = n, top = q.source;
+  }
+  auto victim = pending_.end();
+  for (auto it = pending_.begin(); it != pending_.end(); ++it) {
+    if (it->source != top) continue;
+    if (victim == pending_.end()) victim = it;  // its oldest, if all of them are in progress
+    if (it->got == 0) {
+      victim = it;  // its oldest that has sent nothing
+      break;
+    }
+  }
+  drop(victim->peer, std::to_string(kMaxPending) + " connections wait for their hello, " + std::to_string(most) +
+                         " of them from " + victim->source + ": closing one");
+  pending_.erase(victim);
 }
 
 bool Listener::step(Pending& p, Clock::time_point now) {

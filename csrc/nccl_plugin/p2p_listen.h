@@ -2,10 +2,15 @@
 // 32-byte hello and groups the sockets of one connection (NCCL's accept()).
 //
 // The listener lives in the training process, and anyone who can reach its port can connect
-// without a word. So it is bounded: at most kMaxPending accepted sockets wait for their hello
-// (a new one closes the oldest), each for at most the hello timeout (RS_HANDSHAKE_TIMEOUT,
+// without a word. So it is bounded: at most kMaxPending accepted sockets wait for their hello,
+// each for at most the hello timeout (RS_HANDSHAKE_TIMEOUT,
 // default 10 s); connections with some but not all hellos in are bounded the same way
 // (kMaxGroups, the same timeout). Every drop is logged through one rate limiter (plugin_log.h).
+//
+// When a new socket finds every waiting place taken, one waiting socket is closed: one from the
+// source address that holds the most places (a flood from a few addresses evicts itself, not a
+// peer whose hello is a little late), and of that address's sockets the oldest that has sent
+// nothing yet (a socket part-way through its hello is making progress: kept while there is another).
 #pragma once
 
 #include <array>
@@ -52,6 +57,7 @@ class Listener {
   struct Pending {
     net::Fd fd;
     std::string peer;
+    std::string source;  // the peer's address without the port
     Clock::time_point since;
     Hello hello{};
     size_t got = 0;
@@ -64,6 +70,7 @@ class Listener {
 
   void expire(Clock::time_point now);
   void accept_queued(Clock::time_point now);
+  void evict_one();                              // closes one waiting socket (see above)
   bool step(Pending& p, Clock::time_point now);  // true: finished (filed in a group, or dropped)
   void file(Pending& p, Clock::time_point now);
   std::optional<Accepted> take_complete();

@@ -12,6 +12,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -39,7 +40,9 @@ namespace {
 
 // ---- the listen handle (NCCL_NET_HANDLE_MAXSIZE bytes, little-endian) ----------------------
 // [0,4) magic  [4,6) version  [6,8) family  [8,10) port  [10,12) sockets  [16,24) nonce
-// [24,40) address bytes  [64,72) connector-side state (a pointer; zero as sent by listen)
+// [24,40) address bytes  [64,72) connector-side state: a random ticket naming a pending connect in
+// this process's table (zero as sent by listen). The handle comes from a peer, so the ticket is only
+// ever looked up, never followed: one that is not in the table is refused.
 constexpr uint32_t kHandleMagic = 0x4c4e5352u;  // "RSNL"
 constexpr uint16_t kVersion = 1;
 constexpr size_t kStateOffset = 64;
@@ -100,6 +103,7 @@ class Comm {
     for (auto& r : slots_) r.comm = this;
     cursor_.assign(socks_.size(), 0);
     off_.assign(socks_.size(), 0);
+    live_.store(int(nt), std::memory_order_relaxed);
     try {
       for (size_t t = 0; t < nt; ++t) threads_.emplace_back([this, t] { run(t); });
     } catch (...) {
@@ -116,7 +120,10 @@ class Comm {
   bool valid() const { return magic_ == kMagic; }
 
   Request* post(uint8_t* data, uint64_t size) {
-    if (failed_.load(std::memory_order_acquire)) throw Error(ErrorKind::PeerLost, error());
+    // No error leaves the comm while a progress thread may still touch a buffer: until they have
+    // all stopped, a new request is refused with NULL (NCCL retries), as for a full ring.
+    if (halted()) throw Error(ErrorKind::PeerLost, error().empty() ? "the connection is closed" : error());
+    if (failed_.load(std::memory_order_acquire)) return nullptr;
     Request& r = slots_[next_ % kSlots];
     if (r.state.load(std::memory_order_acquire) != kFree) return nullptr;  // ring full: NCCL retries
     r.data = data;
@@ -136,7 +143,8 @@ class Comm {
     return error_;
   }
   bool sender() const { return sender_; }
-  bool failed() const { return failed_.load(std::memory_order_acquire); }
+  // Every progress thread has stopped: none touches a request's buffer again.
+  bool halted() const { return halted_.load(std::memory_order_acquire); }
 
  private:
   void stop_threads() {
@@ -154,6 +162,12 @@ class Comm {
     }
   }
 
+  // A failure on one socket stops the whole comm, and no request is reported failed before every
+  // progress thread has stopped touching buffers: NCCL frees or reuses a buffer as soon as test()
+  // says its request is over, failed or not. The failing thread raises failed_ and wakes the others;
+  // each checks it before every socket call (pump) and leaves; the last one out (live_ reaches 0,
+  // acq_rel: every thread's last buffer access happens before) fails the posted requests and only
+  // then raises halted_. Requests posted after that fail in post() or, if post() raced, in test().
   void run(size_t t) {
     try {
       loop(t);
@@ -164,21 +178,25 @@ class Comm {
           error_ = std::string(sender_ ? "send to " : "receive from ") + peer_ + " failed: " + e.what();
       }
       failed_.store(true, std::memory_order_release);
-      // Every request NCCL posted and did not see finish fails now (test() reports it).
-      for (auto& r : slots_) {
-        int expected = kPosted;
-        r.state.compare_exchange_strong(expected, kError, std::memory_order_acq_rel);
-      }
-      // Requests posted after this point fail in post().
+      wake();
     }
+    if (live_.fetch_sub(1, std::memory_order_acq_rel) != 1) return;
+    for (auto& r : slots_) {
+      int expected = kPosted;
+      r.state.compare_exchange_strong(expected, kError, std::memory_order_acq_rel);
+    }
+    halted_.store(true, std::memory_order_release);
   }
+
+  // Whether this thread must stop now (close, or another thread's failure).
+  bool halting() const { return stop_.load(std::memory_order_acquire) || failed_.load(std::memory_order_acquire); }
 
   // Moves bytes of socket s until it would block or has nothing to do; true if it progressed.
   bool pump(size_t s, uint64_t posted, bool* blocked) {
     bool progressed = false;
     *blocked = false;
     const int n = int(socks_.size());
-    while (cursor_[s] < posted) {
+    while (cursor_[s] < posted && !halting()) {
       Request& r = slots_[cursor_[s] % kSlots];
       if (!r.size_known.load(std::memory_order_acquire)) {
         if (s != 0) return progressed;  // socket 0 has not read this message's header yet (it wakes us)
@@ -214,6 +232,7 @@ class Comm {
       }
       const uint64_t total = hdr + slen;
       while (off_[s] < total) {
+        if (halting()) return progressed;
         ssize_t moved;
         if (sender_) {
           iovec iov[2];
@@ -250,10 +269,10 @@ class Comm {
     std::vector<pollfd> pfds(mine.size() + 1);
     std::vector<bool> blocked(mine.size(), false);
     for (;;) {
-      if (stop_.load(std::memory_order_acquire)) return;
+      if (halting()) return;
       const uint64_t posted = posted_.load(std::memory_order_acquire);
       bool progressed = true;
-      while (progressed) {
+      while (progressed && !halting()) {
         progressed = false;
         for (size_t i = 0; i < mine.size(); ++i) {
           bool b = false;
@@ -287,6 +306,8 @@ class Comm {
   std::atomic<uint64_t> posted_{0};  // published to the progress thread
   std::atomic<bool> stop_{false};
   std::atomic<bool> failed_{false};
+  std::atomic<int> live_{0};  // progress threads not yet stopped
+  std::atomic<bool> halted_{false};
   mutable std::mutex mu_;
   std::string error_;
   // Per socket, touched only by the socket's thread (socket 0's thread owns the headers):
@@ -354,11 +375,51 @@ struct PendingConnect {
   std::vector<Hello> hello;
 };
 
-void set_state(uint8_t* handle, PendingConnect* p) { std::memcpy(handle + kStateOffset, &p, sizeof p); }
-PendingConnect* get_state(const uint8_t* handle) {
-  PendingConnect* p = nullptr;
-  std::memcpy(&p, handle + kStateOffset, sizeof p);
-  return p;
+// Pending connects by ticket (the handle's bytes [64,72)). Each entry also keeps the handle's first
+// kStateOffset bytes: a ticket copied into another handle is refused too.
+class PendingTable {
+ public:
+  static constexpr size_t kMax = 4096;  // connects in progress at once (NCCL has a few per peer)
+
+  uint64_t add(std::unique_ptr<PendingConnect> p, const uint8_t* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    if (map_.size() >= kMax)
+      throw Error(ErrorKind::Internal, "connect: " + std::to_string(kMax) + " connections already in progress");
+    uint64_t ticket = 0;
+    while (ticket == 0 || map_.count(ticket)) ticket = random_u64();
+    Entry& e = map_[ticket];
+    e.p = std::move(p);
+    std::memcpy(e.head.data(), handle, kStateOffset);
+    return ticket;
+  }
+  // The pending connect `ticket` names for this handle, or nullptr.
+  PendingConnect* find(uint64_t ticket, const uint8_t* handle) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(ticket);
+    if (it == map_.end() || std::memcmp(it->second.head.data(), handle, kStateOffset) != 0) return nullptr;
+    return it->second.p.get();
+  }
+  std::unique_ptr<PendingConnect> take(uint64_t ticket) {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = map_.find(ticket);
+    if (it == map_.end()) return nullptr;
+    auto p = std::move(it->second.p);
+    map_.erase(it);
+    return p;
+  }
+
+ private:
+  struct Entry {
+    std::unique_ptr<PendingConnect> p;
+    std::array<uint8_t, kStateOffset> head{};
+  };
+  std::mutex mu_;
+  std::map<uint64_t, Entry> map_;
+};
+
+PendingTable& pending_connects() {
+  static PendingTable t;
+  return t;
 }
 
 // Advances a pending connect; true once every socket has sent its hello.
@@ -459,7 +520,15 @@ void listen(void* handle, void** listen_comm) {
 void connect(void* handle, void** send_comm) {
   *send_comm = nullptr;
   auto* h = static_cast<uint8_t*>(handle);
-  PendingConnect* p = get_state(h);
+  const uint64_t ticket = get_u64(h + kStateOffset);
+  PendingConnect* p = nullptr;
+  if (ticket != 0) {
+    p = pending_connects().find(ticket, h);
+    if (!p)
+      throw Error(ErrorKind::Protocol,
+                  "connect: the handle carries connect state (bytes 64-72) that this process did not write "
+                  "(a forged or corrupted handle?)");
+  }
   std::unique_ptr<PendingConnect> owned;
   try {
     if (!p) {
@@ -480,16 +549,16 @@ void connect(void* handle, void** send_comm) {
         owned->hello.push_back(make_hello(uint16_t(s), owned->to.nsocks, owned->to.nonce, owned->conn_id));
       }
       p = owned.get();
-      set_state(h, owned.release());
+      put_u64(h + kStateOffset, pending_connects().add(std::move(owned), h));
     }
     if (!progress_connect(*p)) return;
-    owned.reset(p);
-    set_state(h, nullptr);
+    owned = pending_connects().take(get_u64(h + kStateOffset));
+    put_u64(h + kStateOffset, 0);
     auto comm = std::make_unique<Comm>(std::move(p->socks), true, "peer " + p->to.str(), p2p_threads_from_env());
     *send_comm = comm.release();
   } catch (...) {
-    if (!owned && get_state(h)) owned.reset(get_state(h));
-    set_state(h, nullptr);
+    if (const uint64_t t = get_u64(h + kStateOffset)) pending_connects().take(t);
+    put_u64(h + kStateOffset, 0);
     throw;
   }
 }
@@ -534,8 +603,8 @@ void test(void* request, int* done, int* size) {
   } else if (st == kError) {
     r->state.store(kFree, std::memory_order_release);
     throw Error(ErrorKind::PeerLost, r->comm->error());
-  } else if (st == kPosted && r->comm->failed()) {
-    // Posted just as the progress thread stopped on an error: it will never finish.
+  } else if (st == kPosted && r->comm->halted()) {
+    // Posted just as the progress threads stopped on an error: it will never finish.
     r->state.store(kFree, std::memory_order_release);
     throw Error(ErrorKind::PeerLost, r->comm->error());
   } else if (st == kFree) {
