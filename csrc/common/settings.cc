@@ -152,7 +152,7 @@ double check_seconds(double seconds, const std::string& what, bool zero_ok) {
 }
 
 std::string secret_file_warning(const std::string& path) {
-  struct stat st {};
+  struct stat st{};
   if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return "";
   char mode[8];
   std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));

@@ -35,8 +35,7 @@ inline int ms_until(Clock::time_point deadline, int cap_ms = 1 << 30) {
 // poll_ms() is how long a poll() may sleep (at least 1 ms, at most cap_ms and the time left).
 class ProgressTimer {
  public:
-  explicit ProgressTimer(double seconds)
-      : limit_(duration_of(seconds)), last_(Clock::now()) {}
+  explicit ProgressTimer(double seconds) : limit_(duration_of(seconds)), last_(Clock::now()) {}
   void progress() { last_ = Clock::now(); }
   // Time that must not count (nobody was waiting for progress then).
   void exclude(Clock::duration d) { last_ += d; }
