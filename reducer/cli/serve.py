@@ -448,10 +448,11 @@ def run(args: argparse.Namespace) -> int:
                 max_memory_per_peer=args.max_memory_per_peer,
                 memory_idle_timeout=args.memory_idle_timeout,
             )
-            server.start()
         except ConfigError as exc:  # a setting (RS_GROUP_TIMEOUT=1e10, ...): say which, not "cannot listen"
             print(f"reduction-server serve: error: {exc}", file=sys.stderr)
             return 2
+        try:
+            server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)
             if "listen" not in detail:
