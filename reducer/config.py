@@ -8,7 +8,9 @@ the settings only Python reads; their booleans, integers and sizes go through th
 (_core.parse_kind).
 
 Rule everywhere: an explicit argument wins, then the RS_* variable, then the default. A variable
-that is unset or blank (empty or only whitespace) counts as not set: the default applies.
+that is unset or blank (empty or only whitespace) counts as not set: the default applies. Every
+seconds value (a *_timeout setting, its variable, argument or command-line flag) is at most
+MAX_SECONDS (1e9 s): more is a ConfigError naming it (check_seconds, the C++ rule).
 Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
 an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS (a test checks
 they agree).
