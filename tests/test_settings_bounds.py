@@ -124,9 +124,13 @@ def test_serve_refuses_seconds_above_the_bound(args, env, named):
     assert "cannot listen" not in done.stderr
 
 
-def test_drain_cli_refuses_a_timeout_above_the_bound():
-    done = _cli("drain", "--timeout", "1e10", "127.0.0.1:1")
-    assert done.returncode == 2 and "--timeout=10000000000 is not valid" in done.stderr, done.stderr
+@pytest.mark.parametrize("command", ["drain", "status"])
+def test_control_clis_refuse_a_timeout_above_the_bound(command):
+    """drain and status ask with a gRPC deadline; status --timeout 1e10 used to fail at once with
+    DEADLINE_EXCEEDED."""
+    done = _cli(command, "--timeout", "1e10", "127.0.0.1:1")
+    assert done.returncode == 2, done.stderr
+    assert f"reduction-server {command}: error: --timeout=10000000000 is not valid" in done.stderr, done.stderr
 
 
 # -- the NCCL plugin ------------------------------------------------------------------------------
