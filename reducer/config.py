@@ -8,7 +8,9 @@ the settings only Python reads; their booleans, integers and sizes go through th
 (_core.parse_kind).
 
 Rule everywhere: an explicit argument wins, then the RS_* variable, then the default. A variable
-that is unset or blank (empty or only whitespace) counts as not set: the default applies.
+that is unset or blank (empty or only whitespace) counts as not set: the default applies. Every
+seconds value (a *_timeout setting, its variable, argument or command-line flag) is at most
+MAX_SECONDS (1e9 s): more is a ConfigError naming it (check_seconds, the C++ rule).
 Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
 an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS (a test checks
 they agree).
@@ -43,7 +45,18 @@ def _kind(kind: str) -> Callable[[str], Any]:
     return functools.partial(_core.parse_kind, kind)
 
 
-_bool, _int, _size = _kind("bool"), _kind("int"), _kind("size")
+_bool, _int, _size, _seconds = _kind("bool"), _kind("int"), _kind("size"), _kind("seconds")
+
+# The largest value of every seconds setting, variable, argument and flag (1e9 s, about 31 years:
+# csrc/common/defaults.h kMaxSeconds). More is refused, naming what gave it (check_seconds, and
+# the C++ core's own checks); every conversion in the core saturates there (net::duration_of).
+MAX_SECONDS: float = float(_core.MAX_SECONDS)
+
+
+def check_seconds(value: float, what: str, zero: bool = False) -> float:
+    """`value` as a number of seconds: finite, > 0 (or 0 with zero=True: "never" / "the default")
+    and at most MAX_SECONDS, else ConfigError naming `what` (the C++ rule, one for all)."""
+    return float(_core.check_seconds(float(value), what, zero))
 
 
 OFF = -1  # control_port / metrics_port: the listener is disabled
@@ -148,7 +161,7 @@ _PYTHON_ONLY = [
         "group_timeout",
         "RS_GROUP_TIMEOUT",
         None,
-        float,
+        _seconds,
         "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300).",
     ),
     Setting(
@@ -321,6 +334,9 @@ def resolve_auth_token(token: str | None = None, token_file: str | None = None) 
         raise ConfigError(f"cannot read auth token file {path!r}: {exc.strerror}") from None
     if not secret:
         raise ConfigError(f"auth token file {path!r} is empty")
+    warning = _core.secret_file_warning(path)
+    if warning:  # used all the same (docs/security.md, "The secret file")
+        logging.getLogger("reducer.config").warning("%s", warning)
     return secret
 
 

@@ -18,7 +18,8 @@ Output lines are prefixed with ``[reducer i]`` / ``[worker node.local]``. The la
 worker killed by signal N); when any process fails, or on SIGINT/SIGTERM, it stops all the others
 (SIGTERM to their process groups, SIGKILL after the grace period) and says who failed and why.
 Each child runs in its own session (process group), and the whole group is killed, so nothing a
-worker started is left behind.
+worker started is left behind. A launcher killed by SIGKILL takes its job with it too: its direct
+children die with it (PR_SET_PDEATHSIG) and a guard process kills their groups (launch_guard.py).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from typing import IO, Any
 
 from .addresses import MAX_PORT, format_address, is_ipv6, parse_address
 from .errors import ConfigError
+from .launch_guard import Guard
 
 log = logging.getLogger("reducer.launch")
 
@@ -363,6 +365,7 @@ class _Launcher:
         self.procs: list[_Proc] = []
         self.sel = selectors.DefaultSelector()
         self.preexec = _pdeathsig_preexec()
+        self.guard = Guard()  # kills the children's groups if this process dies without doing it
         self.signal_count = 0
         self.signal_name = ""
         self.stopping = False
@@ -386,6 +389,7 @@ class _Launcher:
             preexec_fn=self.preexec,
             close_fds=True,
         )
+        self.guard.started(popen.pid)  # its process group (start_new_session)
         proc = _Proc(role, label, popen, ready_file=ready_file)
         self.procs.append(proc)
         assert popen.stdout is not None and popen.stderr is not None  # both are pipes
@@ -535,6 +539,7 @@ class _Launcher:
                 previous[sig] = signal.signal(sig, self._on_signal)
             except ValueError:  # not the main thread: the caller handles signals
                 pass
+        self.guard.start()
         try:
             return self._run()
         finally:
@@ -546,6 +551,7 @@ class _Launcher:
                             p.returncode = p.popen.wait()
                 # Whatever is left in the children's groups (a worker's own subprocesses).
                 self._signal_groups(signal.SIGKILL, self.procs)
+                self.guard.done()
                 self._drain_output(1.0)
             finally:
                 self.sel.close()

@@ -21,7 +21,6 @@ import hmac
 import json
 import os
 import resource
-import select
 import selectors
 import socket
 import struct
@@ -34,6 +33,7 @@ from dataclasses import dataclass
 from enum import IntEnum
 
 import numpy as np
+from child_lines import ChildLines
 
 import reducer
 
@@ -668,12 +668,12 @@ class ReducerProcess:
             env=full_env,
             preexec_fn=limit,
         )
-        ready, _, _ = select.select([self.proc.stdout], [], [], 30)
-        line = self.proc.stdout.readline() if ready else b""
-        if not line.strip():
+        try:  # its first line: the port
+            line = ChildLines(self.proc.stdout, "reducer").wait_for(lambda text: text.strip() != "", 30)
+        except AssertionError:
             log = self.log_text()
             self.stop()
-            raise RuntimeError(f"reducer subprocess did not start:\n{log[-3000:]}")
+            raise RuntimeError(f"reducer subprocess did not start:\n{log[-3000:]}") from None
         self.port = int(line)
         self.address = f"127.0.0.1:{self.port}"
         self.pid = self.proc.pid

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -18,6 +17,7 @@ import control_tasks
 import pytest
 import yaml
 from attack_tools import wait_until
+from child_lines import ChildLines
 from conftest import addresses, run_ranks
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -651,17 +651,10 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
         stderr=subprocess.STDOUT,
         text=True,
     )
+    out = ChildLines(proc.stdout, "serve")
     try:
-        lines: list[str] = []
-        control = metrics = None
-        while control is None or metrics is None:
-            line = proc.stdout.readline()
-            assert line, "serve ended early:\n" + "".join(lines)
-            lines.append(line)
-            m = re.search(r"control plane \(gRPC health, GetStats, Drain\) on 127\.0\.0\.1:(\d+)", line)
-            control = m.group(1) if m else control
-            m = re.search(r"Prometheus metrics on (http://\S+)", line)
-            metrics = m.group(1) if m else metrics
+        control = out.search(r"control plane \(gRPC health, GetStats, Drain\) on 127\.0\.0\.1:(\d+)", 60).group(1)
+        metrics = out.search(r"Prometheus metrics on (http://\S+)", 60).group(1)
         with ControlClient(f"127.0.0.1:{control}", timeout=10) as c:
             assert c.health() == "SERVING"
             assert _scrape(metrics)["reduction_server_state"][(("state", "serving"),)] == 1
@@ -670,9 +663,10 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
             assert _scrape(metrics)["reduction_server_state"][(("state", "drained"),)] == 1
             assert proc.poll() is None  # stays up, not ready, until a signal
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, "".join(lines) + out
-        assert "stopped after 0 rounds" in out
+        proc.wait(30)
+        out.join(10)
+        assert proc.returncode == 0, out.text()
+        assert "stopped after 0 rounds" in out.text()
     finally:
         if proc.poll() is None:
             proc.kill()
@@ -776,15 +770,13 @@ def test_serve_side_port_taken() -> None:
             stderr=subprocess.STDOUT,
             text=True,
         )
-        lines = []
-        while not any("stop with SIGTERM" in line for line in lines):
-            line = proc.stdout.readline()
-            assert line, "".join(lines)
-            lines.append(line)
+        out = ChildLines(proc.stdout, "serve")
+        out.wait_for("stop with SIGTERM", 60)
+        text = out.text()
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
-        assert proc.returncode == 0, "".join(lines) + out
-        text = "".join(lines)
+        proc.wait(30)
+        out.join(10)
+        assert proc.returncode == 0, out.text()
         assert (
             f"WARNING reducer.serve: no control plane (health, GetStats, Drain): cannot listen on 127.0.0.1:{data + 1}"
             in text

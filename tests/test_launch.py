@@ -14,12 +14,12 @@ import socket
 import subprocess
 import sys
 import textwrap
-import threading
 import time
 from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
+from child_lines import ChildLines
 from conftest import child_env
 
 from reducer import cluster, launch
@@ -231,26 +231,6 @@ def test_worker_killed_by_signal_is_reported(tmp_path):
     _assert_gone(list(_started_pids(proc.stderr).values()))
 
 
-class _Reader(threading.Thread):
-    """Collects a pipe's text in the background."""
-
-    def __init__(self, pipe) -> None:
-        super().__init__(daemon=True)
-        self.pipe = pipe
-        self.text = ""
-        self.lock = threading.Lock()
-        self.start()
-
-    def run(self) -> None:
-        for line in self.pipe:
-            with self.lock:
-                self.text += line
-
-    def get(self) -> str:
-        with self.lock:
-            return self.text
-
-
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
 def test_signal_stops_everything(tmp_path, sig):
     script = _script(
@@ -271,12 +251,12 @@ def test_signal_stops_everything(tmp_path, sig):
         stderr=subprocess.PIPE,
         text=True,
     )
-    out, err = _Reader(proc.stdout), _Reader(proc.stderr)
+    out, err = ChildLines(proc.stdout, "launch stdout"), ChildLines(proc.stderr, "launch stderr")
     try:
         deadline = time.monotonic() + 30
-        while len(_printed_pids(out.get())) < 4 and time.monotonic() < deadline and proc.poll() is None:
+        while len(_printed_pids(out.text())) < 4 and time.monotonic() < deadline and proc.poll() is None:
             time.sleep(0.1)
-        assert len(_printed_pids(out.get())) == 4, out.get() + err.get()
+        assert len(_printed_pids(out.text())) == 4, out.text() + err.text()
         proc.send_signal(sig)
         rc = proc.wait(timeout=20)
     finally:
@@ -285,12 +265,12 @@ def test_signal_stops_everything(tmp_path, sig):
             proc.wait()
     out.join(5)
     err.join(5)
-    assert rc == 128 + sig, err.get()
-    assert f"received {sig.name}: stopping all 3 process(es)" in err.get()
-    assert f"interrupted by {sig.name}" in err.get()
-    pids = _started_pids(err.get())
+    assert rc == 128 + sig, err.text()
+    assert f"received {sig.name}: stopping all 3 process(es)" in err.text()
+    assert f"interrupted by {sig.name}" in err.text()
+    pids = _started_pids(err.text())
     assert len(pids) == 3
-    _assert_gone(list(pids.values()) + _printed_pids(out.get()))
+    _assert_gone(list(pids.values()) + _printed_pids(out.text()))
 
 
 def test_procs_per_worker_global_ranks(tmp_path):
@@ -342,3 +322,57 @@ def test_missing_command_is_reported():
     assert proc.returncode == 127, proc.stderr
     assert "cannot start worker 0.0: No such file or directory: 'no-such-command-rs'" in proc.stderr
     _assert_gone(list(_started_pids(proc.stderr).values()))
+
+
+def _processes_with_args(*args: str) -> dict[str, int]:
+    """{arg: pid} of this user's live `sleep ARG` processes, for the given (unique) arguments."""
+    found: dict[str, int] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/cmdline", "rb") as fh:
+                argv = fh.read().split(b"\0")
+        except OSError:
+            continue
+        if len(argv) >= 2 and argv[0].endswith(b"sleep") and argv[1].decode(errors="replace") in args:
+            if _alive(int(entry)):
+                found[argv[1].decode()] = int(entry)
+    return found
+
+
+def test_sigkilled_launcher_takes_the_whole_job_with_it(tmp_path):
+    """kill -9 on the launcher: its direct children die by PDEATHSIG, and what a worker started
+    (here a shell's background and foreground sleeps) dies too, through the guard (issue 29,
+    point 6). Unique sleep lengths find the sleeps; leftovers are killed in teardown."""
+    tag = f"{os.getpid() % 1000:03d}{time.monotonic_ns() % 1000:03d}"
+    first, second = f"41.{tag}", f"42.{tag}"
+    log = open(tmp_path / "launch.log", "w+")
+    proc = subprocess.Popen(
+        _launch_argv("--workers", "1", "--reducers", "1", "--", "bash", "-c", f"sleep {first} & sleep {second}"),
+        env=_env(),
+        cwd=str(ROOT),
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+    sleeps: dict[str, int] = {}
+    try:
+        deadline = time.monotonic() + 40
+        while len(sleeps) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+            sleeps = _processes_with_args(first, second)
+        log.seek(0)
+        text = log.read()
+        assert len(sleeps) == 2, text
+        started = _started_pids(text)
+        assert sorted(started) == ["reducer 0", "worker 0.0"], text
+        proc.kill()
+        proc.wait(10)
+        _assert_gone(list(started.values()) + list(sleeps.values()), timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for pid in _processes_with_args(first, second).values():  # what the launcher left behind
+            os.kill(pid, signal.SIGKILL)
+        log.close()

@@ -13,11 +13,9 @@ distinct addresses (tests/attack_tools.py).
 from __future__ import annotations
 
 import os
-import select
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Sequence
 
 import numpy as np
@@ -37,6 +35,7 @@ from attack_tools import (
     serve,
     wait_until,
 )
+from child_lines import ChildLines
 
 import reducer
 
@@ -313,16 +312,10 @@ def test_serve_flags_set_the_shares(tmp_path):
         stderr=subprocess.STDOUT,
         text=True,
     )
-    log = ""
+    out = ChildLines(proc.stdout, "serve")
     try:
-        deadline = time.monotonic() + 60
-        while "limits: memory" not in log and time.monotonic() < deadline:
-            ready, _, _ = select.select([proc.stdout], [], [], 1.0)
-            line = proc.stdout.readline() if ready else ""
-            if ready and not line:
-                break
-            log += line
-        assert "(64 MiB per job, 32 MiB per address)" in log, log
+        out.wait_for("limits: memory", 60)
+        assert "(64 MiB per job, 32 MiB per address)" in out.text(), out.text()
     finally:
         proc.send_signal(signal.SIGTERM)
         try:

@@ -128,7 +128,8 @@ void bind_settings(py::module_& m) {
         if (kind == "bool") s.kind = rs::settings::Kind::Bool;
         else if (kind == "int") s.kind = rs::settings::Kind::Int;
         else if (kind == "size") s.kind = rs::settings::Kind::Size;
-        else throw py::value_error("parse_kind: kind must be bool, int or size");
+        else if (kind == "seconds") s.kind = rs::settings::Kind::Seconds;
+        else throw py::value_error("parse_kind: kind must be bool, int, size or seconds");
         try {
           return setting_value(rs::settings::parse(s, text, what));
         } catch (const rs::Error& e) {
@@ -140,7 +141,13 @@ void bind_settings(py::module_& m) {
       },
       py::arg("kind"), py::arg("text"), py::arg("what") = "", py::arg("lo") = -rs::settings::kNoLimit,
       py::arg("hi") = rs::settings::kNoLimit,
-      "The text of a Python-only setting by the C++ rule of its kind (bool, int or size); None when blank.");
+      "The text of a Python-only setting by the C++ rule of its kind (bool, int, size or seconds); None when blank.");
+  m.attr("MAX_SECONDS") = rs::kMaxSeconds;
+  m.def("secret_file_warning", &rs::settings::secret_file_warning, py::arg("path"),
+        "The warning for a secret file its group or others may access ('' when private).");
+  m.def("check_seconds", &rs::settings::check_seconds, py::arg("seconds"), py::arg("what"), py::arg("zero") = false,
+        "A seconds argument: itself when finite, > 0 (or 0 with zero) and at most MAX_SECONDS, else ConfigError "
+        "naming `what`.");
 }
 
 // common/compression.h: every name, and the wire dtype of a name.
@@ -238,9 +245,15 @@ void bind_common(py::module_& m) {
       [](const std::string& secret, const std::string& job) {
         std::string why = rs::proto::check_name("job id", job);
         if (!why.empty()) throw py::value_error(why);
+        if (rs::proto::is_job_credential(secret))  // its holder would get a credential no reducer accepts
+          throw rs::Error(rs::ErrorKind::Config,
+                          "this is a job credential (rsjob1:<job>:<key>), not the reducers' shared secret: "
+                          "job-token derives a job's credential from the secret itself");
         return rs::proto::format_job_token(job, rs::proto::job_key(secret, job));
       },
-      py::arg("secret"), py::arg("job"), "A worker credential valid for this job only: rsjob1:<job>:<hex key>.");
+      py::arg("secret"), py::arg("job"),
+      "A worker credential valid for this job only: rsjob1:<job>:<hex key>; ConfigError when `secret` is a job "
+      "credential itself.");
   m.def(
       "check_name",
       [](const std::string& what, const std::string& name) { return rs::proto::check_name(what.c_str(), name); },

@@ -19,6 +19,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "common/text.h"
 #include "net/address.h"
 #include "protocol/hmac.h"
@@ -51,7 +52,8 @@ Client::Client(ClientOptions opts)
     if (!why.empty()) throw Error(ErrorKind::Config, why);
   credential_ = proto::Credential::parse(opts_.auth_token);
   if (credential_.present()) credential_.key_for(opts_.job_id);  // a credential for another job fails here, clearly
-  if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "timeout must be positive");
+  settings::check_seconds(opts_.timeout, "timeout");
+  settings::check_seconds(opts_.connect_timeout, "connect_timeout");
   if (opts_.window < 1 || opts_.window > 1024) throw Error(ErrorKind::Config, "window must be in 1..1024");
   if (opts_.max_rounds_in_flight < 1 || opts_.max_rounds_in_flight > 4096)
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");

@@ -4,6 +4,7 @@
 #include <sstream>
 
 #include "common/error.h"
+#include "common/log.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
 
@@ -26,6 +27,8 @@ std::string token_from_file(const std::string& path) {
   if (!in || !secret)
     throw Error(ErrorKind::Config, std::string(spec("auth_token_file").env) + "='" + path +
                                        "' is not valid: the file cannot be read or is empty");
+  const std::string warning = settings::secret_file_warning(path);
+  if (!warning.empty()) log_warn(std::string(spec("auth_token_file").env) + ": " + warning);
   return std::get<std::string>(*secret);
 }
 

@@ -24,4 +24,10 @@ constexpr int kMaxWindow = 1024;
 constexpr int kMaxClientRoundsInFlight = 4096;
 constexpr int kMaxP2pSockets = 16;  // the NCCL handle has room for 16 socket ports
 
+// The largest value of every seconds setting and argument (timeouts: about 31 years, "forever" in
+// practice): a deadline computed from one fits a steady_clock time point (int64 nanoseconds) and an
+// int millisecond count of poll() with room to spare. One rule: settings::parse and
+// settings::check_seconds refuse more, net::duration_of (every conversion) saturates at it.
+constexpr double kMaxSeconds = 1e9;
+
 }  // namespace rs

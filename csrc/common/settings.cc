@@ -1,8 +1,11 @@
 #include "common/settings.h"
 
+#include <sys/stat.h>
+
 #include <cctype>
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -65,11 +68,20 @@ int64_t parse_size(const Spec& s, const std::string& t, const std::string& what,
   return int64_t(bytes);
 }
 
+// Why `v` is not a valid seconds value (nullptr when it is): one rule for text and arguments.
+const char* seconds_problem(double v, bool zero_ok = false) {
+  if (zero_ok && v == 0) return nullptr;
+  if (!std::isfinite(v) || v < 0 || (v == 0 && !zero_ok))
+    return zero_ok ? "expected a finite number of seconds >= 0" : "expected a positive number of seconds";
+  if (v > kMaxSeconds) return "more than 1e9 seconds (about 31 years), the largest time limit";
+  return nullptr;
+}
+
 double parse_seconds(const std::string& t, const std::string& what, const std::string& raw) {
   char* end = nullptr;
   const double v = decimal(t) ? std::strtod(t.c_str(), &end) : NAN;
-  if (!decimal(t) || *end != '\0' || !std::isfinite(v) || v <= 0)
-    bad(what, raw, "expected a positive number of seconds");
+  if (!decimal(t) || *end != '\0') bad(what, raw, "expected a positive number of seconds");
+  if (const char* why = seconds_problem(v)) bad(what, raw, why);
   return v;
 }
 
@@ -128,6 +140,25 @@ std::optional<Value> default_value(const Spec& s) {
     case Kind::Text: return Value(std::string(s.text ? s.text : ""));
   }
   return std::nullopt;
+}
+
+double check_seconds(double seconds, const std::string& what, bool zero_ok) {
+  if (const char* why = seconds_problem(seconds, zero_ok)) {
+    char text[32];
+    std::snprintf(text, sizeof text, "%.15g", seconds);
+    throw Error(ErrorKind::Config, what + "=" + text + " is not valid: " + why);
+  }
+  return seconds;
+}
+
+std::string secret_file_warning(const std::string& path) {
+  struct stat st{};
+  if (::stat(path.c_str(), &st) != 0 || (st.st_mode & 077) == 0) return "";
+  char mode[8];
+  std::snprintf(mode, sizeof mode, "%04o", unsigned(st.st_mode & 07777));
+  return "the secret file '" + path + "' is open to its group or others (mode " + mode +
+         "): anyone who can read it can authenticate as any worker, reducer and job; make it private "
+         "(chmod 600)";
 }
 
 EnvLookup process_env() {

@@ -7,7 +7,8 @@
 // Text rules, one per kind: blank (empty or only whitespace) = unset; surrounding whitespace is
 // ignored; Bool: 1/true/yes/on, 0/false/no/off (any case); Int: a decimal integer within
 // [lo, hi] and a multiple of `step`; Size: bytes with an optional K/M/G/T suffix (powers of 1024, "B"/"iB" allowed),
-// within [lo, hi], a multiple of `step`; Seconds: a finite number > 0; Enum: one of `choices` (any case, returned lower
+// within [lo, hi], a multiple of `step`; Seconds: a finite number > 0 and at most kMaxSeconds
+// (common/defaults.h: 1e9, about 31 years); Enum: one of `choices` (any case, returned lower
 // case); Text: as given (trimmed). A malformed value is an Error(Config) "VAR='text' is not
 // valid: why" naming the variable (or the argument the text came from).
 #pragma once
@@ -113,6 +114,17 @@ using EnvLookup = std::function<std::optional<std::string>(const char* var)>;
 EnvLookup process_env();
 // The variable's value parsed, else (unset or blank) nullopt.
 std::optional<Value> read(const Spec& s, const EnvLookup& env);
+
+// A seconds value given as a number (an argument, not text): `seconds` when it is finite, > 0 (or 0
+// with zero_ok: "never" / "the default") and at most kMaxSeconds, else Error(Config)
+// "WHAT=value is not valid: why" (the rule of Seconds text).
+double check_seconds(double seconds, const std::string& what, bool zero_ok = false);
+
+// The warning for a secret file (RS_AUTH_TOKEN_FILE, --auth-token-file) that its group or others
+// may access (mode & 077, as ssh checks a private key), naming the file and its mode; "" when it
+// is private to its owner or cannot be examined (reading it then says why). Every reader of a secret
+// file logs it: the file is still used.
+std::string secret_file_warning(const std::string& path);
 
 // Typed helpers: the value of the variable, else the default.
 bool read_bool(const Spec& s, const EnvLookup& env);

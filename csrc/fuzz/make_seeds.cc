@@ -2,8 +2,10 @@
 // (so the seeds follow the protocol version being fuzzed).
 // Usage: make_seeds DIR [TARGET]   (TARGET: wire (default), failover or reducer_frames; file names:
 // <kind>-<n>; byte 0 selects what the target runs, see csrc/fuzz/<TARGET>_fuzz.cc)
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <string>
 #include <vector>
 
@@ -99,6 +101,14 @@ static bool plugin_env_seeds(const std::string& dir) {
                    "30" + nul + "300" + nul + "4" + nul + "1M" + nul + "8" + nul + "False" + nul + "4M" + nul +
                        "secret" + nul + "Required");
   ok &= write_seed(dir, "p2p-0", 5, "4" + nul + "2" + nul + "2" + nul + "10");
+  // Seconds at the bound and past it (they overflowed the core's clock arithmetic before issue 28).
+  ok &= write_seed(dir, "worker-1", 4, "1e9" + nul + "1e10");
+  ok &= write_seed(dir, "p2p-1", 5, "1" + nul + "1" + nul + "1" + nul + "1e10");
+  for (const double s : {1e9, 1e10, 1e300}) {
+    std::string bytes(sizeof s, '\0');
+    std::memcpy(&bytes[0], &s, sizeof s);
+    ok &= write_seed(dir, "seconds-" + std::to_string(int(std::log10(s))), 6, bytes);
+  }
   return ok;
 }
 

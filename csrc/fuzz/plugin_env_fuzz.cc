@@ -8,16 +8,21 @@
 //   0  json::parse (+ py_repr)           3  RS_REDUCERS (+ RS_JOB_ID) through discover_reducers
 //   1  CLUSTER_SPEC through discover_reducers   4  the worker settings (client_options_from_env)
 //   2  TF_CONFIG through discover_reducers      5  the point-to-point settings
-// For 4 and 5 the rest is split at NUL bytes into the variables' values, in order.
+//                                               6  a seconds argument (8 bytes: a double)
+// For 4 and 5 the rest is split at NUL bytes into the variables' values, in order; every seconds
+// value read is also converted as the core uses it (net/deadline.h): no overflow (UBSan).
 #include <cstdlib>
+#include <cstring>
 #include <string>
 #include <vector>
 
 #include "cluster/repr.h"
 #include "common/error.h"
 #include "common/json.h"
+#include "common/settings.h"
 #include "fuzz/fuzz_input.h"
 #include "nccl_plugin/plugin_env.h"
+#include "net/deadline.h"
 
 namespace {
 
@@ -27,6 +32,14 @@ const char* const kWorker[] = {
     "RS_TIMEOUT",  "RS_CONNECT_TIMEOUT", "RS_STREAMS",    "RS_CHUNK_BYTES", "RS_WINDOW",
     "RS_FAILOVER", "RS_SOCKET_BUFFER",   "RS_AUTH_TOKEN", "RS_INTEGRITY",   "RS_MAX_ROUNDS_IN_FLIGHT"};
 const char* const kP2p[] = {"RS_NCCL_NSOCKS", "NCCL_NSOCKS_PERTHREAD", "NCCL_SOCKET_NTHREADS", "RS_HANDSHAKE_TIMEOUT"};
+
+// A seconds value as the core uses it: a deadline, a progress timer, poll()'s milliseconds.
+void use_seconds(double s) {
+  FUZZ_CHECK(s > 0 && s <= rs::kMaxSeconds);
+  const rs::net::ProgressTimer stall(s);
+  FUZZ_CHECK(stall.poll_ms() >= 1 && stall.seconds() <= rs::kMaxSeconds);
+  FUZZ_CHECK(rs::net::ms_until(rs::net::deadline_after(s)) >= 0);
+}
 
 // Every string the reader hands out is valid UTF-8 (Python receives them as str).
 bool all_utf8(const rs::json::Value& v) {
@@ -64,7 +77,7 @@ void set_from(const char* const (&vars)[N], const std::string& rest) {
 
 void run(uint8_t mode, const std::string& rest) {
   using namespace rs::nccl;
-  switch (mode % 6) {
+  switch (mode % 7) {
     case 0: {
       const rs::json::Value v = rs::json::parse(rest, "input");
       FUZZ_CHECK(v.type_name() != nullptr && all_utf8(v));
@@ -74,10 +87,10 @@ void run(uint8_t mode, const std::string& rest) {
     case 1:
     case 2:
     case 3: {
-      const char* var = mode % 6 == 1 ? "CLUSTER_SPEC" : mode % 6 == 2 ? "TF_CONFIG" : "RS_REDUCERS";
+      const char* var = mode % 7 == 1 ? "CLUSTER_SPEC" : mode % 7 == 2 ? "TF_CONFIG" : "RS_REDUCERS";
       if (rest.find('\0') != std::string::npos) return;  // an environment value has no NUL
       setenv(var, rest.c_str(), 1);
-      if (mode % 6 == 3) setenv("RS_JOB_ID", "fuzz", 1);
+      if (mode % 7 == 3) setenv("RS_JOB_ID", "fuzz", 1);
       const auto pool = discover_reducers();
       FUZZ_CHECK(!pool || !pool->reducers.empty());
       break;
@@ -85,14 +98,25 @@ void run(uint8_t mode, const std::string& rest) {
     case 4: {
       set_from(kWorker, rest);
       const rs::client::ClientOptions o = client_options_from_env();
-      FUZZ_CHECK(o.streams >= 1 && o.window >= 1 && o.timeout > 0 && o.max_rounds_in_flight >= 1);
+      FUZZ_CHECK(o.streams >= 1 && o.window >= 1 && o.max_rounds_in_flight >= 1);
+      use_seconds(o.timeout);
+      use_seconds(o.connect_timeout);
+      break;
+    }
+    case 6: {
+      double s = 0;
+      if (rest.size() != sizeof s) return;
+      std::memcpy(&s, rest.data(), sizeof s);
+      const auto d = rs::net::duration_of(s);  // any double: saturated, never an overflow
+      FUZZ_CHECK(d.count() >= 0 && d <= rs::net::duration_of(rs::kMaxSeconds));
+      use_seconds(rs::settings::check_seconds(s, "fuzz"));  // a Config error, or a usable value
       break;
     }
     default: {
       set_from(kP2p, rest);
       const int socks = p2p_sockets_from_env(), threads = p2p_threads_from_env();
       FUZZ_CHECK(socks >= 1 && socks <= 16 && threads >= 1 && threads <= 16);
-      FUZZ_CHECK(hello_timeout_from_env() > 0);
+      use_seconds(hello_timeout_from_env());
       break;
     }
   }

@@ -23,6 +23,7 @@
 #include "nccl_plugin/nccl_abi.h"
 #include "nccl_plugin/p2p_listen.h"
 #include "nccl_plugin/plugin_log.h"
+#include "net/deadline.h"
 #include "net/socket.h"
 #include "protocol/hmac.h"
 #include "protocol/wire.h"
@@ -484,8 +485,7 @@ void listen(void* handle, void** listen_comm) {
   const NetInterface& ni = interface();
   const int nsocks = p2p_sockets_from_env();
   const uint64_t nonce = random_u64();
-  const auto hello_timeout =
-      std::chrono::duration_cast<Listener::Clock::duration>(std::chrono::duration<double>(hello_timeout_from_env()));
+  const auto hello_timeout = net::duration_of(hello_timeout_from_env());
   sockaddr_storage ss = ni.addr;
   if (ss.ss_family == AF_INET) reinterpret_cast<sockaddr_in*>(&ss)->sin_port = 0;
   else reinterpret_cast<sockaddr_in6*>(&ss)->sin6_port = 0;

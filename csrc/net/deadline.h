@@ -7,14 +7,22 @@
 #include <chrono>
 #include <cstdint>
 
+#include "common/defaults.h"
+
 namespace rs::net {
 
 using Clock = std::chrono::steady_clock;
 
-// The point `seconds` from now.
-inline Clock::time_point deadline_after(double seconds) {
-  return Clock::now() + std::chrono::milliseconds(int64_t(seconds * 1000));
+// `seconds` as a clock duration, saturated to [0, kMaxSeconds] (NaN: 0): every conversion of a
+// seconds value goes through here, so none overflows whatever it is given (the settings and
+// arguments are refused above kMaxSeconds already: settings::check_seconds).
+inline Clock::duration duration_of(double seconds) {
+  const double s = seconds > 0 ? std::min(seconds, kMaxSeconds) : 0.0;  // (NaN > 0 is false)
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(s));
 }
+
+// The point `seconds` from now.
+inline Clock::time_point deadline_after(double seconds) { return Clock::now() + duration_of(seconds); }
 
 // Milliseconds left until `deadline` for poll(): 0 once it has passed, at most `cap_ms`.
 inline int ms_until(Clock::time_point deadline, int cap_ms = 1 << 30) {
@@ -27,8 +35,7 @@ inline int ms_until(Clock::time_point deadline, int cap_ms = 1 << 30) {
 // poll_ms() is how long a poll() may sleep (at least 1 ms, at most cap_ms and the time left).
 class ProgressTimer {
  public:
-  explicit ProgressTimer(double seconds)
-      : limit_(std::chrono::milliseconds(int64_t(seconds * 1000))), last_(Clock::now()) {}
+  explicit ProgressTimer(double seconds) : limit_(duration_of(seconds)), last_(Clock::now()) {}
   void progress() { last_ = Clock::now(); }
   // Time that must not count (nobody was waiting for progress then).
   void exclude(Clock::duration d) { last_ += d; }

@@ -26,7 +26,7 @@ Key job_key(const std::string& secret, const std::string& job) {
 Credential Credential::parse(const std::string& token) {
   Credential c;
   if (token.empty()) return c;
-  if (token.compare(0, 7, kJobTokenPrefix) != 0) {
+  if (!is_job_credential(token)) {
     c.kind_ = Kind::Secret;
     c.secret_ = token;
     return c;
@@ -60,6 +60,8 @@ Key Credential::key_for(const std::string& job) const {
   }
   throw Error(ErrorKind::Config, "no credential");
 }
+
+bool is_job_credential(const std::string& token) { return token.compare(0, 7, kJobTokenPrefix) == 0; }
 
 std::string format_job_token(const std::string& job, const Key& key) {
   return kJobTokenPrefix + job + ":" + rs::hex_bytes(key.data(), key.size());

@@ -42,6 +42,8 @@ class Credential {
 };
 
 std::string format_job_token(const std::string& job, const Key& key);
+// Whether `token` is a job credential ("rsjob1:..."), not a shared secret.
+bool is_job_credential(const std::string& token);
 
 Digest hello_mac(const Key& key, const Hello& h, const std::array<uint8_t, kNonceBytes>& challenge_nonce);
 Digest reply_mac(const Key& key, const Reply& r, const std::array<uint8_t, kNonceBytes>& worker_nonce,

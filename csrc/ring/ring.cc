@@ -8,6 +8,7 @@
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 #include "net/address.h"
 #include "net/frame_io.h"
 #include "protocol/plan.h"
@@ -43,7 +44,7 @@ Ring::Ring(RingOptions opts) : opts_(std::move(opts)) {
                                        std::to_string(opts_.world_size));
   std::string bad_chunk = proto::check_chunk_bytes(opts_.chunk_bytes);
   if (!bad_chunk.empty()) throw Error(ErrorKind::Config, "ring: chunk_bytes: " + bad_chunk);
-  if (opts_.timeout <= 0) throw Error(ErrorKind::Config, "ring: timeout must be positive");
+  settings::check_seconds(opts_.timeout, "ring: timeout");
   if (opts_.world_size > 1) {
     listen_fd_ = net::listen_on(opts_.listen_host, opts_.port, &port_);
   } else {
@@ -83,6 +84,7 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
   if (addresses.size() != n)
     throw Error(ErrorKind::Config,
                 "ring: got " + std::to_string(addresses.size()) + " addresses for world size " + std::to_string(n));
+  settings::check_seconds(connect_timeout, "ring: connect_timeout");
   if (n == 1) return;
   if (connected_ || broken_) throw Error(ErrorKind::Config, "ring: connect() may be called once");
   const uint32_t right = (r + 1) % n, left = (r + n - 1) % n;

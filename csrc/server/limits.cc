@@ -6,6 +6,7 @@
 #include <algorithm>
 
 #include "common/error.h"
+#include "common/settings.h"
 #include "server/server.h"
 
 namespace rs::server {
@@ -177,10 +178,9 @@ bool LogLimiter::allow(uint64_t* suppressed) {
 
 void resolve_limits(ServerOptions& o) {
   if (o.group_slots < 1 || o.group_slots > 64) throw Error(ErrorKind::Config, "group_slots must be in 1..64");
-  if (!(o.handshake_timeout > 0) || !(o.group_timeout > 0))
-    throw Error(ErrorKind::Config, "handshake_timeout and group_timeout must be positive");
-  if (!(o.memory_idle_timeout >= 0 && o.memory_idle_timeout <= 1e9))
-    throw Error(ErrorKind::Config, "memory_idle_timeout must be 0 (never) to 1e9 seconds");
+  settings::check_seconds(o.handshake_timeout, "handshake_timeout");
+  settings::check_seconds(o.group_timeout, "group_timeout");
+  settings::check_seconds(o.memory_idle_timeout, "memory_idle_timeout", true);  // 0 = never
   if (o.max_connections < 1 || o.max_connections_per_peer < 1 || o.max_groups_per_peer < 1)
     throw Error(ErrorKind::Config,
                 "max_connections, max_connections_per_peer and max_groups_per_peer must be positive");

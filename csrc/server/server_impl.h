@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "common/log.h"
+#include "net/deadline.h"
 #include "net/socket.h"
 #include "server/limits.h"
 #include "server/server.h"
@@ -20,7 +21,10 @@ namespace rs::server {
 
 struct Loop;
 
-inline std::chrono::milliseconds ms(double seconds) { return std::chrono::milliseconds(int64_t(seconds * 1000)); }
+// `seconds` in milliseconds, saturated (net::duration_of: never an overflow, whatever the value).
+inline std::chrono::milliseconds ms(double seconds) {
+  return std::chrono::duration_cast<std::chrono::milliseconds>(net::duration_of(seconds));
+}
 
 struct Server::Impl {
   ServerOptions opts;

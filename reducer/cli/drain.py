@@ -11,7 +11,6 @@ unsigned Drain, and one without a token refuses every Drain unless it was starte
 from __future__ import annotations
 
 import argparse
-import math
 import sys
 from typing import Any
 
@@ -53,10 +52,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
 
 
 def run(args: Any) -> int:
-    if not math.isfinite(args.timeout) or args.timeout < 0:
-        print("reduction-server drain: error: --timeout must be a finite number of seconds >= 0", file=sys.stderr)
-        return 2
     try:
+        config.check_seconds(args.timeout, "--timeout", zero=True)
         addresses = control_addresses(args.addresses)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
     except ConfigError as exc:

@@ -31,6 +31,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def _secret_source(token_file: str | None) -> str:
+    """Where resolve_auth_token(None, token_file) took the secret from."""
+    if token_file is not None:
+        return f"--auth-token-file {token_file}"
+    return "RS_AUTH_TOKEN" if config.env_text("auth_token") is not None else "RS_AUTH_TOKEN_FILE"
+
+
 def run(args: argparse.Namespace) -> int:
     from reducer._native import core  # noqa: PLC0415 (the C++ core: the CLI starts without it)
 
@@ -38,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
         secret = config.resolve_auth_token(None, args.auth_token_file)
         if not secret:
             raise ConfigError("no shared secret: set RS_AUTH_TOKEN or RS_AUTH_TOKEN_FILE, or pass --auth-token-file")
-        token = core.job_token(secret, args.job)
+        try:
+            token = core.job_token(secret, args.job)
+        except ConfigError as exc:  # a job credential given as the secret: say where it came from
+            raise ConfigError(f"{_secret_source(args.auth_token_file)}: {exc}") from None
     except (ConfigError, ValueError) as exc:
         print(f"reduction-server job-token: error: {exc}", file=sys.stderr)
         return 2

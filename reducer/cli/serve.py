@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import argparse
 import logging
-import math
 import os
 import signal
 import sys
@@ -400,10 +399,10 @@ def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, m
 
 
 def run(args: argparse.Namespace) -> int:
-    if not math.isfinite(args.drain_timeout) or args.drain_timeout < 0:
-        print("reduction-server serve: error: --drain-timeout must be a finite number >= 0", file=sys.stderr)
-        return 2
     try:
+        config.check_seconds(args.drain_timeout, "--drain-timeout", zero=True)
+        if args.memory_idle_timeout is not None:
+            config.check_seconds(args.memory_idle_timeout, "--memory-idle-timeout", zero=True)
         plan = resolve_listen(args.host, args.port)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
         config.reducer_integrity(args.integrity, token)  # on/required without a secret: refused here
@@ -449,6 +448,10 @@ def run(args: argparse.Namespace) -> int:
                 max_memory_per_peer=args.max_memory_per_peer,
                 memory_idle_timeout=args.memory_idle_timeout,
             )
+        except ConfigError as exc:  # a setting (RS_GROUP_TIMEOUT=1e10, ...): say which, not "cannot listen"
+            print(f"reduction-server serve: error: {exc}", file=sys.stderr)
+            return 2
+        try:
             server.start()
         except (ReductionError, OSError, RuntimeError) as exc:
             detail = str(exc)

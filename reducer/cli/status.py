@@ -232,8 +232,11 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
 
 
 def run(args: argparse.Namespace) -> int:
-    if args.interval <= 0 or args.timeout <= 0:
-        print("reduction-server status: error: --interval and --timeout must be > 0", file=sys.stderr)
+    try:
+        config.check_seconds(args.interval, "--interval")
+        config.check_seconds(args.timeout, "--timeout")  # (gRPC fails at once past about 9e9 s)
+    except ConfigError as exc:
+        print(f"reduction-server status: error: {exc}", file=sys.stderr)
         return 2
 
     try:

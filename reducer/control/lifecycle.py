@@ -13,6 +13,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from reducer import config
+
 log = logging.getLogger(__name__)
 
 SERVING = "serving"  # the data plane accepts workers and groups
@@ -32,8 +34,7 @@ class Lifecycle:
     """
 
     def __init__(self, server: Any, drain_timeout: float = 10.0) -> None:
-        if not math.isfinite(drain_timeout) or drain_timeout < 0:
-            raise ValueError(f"drain_timeout must be a finite number >= 0, got {drain_timeout}")
+        config.check_seconds(drain_timeout, "drain_timeout", zero=True)  # (ConfigError is a ValueError)
         self.server = server
         self.drain_timeout = float(drain_timeout)
         self.started_at = time.monotonic()
@@ -66,9 +67,10 @@ class Lifecycle:
         """Start draining (timeout: seconds for rounds in flight, None = the default).
 
         Returns False when a drain had already started (the first one's timeout holds).
-        ValueError for a timeout that is not a finite number (inf or NaN)."""
-        if timeout is not None and not math.isfinite(timeout):
-            raise ValueError(f"drain timeout must be a finite number of seconds, got {timeout}")
+        ValueError (ConfigError) for a timeout that is not a finite number (inf or NaN) or more
+        than config.MAX_SECONDS; <= 0 means the default."""
+        if timeout is not None and (timeout > 0 or not math.isfinite(timeout)):
+            config.check_seconds(timeout, "drain timeout")
         seconds = self.drain_timeout if timeout is None or timeout <= 0 else float(timeout)
         with self._lock:
             if self._state != SERVING:

@@ -24,12 +24,12 @@ from __future__ import annotations
 
 import asyncio
 import logging
-import math
 from collections.abc import Mapping
 from typing import Any
 
 from reducer import __version__, config
 from reducer.addresses import connect_host, format_address
+from reducer.errors import ConfigError
 
 from . import import_grpc, loop
 from .auth import NonceBook, check_drain, check_stats
@@ -211,10 +211,10 @@ class ReducerService(reducer_pb2_grpc.ReducerServicer):
     async def Drain(self, request: Any, context: Any) -> Any:
         peer = await self.gate.admit(context)
         timeout_s = request.timeout_s
-        if not math.isfinite(timeout_s) or timeout_s < 0:
-            await context.abort(
-                grpc.StatusCode.INVALID_ARGUMENT, f"timeout_s must be a finite number of seconds >= 0, got {timeout_s}"
-            )
+        try:
+            config.check_seconds(timeout_s, "timeout_s", zero=True)
+        except ConfigError as exc:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, str(exc))
         refused = check_drain(self.token, self.nonces, request.nonce, request.mac, timeout_s)
         if refused is not None:
             log.warning("refused Drain from %s: %s", peer, refused)

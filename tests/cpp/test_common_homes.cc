@@ -1,5 +1,6 @@
 // csrc/common's one-home helpers: the settings parser (one rule per kind), the compression names
 // and the hexadecimal helpers. Built and run by tests/test_config_homes.py.
+#include <cmath>
 #include <string>
 
 #include "check.h"
@@ -7,6 +8,7 @@
 #include "common/error.h"
 #include "common/settings.h"
 #include "common/text.h"
+#include "net/deadline.h"
 
 namespace {
 
@@ -54,6 +56,33 @@ void settings_kinds() {
   CHECK(*rs::settings::read_text(spec("tcp_congestion"), env) == "auto");
 }
 
+// One bound for every seconds value (issue 28.4): text and arguments refuse more than kMaxSeconds,
+// and every conversion saturates there, so no value overflows the clock arithmetic.
+void seconds_bound() {
+  using rs::net::duration_of;
+  CHECK(refusal("timeout", "1e10") ==
+        "RS_TIMEOUT='1e10' is not valid: more than 1e9 seconds (about 31 years), the largest time limit");
+  CHECK(refusal("handshake_timeout", "1e9").empty());
+  CHECK(rs::settings::check_seconds(1e9, "timeout") == 1e9);
+  CHECK(rs::settings::check_seconds(0, "x", true) == 0);
+  for (double bad : {1e10, 0.0, -1.0, double(NAN), double(INFINITY)}) {
+    bool refused = false;
+    try {
+      rs::settings::check_seconds(bad, "timeout");
+    } catch (const rs::Error& e) {
+      refused = e.kind() == rs::ErrorKind::Config && std::string(e.what()).rfind("timeout=", 0) == 0;
+    }
+    CHECK(refused);
+  }
+  const auto most = duration_of(rs::kMaxSeconds);
+  CHECK(std::chrono::duration<double>(most).count() == 1e9);
+  CHECK(duration_of(1e300) == most && duration_of(INFINITY) == most);
+  CHECK(duration_of(NAN).count() == 0 && duration_of(-1e300).count() == 0 && duration_of(-INFINITY).count() == 0);
+  CHECK(rs::net::deadline_after(1e300) > rs::net::Clock::now() + std::chrono::hours(24 * 365));
+  CHECK(rs::net::ProgressTimer(1e300).seconds() == 1e9 && !rs::net::ProgressTimer(1e300).expired());
+  CHECK(rs::net::ms_until(rs::net::deadline_after(1e300)) == 1 << 30);
+}
+
 void compression_names() {
   rs::WireCompression c = rs::WireCompression::F16;
   CHECK(rs::parse_wire_compression(" BF16 ", &c) && c == rs::WireCompression::BF16);
@@ -82,6 +111,7 @@ void hex() {
 
 int main() {
   settings_kinds();
+  seconds_bound();
   compression_names();
   hex();
   return finish("test_common_homes");
