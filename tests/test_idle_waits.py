@@ -28,7 +28,7 @@ from lying_reducer import ERR_FAILOVER, LyingReducer, error_frame
 
 import reducer
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = [pytest.mark.timeout(120), pytest.mark.sanitize]
 
 # The reducer package under test (a run with PYTHONPATH naming another tree tests that tree).
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(reducer.__file__)))
