@@ -686,7 +686,9 @@ def task_dataloader(env: dict[str, str], rank: int, world: int, mode: str) -> di
     ex = _example()
     torch.set_num_threads(1)
     with _in_env(env):
-        dist.init_process_group("reduction_server" if mode == "backend" else "gloo", timeout=datetime.timedelta(seconds=30))
+        dist.init_process_group(
+            "reduction_server" if mode == "backend" else "gloo", timeout=datetime.timedelta(seconds=30)
+        )
         x, y, _, _ = ex.load_digits_split(0)
         data = TensorDataset(x[:192], y[:192])
         sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)

@@ -59,14 +59,13 @@ Client::Client(ClientOptions opts)
   recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   idle_wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!wake_.valid() || !idle_wake_.valid())
-    throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
+  if (!wake_.valid() || !idle_wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   interrupt_ = [this] { check_interrupt(); };
   connect_all();
 }
 
 Client::~Client() {
-  if (inherited()) {  // a forked child: the parent's thread is not here, its connections are the parent's
+  if (inherited()) {               // a forked child: the parent's thread is not here, its connections are the parent's
     (void)idle_thread_.release();  // (a joinable std::thread must not be destroyed): left as it is
     return;                        // the members close their descriptors, nothing is sent or shut down
   }
@@ -298,8 +297,8 @@ bool Client::try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint
   return start_locked(lk, segs, nsegs, dtype, op, tag, comp, false, out);
 }
 
-bool Client::start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
-                          uint64_t tag, Compression comp, bool may_wait, RoundId* out) {
+bool Client::start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
+                          bool may_wait, RoundId* out) {
   const bool compressed = comp != Compression::None;
   if (compressed && dtype != DType::F32)
     throw Error(ErrorKind::Config, std::string("compression ") + rs::wire_compression_name(comp) +

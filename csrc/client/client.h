@@ -193,8 +193,8 @@ class Client {
   void apply_clear(size_t li, uint64_t upto);
   void disconnect(bool say_bye);
   using Lock = std::unique_lock<std::timed_mutex>;
-  bool start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag,
-                    Compression comp, bool may_wait, RoundId* out);
+  bool start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
+                    bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr, bool idle = false);  // idle: also with no round open (idle.cc)
@@ -209,7 +209,7 @@ class Client {
   bool count_io(uint64_t sent, uint64_t got);             // stats and the no-progress timer
   void watch(std::vector<pollfd>* pfds);                  // fill every link, then the poll set (one per link)
   void fill(size_t li);                                   // queue the frames the window allows on link li (Schedule)
-  bool copies_short() const;  // no DONE may wait: a drain, or the pool of copies (nearly) full
+  bool copies_short() const;                          // no DONE may wait: a drain, or the pool of copies (nearly) full
   void drive(Lock& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
   bool collect(RoundId id);  // true (and forgets it) if done; rethrows its error
@@ -217,8 +217,8 @@ class Client {
   std::string describe_stall() const;
   void wake_waiters();
   void idle_loop(std::chrono::milliseconds period);  // the progress_while_idle thread's body (client/idle.cc)
-  void idle_pass();         // one pass over the links with no call driving them (mu_ held)
-  void stop_idle_thread();  // ends and joins that thread (mu_ not held)
+  void idle_pass();                                  // one pass over the links with no call driving them (mu_ held)
+  void stop_idle_thread();                           // ends and joins that thread (mu_ not held)
   // Waits under mu_ that other threads may end (client/idle.cc). enter(): mu_ for a call (or
   // close, or an accessor); when an idle pass holds it longer than the call's timeout (a network
   // wait of a failover it joined), the pass gives up and the call goes on. check_interrupt(): what

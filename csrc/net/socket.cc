@@ -196,7 +196,8 @@ void pause_interruptible(Clock::duration d, const Interrupt& intr) {
   const auto until = Clock::now() + d;
   while (Clock::now() < until) {
     intr();
-    std::this_thread::sleep_for(std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(kInterruptSliceMs)));
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(kInterruptSliceMs)));
   }
   intr();
 }
