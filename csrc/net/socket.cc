@@ -181,7 +181,8 @@ int poll_interruptible(pollfd* fds, nfds_t n, int ms, const Interrupt& intr) {
   const auto until = ms < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(ms);
   for (;;) {
     intr();
-    const int left = ms < 0 ? kInterruptSliceMs : ms_until(until);
+    // (rounded up: the last slice never ends before `until`, as one poll(ms) would not)
+    const int left = ms < 0 ? kInterruptSliceMs : ms_until(until + std::chrono::microseconds(999));
     const int slice = std::min(left, kInterruptSliceMs);
     const int pr = ::poll(fds, n, slice);
     if (pr != 0 || slice == left) return pr;
@@ -287,6 +288,7 @@ void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, 
   while (len > 0) {
     pollfd pfd{fd, POLLOUT, 0};
     int pr = poll_interruptible(&pfd, 1, ms_until(deadline), intr);
+    if (pr == 0 && Clock::now() < deadline) continue;  // (poll's milliseconds end up to 1 ms early)
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out sending to " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;
@@ -308,6 +310,7 @@ void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const 
   while (len > 0) {
     pollfd pfd{fd, POLLIN, 0};
     int pr = poll_interruptible(&pfd, 1, ms_until(deadline), intr);
+    if (pr == 0 && Clock::now() < deadline) continue;  // (poll's milliseconds end up to 1 ms early)
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out waiting for " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;
