@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import inspect
 import logging
+import os
 import threading
 from collections.abc import Sequence
 from typing import Any
@@ -78,6 +79,7 @@ class Communicator:
         integrity: str | None = None,
     ) -> None:
         # First, so that close() / __del__ / _fusion() work on an object whose constructor failed.
+        self._pid = os.getpid()  # a forked child's copy is the parent's: it closes nothing (_shutdown)
         self._closed = False
         self._client: Any = None
         self._engine: Any = None
@@ -216,6 +218,10 @@ class Communicator:
         return out
 
     def _fusion(self) -> Any:
+        if os.getpid() != self._pid:  # the engine's threads are the parent's: a handle would never finish
+            raise ConfigError(
+                "this Communicator was made by the parent of this forked process: make a new one in the child"
+            )
         engine = self._engine
         if engine is None:
             with self._engine_lock:
@@ -285,6 +291,11 @@ class Communicator:
 
     def _shutdown(self, grace: float | None) -> None:
         self._closed = True
+        if os.getpid() != self._pid:
+            # A forked child (a DataLoader worker, ...): the connections, threads and locks are the
+            # parent's. Nothing is sent, shut down, stopped or waited for (the core's client does the
+            # same for itself: Client.inherited, docs/operations.md "fork").
+            return
         with self._engine_lock:
             engine, self._engine = self._engine, None
         if engine is not None:

@@ -14,7 +14,8 @@ still open before the interpreter finalizes, in two phases:
 
 Every join is bounded (EXIT_JOIN_TIMEOUT); a thread that does not end in time is named in a
 WARNING and left behind, never waited for without end. A forked child closes nothing of its
-parent's.
+parent's: this registry is emptied in the child, a Communicator copied into it knows it is a copy
+(reducer.communicator), and so does the core's client (Client.inherited, csrc/client/idle.cc).
 """
 
 from __future__ import annotations

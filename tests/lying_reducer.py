@@ -104,12 +104,16 @@ class LyingReducer:
         timeout: float = 20.0,
         on_done: OnDone | None = None,
         idle_lie: tuple[float, bytes] | None = None,
+        answer_hellos: int | None = None,
     ) -> None:
         self.on_data, self.reply, self.max_conns, self.timeout = on_data, reply, max_conns, timeout
         self.on_done = on_done
         # (delay, bytes): sent on the first connection `delay` seconds after it answered its first
         # DATA frame, unasked: to a worker that has its results and is idle by then.
         self.idle_lie = idle_lie
+        # Connections from this index on get their challenge, and no reply to their hello ever.
+        self.answer_hellos = answer_hellos
+        self.unanswered = threading.Event()  # set once such a hello has come
         self.data: list[tuple[int, Header]] = []  # (connection, header) of every DATA frame received
         self.errors: list[BaseException] = []  # unexpected failures of the script itself
         self._lock = threading.Lock()
@@ -150,6 +154,10 @@ class LyingReducer:
             fixed = recv_exact(conn, HELLO.size)
             fields = HELLO.unpack(fixed)
             recv_exact(conn, fields[8] + fields[9])
+            if self.answer_hellos is not None and index >= self.answer_hellos:
+                self.unanswered.set()
+                self._stop.wait()
+                return
             conn.sendall(encode_reply(self.reply[0], self.reply[1]))
             if self.reply[0] != Status.OK:
                 return

@@ -672,3 +672,61 @@ def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
         got = torch.load(save.replace("{rank}", str(r)))
         for k in want:
             assert torch.equal(want[k], got[k]), k
+
+
+def task_dataloader(env: dict[str, str], rank: int, world: int, mode: str) -> dict[str, Any]:
+    """DDP (gloo, the reducer.torch hook, or the reduction_server backend) over 3 epochs of a
+    DataLoader whose 2 workers are forked at each epoch, while this process's clients (and their
+    idle-progress threads) are live: the final parameters."""
+    import torch
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
+
+    import reducer.torch as rst
+
+    ex = _example()
+    torch.set_num_threads(1)
+    with _in_env(env):
+        dist.init_process_group(
+            "reduction_server" if mode == "backend" else "gloo", timeout=datetime.timedelta(seconds=30)
+        )
+        x, y, _, _ = ex.load_digits_split(0)
+        data = TensorDataset(x[:192], y[:192])
+        sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=0)
+        loader = DataLoader(data, batch_size=16, sampler=sampler, num_workers=2, multiprocessing_context="fork")
+        torch.manual_seed(0)
+        model = ex.make_model()
+        ddp = DDP(model, bucket_cap_mb=0.02)
+        state = rst.HookState() if mode == "hook" else None
+        if state is not None:
+            ddp.register_comm_hook(state, rst.allreduce_hook)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        steps = 0
+        for epoch in range(3):
+            sampler.set_epoch(epoch)
+            for bx, by in loader:  # (new worker processes forked for each epoch)
+                opt.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(ddp(bx), by).backward()
+                opt.step()
+                steps += 1
+        out = {k: v.detach().numpy().copy() for k, v in model.state_dict().items()}
+        out["steps"] = steps
+        if state is not None:
+            state.close()
+        return out
+
+
+@needs_torch
+@needs_sklearn
+def test_ddp_with_forking_dataloader_workers(tpool, servers):
+    """Issue 28 point 3: DataLoader workers (num_workers=2, forked at every epoch) inherit the
+    worker's clients; they must leave the parent's connections alone. Hook and backend runs finish
+    all 3 epochs with parameters equal, bit for bit, to gloo's (a sum of 2 in rank order, halved)."""
+    addrs = [s.address for s in servers]
+    runs = {mode: _run(tpool, task_dataloader, 2, addrs, mode=mode) for mode in ("gloo", "hook", "backend")}
+    for mode, res in runs.items():
+        assert res[0]["steps"] == res[1]["steps"] == 3 * 192 // (2 * 16), (mode, res[0]["steps"])
+        for k in res[0]:
+            np.testing.assert_array_equal(res[0][k], res[1][k], err_msg=f"{mode}: ranks differ at {k}")
+            np.testing.assert_array_equal(res[0][k], runs["gloo"][0][k], err_msg=f"{mode} vs gloo at {k}")

@@ -15,7 +15,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -61,11 +60,17 @@ Client::Client(ClientOptions opts)
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
   recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
-  if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
+  idle_wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
+  if (!wake_.valid() || !idle_wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
+  interrupt_ = [this] { check_interrupt(); };
   connect_all();
 }
 
 Client::~Client() {
+  if (inherited()) {               // a forked child: the parent's thread is not here, its connections are the parent's
+    (void)idle_thread_.release();  // (a joinable std::thread must not be destroyed): left as it is
+    return;                        // the members close their descriptors, nothing is sent or shut down
+  }
   try {
     close();  // (ends the idle progress thread too)
   } catch (...) {
@@ -85,6 +90,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
   std::vector<size_t> todo;
   for (size_t i = 0; i < links.size(); ++i) todo.push_back(i);
   auto refused = [&](const Error& e, size_t reducer) {
+    check_interrupt();  // close(), or a call that waited for this idle pass: not the reducer's fault
     const bool reducer_gone = e.kind() == ErrorKind::Connect || e.kind() == ErrorKind::PeerLost ||
                               e.kind() == ErrorKind::Protocol ||
                               (e.kind() == ErrorKind::Timeout && Clock::now() < deadline);
@@ -104,7 +110,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
       l->peer = "reducer " + addrs_[l->reducer].str() + (S > 1 ? " (stream " + std::to_string(l->stream) + ")" : "");
       try {
         pending[i] = begin_handshake(addrs_[l->reducer], l->peer, hello_for(l->stream), credential_,
-                                     opts_.socket_buffer, connect_deadline);
+                                     opts_.socket_buffer, connect_deadline, interrupt_);
       } catch (const Error& e) {
         if (!refused(e, l->reducer)) throw;
       }
@@ -115,7 +121,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
     for (size_t i : todo) {
       proto::Status st;
       try {
-        st = finish_handshake(pending[i], deadline);
+        st = finish_handshake(pending[i], deadline, interrupt_);
       } catch (const Error& e) {
         if (!refused(e, links[i]->reducer)) throw;
         return;
@@ -130,7 +136,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
       links[i]->fd = std::move(pending[i].fd);
       protect_link(pending[i], &links[i]->out, &links[i]->in);
     }
-    if (!retry.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    if (!retry.empty()) net::pause_interruptible(std::chrono::milliseconds(50), interrupt_);
     todo.swap(retry);
   }
   for (auto& l : links) {
@@ -223,8 +229,16 @@ void Client::fail_all(ErrorKind kind, const std::string& why) {
 }
 
 void Client::close() {
+  if (inherited()) return;  // the parent's connections: nothing to say, nothing to wait for
+  // Every network wait under the lock (a connect, a handshake, a failover exchange, by a call or
+  // the idle thread) ends within a slice (check_interrupt), so the lock comes soon.
+  closing_++;
+  struct Done {
+    std::atomic<int>& n;
+    ~Done() { n--; }
+  } done{closing_};
   stop_idle_thread();  // first: it would otherwise pass over the links as they close
-  std::lock_guard<std::mutex> lock(mu_);
+  Lock lock(mu_);
   // (A rejoin check's exchange round may be open with no user round: it is dropped too.)
   // Released rounds still waiting for their CLEARs leave with the session (their callers have them).
   if (running_ > 0 || released_open_ > 0 || recovery_->check_open())
@@ -234,17 +248,20 @@ void Client::close() {
 }
 
 bool Client::connected() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (inherited()) return false;
+  Lock lock = enter();
   return !links_.empty();
 }
 
 size_t Client::in_flight() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (inherited()) return 0;
+  Lock lock = enter();
   return running_;
 }
 
 ClientStats Client::stats() const {
-  std::lock_guard<std::mutex> lock(mu_);
+  if (inherited()) return stats_;  // (the child has one thread: nothing changes it)
+  Lock lock = enter();
   ClientStats st = stats_;
   st.reducers_active = active_.size();
   return st;
@@ -260,7 +277,8 @@ RoundId Client::start(void* data, size_t nbytes, DType dtype, Op op, uint64_t ta
 }
 
 RoundId Client::start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp) {
-  std::unique_lock<std::mutex> lk(mu_);
+  refuse_inherited();
+  Lock lk = enter();
   Driving driving(this);
   RoundId id = 0;
   if (!start_locked(lk, segs, nsegs, dtype, op, tag, comp, true, &id))
@@ -275,13 +293,14 @@ bool Client::try_start(void* data, size_t nbytes, DType dtype, Op op, uint64_t t
 
 bool Client::try_start(const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, RoundId* out,
                        Compression comp) {
-  std::unique_lock<std::mutex> lk(mu_);
+  refuse_inherited();
+  Lock lk = enter();
   Driving driving(this);
   return start_locked(lk, segs, nsegs, dtype, op, tag, comp, false, out);
 }
 
-bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op,
-                          uint64_t tag, Compression comp, bool may_wait, RoundId* out) {
+bool Client::start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
+                          bool may_wait, RoundId* out) {
   const bool compressed = comp != Compression::None;
   if (compressed && dtype != DType::F32)
     throw Error(ErrorKind::Config, std::string("compression ") + rs::wire_compression_name(comp) +
@@ -656,7 +675,7 @@ std::string Client::describe_stall() const {
 
 void Client::poll_and_pump(std::vector<pollfd>* pfds, int ms) {
   watch(pfds);
-  int pr = ::poll(pfds->data(), pfds->size(), ms);
+  int pr = net::poll_interruptible(pfds->data(), pfds->size(), ms, interrupt_);  // close() ends the wait
   if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
   pump(pr > 0 ? pfds->data() : nullptr);
 }
@@ -668,7 +687,7 @@ void Client::wake_waiters() {
   (void)n;
 }
 
-void Client::drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot) {
+void Client::drive(Lock& lk, RoundId id, bool until_slot) {
   std::vector<pollfd> pfds;
   for (;;) {
     if (until_slot) {
@@ -726,7 +745,8 @@ bool Client::collect(RoundId id) {
 }
 
 bool Client::test(RoundId id) {
-  std::unique_lock<std::mutex> lk(mu_);
+  refuse_inherited();
+  Lock lk = enter();
   Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
   recovery_->check_probes();
@@ -735,7 +755,8 @@ bool Client::test(RoundId id) {
 }
 
 void Client::wait(RoundId id) {
-  std::unique_lock<std::mutex> lk(mu_);
+  refuse_inherited();
+  Lock lk = enter();
   Driving driving(this);
   if (!rounds_.count(id)) collect(id);  // throws: unknown id
   drive(lk, id, false);

@@ -41,8 +41,8 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 
+#include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <deque>
 #include <memory>
@@ -163,7 +163,15 @@ class Client {
   void progress_while_idle(double period_s);
 
   // Says goodbye to every reducer; rounds in flight fail. Idempotent; a later start() reconnects.
+  // Returns within about a second whatever another thread is doing: a network wait under the
+  // client's lock (a connect, a handshake, a failover exchange) ends with an error when close()
+  // is called (client/idle.cc).
   void close();
+  // True in a process forked from the one that made this client (client/idle.cc): its connections
+  // are the parent's. Such a client never sends, shuts down, or waits for the parent's lock:
+  // close() and the destructor leave the connections alone, every round method raises a Config
+  // error, connected() is false.
+  bool inherited() const { return inherited_.load(std::memory_order_relaxed); }
   bool connected() const;
   ClientStats stats() const;
   const ClientOptions& options() const { return opts_; }
@@ -184,8 +192,9 @@ class Client {
   void finish_part(size_t li, Round& r);  // a link's share of a round is complete
   void apply_clear(size_t li, uint64_t upto);
   void disconnect(bool say_bye);
-  bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag,
-                    Compression comp, bool may_wait, RoundId* out);
+  using Lock = std::unique_lock<std::timed_mutex>;
+  bool start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
+                    bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
   // poll over watch()'s set; null: poll here without waiting). True if anything moved.
   bool pump(const pollfd* ready = nullptr, bool idle = false);  // idle: also with no round open (idle.cc)
@@ -200,16 +209,24 @@ class Client {
   bool count_io(uint64_t sent, uint64_t got);             // stats and the no-progress timer
   void watch(std::vector<pollfd>* pfds);                  // fill every link, then the poll set (one per link)
   void fill(size_t li);                                   // queue the frames the window allows on link li (Schedule)
-  bool copies_short() const;  // no DONE may wait: a drain, or the pool of copies (nearly) full
-  void drive(std::unique_lock<std::mutex>& lk, RoundId id, bool until_slot);  // blocking progress
+  bool copies_short() const;                          // no DONE may wait: a drain, or the pool of copies (nearly) full
+  void drive(Lock& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
   bool collect(RoundId id);  // true (and forgets it) if done; rethrows its error
   void retire();             // drops finished rounds from the front of the session's
   std::string describe_stall() const;
   void wake_waiters();
-  void idle_loop();         // the progress_while_idle thread's body (client/idle.cc)
-  void idle_pass();         // one pass over the links with no call driving them (mu_ held)
-  void stop_idle_thread();  // ends and joins that thread (mu_ not held)
+  void idle_loop(std::chrono::milliseconds period);  // the progress_while_idle thread's body (client/idle.cc)
+  void idle_pass();                                  // one pass over the links with no call driving them (mu_ held)
+  void stop_idle_thread();                           // ends and joins that thread (mu_ not held)
+  // Waits under mu_ that other threads may end (client/idle.cc). enter(): mu_ for a call (or
+  // close, or an accessor); when an idle pass holds it longer than the call's timeout (a network
+  // wait of a failover it joined), the pass gives up and the call goes on. check_interrupt(): what
+  // the network waits under mu_ call between slices (interrupt_): throws when close() runs, or
+  // when the holder is an idle pass that a call waited `timeout` for.
+  Lock enter() const;
+  void check_interrupt() const;
+  void refuse_inherited() const;  // throws Config in a forked child (inherited())
 
   ClientOptions opts_;
   std::vector<net::HostPort> addrs_;
@@ -245,15 +262,30 @@ class Client {
   int pollers_ = 0;           // threads inside that poll
   std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
   uint64_t session_gen_ = 0;  // changes whenever links_ does
-  mutable std::mutex mu_;
-  // progress_while_idle(): its thread, period and stop flag (under mu_), and the error one of its
-  // passes met (the next start() raises it).
+  mutable std::timed_mutex mu_;
+  // progress_while_idle(): its thread, period and stop flag (under mu_), the eventfd that wakes it
+  // (period changed, stop), and the error one of its passes met (the next start() raises it).
+  // (No condition variable: a forked child must be able to destroy what the parent's thread waited on.)
   std::unique_ptr<std::thread> idle_thread_;
-  pid_t idle_pid_ = 0;  // the process that started it (a forked child has no such thread)
-  std::condition_variable idle_cv_;
+  net::Fd idle_wake_;
   std::chrono::milliseconds idle_period_{0};
-  bool idle_stop_ = false;
+  std::atomic<bool> idle_stop_{false};
   std::optional<Error> idle_error_;
+  bool idle_driving_ = false;               // (under mu_) its holder is the idle thread, in a pass
+  mutable std::atomic<int> entering_{0};    // calls waiting for mu_ (the idle thread lets them go first)
+  mutable std::atomic<int> idle_yield_{0};  // calls that waited their timeout for an idle pass
+  std::atomic<int> closing_{0};             // close() calls under way: every wait under mu_ ends
+  net::Interrupt interrupt_;                // check_interrupt(), for the network waits under mu_
+  std::atomic<bool> inherited_{false};      // this process is a fork of the one that made it
+  struct ForkRegistration {                 // in the process-wide list the at-fork handlers mark
+    explicit ForkRegistration(Client* c);
+    ~ForkRegistration();
+    static void prepare();  // pthread_atfork's handlers (client/idle.cc)
+    static void parent();
+    static void child();
+    Client* c_;
+  };
+  ForkRegistration fork_reg_{this};  // (last: unlisted before any other member is destroyed)
 };
 
 }  // namespace rs::client

@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
@@ -30,7 +29,8 @@ namespace {
 }  // namespace
 
 PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, proto::Hello h,
-                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline) {
+                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline,
+                            const net::Interrupt& intr) {
   PendingLink l;
   l.peer = peer;
   l.integrity = (h.flags & proto::kHelloIntegrity) != 0;
@@ -43,15 +43,15 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
   // not gone, so retry with back-off until the deadline (then the last error stands).
   for (auto backoff = std::chrono::milliseconds(50);;
        backoff = std::min(backoff * 2, std::chrono::milliseconds(1000))) {
-    l.fd = net::connect_with_retry(addr, deadline);
+    l.fd = net::connect_with_retry(addr, deadline, intr);
     net::tune_socket(l.fd.get(), socket_buffer);
     try {
-      net::recv_all(l.fd.get(), chbuf, sizeof chbuf, deadline, peer);
+      net::recv_all(l.fd.get(), chbuf, sizeof chbuf, deadline, peer, intr);
       break;
     } catch (const Error& e) {
       if (e.kind() != ErrorKind::PeerLost || net::Clock::now() + backoff >= deadline) throw;
       log_debug(peer + " closed the connection before its challenge (at its connection cap?): retrying");
-      std::this_thread::sleep_for(backoff);
+      net::pause_interruptible(backoff, intr);
     }
   }
   proto::Challenge ch;
@@ -75,19 +75,19 @@ PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, 
     h.mac = proto::hello_mac(l.key, h, ch.nonce);
   }
   std::string bytes = proto::encode(h);
-  net::send_all(l.fd.get(), bytes.data(), bytes.size(), deadline, peer);
+  net::send_all(l.fd.get(), bytes.data(), bytes.size(), deadline, peer, intr);
   return l;
 }
 
-proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline) {
+proto::Status finish_handshake(PendingLink& l, net::Clock::time_point deadline, const net::Interrupt& intr) {
   uint8_t rb[proto::kReplyFixedBytes];
-  net::recv_all(l.fd.get(), rb, sizeof rb, deadline, l.peer + " (waiting for all workers of the group)");
+  net::recv_all(l.fd.get(), rb, sizeof rb, deadline, l.peer + " (waiting for all workers of the group)", intr);
   proto::Reply reply;
   size_t mlen = 0;
   std::string err = proto::decode_reply_fixed(rb, &reply, &mlen);
   if (!err.empty()) throw Error(ErrorKind::Protocol, l.peer + ": " + err);
   reply.message.assign(mlen, '\0');
-  if (mlen) net::recv_all(l.fd.get(), &reply.message[0], mlen, deadline, l.peer);
+  if (mlen) net::recv_all(l.fd.get(), &reply.message[0], mlen, deadline, l.peer, intr);
   return judge_reply(l, reply);
 }
 

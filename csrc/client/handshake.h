@@ -30,13 +30,16 @@ void protect_link(const PendingLink& link, net::FrameWriter* out, net::FrameRead
 
 // Phase 1: `hello` says who this worker is; its nonce and MAC are filled in here.
 // Throws Error(Connect/Protocol/Auth/Timeout) naming `peer`; Error(Config) when the hello asks
-// for frame integrity (proto::kHelloIntegrity) without a credential.
+// for frame integrity (proto::kHelloIntegrity) without a credential. `intr` may end every wait
+// early (it throws: net/deadline.h).
 PendingLink begin_handshake(const net::HostPort& addr, const std::string& peer, proto::Hello hello,
-                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline);
+                            const proto::Credential& cred, int socket_buffer, net::Clock::time_point deadline,
+                            const net::Interrupt& intr = net::Interrupt());
 
 // Phase 2: returns Status::Ok, or Status::RankTaken (retryable); throws for every other status,
 // for a reply that is not authentic, and at the deadline.
-proto::Status finish_handshake(PendingLink& link, net::Clock::time_point deadline);
+proto::Status finish_handshake(PendingLink& link, net::Clock::time_point deadline,
+                               const net::Interrupt& intr = net::Interrupt());
 
 // Phase 2 without the socket: the verdict on a complete reply (its message is quoted through
 // peer_text() in the exception), as finish_handshake() gives it.

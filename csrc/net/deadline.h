@@ -3,9 +3,12 @@
 // whole, but it fails once no byte has moved for T seconds).
 #pragma once
 
+#include <poll.h>
+
 #include <algorithm>
 #include <chrono>
 #include <cstdint>
+#include <functional>
 
 #include "common/defaults.h"
 
@@ -29,6 +32,18 @@ inline int ms_until(Clock::time_point deadline, int cap_ms = 1 << 30) {
   auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now()).count();
   return int(std::max<int64_t>(0, std::min<int64_t>(ms, cap_ms)));
 }
+
+// A blocking wait's way out before its deadline: a wait given one (not empty) sleeps in slices
+// of at most kInterruptSliceMs and calls it before each; it throws to end the wait (the worker
+// client's close(), or a call that may not wait any longer for its idle thread: client.h).
+using Interrupt = std::function<void()>;
+constexpr int kInterruptSliceMs = 50;
+
+// poll() for up to `ms` (-1: no limit), in slices when `intr` is set (called before each).
+// What poll() returns; 0 once `ms` passed with nothing ready.
+int poll_interruptible(pollfd* fds, nfds_t n, int ms, const Interrupt& intr);
+// Sleeps `d`, in slices when `intr` is set.
+void pause_interruptible(Clock::duration d, const Interrupt& intr);
 
 // Fails a transfer after `seconds` without progress. Call progress() whenever a byte
 // moves (or a new transfer starts after an idle period); expired() says when to give up;

@@ -176,7 +176,34 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port) {
   throw Error(ErrorKind::Config, "cannot listen on " + host + ":" + std::to_string(port) + ": " + last);
 }
 
-Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
+int poll_interruptible(pollfd* fds, nfds_t n, int ms, const Interrupt& intr) {
+  if (!intr) return ::poll(fds, n, ms);
+  const auto until = ms < 0 ? Clock::time_point::max() : Clock::now() + std::chrono::milliseconds(ms);
+  for (;;) {
+    intr();
+    // (rounded up: the last slice never ends before `until`, as one poll(ms) would not)
+    const int left = ms < 0 ? kInterruptSliceMs : ms_until(until + std::chrono::microseconds(999));
+    const int slice = std::min(left, kInterruptSliceMs);
+    const int pr = ::poll(fds, n, slice);
+    if (pr != 0 || slice == left) return pr;
+  }
+}
+
+void pause_interruptible(Clock::duration d, const Interrupt& intr) {
+  if (!intr) {
+    std::this_thread::sleep_for(d);
+    return;
+  }
+  const auto until = Clock::now() + d;
+  while (Clock::now() < until) {
+    intr();
+    std::this_thread::sleep_for(
+        std::min<Clock::duration>(until - Clock::now(), std::chrono::milliseconds(kInterruptSliceMs)));
+  }
+  intr();
+}
+
+Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline, const Interrupt& intr) {
   std::string last = "no attempt";
   auto backoff = std::chrono::milliseconds(20);
   int attempts = 0;
@@ -194,7 +221,7 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
         int err = start_connect(a, &fd);
         if (err == EINPROGRESS) {
           pollfd p{fd.get(), POLLOUT, 0};
-          int pr = ::poll(&p, 1, std::max(1, ms_until(deadline, 5000)));
+          int pr = poll_interruptible(&p, 1, std::max(1, ms_until(deadline, 5000)), intr);
           err = pr == 1 ? connect_result(fd.get()) : ETIMEDOUT;
         }
         if (err == 0) {
@@ -216,7 +243,7 @@ Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline) {
       log_warn("cannot reach reducer " + addr.str() + " yet (" + last + "); retrying for up to " +
                std::to_string(left) + " s more (connect timeout, RS_CONNECT_TIMEOUT)");
     }
-    std::this_thread::sleep_for(backoff);
+    pause_interruptible(backoff, intr);
     backoff = std::min(backoff * 2, std::chrono::milliseconds(1000));
   }
 }
@@ -255,11 +282,13 @@ ConnectProbe::State ConnectProbe::check() {
   return state_;
 }
 
-void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer) {
+void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer,
+              const Interrupt& intr) {
   const auto* p = static_cast<const uint8_t*>(data);
   while (len > 0) {
     pollfd pfd{fd, POLLOUT, 0};
-    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    int pr = poll_interruptible(&pfd, 1, ms_until(deadline), intr);
+    if (pr == 0 && Clock::now() < deadline) continue;  // (poll's milliseconds end up to 1 ms early)
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out sending to " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;
@@ -275,11 +304,13 @@ void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, 
   }
 }
 
-void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer) {
+void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer,
+              const Interrupt& intr) {
   auto* p = static_cast<uint8_t*>(data);
   while (len > 0) {
     pollfd pfd{fd, POLLIN, 0};
-    int pr = ::poll(&pfd, 1, ms_until(deadline));
+    int pr = poll_interruptible(&pfd, 1, ms_until(deadline), intr);
+    if (pr == 0 && Clock::now() < deadline) continue;  // (poll's milliseconds end up to 1 ms early)
     if (pr == 0) throw Error(ErrorKind::Timeout, "timed out waiting for " + peer);
     if (pr < 0) {
       if (errno == EINTR) continue;

@@ -82,7 +82,8 @@ Fd listen_on(const std::string& host, uint16_t port, uint16_t* bound_port);
 // After kConnectWarnAfter of failed attempts it logs one WARNING naming the address, the last
 // error and how long it keeps trying.
 constexpr std::chrono::seconds kConnectWarnAfter{3};
-Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline);
+// `intr` (net/deadline.h) may end the waits early (it throws).
+Fd connect_with_retry(const HostPort& addr, Clock::time_point deadline, const Interrupt& intr = Interrupt());
 
 // A TCP connect that never waits (a reachability probe): the constructor starts a
 // non-blocking connect (SOCK_NONBLOCK) to every address `addr` resolves to and returns at
@@ -102,9 +103,11 @@ class ConnectProbe {
   State state_ = State::Failed;
 };
 
-// Blocking (poll-based) I/O with a deadline: throws Error(Timeout / PeerLost).
-void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer);
-void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer);
+// Blocking (poll-based) I/O with a deadline: throws Error(Timeout / PeerLost), or what `intr` throws.
+void send_all(int fd, const void* data, size_t len, Clock::time_point deadline, const std::string& peer,
+              const Interrupt& intr = Interrupt());
+void recv_all(int fd, void* data, size_t len, Clock::time_point deadline, const std::string& peer,
+              const Interrupt& intr = Interrupt());
 
 // Non-blocking I/O helpers: bytes moved (>= 0), or -1 for "would block".
 // Throw Error(PeerLost) on EOF/reset with the peer's name.

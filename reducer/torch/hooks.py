@@ -14,6 +14,7 @@ completes the futures in that order.
 """
 
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -48,6 +49,7 @@ class _Completer:
 
     def __init__(self, name: str) -> None:
         self._queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pid = os.getpid()  # a forked child has not the thread (and maybe not the lock)
         self._lock = threading.Lock()
         self._closed = False
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
@@ -64,6 +66,8 @@ class _Completer:
     def close(self, timeout: float = lifetime.EXIT_JOIN_TIMEOUT) -> bool:
         """Complete the futures submitted so far, then end the thread; True once it has ended
         (False, with a WARNING, if it is still waiting for a round after `timeout` seconds)."""
+        if os.getpid() != self._pid:
+            return True  # a forked child's copy: the thread is the parent's
         with self._lock:
             if not self._closed:
                 self._closed = True
