@@ -99,6 +99,20 @@ void tune_socket(int fd, int buffer_bytes) {
   // kernel's default for this connection, which still works. Sockets this file opens were
   // preset before connect()/listen() already (preset_congestion): this covers the others.
   preset_congestion(fd);
+  bound_retransmit_backoff(fd);
+}
+
+bool bound_retransmit_backoff(int fd) {
+  // Not in older libc headers; the kernel (>= 6.15) knows them by number. Older kernels refuse
+  // with ENOPROTOOPT: the connection keeps the kernel's backoff (up to 120 s), which still works.
+  constexpr int kTcpRtoMaxMs = 44;  // TCP_RTO_MAX_MS
+  const int rto_max = int(kRetransmitBackoffMax.count());
+  if (setsockopt(fd, IPPROTO_TCP, kTcpRtoMaxMs, &rto_max, sizeof rto_max) != 0) return false;
+  // The kernel gives up on a connection after tcp_retries2 retransmissions, timed with the cap
+  // (a few seconds of loss at 1 s): TCP_USER_TIMEOUT keeps it open as long as before.
+  const unsigned user_timeout = unsigned(kRetransmitGiveUp.count());
+  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
+  return true;
 }
 
 void set_nonblocking(int fd, bool on) {

@@ -42,9 +42,22 @@ struct HostPort {
   std::string str() const;  // "host:port" or "[v6]:port"
 };
 
-// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, and the
-// process-wide TCP congestion control (TCP_CONGESTION) if one is set.
+// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, the
+// process-wide TCP congestion control (TCP_CONGESTION) if one is set, and a bounded
+// retransmission backoff (bound_retransmit_backoff).
 void tune_socket(int fd, int buffer_bytes);
+
+// Caps the connection's retransmission timeout at kRetransmitBackoffMax (TCP_RTO_MAX_MS, Linux
+// >= 6.15; false where the kernel refuses it). The kernel doubles a segment's timeout after each
+// loss of it, up to 120 s: when many flows lose packets at once (incast: W workers into one
+// reducer, 32 x 32 connections on one emulated switch) their timers fire together, lose again
+// together, and back off together, and a round sat 60 s with every link idle, waiting for
+// retransmissions (docs/performance.md, "Retransmission backoff"). With the cap a lost segment
+// is tried again at least every second. The connection is still given up only after
+// kRetransmitGiveUp without an acknowledgement (TCP_USER_TIMEOUT), about the kernel's default.
+constexpr std::chrono::milliseconds kRetransmitBackoffMax{1000};
+constexpr std::chrono::milliseconds kRetransmitGiveUp{900000};
+bool bound_retransmit_backoff(int fd);
 
 // The congestion control tune_socket gives every data connection of this process (workers,
 // reducers, ring, NCCL plugin): "" or "default" = the kernel's default

@@ -1,0 +1,155 @@
+"""Liveness at scale: connections that lose packets for a while (incast, a switch dropping) are
+tried again soon after the loss ends (a bounded retransmission backoff), and a W = 32 R = 32 job
+on emulated links finishes every round (opt-in: -m scale)."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+import uuid
+
+import numpy as np
+import pytest
+
+import reducer
+from reducer._native import core
+from reducer.bench import emulate
+from reducer.bench.emulate import EmulatedHosts, cleanup_stale
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_REASON = emulate.unavailable_reason()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+
+TCP_RTO_MAX_MS = 44  # Linux >= 6.15
+TCP_USER_TIMEOUT = 18
+
+
+def _kernel_caps_rto() -> bool:
+    with socket.socket() as s:
+        try:
+            s.setsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS, 1000)
+        except OSError:
+            return False
+    return True
+
+
+needs_rto_cap = pytest.mark.skipif(not _kernel_caps_rto(), reason="kernel without TCP_RTO_MAX_MS (Linux < 6.15)")
+
+
+@needs_rto_cap
+def test_data_sockets_bound_the_retransmission_backoff():
+    """Every data connection (tune_socket: workers, reducers, ring, plugin) retransmits a lost
+    segment at least every second, and is given up no sooner than the kernel's default would."""
+    with socket.socket() as s:
+        assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 120000  # the kernel's default
+        core.tune_socket(s.fileno(), 1 << 20)
+        assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 1000
+        assert s.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT) == 900000
+
+
+def test_round_after_tune_is_exact(reducers):
+    """The options change nothing a round computes (loopback, 2 workers in threads)."""
+    import threading
+
+    addrs = [s.address for s in reducers(2)]
+    out: dict[int, np.ndarray] = {}
+
+    def work(rank: int) -> None:
+        with reducer.Communicator(addrs, rank, 2, group="tune", timeout=30, connect_timeout=30) as c:
+            a = np.arange(1 << 18, dtype=np.float32) * (rank + 1)
+            c.allreduce(a)
+            out[rank] = a
+
+    th = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in th:
+        t.start()
+    for t in th:
+        t.join(60)
+    expect = np.arange(1 << 18, dtype=np.float32) * 3
+    assert all(np.array_equal(out[r], expect) for r in range(2))
+
+
+_REDUCER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[2])
+    import reducer
+    s = reducer.ReducerServer(host=sys.argv[1], port=0).start()
+    print(s.address, flush=True)
+    sys.stdin.readline()
+    s.stop()
+""")
+
+_WORKER = textwrap.dedent("""
+    import sys, time
+    sys.path.insert(0, sys.argv[4])
+    import numpy as np, reducer
+    addr, rank, n = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+    with reducer.Communicator([addr], rank, 2, group="blackout", timeout=60, connect_timeout=30) as c:
+        a = np.full(n, rank + 1, np.float32)
+        c.allreduce(a)  # the connections are up and warm
+        print("ready", flush=True)
+        sys.stdin.readline()
+        a = np.arange(n, dtype=np.float32) + rank
+        t0 = time.monotonic()
+        try:
+            c.allreduce(a)
+        except Exception as e:
+            print("error", type(e).__name__, str(e)[:300], flush=True)
+        else:
+            ok = np.array_equal(a, 2 * np.arange(n, dtype=np.float32) + 1)
+            print("done", time.monotonic() - t0, ok, flush=True)
+""")
+
+
+@pytest.fixture
+def prefix():
+    p = "s" + uuid.uuid4().hex[:6]
+    yield p
+    cleanup_stale(p)
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(90)
+@needs_netns
+@needs_rto_cap
+def test_round_resumes_within_a_second_of_a_blackout(prefix):
+    """The switch drops every packet to the reducer for BLACKOUT seconds while a round starts.
+    Before, the workers' connections doubled their retransmission timeout after each loss
+    (0.2, 0.4, ... 6.4, 12.8 s): their first retry after a 9 s blackout came at about 12.6 s,
+    3.6 s or more after the link was back (the W = 32 stall: 60 s, every link idle). Now a lost
+    segment is retried at least every second: the round ends within about a second of it."""
+    blackout = 9.0
+    n = 1 << 14  # 64 KiB: one chunk, the round is over as soon as it gets through
+    with EmulatedHosts(3, gbps=0.1, prefix=prefix) as hosts:
+        red = hosts.popen(2, [sys.executable, "-c", _REDUCER, hosts[2].ip, ROOT], stdin=subprocess.PIPE,
+                          stdout=subprocess.PIPE, text=True)
+        addr = red.stdout.readline().strip()
+        assert addr, "the reducer did not start"
+        workers = [
+            hosts.popen(i, [sys.executable, "-c", _WORKER, addr, str(i), str(n), ROOT], stdin=subprocess.PIPE,
+                        stdout=subprocess.PIPE, text=True)
+            for i in range(2)
+        ]
+        for w in workers:
+            assert w.stdout.readline().strip() == "ready"
+        port = f"{prefix}-v2"  # the switch's port toward the reducer: everything sent to it is lost
+        subprocess.run(["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root", "pfifo", "limit",
+                        "0"], check=True)
+        for w in workers:
+            w.stdin.write("\n")
+            w.stdin.flush()
+        time.sleep(blackout)
+        subprocess.run(["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root"] + hosts.tbf_args(),
+                       check=True)
+        lines = [w.stdout.readline().split() for w in workers]
+        red.stdin.write("\n")
+        red.stdin.flush()
+    for words in lines:
+        assert words and words[0] == "done", " ".join(words)
+        assert words[2] == "True", "wrong result"
+        late = float(words[1]) - blackout
+        assert late < 2.5, f"the round ended {late:.1f} s after the link was back"
