@@ -153,3 +153,42 @@ def test_round_resumes_within_a_second_of_a_blackout(prefix):
         assert words[2] == "True", "wrong result"
         late = float(words[1]) - blackout
         assert late < 2.5, f"the round ended {late:.1f} s after the link was back"
+
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.mark.parametrize(
+    "shard, workers, chunk",
+    [
+        (256 * KiB, 4, 16 * KiB),  # chunk_for: shard/64, at least 16 KiB (fan-in 4 x 4 x 16 KiB = 256 KiB)
+        (16 * MiB, 4, 32 * KiB),  # chunk_for's 128 KiB would put 2 MiB on a reducer's link at once
+        (4 * MiB, 8, 16 * KiB),
+        (256 * KiB, 16, 8 * KiB),  # W = 16, 4 MiB rounds: 32 chunks per shard, 512 KiB of fan-in
+        (1 * MiB, 16, 8 * KiB),
+        (512 * KiB, 32, 4 * KiB),  # W = 32, 16 MiB rounds
+        (512 * KiB, 1024, 4 * KiB),  # the floor
+        (64 * KiB, 32, 64 * KiB),  # small shards keep chunk_for's (one chunk, latency-bound)
+    ],
+)
+def test_pipeline_chunk_follows_the_shard_and_the_group(shard, workers, chunk):
+    got, window = core.pipeline_for(shard, 1 * MiB, workers, workers, 4)
+    assert (got, window) == (chunk, 4)
+
+
+def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
+    """W senders x 4 chunks stay within 512 KiB whenever the floor allows, a shard of 128 KiB and
+    more has at least 8 chunks to overlap upload, reduction and download, every size is a multiple
+    of 4 KiB within max_chunk, and the window halves only with fewer reducers than workers."""
+    for workers in (1, 2, 3, 4, 8, 16, 32, 64, 128, 1024):
+        for shard in [k * 64 * KiB for k in range(2, 40)] + [16 * MiB, 64 * MiB, 256 * MiB]:
+            for max_chunk in (8 * KiB, 64 * KiB, 1 * MiB):
+                chunk, window = core.pipeline_for(shard, max_chunk, workers, workers, 4)
+                assert chunk <= max_chunk and chunk % (4 * KiB) == 0
+                assert chunk <= core.chunk_for(shard, max_chunk)
+                if chunk > 4 * KiB:
+                    assert workers * 4 * chunk <= 512 * KiB or chunk == core.chunk_for(shard, max_chunk)
+                assert shard // chunk >= 8 or chunk == max_chunk
+                assert window == 4
+    assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
+    assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 1)[1] == 1

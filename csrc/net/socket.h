@@ -43,9 +43,9 @@ struct HostPort {
 };
 
 // Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, the
-// process-wide TCP congestion control (TCP_CONGESTION) if one is set, and a bounded
-// retransmission backoff (bound_retransmit_backoff).
-void tune_socket(int fd, int buffer_bytes);
+// process-wide TCP congestion control (TCP_CONGESTION) if one is set, and, with `bound_backoff`
+// (workers, reducers, the ring), a bounded retransmission backoff (bound_retransmit_backoff).
+void tune_socket(int fd, int buffer_bytes, bool bound_backoff = true);
 
 // Caps the connection's retransmission timeout at kRetransmitBackoffMax (TCP_RTO_MAX_MS, Linux
 // >= 6.15; false where the kernel refuses it). The kernel doubles a segment's timeout after each
@@ -54,7 +54,11 @@ void tune_socket(int fd, int buffer_bytes);
 // together, and back off together, and a round sat 60 s with every link idle, waiting for
 // retransmissions (docs/performance.md, "Retransmission backoff"). With the cap a lost segment
 // is tried again at least every second. The connection is still given up only after
-// kRetransmitGiveUp without an acknowledgement (TCP_USER_TIMEOUT), about the kernel's default.
+// kRetransmitGiveUp without an acknowledgement (TCP_USER_TIMEOUT), about the kernel's default
+// (with the cap alone the kernel would give up after 15 s of loss). Side effect: a connection
+// this process has closed with data still unacknowledged (an orphan) is dropped after a few
+// retries instead of minutes of them (the kernel keeps orphans only while their timeout is
+// below the cap).
 constexpr std::chrono::milliseconds kRetransmitBackoffMax{1000};
 constexpr std::chrono::milliseconds kRetransmitGiveUp{900000};
 bool bound_retransmit_backoff(int fd);
