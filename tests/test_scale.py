@@ -40,15 +40,62 @@ def _kernel_caps_rto() -> bool:
 needs_rto_cap = pytest.mark.skipif(not _kernel_caps_rto(), reason="kernel without TCP_RTO_MAX_MS (Linux < 6.15)")
 
 
+def _tcp_sockets_on_port(port: int) -> list[socket.socket]:
+    """This process's connected TCP sockets with `port` at either end (duplicates, to close)."""
+    found = []
+    for name in os.listdir("/proc/self/fd"):
+        try:
+            s = socket.socket(fileno=os.dup(int(name)))
+        except OSError:
+            continue
+        try:
+            if s.type == socket.SOCK_STREAM and s.family == socket.AF_INET:
+                if port in (s.getsockname()[1], s.getpeername()[1]):
+                    found.append(s)
+                    continue
+        except OSError:
+            pass
+        s.close()
+    return found
+
+
 @needs_rto_cap
-def test_data_sockets_bound_the_retransmission_backoff():
-    """Every data connection (tune_socket: workers, reducers, ring, plugin) retransmits a lost
-    segment at least every second, and is given up no sooner than the kernel's default would."""
-    with socket.socket() as s:
-        assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 120000  # the kernel's default
-        core.tune_socket(s.fileno(), 1 << 20)
-        assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 1000
-        assert s.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT) == 900000
+def test_connections_bound_the_retransmission_backoff_once_the_group_is_complete(reducers):
+    """The workers' links and the reducer's members retransmit a lost segment at least every
+    second once their group is complete (and give the connection up no sooner than the kernel's
+    default would); the handshakes keep the kernel's rules."""
+    import threading
+
+    (server,) = reducers(1)
+    port = int(server.address.rsplit(":", 1)[1])
+    inside = threading.Barrier(3)
+    done = threading.Event()
+
+    def work(rank: int) -> None:
+        with reducer.Communicator([server.address], rank, 2, group="rto", timeout=30, connect_timeout=30) as c:
+            c.allreduce(np.ones(4, np.float32))
+            inside.wait(30)
+            done.wait(30)
+
+    th = [threading.Thread(target=work, args=(r,)) for r in range(2)]
+    for t in th:
+        t.start()
+    try:
+        inside.wait(30)
+        socks = _tcp_sockets_on_port(port)
+        try:
+            # 2 worker ends + 2 reducer ends (the listener has no peer: skipped)
+            assert len(socks) == 4, [(s.getsockname(), s.getpeername()) for s in socks]
+            for s in socks:
+                assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 1000
+                assert s.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT) == 900000
+        finally:
+            for s in socks:
+                s.close()
+    finally:
+        done.set()
+        for t in th:
+            t.join(60)
 
 
 def test_round_after_tune_is_exact(reducers):

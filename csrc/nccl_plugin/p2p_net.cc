@@ -95,7 +95,7 @@ class Comm {
     }
     for (auto& s : socks_) {
       net::set_nonblocking(s.get(), true);
-      net::tune_socket(s.get(), 0, /*bound_backoff=*/false);  // NCCL's p2p traffic: the kernel's backoff
+      net::tune_socket(s.get(), 0);
     }
     for (auto& r : slots_) r.comm = this;
     cursor_.assign(socks_.size(), 0);

@@ -87,7 +87,7 @@ void preset_congestion(int fd) {
   if (!cc.empty()) apply_congestion(fd, cc);
 }
 
-void tune_socket(int fd, int buffer_bytes, bool bound_backoff) {
+void tune_socket(int fd, int buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
   setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
@@ -99,7 +99,6 @@ void tune_socket(int fd, int buffer_bytes, bool bound_backoff) {
   // kernel's default for this connection, which still works. Sockets this file opens were
   // preset before connect()/listen() already (preset_congestion): this covers the others.
   preset_congestion(fd);
-  if (bound_backoff) bound_retransmit_backoff(fd);
 }
 
 bool bound_retransmit_backoff(int fd) {

@@ -42,23 +42,24 @@ struct HostPort {
   std::string str() const;  // "host:port" or "[v6]:port"
 };
 
-// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, the
-// process-wide TCP congestion control (TCP_CONGESTION) if one is set, and, with `bound_backoff`
-// (workers, reducers, the ring), a bounded retransmission backoff (bound_retransmit_backoff).
-void tune_socket(int fd, int buffer_bytes, bool bound_backoff = true);
+// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, and the
+// process-wide TCP congestion control (TCP_CONGESTION) if one is set.
+void tune_socket(int fd, int buffer_bytes);
 
 // Caps the connection's retransmission timeout at kRetransmitBackoffMax (TCP_RTO_MAX_MS, Linux
 // >= 6.15; false where the kernel refuses it). The kernel doubles a segment's timeout after each
 // loss of it, up to 120 s: when many flows lose packets at once (incast: W workers into one
 // reducer, 32 x 32 connections on one emulated switch) their timers fire together, lose again
 // together, and back off together, and a round sat 60 s with every link idle, waiting for
-// retransmissions (docs/performance.md, "Retransmission backoff"). With the cap a lost segment
-// is tried again at least every second. The connection is still given up only after
+// retransmissions (docs/performance.md, "Many workers"). With the cap a lost segment is tried
+// again at least every kRetransmitBackoffMax. The connection is still given up only after
 // kRetransmitGiveUp without an acknowledgement (TCP_USER_TIMEOUT), about the kernel's default
-// (with the cap alone the kernel would give up after 15 s of loss). Side effect: a connection
-// this process has closed with data still unacknowledged (an orphan) is dropped after a few
-// retries instead of minutes of them (the kernel keeps orphans only while their timeout is
-// below the cap).
+// (with the cap alone the kernel gives up after 15 s of loss).
+// Applied once a connection carries rounds (the worker's links once the group is complete, the
+// reducer's members at completion, the ring's neighbours once connected), not during the
+// handshakes: with the cap from the first byte, 64 emulated hosts starting at once on 2 cores
+// (thousands of timeouts) had some connections aborted by the kernel before their group
+// completed; the kernel's own rules keep a connection that long.
 constexpr std::chrono::milliseconds kRetransmitBackoffMax{1000};
 constexpr std::chrono::milliseconds kRetransmitGiveUp{900000};
 bool bound_retransmit_backoff(int fd);
