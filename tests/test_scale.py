@@ -62,7 +62,7 @@ def _tcp_sockets_on_port(port: int) -> list[socket.socket]:
 @needs_rto_cap
 def test_connections_bound_the_retransmission_backoff_once_the_group_is_complete(reducers):
     """The workers' links and the reducer's members retransmit a lost segment at least every
-    second once their group is complete (and give the connection up no sooner than the kernel's
+    5 s once their group is complete (and give the connection up no sooner than the kernel's
     default would); the handshakes keep the kernel's rules."""
     import threading
 
@@ -87,7 +87,7 @@ def test_connections_bound_the_retransmission_backoff_once_the_group_is_complete
             # 2 worker ends + 2 reducer ends (the listener has no peer: skipped)
             assert len(socks) == 4, [(s.getsockname(), s.getpeername()) for s in socks]
             for s in socks:
-                assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 1000
+                assert s.getsockopt(socket.IPPROTO_TCP, TCP_RTO_MAX_MS) == 5000
                 assert s.getsockopt(socket.IPPROTO_TCP, TCP_USER_TIMEOUT) == 900000
         finally:
             for s in socks:
@@ -160,46 +160,62 @@ def prefix():
 
 
 @pytest.mark.netns
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(120)
 @needs_netns
 @needs_rto_cap
-def test_round_resumes_within_a_second_of_a_blackout(prefix):
+def test_round_resumes_soon_after_a_blackout(prefix):
     """The switch drops every packet to the reducer for BLACKOUT seconds while a round starts.
     Before, the workers' connections doubled their retransmission timeout after each loss
-    (0.2, 0.4, ... 6.4, 12.8 s): their first retry after a 9 s blackout came at about 12.6 s,
-    3.6 s or more after the link was back (the W = 32 stall: 60 s, every link idle). Now a lost
-    segment is retried at least every second: the round ends within about a second of it."""
-    blackout = 9.0
+    (0.2, 0.4, ... 6.4, 12.8 s): after a 14 s blackout their first retry came at about 25.4 s,
+    11 s after the link was back (the W = 32 stall: 60 s, every link idle). Now a lost segment is
+    retried at least every 5 s: the round ends within about 3 s of the link's return."""
+    blackout = 14.0
     n = 1 << 14  # 64 KiB: one chunk, the round is over as soon as it gets through
     with EmulatedHosts(3, gbps=0.1, prefix=prefix) as hosts:
-        red = hosts.popen(2, [sys.executable, "-c", _REDUCER, hosts[2].ip, ROOT], stdin=subprocess.PIPE,
-                          stdout=subprocess.PIPE, text=True)
+        red = hosts.popen(
+            2,
+            [sys.executable, "-c", _REDUCER, hosts[2].ip, ROOT],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        assert red.stdin and red.stdout
         addr = red.stdout.readline().strip()
         assert addr, "the reducer did not start"
         workers = [
-            hosts.popen(i, [sys.executable, "-c", _WORKER, addr, str(i), str(n), ROOT], stdin=subprocess.PIPE,
-                        stdout=subprocess.PIPE, text=True)
+            hosts.popen(
+                i,
+                [sys.executable, "-c", _WORKER, addr, str(i), str(n), ROOT],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+            )
             for i in range(2)
         ]
-        for w in workers:
-            assert w.stdout.readline().strip() == "ready"
+        pipes = [(w.stdin, w.stdout) for w in workers]
+        for _, out in pipes:
+            assert out and out.readline().strip() == "ready"
         port = f"{prefix}-v2"  # the switch's port toward the reducer: everything sent to it is lost
-        subprocess.run(["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root", "pfifo", "limit",
-                        "0"], check=True)
-        for w in workers:
-            w.stdin.write("\n")
-            w.stdin.flush()
+        subprocess.run(
+            ["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root", "pfifo", "limit", "0"], check=True
+        )
+        for inp, _ in pipes:
+            assert inp
+            inp.write("\n")
+            inp.flush()
         time.sleep(blackout)
-        subprocess.run(["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root"] + hosts.tbf_args(),
-                       check=True)
-        lines = [w.stdout.readline().split() for w in workers]
+        subprocess.run(
+            ["tc", "-n", hosts.switch_netns, "qdisc", "replace", "dev", port, "root"] + hosts.tbf_args(), check=True
+        )
+        lines = [out.readline().split() if out else [] for _, out in pipes]
         red.stdin.write("\n")
         red.stdin.flush()
     for words in lines:
         assert words and words[0] == "done", " ".join(words)
         assert words[2] == "True", "wrong result"
         late = float(words[1]) - blackout
-        assert late < 2.5, f"the round ended {late:.1f} s after the link was back"
+        print(f"round ended {late:.2f} s after the link was back")
+        assert late < 5.5, f"the round ended {late:.1f} s after the link was back"
 
 
 KiB, MiB = 1 << 10, 1 << 20
