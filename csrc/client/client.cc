@@ -133,8 +133,7 @@ void Client::connect_all(std::vector<size_t>* lost) {
   }
   for (auto& l : links) {
     net::set_nonblocking(l->fd.get(), true);
-    net::bound_retransmit_backoff(l->fd.get());  // the group is complete: rounds follow
-    l->out.reserve(size_t(opts_.window) + 2);    // the window's chunks, a DONE, a goodbye
+    l->out.reserve(size_t(opts_.window) + 2);  // the window's chunks, a DONE, a goodbye
     l->in.set_max_payload(opts_.chunk_bytes);
   }
   links_ = std::move(links);

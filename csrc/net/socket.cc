@@ -101,19 +101,6 @@ void tune_socket(int fd, int buffer_bytes) {
   preset_congestion(fd);
 }
 
-bool bound_retransmit_backoff(int fd) {
-  // Not in older libc headers; the kernel (>= 6.15) knows them by number. Older kernels refuse
-  // with ENOPROTOOPT: the connection keeps the kernel's backoff (up to 120 s), which still works.
-  constexpr int kTcpRtoMaxMs = 44;  // TCP_RTO_MAX_MS
-  const int rto_max = int(kRetransmitBackoffMax.count());
-  if (setsockopt(fd, IPPROTO_TCP, kTcpRtoMaxMs, &rto_max, sizeof rto_max) != 0) return false;
-  // The kernel gives up on a connection after tcp_retries2 retransmissions, timed with the cap
-  // (a few seconds of loss at 1 s): TCP_USER_TIMEOUT keeps it open as long as before.
-  const unsigned user_timeout = unsigned(kRetransmitGiveUp.count());
-  setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &user_timeout, sizeof user_timeout);
-  return true;
-}
-
 void set_nonblocking(int fd, bool on) {
   int flags = fcntl(fd, F_GETFL, 0);
   if (flags < 0) return;

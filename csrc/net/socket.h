@@ -46,27 +46,6 @@ struct HostPort {
 // process-wide TCP congestion control (TCP_CONGESTION) if one is set.
 void tune_socket(int fd, int buffer_bytes);
 
-// Caps the connection's retransmission timeout at kRetransmitBackoffMax (TCP_RTO_MAX_MS, Linux
-// >= 6.15; false where the kernel refuses it). The kernel doubles a segment's timeout after each
-// loss of it, up to 120 s: when many flows lose packets at once (incast: W workers into one
-// reducer, 32 x 32 connections on one emulated switch) their timers fire together, lose again
-// together, and back off together, and a round sat 60 s with every link idle, waiting for
-// retransmissions (docs/performance.md, "Many workers"). With the cap a lost segment is tried
-// again at least every kRetransmitBackoffMax. The connection is still given up only after
-// kRetransmitGiveUp without an acknowledgement (TCP_USER_TIMEOUT), about the kernel's default
-// (with a 1 s cap alone the kernel gave up after 15 s of loss). Why 5 s, not less: some of the
-// kernel's give-up rules count in multiples of the cap whatever TCP_USER_TIMEOUT says (a W = 32
-// start on the emulated switch, 2 loaded cores, lost connections with a 1 s cap); at 5 s such a
-// rule needs about a minute of loss, no sooner than a round's own no-progress timeout.
-// Applied once a connection carries rounds (the worker's links once the group is complete, the
-// reducer's members at completion, the ring's neighbours once connected), not during the
-// handshakes: with the cap from the first byte, 64 emulated hosts starting at once on 2 cores
-// (thousands of timeouts) had some connections aborted by the kernel before their group
-// completed; the kernel's own rules keep a connection that long.
-constexpr std::chrono::milliseconds kRetransmitBackoffMax{5000};
-constexpr std::chrono::milliseconds kRetransmitGiveUp{900000};
-bool bound_retransmit_backoff(int fd);
-
 // The congestion control tune_socket gives every data connection of this process (workers,
 // reducers, ring, NCCL plugin): "" or "default" = the kernel's default
 // (net.ipv4.tcp_congestion_control of the socket's network namespace); "auto" (the default of

@@ -137,8 +137,6 @@ void Ring::connect(const std::vector<std::string>& addresses, double connect_tim
       left_ = std::move(c);
     }
     listen_fd_.reset();
-    net::bound_retransmit_backoff(right_.get());  // both neighbours are connected: rounds follow
-    net::bound_retransmit_backoff(left_.get());
     net::set_nonblocking(right_.get(), true);
     net::set_nonblocking(left_.get(), true);
     connected_ = true;

@@ -1,7 +1,6 @@
 #include "server/membership.h"
 
 #include "common/log.h"
-#include "net/socket.h"
 #include "server/conn.h"
 #include "server/group_table.h"
 #include "server/loop.h"
@@ -59,7 +58,6 @@ void Membership::completed(const Group& g) {
   g.for_each_member([&](Conn* m) {
     m->out.reserve(size_t(srv->opts.group_slots) + 8);  // one result per slot + control: never full
     m->reader.set_max_payload(g.chunk());
-    net::bound_retransmit_backoff(m->fd.get());  // rounds follow (net/socket.h)
     loop_.set_state(m, ConnState::Active);
     srv->connections++;
     if (m->gkey.stream == 0) srv->workers++;
