@@ -294,6 +294,15 @@ void bind_common(py::module_& m) {
       "(for benchmarks; the GIL is released).");
   m.def("chunk_for", &rs::proto::chunk_for, py::arg("shard_bytes"), py::arg("max_chunk"),
         "The pipeline chunk of a shard (protocol/plan.h): the size every worker derives for a round.");
+  m.def(
+      "pipeline_for",
+      [](uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers, uint64_t reducers, uint64_t window) {
+        const rs::proto::Pipeline p = rs::proto::pipeline_for(shard_bytes, max_chunk, workers, reducers, window);
+        return py::make_tuple(p.chunk, p.window);
+      },
+      py::arg("shard_bytes"), py::arg("max_chunk"), py::arg("workers"), py::arg("reducers"), py::arg("window"),
+      "(chunk, window) of a worker's link to a reducer for a round (protocol/plan.h pipeline_for): the chunk every "
+      "worker derives from the shard and the group size, and the chunks it keeps in flight on the link.");
   m.def("reducers_for", &rs::proto::reducers_for, py::arg("nbytes"), py::arg("reducers"), py::arg("workers"),
         "How many reducers a round of `nbytes` uses (protocol/plan.h): the count every worker derives.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;

@@ -496,7 +496,7 @@ void Client::retire() {
   }
 }
 
-void Client::fill(size_t li) { sched_->fill(*links_[li], li, active_.size(), copies_short()); }
+void Client::fill(size_t li) { sched_->fill(*links_[li], li, copies_short()); }
 
 bool Client::copies_short() const { return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight); }
 

@@ -40,6 +40,7 @@ struct Round {
   struct Part : LinkShare {  // this round on one link: the link's share of its reducer's shard
     uint64_t shard_off = 0;  // of the shard in the buffer
     uint64_t next_send = 0;  // next chunk index to queue (stream, stream + S, ...)
+    uint64_t window = 1;     // chunks this link keeps in flight while it queues this round's
     bool cleared = false;    // the reducer said CLEAR for this round (failover)
   };
   std::vector<Part> parts;  // by link

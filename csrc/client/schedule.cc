@@ -30,11 +30,14 @@ void Schedule::plan(Round& r, const Links& links, size_t reducers) const {
     Round::Part& p = r.parts[li];
     p.shard_off = sp.offset[pos] * wes;
     p.shard_bytes = sp.count[pos] * wes;
-    // Chunks as large on the wire as the uncompressed round's (chunk_for of the shard's buffer
+    // Chunks as large on the wire as the uncompressed round's (the rule on the shard's buffer
     // bytes, so 32 per shard instead of 64): a reducer holds a few chunks per stream at once, so
     // the chunk size bounds the bytes in flight per link (measured: half-size chunks reached 40%
     // of a 1 Gbit/s link instead of 70-90%).
-    p.chunk = proto::chunk_for(p.shard_bytes / wes * es, opts_.chunk_bytes);
+    const proto::Pipeline pipe = proto::pipeline_for(p.shard_bytes / wes * es, opts_.chunk_bytes, opts_.world_size,
+                                                     reducers, uint64_t(opts_.window));
+    p.chunk = pipe.chunk;
+    p.window = pipe.window;
     p.nchunks = (p.shard_bytes + p.chunk - 1) / p.chunk;
     p.next_send = uint64_t(l.stream);
     p.expected = p.nchunks > uint64_t(l.stream) ? (p.nchunks - uint64_t(l.stream) + S - 1) / S : 0;
@@ -46,18 +49,12 @@ void Schedule::plan(Round& r, const Links& links, size_t reducers) const {
   r.in_session = true;
 }
 
-void Schedule::fill(Link& l, size_t li, size_t reducers, bool copies_short) {
+void Schedule::fill(Link& l, size_t li, bool copies_short) {
   if (l.closed) return;
-  // With fewer reducers than workers (as after a failover from R = W) each reducer's link is
-  // oversubscribed W/R times: half the window keeps the bytes queued toward it within a switch
-  // queue's reach (measured, docs/performance.md "Reducer failover": 1.04x the R = W - 1 bound
-  // instead of 1.07x). The window is the sender's alone: workers need not agree on it.
-  const uint64_t window =
-      reducers < size_t(opts_.world_size) && opts_.window > 1 ? uint64_t(opts_.window) / 2 : uint64_t(opts_.window);
   // Rounds before the oldest unfinished one are complete, so this link sent all of them.
   if (rounds.empty()) l.send_wire = next_wire;
   else l.send_wire = std::max(l.send_wire, rounds.front()->wire);
-  while (l.in_flight < window && !l.out.full()) {
+  while (!l.out.full()) {
     Round* r = by_wire(l.send_wire);
     if (!r) break;
     Round::Part& p = r->parts[li];
@@ -65,6 +62,9 @@ void Schedule::fill(Link& l, size_t li, size_t reducers, bool copies_short) {
       l.send_wire++;  // this round's chunks on this link are all queued: the next round's follow
       continue;
     }
+    // The window of the round being queued (proto::pipeline_for; the sender's alone: workers need
+    // not agree on it).
+    if (l.in_flight >= p.window) break;
     if (r->comp != Compression::None) {
       l.staging.ensure(staging_slots(), opts_.chunk_bytes);  // once per session and link
       if (l.staging.full()) break;                           // every slot waits to be written

@@ -32,7 +32,7 @@ class Schedule {
   void plan(Round& r, const Links& links, size_t reducers) const;
   // Queues on link `l` (index li) the frames its window allows, then the DONE it owes.
   // `copies_short`: no DONE may wait in the kernel (a drain, or the pool of copies nearly full).
-  void fill(Link& l, size_t li, size_t reducers, bool copies_short);
+  void fill(Link& l, size_t li, bool copies_short);
   // Results came in on link li: rounds complete on it make a DONE owed.
   void advance_done(Link& l, size_t li);
   // A round the DONE owed on link li covers will wait for its CLEAR in its caller's hands.

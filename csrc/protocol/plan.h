@@ -65,4 +65,27 @@ constexpr uint64_t kMinSmallChunk = 16 << 10;
 constexpr uint64_t kSmallChunkShardMin = 128 << 10;
 uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 
+// The pipeline of one worker's link to one reducer for a round: the chunk size and the chunks
+// the worker keeps in flight on it. The one place the worker client (and the simulator,
+// through reducer._core.pipeline_for) takes them from.
+//  - chunk: chunk_for(shard_bytes, max_chunk), and for shards of kSmallChunkShardMin and more at
+//    most kFanInBytes / (workers x kFanInDepth) (a multiple of 4 KiB, at least kMinFanInChunk):
+//    a reducer hears from every worker at once, and W senders that each keep kFanInDepth chunks
+//    in flight put W x kFanInDepth x chunk on its link in one burst (incast: 16 workers x 4 x
+//    16 KiB = 1 MiB into an emulated 0.05 Gbit/s port that queues 125 KiB; docs/performance.md,
+//    "Fan-in"). The rule depends on (shard, W) only, so every worker of a group derives the same
+//    chunk (the window is each sender's own).
+//  - window: `window` (RS_WINDOW), halved when fewer reducers than workers serve the round (after
+//    a failover from R = W each reducer's link is oversubscribed W/R times: half the window keeps
+//    the bytes queued toward it within a switch queue's reach; docs/performance.md "Reducer
+//    failover": 1.04x the R = W - 1 bound instead of 1.07x).
+constexpr uint64_t kFanInBytes = 512 << 10;
+constexpr uint64_t kFanInDepth = 4;
+constexpr uint64_t kMinFanInChunk = 4 << 10;
+struct Pipeline {
+  uint64_t chunk = 0;   // bytes per chunk (buffer bytes of the shard's chunk_for rule)
+  uint64_t window = 1;  // chunks in flight on the link (sent, result not back), across rounds
+};
+Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers, uint64_t reducers, uint64_t window);
+
 }  // namespace rs::proto

@@ -23,6 +23,11 @@ EXTRA_ALGOS = ("gloo-bf16",)
 
 
 # ------------------------------------------------------------------------ configuration
+# Start-up allowance per emulated host (BenchConfig.start_timeout): W = R = 32 on a busy 2-core
+# machine took more than the flat 120 s (ranks not ready); 64 hosts now get 120 + 192 s.
+START_SECONDS_PER_HOST = 3.0
+
+
 @dataclass
 class BenchConfig:
     workers: int = 4
@@ -59,6 +64,14 @@ class BenchConfig:
     control_plane: str = "off"
     poll_interval: float = DEFAULT_INTERVAL_S  # seconds between the poller's GetStats + /metrics rounds
     ab_passes: int = 2  # with ab: passes of each variant (A B B A for 2)
+
+    def start_timeout(self) -> float:
+        """Seconds the ranks of a pass get to start, connect and say 'ready' (the runner's wait and
+        the ranks' connect_timeout): connect_timeout plus START_SECONDS_PER_HOST for every host. The
+        start-up grows with the host count: every rank is a Python process that imports numpy and
+        the core, and every worker connects to every reducer (W x R handshakes, each a few round
+        trips, through links that drop packets while 64 processes start on 2 cores)."""
+        return self.connect_timeout + START_SECONDS_PER_HOST * (self.workers + self.reducers)
 
 
 def parse_sizes(text: str) -> list[int]:

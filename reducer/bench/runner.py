@@ -88,7 +88,7 @@ class _Pass:
         return _spawn(self.hosts, self._host(i), name, job, self.events, self.extra_env)
 
     def _wait_started(self, procs: list[_Proc], event: str) -> dict[_Proc, dict[str, Any]]:
-        return _wait_all(self.events, procs, event, self.cfg.connect_timeout, watch=self.procs)
+        return _wait_all(self.events, procs, event, self.cfg.start_timeout(), watch=self.procs)
 
     def start_reducers(self) -> None:
         """The reducers, if the algorithm uses them, up and listening: their addresses."""
@@ -146,7 +146,7 @@ class _Pass:
                 "warmup": cfg.warmup,
                 "warmup_bytes": cfg.warmup_bytes,
                 "timeout": cfg.timeout,
-                "connect_timeout": cfg.connect_timeout,
+                "connect_timeout": cfg.start_timeout(),
                 "bind_host": self.hosts.bind_host(self._host(i)),
                 "reducers": self.reducer_addrs,
                 "group": f"bench-{self.run_id}",
@@ -494,7 +494,8 @@ def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float,
     )
     out(
         f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
-        f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB) "
+        f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB; from 128 KiB shards at "
+        f"most 512 KiB / (W x 4), at least 4 KiB: core.pipeline_for) "
         f"RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B"
     )
