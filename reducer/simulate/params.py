@@ -60,15 +60,20 @@ def _setting(name: str, value: int | None) -> int:
 def rs_pipeline(nbytes: int, workers: int, reducers: int, s: Settings = DEFAULTS) -> RsPipeline:
     """Shards, chunks, window and slots of one rs round of `nbytes` (round 0)."""
     max_chunk = _setting("chunk_bytes", s.chunk_bytes)
+    window_setting = _setting("window", s.window)
     used = int(_core.reducers_for(nbytes, reducers, workers))
     counts = _even(nbytes // ELEM, used) + [0] * (reducers - used)
     shards = []
+    window = max(window_setting, 1)
     for n in counts:
         b = n * ELEM
-        shards.append((b, int(_core.chunk_for(b, max_chunk)) if b else 0))
-    window = _setting("window", s.window)
-    if reducers < workers and window > 1:
-        window //= 2
+        if not b:
+            shards.append((0, 0))
+            continue
+        # The client's own rule (protocol/plan.h pipeline_for): the chunk from the shard and the
+        # number of workers, the window halved while there are fewer reducers than workers.
+        chunk, window = _core.pipeline_for(b, max_chunk, workers, reducers, window_setting)
+        shards.append((b, int(chunk)))
     slots = s.group_slots or GROUP_SLOTS
     return RsPipeline(shards, window, slots, _setting("socket_buffer", s.socket_buffer))
 
