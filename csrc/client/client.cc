@@ -3,6 +3,7 @@
 #include "client/failover.h"
 #include "client/handshake.h"
 #include "client/recovery.h"
+#include "client/recovery_host.h"
 #include "client/reducer_frames.h"
 #include "client/round.h"
 #include "client/schedule.h"
@@ -57,7 +58,7 @@ Client::Client(ClientOptions opts)
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
-  recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
+  recovery_ = std::make_unique<Recovery>(recovery_host());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
   connect_all();

@@ -3,19 +3,20 @@
 // that closes, an ERROR Shutdown or Failover, a stall on one reducer), moves the session to the
 // survivors and sets up the repair of every unfinished round (the exchange and its decisions are
 // client/failover.h), and at every rejoin check agrees with the other workers on the lost
-// reducers they all reach again and takes those back. It drives the session through the Client
-// it belongs to (a friend: the rounds, links and counters are the Client's).
+// reducers they all reach again and takes those back. It drives the session through the client
+// it belongs to, which it sees only through a RecoveryHost (client/recovery_host.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "client/client.h"
 #include "client/failover.h"
+#include "client/recovery_host.h"
 #include "client/round.h"
 #include "net/deadline.h"
 #include "net/socket.h"
@@ -25,7 +26,7 @@ namespace rs::client {
 
 class Recovery {
  public:
-  Recovery(Client& c, size_t reducers);
+  explicit Recovery(std::unique_ptr<RecoveryHost> host);
 
   // ---- losses, noted while the links are pumped ----
   void note_lost(size_t reducer, const std::string& why);
@@ -62,7 +63,6 @@ class Recovery {
   bool exchange(const std::vector<Round*>& pending, std::optional<failover::Table>* table);
   void plan_repairs(const std::vector<Round*>& pending, const failover::Table& table);
   void repair(Round* r, const failover::Table& table);
-  Round* new_internal(Round::Role role);
   void seal_exchange(Round* x, Op op);
   bool run_internal(Round* r);
   bool drain(bool may_wait);
@@ -76,7 +76,8 @@ class Recovery {
   void open_check();       // enqueues the check's MIN all-reduce (check_)
   void start_probes();     // a probe per reducer not in the session
 
-  Client& c_;
+  std::unique_ptr<RecoveryHost> host_;
+  RecoveryHost& c_;            // *host_: the client
   std::vector<uint8_t> lost_;  // by reducer: lost and not yet handled
   bool loss_pending_ = false;
   std::string loss_why_;
