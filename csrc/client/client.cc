@@ -172,6 +172,19 @@ std::string Client::session_group() const {
   return base + suffix;
 }
 
+// A fresh group session from the state every member of the group can derive, whatever each went
+// through before (a failover, a reducer lost, a restart of its own process): every configured
+// reducer, the base group, round numbers from 0, no rejoin check or probe pending. A reconnect
+// keeps nothing the members must agree on (docs/protocol.md, "Reconnecting").
+void Client::reconnect() {
+  active_.clear();
+  for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
+  seq_next_ = 0;
+  recovery_->restart();
+  connect_all();
+  stats_.reconnects++;
+}
+
 void Client::disconnect(bool say_bye) {
   if (say_bye) {
     proto::FrameHeader h;
@@ -315,11 +328,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
     idle_error_.reset();
     throw e;
   }
-  if (links_.empty()) {
-    // First use after an error (or after close): start a fresh group session.
-    connect_all();
-    stats_.reconnects++;
-  }
+  if (links_.empty()) reconnect();  // first use after an error (or after close)
   // (A worker that started this round before the failover did not check: only rounds that no
   // worker had started then are checked, so every worker checks at the same ones. A check that
   // try_start() left under way holds every start until it is over.)
@@ -327,6 +336,7 @@ bool Client::start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, s
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
+  r.seq = seq_next_++;
   r.wire = sched_->next_wire++;
   r.dtype = wire;
   r.op = op;

@@ -146,6 +146,7 @@ class Client {
   void finish_part(size_t li, Round& r);  // a link's share of a round is complete
   void apply_clear(size_t li, uint64_t upto);
   void disconnect(bool say_bye);
+  void reconnect();  // a fresh session from the state every worker can derive (client.cc)
   bool start_locked(std::unique_lock<std::mutex>& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag,
                     Compression comp, bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
@@ -179,6 +180,7 @@ class Client {
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[i * streams + s], i indexes active_
   std::vector<size_t> active_;                // reducers (indices into addrs_) of the current session
   RoundId id_next_ = 0;
+  uint64_t seq_next_ = 0;  // Round::seq of the next user round: from 0 at every reconnect
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::unique_ptr<Schedule> sched_;  // this session's rounds, in round order, and how they go on the links
   size_t open_ = 0;                  // rounds in the session not finished (user, repair, exchange)

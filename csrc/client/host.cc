@@ -23,7 +23,7 @@ class Client::Host final : public RecoveryHost {
   Schedule& schedule() override { return *c_.sched_; }
   void connect(std::vector<size_t>* refused) override { c_.connect_all(refused); }
   void drop_links() override { c_.disconnect(false); }
-  uint64_t next_seq() const override { return c_.id_next_; }
+  uint64_t next_seq() const override { return c_.seq_next_; }
 
   std::vector<Round*>& parents() override { return c_.parents_; }
   void clear_session(std::vector<Round*> pending) override {

@@ -65,6 +65,14 @@ void Recovery::reset() {
   recoveries_ = 0;
 }
 
+void Recovery::restart() {
+  reset();
+  rejoin_checked_ = 0;
+  rejoin_from_ = 0;
+  probes_.clear();
+  lost_all_idle_ = false;
+}
+
 // ---- losses ------------------------------------------------------------------------------
 
 void Recovery::note_lost(size_t reducer, const std::string& why) {
@@ -231,7 +239,7 @@ std::vector<Round*> Recovery::unfinished_rounds() {
     if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
   for (Round* r : c_.parents())
     if (r->state == Round::State::Running) pending.push_back(r);
-  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
+  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->seq < b->seq; });
   return pending;
 }
 
@@ -285,7 +293,17 @@ bool Recovery::move_session(const std::vector<Round*>& pending) {
   loss_pending_ = false;
   loss_why_.clear();
   peer_left_.clear();
-  if (next.empty()) throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
+  if (next.empty()) {
+    // The rounds fail (the workers hold them in different states, nowhere to repair them); the
+    // next start() reconnects from the configured reducers and the base group, where every
+    // worker meets again however the loss found it (Client::reconnect).
+    // Rounds released early are their callers' already (fail_all() ends them as done).
+    lost_all_idle_ = std::all_of(pending.begin(), pending.end(), [](const Round* r) { return r->released; });
+    if (lost_all_idle_)
+      log_warn("every reducer of the session is lost (rank " + std::to_string(c_.options().rank) + ", group " +
+               c_.options().group + ", no round waiting; last: " + why + "): the next call reconnects");
+    throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
+  }
   if (next.size() != c_.active().size()) c_.stats().reducer_failovers++;
   c_.set_active(next);
   log_move(lost_names, why, pending.size());
@@ -314,7 +332,7 @@ void Recovery::log_move(const std::string& lost_names, const std::string& why, s
 bool Recovery::exchange(const std::vector<Round*>& pending, std::optional<failover::Table>* table) {
   failover::Limits lim;
   lim.rank = c_.options().rank;
-  for (Round* r : pending) lim.add_round(r->id, r->held, r->nbytes, dtype_size(r->dtype));
+  for (Round* r : pending) lim.add_round(r->seq, r->held, r->nbytes, dtype_size(r->dtype));
   lim.finish(c_.next_seq());
   const uint32_t W = c_.options().world_size, me = c_.options().rank;
   auto launch = [&](size_t words, auto&& put) -> Round* {
@@ -341,9 +359,9 @@ bool Recovery::exchange(const std::vector<Round*>& pending, std::optional<failov
 void Recovery::plan_repairs(const std::vector<Round*>& pending, const failover::Table& table) {
   std::vector<Round*> parents;
   for (Round* r : pending) {
-    if (r->id >= table.hi()) {
+    if (r->seq >= table.hi()) {
       if (!r->held.empty())
-        throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
+        throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->seq) +
                                              " has results here but was not started on every worker");
       r->wire = c_.schedule().next_wire++;
       c_.enqueue(r);
@@ -361,7 +379,7 @@ void Recovery::plan_repairs(const std::vector<Round*>& pending, const failover::
 
 // Enqueues the repair rounds of user round `r`: copies first, then reductions.
 void Recovery::repair(Round* r, const failover::Table& table) {
-  const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
+  const auto pieces = table.plan(r->seq, r->nbytes, dtype_size(r->dtype));
   const DType buf_dtype = r->comp != Compression::None ? DType::F32 : r->dtype;
   const int64_t me = int64_t(c_.options().rank);
   for (int pass = 0; pass < 2; ++pass) {
@@ -502,7 +520,7 @@ bool Recovery::finish_check(bool may_wait, bool agreed, Round* x) {
     // A failover abandoned the check. Whether a worker had opened it before the loss differs
     // between workers (another may have noticed the loss while draining, then opened the
     // check in the new session), so every worker decides again from agreed values only
-    // (rejoin_from_, id_next_): the check is redone in the new session if still due.
+    // (rejoin_from_, the next round number): the check is redone in the new session if still due.
     rejoin_checked_ = 0;
     if (!c_.links().empty() && check_due()) return try_rejoin(may_wait);
     start_probes();

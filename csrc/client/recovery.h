@@ -49,7 +49,13 @@ class Recovery {
   void check_probes();  // notes probes that finished (never waits)
 
   // ---- the session ends ----
-  void reset();                               // fail_all(): every loss, check and restart count is over
+  void reset();  // fail_all(): every loss, check and restart count is over
+  // A reconnect from scratch (Client::reconnect): reset(), and nothing of the last session's
+  // rounds or reducer set is kept (no rejoin check pending, round numbers from 0).
+  void restart();
+  // The session was dropped because every reducer was lost while no caller waited for a round:
+  // nothing is lost, the next start() reconnects instead of raising (an idle pass saw it).
+  bool lost_all_idle() const { return lost_all_idle_; }
   void drop_probes() { probes_.clear(); }     // the links are dropped (close, error, failover)
   void round_finished() { recoveries_ = 0; }  // a user round finished
 
@@ -82,14 +88,15 @@ class Recovery {
   bool loss_pending_ = false;
   std::string loss_why_;
   bool recovering_ = false;
-  int recoveries_ = 0;          // failover sessions started since a user round last finished
-  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
+  int recoveries_ = 0;           // failover sessions started since a user round last finished
+  uint64_t rejoin_checked_ = 0;  // the round boundary (Round::seq) last checked for rejoins
   // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
   // by the client's internal rounds (null once recover() dropped it: the check is then over,
   // without a rejoin; reset() closes the check).
   bool check_open_ = false;
   Round* check_ = nullptr;
-  RoundId rejoin_from_ = 0;  // checks start here: a RoundId no worker had started at the last failover
+  uint64_t rejoin_from_ = 0;  // checks start here: a Round::seq no worker had started at the last failover
+  bool lost_all_idle_ = false;
   // The connects to lost reducers started at the last rejoin check, by reducer; the next check
   // reads them. Closed when the links are dropped (close, error, failover, rejoin).
   std::vector<std::pair<size_t, net::ConnectProbe>> probes_;

@@ -30,6 +30,10 @@ struct Round {
   using Role = RoundRole;
   Role role = Role::User;
   RoundId id = 0;
+  // User: its number in the group's sequence of rounds since the session was last (re)connected
+  // from scratch: the same on every worker (RoundId is not: a restarted worker counts from 0).
+  // Failover exchanges and rejoin checks name rounds by it.
+  uint64_t seq = 0;
   uint64_t wire = 0;  // round number on the wire (per session)
   DType dtype = DType::F32;
   Op op = Op::Sum;
