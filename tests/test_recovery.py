@@ -230,6 +230,7 @@ def test_whole_pool_restarted_workers_converge(pool_of):
             lambda s: s["good"] >= base[s["rank"]] + 10 and s["stats"].get("reducers_active") == 2,
             4 * CONNECT_TIMEOUT + 20,
         )
+        print(f"29.1: both workers computing {time.time() - t_back:.1f} s after the pool was back")
         for s in st:
             assert s["bad"] == 0, summary(st)
             # A round or two fail (every reducer lost; a wait for the group), not a storm.
@@ -260,11 +261,13 @@ def test_reducer_failure_after_a_reconnect(pool_of):
         victims[1].kill()
         time.sleep(1.0)
         restart(victims, 1)
+        t_back = time.time()
         st = w.wait_for(
             "reducer 1 taken back by every worker",
             lambda s: s["stats"].get("reducers_active") == 2 and s["stats"].get("reducer_rejoins", 0) >= 1,
             60,
         )
+        print(f"29.2: reducer 1 taken back {time.time() - t_back:.1f} s after it listened again")
         after = {r: st[r]["good"] for r in range(2)}
         st = w.wait_for("rounds on both reducers", lambda s: s["good"] >= max(after.values()) + 40, 60)
         for r, s in enumerate(st):
@@ -289,6 +292,9 @@ def test_reducer_restarted_while_idle(pool_of):
         restart(victims, 0)
         time.sleep(1.0)
         open(os.path.join(w.ctl, "go"), "w").close()
+        t_go = time.time()
+        w.wait_for("the first call after the idle", lambda s: s["good"] > 5 or s["errors"], 4 * CONNECT_TIMEOUT)
+        print(f"29.5: the first call after the idle returned within {time.time() - t_go:.2f} s")
         st = w.wait_for("rounds after the idle", lambda s: s["good"] >= 10 or s["errors"], 4 * CONNECT_TIMEOUT)
         for s in st:
             assert s["errors"] == [] and s["bad"] == 0, summary(st)

@@ -34,6 +34,10 @@ namespace {
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
 
+// After every reducer was lost while idle, how long the next call's reconnect waits for a reducer
+// that refuses connections before it raises that loss (reconnect()).
+constexpr double kBackAfterLossS = 1.0;
+
 }  // namespace
 
 Client::Client(ClientOptions opts)
@@ -71,13 +75,13 @@ Client::~Client() {
   }
 }
 
-void Client::connect_all(std::vector<size_t>* lost) {
+void Client::connect_all(std::vector<size_t>* lost, double refused_after_s) {
   const auto now = Clock::now();
   // A failover session waits for the other workers like the first one (they notice the loss
   // when they next call in); a reducer that refuses the connection there is lost too, and so is
   // a peer at its address that does not speak the protocol (something else took the port).
   const auto deadline = net::deadline_after(opts_.connect_timeout);
-  const auto connect_deadline = lost ? std::min(deadline, now + std::chrono::seconds(3)) : deadline;
+  const auto connect_deadline = lost ? std::min(deadline, net::deadline_after(refused_after_s)) : deadline;
   const int S = opts_.streams;
   std::vector<std::unique_ptr<Link>> links(active_.size() * size_t(S));
   std::vector<PendingLink> pending(links.size());
@@ -176,12 +180,24 @@ std::string Client::session_group() const {
 // through before (a failover, a reducer lost, a restart of its own process): every configured
 // reducer, the base group, round numbers from 0, no rejoin check or probe pending. A reconnect
 // keeps nothing the members must agree on (docs/protocol.md, "Reconnecting").
+// After every reducer was lost while no caller waited (Recovery::lost_all_idle), a reducer that
+// still refuses connections for kBackAfterLossS raises that loss at once instead of a wait of
+// connect_timeout for a reducer that is gone (the next call tries again).
 void Client::reconnect() {
+  const bool after_loss = recovery_->lost_all_idle();
   active_.clear();
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
   seq_next_ = 0;
   recovery_->restart();
-  connect_all();
+  if (after_loss) {
+    std::vector<size_t> refused;
+    connect_all(&refused, kBackAfterLossS);
+    if (!refused.empty())
+      throw Error(dropped_kind_, dropped_why_ + "; " + addrs_[refused.front()].str() +
+                                     " still refuses connections (the next call tries again)");
+  } else {
+    connect_all();
+  }
   stats_.reconnects++;
 }
 

@@ -135,8 +135,9 @@ class Client {
 
  private:
   // Connects every link of the current reducer set (active_). With `lost` (failover) a reducer
-  // that refuses the connection is reported there instead of failing the call.
-  void connect_all(std::vector<size_t>* lost = nullptr);
+  // that refuses the connection for `refused_after_s` seconds is reported there instead of
+  // failing the call.
+  void connect_all(std::vector<size_t>* lost = nullptr, double refused_after_s = 3.0);
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;      // the group name of this reducer set
   void enqueue(Round* r);                 // plan and append to the session's rounds
