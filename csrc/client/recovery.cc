@@ -232,7 +232,7 @@ void Recovery::say_failover_bye() {
   c_.drop_links();  // (and the probes: the next check only starts probes, for the set the new session leaves out)
 }
 
-// User rounds not finished here, by RoundId.
+// User rounds not finished here, by round number (Round::seq).
 std::vector<Round*> Recovery::unfinished_rounds() {
   std::vector<Round*> pending;
   for (Round* r : c_.schedule().rounds)
@@ -355,7 +355,7 @@ bool Recovery::exchange(const std::vector<Round*>& pending, std::optional<failov
   return true;
 }
 
-// 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
+// 4. Repairs (in round-number order, the same on every worker), then rounds not started everywhere.
 void Recovery::plan_repairs(const std::vector<Round*>& pending, const failover::Table& table) {
   std::vector<Round*> parents;
   for (Round* r : pending) {
@@ -456,11 +456,11 @@ bool Recovery::drain(bool may_wait) {
 
 // ---- rejoin checks -----------------------------------------------------------------------
 
-// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
+// While reducers are lost, the workers check every kRejoinEvery rounds (at the same round number
 // on every worker) whether they came back (with the probes the previous check started).
-constexpr RoundId kRejoinEvery = 32;
+constexpr uint64_t kRejoinEvery = 32;
 
-// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
+// A rejoin check at this round boundary (start() of a round number, Round::seq, that is a multiple of
 // kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
 // every worker reached with the probe it started at the previous check, move the session to
 // the larger set if there are any, and start the probes the next check reads. Nothing here
@@ -472,7 +472,7 @@ constexpr RoundId kRejoinEvery = 32;
 // MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
 // (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
 bool Recovery::check_due() const {
-  const RoundId next = c_.next_seq();
+  const uint64_t next = c_.next_seq();
   return c_.options().failover && c_.active().size() < c_.addresses().size() && next >= rejoin_from_ && next > 0 &&
          next % kRejoinEvery == 0 && rejoin_checked_ != next;
 }

@@ -78,7 +78,7 @@ class Recovery {
   // With `may_wait` false it never waits for the other workers: false until the check is over.
   bool try_rejoin(bool may_wait);
   bool finish_check(bool may_wait, bool agreed, Round* x);
-  bool check_due() const;  // a rejoin check is due at the next RoundId
+  bool check_due() const;  // a rejoin check is due at the next round number
   void open_check();       // enqueues the check's MIN all-reduce (check_)
   void start_probes();     // a probe per reducer not in the session
 
