@@ -287,7 +287,9 @@ def test_lying_frames_are_a_clear_protocol_error(lie, why, failover):
         (clear_frame(U64 - 1), "ProtocolError", "cleared round 18446744073709551615"),
         (b"\xff" * 64, "ProtocolError", "unknown frame type 255"),
         (error_frame(ERR_PROTOCOL, b"idle lie \x1b[2J"), "ProtocolError", "idle lie \\x1b[2J"),
-        (error_frame(ERR_SHUTDOWN, b"going away"), "PeerLostError", "every reducer is lost"),
+        # Not a lie that fails: every reducer "lost" while idle, and this one still answers, so the
+        # next round reconnects and works (issue 29.5; tests/test_recovery.py).
+        (error_frame(ERR_SHUTDOWN, b"going away"), None, ""),
     ],
     ids=["result-never-started", "clear-2^64-1", "garbage", "error-text", "shutdown"],
 )
@@ -300,7 +302,10 @@ def test_a_lie_to_an_idle_worker_is_read_by_its_idle_thread_and_raised_by_the_ne
         report = run_worker(fake.address, idle=1.5)
     assert report["sum"] == float(np.arange(N, dtype=np.float64).sum()), report  # the honest first round
     assert report["connected_after_idle"] is False, report  # the idle thread read the lie
-    expect_error(report, kind, why)
+    if kind is None:
+        assert report["error"] is None, report
+    else:
+        expect_error(report, kind, why)
     assert not fake.errors
 
 

@@ -3,6 +3,7 @@
 #include "client/failover.h"
 #include "client/handshake.h"
 #include "client/recovery.h"
+#include "client/recovery_host.h"
 #include "client/reducer_frames.h"
 #include "client/round.h"
 #include "client/schedule.h"
@@ -33,6 +34,10 @@ namespace {
 // Bytes one link may move per pass before the next link gets its turn.
 constexpr size_t kLinkBudget = 8u << 20;
 
+// After every reducer was lost while idle, how long the next call's reconnect waits for a reducer
+// that refuses connections before it raises that loss (reconnect()).
+constexpr double kBackAfterLossS = 1.0;
+
 }  // namespace
 
 Client::Client(ClientOptions opts)
@@ -58,7 +63,7 @@ Client::Client(ClientOptions opts)
     throw Error(ErrorKind::Config, "max_rounds_in_flight must be in 1..4096");
   for (const auto& a : opts_.reducers) addrs_.push_back(net::parse_host_port(a));
   for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
-  recovery_ = std::make_unique<Recovery>(*this, addrs_.size());
+  recovery_ = std::make_unique<Recovery>(recovery_host());
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   idle_wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid() || !idle_wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
@@ -77,13 +82,13 @@ Client::~Client() {
   }
 }
 
-void Client::connect_all(std::vector<size_t>* lost) {
+void Client::connect_all(std::vector<size_t>* lost, double refused_after_s) {
   const auto now = Clock::now();
   // A failover session waits for the other workers like the first one (they notice the loss
   // when they next call in); a reducer that refuses the connection there is lost too, and so is
   // a peer at its address that does not speak the protocol (something else took the port).
   const auto deadline = net::deadline_after(opts_.connect_timeout);
-  const auto connect_deadline = lost ? std::min(deadline, now + std::chrono::seconds(3)) : deadline;
+  const auto connect_deadline = lost ? std::min(deadline, net::deadline_after(refused_after_s)) : deadline;
   const int S = opts_.streams;
   std::vector<std::unique_ptr<Link>> links(active_.size() * size_t(S));
   std::vector<PendingLink> pending(links.size());
@@ -177,6 +182,31 @@ std::string Client::session_group() const {
   const std::string suffix = "#f" + rs::hex_u64(h);
   std::string base = opts_.group.substr(0, proto::kMaxNameBytes - suffix.size());
   return base + suffix;
+}
+
+// A fresh group session from the state every member of the group can derive, whatever each went
+// through before (a failover, a reducer lost, a restart of its own process): every configured
+// reducer, the base group, round numbers from 0, no rejoin check or probe pending. A reconnect
+// keeps nothing the members must agree on (docs/protocol.md, "Reconnecting").
+// After every reducer was lost while no caller waited (Recovery::lost_all_idle), a reducer that
+// still refuses connections for kBackAfterLossS raises that loss at once instead of a wait of
+// connect_timeout for a reducer that is gone (the next call tries again).
+void Client::reconnect() {
+  const bool after_loss = recovery_->lost_all_idle();
+  active_.clear();
+  for (size_t i = 0; i < addrs_.size(); ++i) active_.push_back(i);
+  seq_next_ = 0;
+  recovery_->restart();
+  if (after_loss) {
+    std::vector<size_t> refused;
+    connect_all(&refused, kBackAfterLossS);
+    if (!refused.empty())
+      throw Error(dropped_kind_, dropped_why_ + "; " + addrs_[refused.front()].str() +
+                                     " still refuses connections (the next call tries again)");
+  } else {
+    connect_all();
+  }
+  stats_.reconnects++;
 }
 
 void Client::disconnect(bool say_bye) {
@@ -335,11 +365,7 @@ bool Client::start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype
     idle_error_.reset();
     throw e;
   }
-  if (links_.empty()) {
-    // First use after an error (or after close): start a fresh group session.
-    connect_all();
-    stats_.reconnects++;
-  }
+  if (links_.empty()) reconnect();  // first use after an error (or after close)
   // (A worker that started this round before the failover did not check: only rounds that no
   // worker had started then are checked, so every worker checks at the same ones. A check that
   // try_start() left under way holds every start until it is over.)
@@ -347,6 +373,7 @@ bool Client::start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype
   auto owned = std::make_unique<Round>();
   Round& r = *owned;
   r.id = id_next_++;
+  r.seq = seq_next_++;
   r.wire = sched_->next_wire++;
   r.dtype = wire;
   r.op = op;

@@ -10,8 +10,9 @@
 // by round number and offset. The byte moving is csrc/net/frame_io.h. The implementation is in
 // parts: client.cc (rounds, links, the pump over them), schedule.{h,cc} (which chunk goes next on
 // which connection), staging.{h,cc} (compression), recovery.{h,cc} (failover and rejoin; its
-// pure decisions are failover.{h,cc}), idle.cc (passes while no call drives the client), round.h
-// (the state they share).
+// pure decisions are failover.{h,cc}; it sees the client only through recovery_host.h, which
+// host.cc implements), idle.cc (passes while no call drives the client), round.h (the state they
+// share), types.h (the options, counters and names every part uses).
 //
 // Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
 // buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
@@ -53,8 +54,7 @@
 #include <unordered_map>
 #include <vector>
 
-#include "common/compression.h"
-#include "common/defaults.h"
+#include "client/types.h"
 #include "common/error.h"
 #include "kernels/kernels.h"
 #include "net/deadline.h"
@@ -65,49 +65,11 @@
 
 namespace rs::client {
 
-// 16-bit wire compression of a float32 round: its names live in common/compression.h.
-using Compression = rs::WireCompression;
-
-// The defaults are the settings table's (common/settings.h); client_settings.h reads RS_* into one.
-struct ClientOptions {
-  std::vector<std::string> reducers;  // "host:port" / "[v6]:port"
-  uint32_t rank = 0;
-  uint32_t world_size = 1;
-  std::string group = "default";
-  std::string job_id = "local";
-  double timeout = kDefaultTimeout;                 // seconds without progress before an all-reduce fails
-  double connect_timeout = kDefaultConnectTimeout;  // bound on connect retries + waiting for the whole group
-  std::string auth_token;                           // the shared secret or a job credential (protocol/auth.h)
-  int streams = kDefaultStreams;
-  uint32_t chunk_bytes = kDefaultChunkBytes;  // the largest chunk; a round uses smaller ones for smaller shards
-  int window = kDefaultWindow;  // chunks in flight per connection (sent, result not yet back), across rounds
-  int socket_buffer = kDefaultSocketBuffer;
-  bool failover = kDefaultFailover;                      // finish rounds on the surviving reducers when one is lost
-  int max_rounds_in_flight = kDefaultMaxRoundsInFlight;  // unfinished rounds before start() waits / try_start() refuses
-  bool integrity = false;  // frame integrity (needs auth_token; docs/security.md): asked of every reducer
-};
-
-struct ClientStats {
-  uint64_t bytes_sent = 0;
-  uint64_t bytes_received = 0;
-  uint64_t rounds = 0;  // user rounds handed back (done, or released: see early_releases)
-  uint64_t reconnects = 0;
-  uint64_t reducer_failovers = 0;  // sessions moved to surviving reducers
-  uint64_t reducers_active = 0;    // reducers the current session uses
-  uint64_t repaired_bytes = 0;     // bytes of unfinished rounds copied or reduced again after failovers
-  uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
-  uint64_t rejoin_probes = 0;      // non-blocking connects to lost reducers started by rejoin checks
-  uint64_t early_releases = 0;     // small rounds handed back before their CLEARs (a copy stands in)
-};
-
-// Identifies a round for test()/wait(); unique for the life of the Client (not reset when
-// the session reconnects).
-using RoundId = uint64_t;
-
 struct Link;  // client/round.h
 struct Round;
-class Schedule;  // client/schedule.h
-class Recovery;  // client/recovery.h
+class Schedule;      // client/schedule.h
+class Recovery;      // client/recovery.h
+class RecoveryHost;  // client/recovery_host.h
 
 class Client {
  public:
@@ -181,8 +143,9 @@ class Client {
 
  private:
   // Connects every link of the current reducer set (active_). With `lost` (failover) a reducer
-  // that refuses the connection is reported there instead of failing the call.
-  void connect_all(std::vector<size_t>* lost = nullptr);
+  // that refuses the connection for `refused_after_s` seconds is reported there instead of
+  // failing the call.
+  void connect_all(std::vector<size_t>* lost = nullptr, double refused_after_s = 3.0);
   proto::Hello hello_for(int stream) const;
   std::string session_group() const;      // the group name of this reducer set
   void enqueue(Round* r);                 // plan and append to the session's rounds
@@ -193,6 +156,7 @@ class Client {
   void apply_clear(size_t li, uint64_t upto);
   void disconnect(bool say_bye);
   using Lock = std::unique_lock<std::timed_mutex>;
+  void reconnect();  // a fresh session from the state every worker can derive (client.cc)
   bool start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
                     bool may_wait, RoundId* out);
   // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
@@ -234,6 +198,7 @@ class Client {
   std::vector<std::unique_ptr<Link>> links_;  // reducer-major: links_[i * streams + s], i indexes active_
   std::vector<size_t> active_;                // reducers (indices into addrs_) of the current session
   RoundId id_next_ = 0;
+  uint64_t seq_next_ = 0;  // Round::seq of the next user round: from 0 at every reconnect
   std::unordered_map<RoundId, std::unique_ptr<Round>> rounds_;  // started, not yet collected
   std::unique_ptr<Schedule> sched_;  // this session's rounds, in round order, and how they go on the links
   size_t open_ = 0;                  // rounds in the session not finished (user, repair, exchange)
@@ -242,8 +207,10 @@ class Client {
   std::vector<std::vector<uint8_t>> spare_copies_;  // released rounds' result copies, for reuse
   std::vector<std::unique_ptr<Round>> internal_;    // repair and exchange rounds (freed when they retire)
   std::vector<Round*> parents_;                     // user rounds waiting for their repair rounds
-  // Reducer failover and rejoin checks (client/recovery.h); it works on this client's state.
-  friend class Recovery;
+  // Reducer failover and rejoin checks (client/recovery.h): it sees this client through a
+  // RecoveryHost (client/recovery_host.h), which recovery_host() makes (client/host.cc).
+  class Host;
+  std::unique_ptr<RecoveryHost> recovery_host();
   std::unique_ptr<Recovery> recovery_;
   ErrorKind dropped_kind_ = ErrorKind::Internal;  // the error that last dropped the session (fail_all)
   std::string dropped_why_;

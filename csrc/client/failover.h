@@ -13,7 +13,8 @@
 //                      for bit, so everyone ends with exactly the result (a "copy");
 //   - nobody        -> every worker still has its input there: reduce it again ("reduce") on the
 //                      surviving reducers, which fold in rank order like the lost one did.
-// Rounds are identified by their RoundId, which is the same on every worker (every worker
+// Rounds are identified by their round number (Round::seq: counted from the last reconnect, not
+// the caller's RoundId), which is the same on every worker (every worker
 // starts the same rounds in the same order).
 #pragma once
 
@@ -40,8 +41,8 @@ class Intervals {
 
 // What one worker reports (one row of the first exchange, then its entries in the second).
 struct Summary {
-  uint64_t oldest = 0;   // RoundId of its oldest unfinished round (= next when none)
-  uint64_t next = 0;     // RoundId its next round will get
+  uint64_t oldest = 0;   // round number of its oldest unfinished round (= next when none)
+  uint64_t next = 0;     // round number its next round will get
   uint64_t entries = 0;  // entries it sends in the second exchange
 };
 constexpr size_t kSummaryWords = 3;
@@ -78,12 +79,12 @@ struct Limits {
   uint32_t rank = 0;
   Summary own;                                         // set by finish()
   std::vector<Entry> mine;                             // this worker's entries (append_round for each unfinished round)
-  std::vector<std::pair<uint64_t, uint64_t>> pending;  // (RoundId, max_spans) of its unfinished rounds, ascending
+  std::vector<std::pair<uint64_t, uint64_t>> pending;  // (round number, max_spans) of its unfinished rounds, ascending
   uint64_t window = kMaxRoundWindow;
   uint64_t max_table_bytes = kMaxTableBytes;
-  // Adds an unfinished round (in RoundId order): its entries and its span bound.
+  // Adds an unfinished round (in round-number order): its entries and its span bound.
   void add_round(uint64_t round, const Intervals& held, uint64_t nbytes, uint64_t elem);
-  // Sets `own` once every unfinished round is added; `next`: the RoundId of the next round.
+  // Sets `own` once every unfinished round is added; `next`: the number of the next round.
   void finish(uint64_t next);
   // Spans a row may report for `round` (0 for a round this worker has not started).
   uint64_t spans_allowed(uint64_t round) const;

@@ -84,8 +84,9 @@ void Client::idle_pass() {
     fail_all(ErrorKind::Internal, std::string("idle progress: ") + e.what());
   }
   // An error dropped the session: the caller learns it at its next start(), as it would have
-  // there (not a silent reconnect that would wait for a group that is gone).
-  if (links_.empty() && !idle_error_) idle_error_.emplace(dropped_kind_, dropped_why_);
+  // there (not a silent reconnect that would wait for a group that is gone). Only the loss of
+  // every reducer with no round in flight lost nothing: the next start() reconnects.
+  if (links_.empty() && !idle_error_ && !recovery_->lost_all_idle()) idle_error_.emplace(dropped_kind_, dropped_why_);
 }
 
 // (close() has raised closing_: a pass in a network wait ends within a slice, so the lock comes soon.)

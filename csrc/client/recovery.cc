@@ -50,9 +50,10 @@ bool contains(const std::vector<size_t>& v, size_t x) { return std::find(v.begin
 
 }  // namespace
 
-Recovery::Recovery(Client& c, size_t reducers) : c_(c), lost_(reducers, 0) {}
+Recovery::Recovery(std::unique_ptr<RecoveryHost> host)
+    : host_(std::move(host)), c_(*host_), lost_(c_.addresses().size(), 0) {}
 
-int Recovery::poll_ms() const { return c_.timer_.poll_ms(peer_left_.empty() ? 200 : 20); }
+int Recovery::poll_ms() const { return c_.timer().poll_ms(peer_left_.empty() ? 200 : 20); }
 
 void Recovery::reset() {
   check_ = nullptr;  // a rejoin check under way is over (the boundary is not checked again)
@@ -64,16 +65,24 @@ void Recovery::reset() {
   recoveries_ = 0;
 }
 
+void Recovery::restart() {
+  reset();
+  rejoin_checked_ = 0;
+  rejoin_from_ = 0;
+  probes_.clear();
+  lost_all_idle_ = false;
+}
+
 // ---- losses ------------------------------------------------------------------------------
 
 void Recovery::note_lost(size_t reducer, const std::string& why) {
   if (reducer >= lost_.size()) return;
-  if (!lost_[reducer] && contains(c_.active_, reducer))
-    log_warn("reducer " + c_.addrs_[reducer].str() + " lost (rank " + std::to_string(c_.opts_.rank) + ", group " +
-             c_.opts_.group + "): " + why);
+  if (!lost_[reducer] && contains(c_.active(), reducer))
+    log_warn("reducer " + c_.addresses()[reducer].str() + " lost (rank " + std::to_string(c_.options().rank) +
+             ", group " + c_.options().group + "): " + why);
   lost_[reducer] = 1;
   loss_pending_ = true;
-  if (loss_why_.empty()) loss_why_ = c_.addrs_[reducer].str() + ": " + why;
+  if (loss_why_.empty()) loss_why_ = c_.addresses()[reducer].str() + ": " + why;
 }
 
 // After a reducer reports that another worker left, how long this worker waits for a reducer
@@ -81,12 +90,12 @@ void Recovery::note_lost(size_t reducer, const std::string& why) {
 constexpr int kPeerLeftGraceMs = 200;
 
 void Recovery::on_reducer_error(Link& l, proto::ErrorCode code, uint64_t tag, const std::string& msg) {
-  if (!c_.opts_.failover) throw Error(kind_of(code), msg);
+  if (!c_.options().failover) throw Error(kind_of(code), msg);
   l.closed = true;  // the reducer closes this connection after its error
   switch (code) {
     case proto::ErrorCode::Shutdown: note_lost(l.reducer, msg); return;
     case proto::ErrorCode::Failover:  // another worker lost reducers: the tag says which
-      for (size_t i = 0; i < c_.addrs_.size() && i < 64; ++i)
+      for (size_t i = 0; i < c_.addresses().size() && i < 64; ++i)
         if (tag >> i & 1) note_lost(i, "another worker of the group lost it (" + msg + ")");
       loss_pending_ = true;  // (beyond 64 reducers the mask is empty: connecting finds them)
       if (loss_why_.empty()) loss_why_ = msg;
@@ -108,10 +117,10 @@ bool Recovery::after_pass() {
     return true;
   }
   if (!peer_left_.empty() && Clock::now() >= peer_left_until_) throw Error(ErrorKind::PeerLost, peer_left_);
-  if (c_.open_ > 0 && c_.timer_.expired()) {
+  if (c_.open_rounds() > 0 && c_.timer().expired()) {
     size_t k = 0;
-    if (c_.opts_.failover && stall_is_one_reducer(&k)) {
-      note_lost(k, "no progress from it for " + std::to_string(c_.opts_.timeout) + " s while the others finished");
+    if (c_.options().failover && stall_is_one_reducer(&k)) {
+      note_lost(k, "no progress from it for " + std::to_string(c_.options().timeout) + " s while the others finished");
       if (!recovering_) recover();
       c_.wake_waiters();
       return true;
@@ -124,14 +133,14 @@ bool Recovery::after_pass() {
 // No progress for `timeout`: a lost reducer if it alone still owes this worker results or
 // clears (a slow or missing worker would hold up every reducer).
 bool Recovery::stall_is_one_reducer(size_t* reducer) const {
-  if (c_.active_.size() < 2) return false;
-  std::vector<uint8_t> owing(c_.addrs_.size(), 0);
-  for (const Round* r : c_.sched_->rounds) {
+  if (c_.active().size() < 2) return false;
+  std::vector<uint8_t> owing(c_.addresses().size(), 0);
+  for (const Round* r : c_.schedule().rounds) {
     if (r->state != Round::State::Running) continue;
-    for (size_t li = 0; li < c_.links_.size(); ++li) {
+    for (size_t li = 0; li < c_.links().size(); ++li) {
       const Round::Part& p = r->parts[li];
-      if (p.received < p.expected || (p.expected > 0 && c_.opts_.failover && !p.cleared))
-        owing[c_.links_[li]->reducer] = 1;
+      if (p.received < p.expected || (p.expected > 0 && c_.options().failover && !p.cleared))
+        owing[c_.links()[li]->reducer] = 1;
     }
   }
   size_t n = 0;
@@ -147,13 +156,13 @@ bool Recovery::stall_is_one_reducer(size_t* reducer) const {
 
 // Adds what this session's rounds received to their user rounds' `held` (wire bytes).
 void Recovery::collect_held() {
-  const uint64_t S = uint64_t(c_.opts_.streams);
-  for (Round* r : c_.sched_->rounds) {
+  const uint64_t S = uint64_t(c_.options().streams);
+  for (Round* r : c_.schedule().rounds) {
     if (r->state != Round::State::Running || r->role == Round::Role::Exchange) continue;
     failover::Intervals got;
-    for (size_t li = 0; li < c_.links_.size(); ++li) {
+    for (size_t li = 0; li < c_.links().size(); ++li) {
       const Round::Part& p = r->parts[li];
-      const Link& l = *c_.links_[li];
+      const Link& l = *c_.links()[li];
       for (uint64_t k = 0; k < p.received; ++k) {
         const uint64_t off = (uint64_t(l.stream) + k * S) * p.chunk;
         got.add(p.shard_off + off, p.shard_off + std::min(off + p.chunk, p.shard_bytes));
@@ -203,7 +212,7 @@ void Recovery::say_failover_bye() {
   uint8_t bye[proto::kFrameHeaderBytes];
   proto::encode(h, bye);
   const auto until = Clock::now() + std::chrono::milliseconds(kByeFinishMs);
-  for (auto& lp : c_.links_) {
+  for (auto& lp : c_.links()) {
     Link& l = *lp;
     if (l.closed || lost_[l.reducer]) continue;
     try {
@@ -220,19 +229,17 @@ void Recovery::say_failover_bye() {
     }
     ::shutdown(l.fd.get(), SHUT_WR);
   }
-  c_.links_.clear();
-  probes_.clear();  // the next check only starts probes (for the set the new session leaves out)
-  c_.session_gen_++;
+  c_.drop_links();  // (and the probes: the next check only starts probes, for the set the new session leaves out)
 }
 
-// User rounds not finished here, by RoundId.
+// User rounds not finished here, by round number (Round::seq).
 std::vector<Round*> Recovery::unfinished_rounds() {
   std::vector<Round*> pending;
-  for (Round* r : c_.sched_->rounds)
+  for (Round* r : c_.schedule().rounds)
     if (r->role == Round::Role::User && r->state == Round::State::Running) pending.push_back(r);
-  for (Round* r : c_.parents_)
+  for (Round* r : c_.parents())
     if (r->state == Round::State::Running) pending.push_back(r);
-  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->id < b->id; });
+  std::sort(pending.begin(), pending.end(), [](const Round* a, const Round* b) { return a->seq < b->seq; });
   return pending;
 }
 
@@ -249,16 +256,16 @@ void Recovery::recover() {
   collect_held();  // the unfinished rounds' progress so far goes into `held`
   const std::vector<Round*> pending = unfinished_rounds();
   for (;;) {
-    if (++recoveries_ > kMaxRecoverRestarts + int(c_.addrs_.size()))  // a reducer that keeps saying "failover"
+    if (++recoveries_ > kMaxRecoverRestarts + int(c_.addresses().size()))  // a reducer that keeps saying "failover"
       throw Error(ErrorKind::PeerLost, "reducer failover: " + std::to_string(recoveries_ - 1) +
                                            " failover sessions without a round finishing (last: " + loss_why_ + ")");
     if (!move_session(pending)) continue;
-    c_.timer_.progress();
+    c_.timer().progress();
     std::optional<failover::Table> table;
     if (!exchange(pending, &table)) continue;
     rejoin_from_ = table->max_next();
     plan_repairs(pending, *table);
-    c_.timer_.progress();
+    c_.timer().progress();
     c_.wake_waiters();
     return;
   }
@@ -273,42 +280,49 @@ bool Recovery::move_session(const std::vector<Round*>& pending) {
     r->in_session = false;
     r->parts_left = r->clears_left = r->children = 0;
   }
-  c_.parents_ = pending;  // not in a session until re-planned (fail_all finds them here)
-  c_.sched_->rounds.clear();
-  c_.internal_.clear();
-  check_ = nullptr;  // a rejoin check under way is abandoned: try_rejoin() sees it
-  c_.open_ = 0;
+  c_.clear_session(pending);  // not in a session until re-planned (fail_all finds them there)
+  check_ = nullptr;           // a rejoin check under way is abandoned: try_rejoin() sees it
   std::vector<size_t> next;
   std::string lost_names;
-  for (size_t i : c_.active_) {
+  for (size_t i : c_.active()) {
     if (!lost_[i]) next.push_back(i);
-    else lost_names += (lost_names.empty() ? "" : ", ") + c_.addrs_[i].str();
+    else lost_names += (lost_names.empty() ? "" : ", ") + c_.addresses()[i].str();
   }
   const std::string why = loss_why_;
   std::fill(lost_.begin(), lost_.end(), 0);
   loss_pending_ = false;
   loss_why_.clear();
   peer_left_.clear();
-  if (next.empty()) throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
-  if (next.size() != c_.active_.size()) c_.stats_.reducer_failovers++;
-  c_.active_ = next;
+  if (next.empty()) {
+    // The rounds fail (the workers hold them in different states, nowhere to repair them); the
+    // next start() reconnects from the configured reducers and the base group, where every
+    // worker meets again however the loss found it (Client::reconnect).
+    // Rounds released early are their callers' already (fail_all() ends them as done).
+    lost_all_idle_ = std::all_of(pending.begin(), pending.end(), [](const Round* r) { return r->released; });
+    if (lost_all_idle_)
+      log_warn("every reducer of the session is lost (rank " + std::to_string(c_.options().rank) + ", group " +
+               c_.options().group + ", no round waiting; last: " + why + "): the next call reconnects");
+    throw Error(ErrorKind::PeerLost, "every reducer is lost (last: " + why + ")");
+  }
+  if (next.size() != c_.active().size()) c_.stats().reducer_failovers++;
+  c_.set_active(next);
   log_move(lost_names, why, pending.size());
   std::vector<size_t> refused;  // a reducer that refuses the new session is lost too
-  c_.connect_all(&refused);
+  c_.connect(&refused);
   for (size_t i : refused) note_lost(i, "it refused the failover session");
   return refused.empty();
 }
 
 void Recovery::log_move(const std::string& lost_names, const std::string& why, size_t pending) const {
-  const ClientOptions& o = c_.opts_;
+  const ClientOptions& o = c_.options();
   const std::string who = "(rank " + std::to_string(o.rank) + ", group " + o.group + ")";
   if (why.empty()) {  // a rejoin
-    log_info("new session on " + std::to_string(c_.active_.size()) + " reducers " + who);
+    log_info("new session on " + std::to_string(c_.active().size()) + " reducers " + who);
     return;
   }
   log_warn("reducer failover " + who + ": " +
            (lost_names.empty() ? std::string("another worker lost a reducer") : "lost " + lost_names) +
-           "; continuing on " + std::to_string(c_.active_.size()) + " of " + std::to_string(c_.addrs_.size()) +
+           "; continuing on " + std::to_string(c_.active().size()) + " of " + std::to_string(c_.addresses().size()) +
            " reducers with " + std::to_string(pending) + " round(s) to finish");
 }
 
@@ -317,12 +331,12 @@ void Recovery::log_move(const std::string& lost_names, const std::string& why, s
 // sized from it (failover::Limits). False if a loss interrupted it.
 bool Recovery::exchange(const std::vector<Round*>& pending, std::optional<failover::Table>* table) {
   failover::Limits lim;
-  lim.rank = c_.opts_.rank;
-  for (Round* r : pending) lim.add_round(r->id, r->held, r->nbytes, dtype_size(r->dtype));
-  lim.finish(c_.id_next_);
-  const uint32_t W = c_.opts_.world_size, me = c_.opts_.rank;
+  lim.rank = c_.options().rank;
+  for (Round* r : pending) lim.add_round(r->seq, r->held, r->nbytes, dtype_size(r->dtype));
+  lim.finish(c_.next_seq());
+  const uint32_t W = c_.options().world_size, me = c_.options().rank;
   auto launch = [&](size_t words, auto&& put) -> Round* {
-    Round* x = new_internal(Round::Role::Exchange);
+    Round* x = c_.new_internal(Round::Role::Exchange);
     x->store.assign(words, 0);
     put(&x->store);
     seal_exchange(x, Op::Sum);
@@ -341,15 +355,15 @@ bool Recovery::exchange(const std::vector<Round*>& pending, std::optional<failov
   return true;
 }
 
-// 4. Repairs (in RoundId order, the same on every worker), then rounds not started everywhere.
+// 4. Repairs (in round-number order, the same on every worker), then rounds not started everywhere.
 void Recovery::plan_repairs(const std::vector<Round*>& pending, const failover::Table& table) {
   std::vector<Round*> parents;
   for (Round* r : pending) {
-    if (r->id >= table.hi()) {
+    if (r->seq >= table.hi()) {
       if (!r->held.empty())
-        throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->id) +
+        throw Error(ErrorKind::Protocol, "reducer failover: round " + std::to_string(r->seq) +
                                              " has results here but was not started on every worker");
-      r->wire = c_.sched_->next_wire++;
+      r->wire = c_.schedule().next_wire++;
       c_.enqueue(r);
       continue;
     }
@@ -360,14 +374,14 @@ void Recovery::plan_repairs(const std::vector<Round*>& pending, const failover::
       c_.settle(*r);  // every worker holds all of it
     }
   }
-  c_.parents_ = parents;
+  c_.parents() = parents;
 }
 
 // Enqueues the repair rounds of user round `r`: copies first, then reductions.
 void Recovery::repair(Round* r, const failover::Table& table) {
-  const auto pieces = table.plan(r->id, r->nbytes, dtype_size(r->dtype));
+  const auto pieces = table.plan(r->seq, r->nbytes, dtype_size(r->dtype));
   const DType buf_dtype = r->comp != Compression::None ? DType::F32 : r->dtype;
-  const int64_t me = int64_t(c_.opts_.rank);
+  const int64_t me = int64_t(c_.options().rank);
   for (int pass = 0; pass < 2; ++pass) {
     const bool copy = pass == 0;
     Round* c = nullptr;
@@ -375,7 +389,7 @@ void Recovery::repair(Round* r, const failover::Table& table) {
     for (const auto& pc : pieces) {
       if ((pc.holder >= 0) != copy) continue;
       if (!c) {
-        c = new_internal(Round::Role::Repair);
+        c = c_.new_internal(Round::Role::Repair);
         c->parent = r;
         c->dtype = r->dtype;
         c->op = copy ? Op::Sum : r->op;
@@ -391,7 +405,7 @@ void Recovery::repair(Round* r, const failover::Table& table) {
     }
     if (!c) continue;
     c->buf.assign(segs.data(), segs.size());
-    c->wire = c_.sched_->next_wire++;
+    c->wire = c_.schedule().next_wire++;
     c_.enqueue(c);
     r->children++;
   }
@@ -409,15 +423,7 @@ void Recovery::seal_exchange(Round* x, Op op) {
   x->tag = kExchangeTag;
   x->nbytes = x->store.size() * sizeof(int64_t);
   x->buf.assign(reinterpret_cast<uint8_t*>(x->store.data()), x->nbytes);
-  x->wire = c_.sched_->next_wire++;
-}
-
-Round* Recovery::new_internal(Round::Role role) {
-  c_.internal_.push_back(std::make_unique<Round>());
-  Round* r = c_.internal_.back().get();
-  r->role = role;
-  r->id = ~RoundId(0);  // never in the client's rounds_
-  return r;
+  x->wire = c_.schedule().next_wire++;
 }
 
 // Drives the session until internal round `r` is done, with the lock held (other threads
@@ -426,7 +432,7 @@ bool Recovery::run_internal(Round* r) {
   std::vector<pollfd> pfds;
   while (r->state == Round::State::Running) {
     if (loss_pending_) return false;
-    if (c_.links_.empty()) throw Error(ErrorKind::PeerLost, "reducer failover: the new session was dropped");
+    if (c_.links().empty()) throw Error(ErrorKind::PeerLost, "reducer failover: the new session was dropped");
     c_.poll_and_pump(&pfds, poll_ms());
   }
   return !loss_pending_;
@@ -436,25 +442,25 @@ bool Recovery::run_internal(Round* r) {
 // `may_wait` is false, or if the session failed meanwhile.
 bool Recovery::drain(bool may_wait) {
   std::vector<pollfd> pfds;
-  Raised force(c_.force_dones_);  // every round must end: no DONE may wait in the kernel meanwhile
-  while (c_.open_ > 0 && !c_.links_.empty()) {
+  Raised force(c_.force_dones());  // every round must end: no DONE may wait in the kernel meanwhile
+  while (c_.open_rounds() > 0 && !c_.links().empty()) {
     if (!may_wait) {
       c_.pump();
-      if (c_.open_ > 0) return false;
+      if (c_.open_rounds() > 0) return false;
       break;
     }
     c_.poll_and_pump(&pfds, poll_ms());
   }
-  return !c_.links_.empty();
+  return !c_.links().empty();
 }
 
 // ---- rejoin checks -----------------------------------------------------------------------
 
-// While reducers are lost, the workers check every kRejoinEvery rounds (at the same RoundId
+// While reducers are lost, the workers check every kRejoinEvery rounds (at the same round number
 // on every worker) whether they came back (with the probes the previous check started).
-constexpr RoundId kRejoinEvery = 32;
+constexpr uint64_t kRejoinEvery = 32;
 
-// A rejoin check at this round boundary (start() of a RoundId that is a multiple of
+// A rejoin check at this round boundary (start() of a round number, Round::seq, that is a multiple of
 // kRejoinEvery, on every worker): drain, agree with a MIN all-reduce on the lost reducers
 // every worker reached with the probe it started at the previous check, move the session to
 // the larger set if there are any, and start the probes the next check reads. Nothing here
@@ -466,8 +472,8 @@ constexpr RoundId kRejoinEvery = 32;
 // MIN all-reduce: it enqueues it once and moves it on without waiting at each later call
 // (start() and wait() drive it too); only a rejoin (recover(): a new session) still blocks.
 bool Recovery::check_due() const {
-  const RoundId next = c_.id_next_;
-  return c_.opts_.failover && c_.active_.size() < c_.addrs_.size() && next >= rejoin_from_ && next > 0 &&
+  const uint64_t next = c_.next_seq();
+  return c_.options().failover && c_.active().size() < c_.addresses().size() && next >= rejoin_from_ && next > 0 &&
          next % kRejoinEvery == 0 && rejoin_checked_ != next;
 }
 
@@ -476,11 +482,11 @@ bool Recovery::try_rejoin(bool may_wait) {
     if (!drain(may_wait)) {
       // The session failed while draining: its error may have reached no caller (rounds released
       // early are their callers' already), so this call raises it; the next start reconnects.
-      if (c_.links_.empty()) throw Error(c_.dropped_kind_, c_.dropped_why_);
+      if (c_.links().empty()) throw c_.dropped();
       return false;
     }
     if (!check_due()) return true;  // a failover while draining moved the boundary
-    rejoin_checked_ = c_.id_next_;
+    rejoin_checked_ = c_.next_seq();
     open_check();
   }
   try {
@@ -514,26 +520,29 @@ bool Recovery::finish_check(bool may_wait, bool agreed, Round* x) {
     // A failover abandoned the check. Whether a worker had opened it before the loss differs
     // between workers (another may have noticed the loss while draining, then opened the
     // check in the new session), so every worker decides again from agreed values only
-    // (rejoin_from_, id_next_): the check is redone in the new session if still due.
+    // (rejoin_from_, the next round number): the check is redone in the new session if still due.
     rejoin_checked_ = 0;
-    if (!c_.links_.empty() && check_due()) return try_rejoin(may_wait);
+    if (!c_.links().empty() && check_due()) return try_rejoin(may_wait);
     start_probes();
     return true;
   }
-  const size_t R = c_.addrs_.size();
+  const size_t R = c_.addresses().size();
   std::vector<size_t> back;
   for (size_t i = 0; i < R; ++i)
-    if (x->store[i] == 1 && !contains(c_.active_, i)) back.push_back(i);
+    if (x->store[i] == 1 && !contains(c_.active(), i)) back.push_back(i);
   if (!back.empty()) {
     std::string names;
+    std::vector<size_t> next = c_.active();
     for (size_t i : back) {
-      names += (names.empty() ? "" : ", ") + c_.addrs_[i].str();
-      c_.active_.push_back(i);
+      names += (names.empty() ? "" : ", ") + c_.addresses()[i].str();
+      next.push_back(i);
     }
-    std::sort(c_.active_.begin(), c_.active_.end());
-    c_.stats_.reducer_rejoins += back.size();
-    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(c_.opts_.rank) + ", group " + c_.opts_.group +
-             "): continuing on " + std::to_string(c_.active_.size()) + " of " + std::to_string(R) + " reducers");
+    std::sort(next.begin(), next.end());
+    c_.set_active(next);
+    c_.stats().reducer_rejoins += back.size();
+    log_info("reducer(s) " + names + " rejoined (rank " + std::to_string(c_.options().rank) + ", group " +
+             c_.options().group + "): continuing on " + std::to_string(c_.active().size()) + " of " +
+             std::to_string(R) + " reducers");
     recover();  // no round in flight: a new session on the larger set
   }
   start_probes();
@@ -543,18 +552,16 @@ bool Recovery::finish_check(bool may_wait, bool agreed, Round* x) {
 // Enqueues the check's MIN all-reduce (every round in flight is done): 1 for each reducer of
 // the session and each lost one whose probe connected.
 void Recovery::open_check() {
-  auto& internal = c_.internal_;
-  internal.erase(std::remove_if(internal.begin(), internal.end(),  // earlier checks' rounds
-                                [](const auto& p) { return p->role == Round::Role::Exchange && !p->in_session; }),
-                 internal.end());
-  Round* x = new_internal(Round::Role::Exchange);
-  x->store.assign(c_.addrs_.size(), 0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
-  for (size_t i : c_.active_) x->store[i] = 1;
+  c_.free_exchanges();  // earlier checks' rounds
+  Round* x = c_.new_internal(Round::Role::Exchange);
+  x->store.assign(c_.addresses().size(),
+                  0);  // 1 = reached: a MIN over the workers keeps the reducers every worker reached
+  for (size_t i : c_.active()) x->store[i] = 1;
   for (auto& [i, probe] : probes_)  // connected (the reducer logs the close at debug level)
     if (probe.check() == net::ConnectProbe::State::Reached) x->store[i] = 1;
   probes_.clear();
   seal_exchange(x, Op::Min);
-  c_.timer_.progress();  // the no-progress clock starts with the round, as for a user round
+  c_.timer().progress();  // the no-progress clock starts with the round, as for a user round
   c_.enqueue(x);
   check_ = x;
   check_open_ = true;
@@ -563,11 +570,11 @@ void Recovery::open_check() {
 // Starts a connect to every reducer the session leaves out, for the next rejoin check.
 void Recovery::start_probes() {
   probes_.clear();
-  if (c_.links_.empty()) return;
-  for (size_t i = 0; i < c_.addrs_.size(); ++i) {
-    if (contains(c_.active_, i)) continue;
-    probes_.emplace_back(i, net::ConnectProbe(c_.addrs_[i]));
-    c_.stats_.rejoin_probes++;
+  if (c_.links().empty()) return;
+  for (size_t i = 0; i < c_.addresses().size(); ++i) {
+    if (contains(c_.active(), i)) continue;
+    probes_.emplace_back(i, net::ConnectProbe(c_.addresses()[i]));
+    c_.stats().rejoin_probes++;
   }
 }
 

@@ -3,19 +3,20 @@
 // that closes, an ERROR Shutdown or Failover, a stall on one reducer), moves the session to the
 // survivors and sets up the repair of every unfinished round (the exchange and its decisions are
 // client/failover.h), and at every rejoin check agrees with the other workers on the lost
-// reducers they all reach again and takes those back. It drives the session through the Client
-// it belongs to (a friend: the rounds, links and counters are the Client's).
+// reducers they all reach again and takes those back. It drives the session through the client
+// it belongs to, which it sees only through a RecoveryHost (client/recovery_host.h).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <utility>
 #include <vector>
 
-#include "client/client.h"
 #include "client/failover.h"
+#include "client/recovery_host.h"
 #include "client/round.h"
 #include "net/deadline.h"
 #include "net/socket.h"
@@ -25,7 +26,7 @@ namespace rs::client {
 
 class Recovery {
  public:
-  Recovery(Client& c, size_t reducers);
+  explicit Recovery(std::unique_ptr<RecoveryHost> host);
 
   // ---- losses, noted while the links are pumped ----
   void note_lost(size_t reducer, const std::string& why);
@@ -48,7 +49,13 @@ class Recovery {
   void check_probes();  // notes probes that finished (never waits)
 
   // ---- the session ends ----
-  void reset();                               // fail_all(): every loss, check and restart count is over
+  void reset();  // fail_all(): every loss, check and restart count is over
+  // A reconnect from scratch (Client::reconnect): reset(), and nothing of the last session's
+  // rounds or reducer set is kept (no rejoin check pending, round numbers from 0).
+  void restart();
+  // The session was dropped because every reducer was lost while no caller waited for a round:
+  // nothing is lost, the next start() reconnects instead of raising (an idle pass saw it).
+  bool lost_all_idle() const { return lost_all_idle_; }
   void drop_probes() { probes_.clear(); }     // the links are dropped (close, error, failover)
   void round_finished() { recoveries_ = 0; }  // a user round finished
 
@@ -62,7 +69,6 @@ class Recovery {
   bool exchange(const std::vector<Round*>& pending, std::optional<failover::Table>* table);
   void plan_repairs(const std::vector<Round*>& pending, const failover::Table& table);
   void repair(Round* r, const failover::Table& table);
-  Round* new_internal(Round::Role role);
   void seal_exchange(Round* x, Op op);
   bool run_internal(Round* r);
   bool drain(bool may_wait);
@@ -72,23 +78,25 @@ class Recovery {
   // With `may_wait` false it never waits for the other workers: false until the check is over.
   bool try_rejoin(bool may_wait);
   bool finish_check(bool may_wait, bool agreed, Round* x);
-  bool check_due() const;  // a rejoin check is due at the next RoundId
+  bool check_due() const;  // a rejoin check is due at the next round number
   void open_check();       // enqueues the check's MIN all-reduce (check_)
   void start_probes();     // a probe per reducer not in the session
 
-  Client& c_;
+  std::unique_ptr<RecoveryHost> host_;
+  RecoveryHost& c_;            // *host_: the client
   std::vector<uint8_t> lost_;  // by reducer: lost and not yet handled
   bool loss_pending_ = false;
   std::string loss_why_;
   bool recovering_ = false;
-  int recoveries_ = 0;          // failover sessions started since a user round last finished
-  RoundId rejoin_checked_ = 0;  // the round boundary last checked for rejoins
+  int recoveries_ = 0;           // failover sessions started since a user round last finished
+  uint64_t rejoin_checked_ = 0;  // the round boundary (Round::seq) last checked for rejoins
   // A rejoin check under way (try_start() does not wait for it): its MIN all-reduce round, owned
   // by the client's internal rounds (null once recover() dropped it: the check is then over,
   // without a rejoin; reset() closes the check).
   bool check_open_ = false;
   Round* check_ = nullptr;
-  RoundId rejoin_from_ = 0;  // checks start here: a RoundId no worker had started at the last failover
+  uint64_t rejoin_from_ = 0;  // checks start here: a Round::seq no worker had started at the last failover
+  bool lost_all_idle_ = false;
   // The connects to lost reducers started at the last rejoin check, by reducer; the next check
   // reads them. Closed when the links are dropped (close, error, failover, rejoin).
   std::vector<std::pair<size_t, net::ConnectProbe>> probes_;

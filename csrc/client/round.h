@@ -7,10 +7,11 @@
 #include <string>
 #include <vector>
 
-#include "client/client.h"
 #include "client/failover.h"
 #include "client/reducer_frames.h"
 #include "client/staging.h"
+#include "client/types.h"
+#include "common/error.h"
 #include "net/frame_io.h"
 #include "net/socket.h"
 
@@ -26,9 +27,13 @@ constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
 
 // A round: its buffer, and its progress on every link.
 struct Round {
-  enum class Role : uint8_t { User, Repair, Exchange };
+  using Role = RoundRole;
   Role role = Role::User;
   RoundId id = 0;
+  // User: its number in the group's sequence of rounds since the session was last (re)connected
+  // from scratch: the same on every worker (RoundId is not: a restarted worker counts from 0).
+  // Failover exchanges and rejoin checks name rounds by it.
+  uint64_t seq = 0;
   uint64_t wire = 0;  // round number on the wire (per session)
   DType dtype = DType::F32;
   Op op = Op::Sum;
@@ -91,7 +96,5 @@ struct Link {
   uint64_t cleared = 0;      // rounds below this one are cleared on this link
   Staging staging;           // compressed rounds' chunks
 };
-
-using Links = std::vector<std::unique_ptr<Link>>;  // reducer-major: [i * streams + s]
 
 }  // namespace rs::client

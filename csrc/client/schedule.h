@@ -9,8 +9,8 @@
 #include <cstdint>
 #include <deque>
 
-#include "client/client.h"
 #include "client/round.h"
+#include "client/types.h"
 
 namespace rs::client {
 

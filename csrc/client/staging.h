@@ -11,7 +11,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "client/client.h"
+#include "common/dtype.h"
 #include "kernels/kernels.h"
 #include "net/frame_io.h"
 
