@@ -30,6 +30,7 @@ import json
 import logging
 import os
 import random
+import re
 import selectors
 import shutil
 import signal
@@ -639,6 +640,21 @@ def resolve_command(command: Sequence[str]) -> list[str]:
     return cmd
 
 
+def _check_command(cmd: list[str]) -> None:
+    """A worker command that cannot start is a bad argument, found before any process starts:
+    a program not on PATH, or `python SCRIPT` whose script does not exist."""
+    program = cmd[0]
+    if shutil.which(program) is None:
+        raise ConfigError(f"worker command {program!r}: no such program (not on PATH, or not executable)")
+    name = os.path.basename(program)
+    if re.fullmatch(r"python[0-9.]*", name) or program == sys.executable:
+        script = next((a for a in cmd[1:] if not a.startswith("-")), None)
+        flags = cmd[1 : cmd.index(script)] if script is not None else cmd[1:]
+        runs_other = any(f in ("-m", "-c") or f.startswith(("-m", "-c")) for f in flags)
+        if script is not None and not runs_other and script.endswith(".py") and not os.path.isfile(script):
+            raise ConfigError(f"worker command: {script!r} not found (from {os.getcwd()})")
+
+
 def launch(
     command: Sequence[str],
     *,
@@ -661,6 +677,7 @@ def launch(
     the main thread (the status is then 128 + the signal number).
     """
     cmd = resolve_command(command)
+    _check_command(cmd)
     if procs_per_worker < 1:
         raise ConfigError(f"--procs-per-worker must be >= 1, found {procs_per_worker}")
     if grace_period < 0 or ready_timeout <= 0:

@@ -9,6 +9,7 @@ from typing import Any
 from . import config
 from ._native import core
 from .addresses import connect_host, format_address
+from .errors import ConfigError
 
 log = logging.getLogger(__name__)
 
@@ -63,6 +64,8 @@ class ReducerServer:
         port_value = config.get("port", port)
         self._requested_port: int = 0 if port_value is None else int(port_value)
         self.threads: int = int(config.get("threads", threads) or 0)
+        if self.threads < 0:
+            raise ConfigError(f"threads={self.threads} is not valid: at least 1 (0 or None: the default)")
         token = config.resolve_auth_token(auth_token)
         options: dict[str, Any] = {name: config.get(name, limits.get(name)) for name in _LIMITS}
         options["socket_buffer"] = config.get("socket_buffer", socket_buffer)

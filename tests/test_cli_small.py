@@ -175,3 +175,48 @@ def test_nccl_plugin_install_into_a_bad_directory(capsys) -> None:
     assert main(["nccl-plugin", "--install", "/proc/nope"]) == 2
     err = capsys.readouterr().err.strip()
     assert err == "reduction-server nccl-plugin: error: cannot install into /proc/nope: No such file or directory", err
+
+
+@pytest.mark.parametrize(
+    ("argv", "expected"),
+    [
+        (["serve", "--host", "999.1.1.1", "--port", "0"], "--host '999.1.1.1' (or RS_HOST) is not an address"),
+        (["serve", "--threads", "-3", "--port", "0"], "--threads=-3 must be at least 1"),
+        (["plan", "--workers", "4", "--worker-gbps", "0", "--predict-size", "0"], "--worker-gbps=0 must be a positive"),
+        (["plan", "--workers", "0", "--worker-gbps", "10", "--predict-size", "0"], "--workers=0 must be at least 1"),
+        (["plan", "--workers", "4", "--predict-size", "0"], "give --worker-gbps or --machine-type"),
+        (["launch", "--workers", "1", "--", "python", "missing-script.py"], "'missing-script.py' not found"),
+        (["launch", "--workers", "1", "--", "no-such-program-here"], "'no-such-program-here': no such program"),
+        (
+            ["vertex-job", "--workers", "2", "--machine-type", "n1-standard-8", "--image", "w"]
+            + ["--reducer-image", "r", "--env", "NOVALUE"],
+            "--env 'NOVALUE': expected NAME=VALUE",
+        ),
+    ],
+)
+def test_bad_values_are_one_line_exit_2_before_anything_starts(argv: list[str], expected: str, capsys) -> None:
+    """Issue 30 point 4: each of these started something, printed an INFO line, named a Python
+    argument or exited 1; now one line naming the flag, exit 2, nothing started."""
+    code = main(argv)
+    captured = capsys.readouterr()
+    assert code == 2, captured
+    assert captured.err.count("\n") == 1 and expected in captured.err, captured.err
+    assert "[reducer" not in captured.out + captured.err and "INFO" not in captured.err
+
+
+def test_plan_takes_a_worker_machine_type(capsys) -> None:
+    """Issue 30 point 3: `plan --machine-type` works the bandwidth out as vertex-job does."""
+    assert main(["plan", "--workers", "16", "--machine-type", "n1-highmem-96", "--predict-size", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "worker bandwidth: n1-highmem-96 without GPUs" in out and "16 x 32 Gbps" in out, out
+
+
+def test_vertex_job_sets_the_environment_of_every_pool(capsys) -> None:
+    """Issue 30 point 3: docs/deploy.md says to set RS_AUTH_TOKEN(_FILE) in both images."""
+    import json
+
+    argv = ["vertex-job", "--workers", "3", "--machine-type", "n1-standard-8", "--image", "w", "--reducer-image", "r"]
+    assert main([*argv, "--env", "RS_AUTH_TOKEN_FILE=/secret/token", "--env", "A=b=c", "--format", "json"]) == 0
+    pools = json.loads(capsys.readouterr().out)["workerPoolSpecs"]
+    want = [{"name": "RS_AUTH_TOKEN_FILE", "value": "/secret/token"}, {"name": "A", "value": "b=c"}]
+    assert [p["containerSpec"]["env"] for p in pools] == [want, want, want]

@@ -318,10 +318,14 @@ def test_procs_per_worker_global_ranks(tmp_path):
 
 
 def test_missing_command_is_reported():
+    """Found before anything starts (issue 30 point 4: a reducer was started and 21 lines printed)."""
     proc = _run(["--workers", "1", "--reducers", "1", "--", "no-such-command-rs", "--flag"])
-    assert proc.returncode == 127, proc.stderr
-    assert "cannot start worker 0.0: No such file or directory: 'no-such-command-rs'" in proc.stderr
-    _assert_gone(list(_started_pids(proc.stderr).values()))
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.strip() == (
+        "reduction-server launch: error: worker command 'no-such-command-rs': no such program "
+        "(not on PATH, or not executable)"
+    ), proc.stderr
+    assert not _started_pids(proc.stderr) and "[reducer" not in proc.stdout + proc.stderr
 
 
 def _processes_with_args(*args: str) -> dict[str, int]:

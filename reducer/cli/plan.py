@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 
 from reducer.config import parse_size
+from reducer.deploy.bandwidth import worker_bandwidth
 from reducer.deploy.planner import (
     DEFAULT_REDUCER_MACHINE,
     REDUCER_CORE_GBPS,
@@ -49,9 +51,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.add_argument(
         "--worker-gbps",
         type=float,
-        required=True,
-        help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100)",
+        default=None,
+        help="network bandwidth of one worker machine, Gbps (a2-highgpu-8g: 100; default: looked up "
+        "from --machine-type, as vertex-job does)",
     )
+    p.add_argument("--machine-type", default=None, help="worker machine type, e.g. a2-highgpu-8g, n1-highmem-96")
+    p.add_argument(
+        "--accelerator-type", default=None, help="worker GPU type, e.g. NVIDIA_TESLA_V100 (with --machine-type)"
+    )
+    p.add_argument("--accelerator-count", type=int, default=1, help="GPUs per worker (default 1)")
     group = p.add_argument_group(f"reducer bandwidth (default: {DEFAULT_REDUCER_MACHINE})")
     group.add_argument(
         "--reducer-machine",
@@ -74,12 +82,33 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     p.set_defaults(func=run)
 
 
+def _worker_gbps(args: argparse.Namespace) -> float:
+    """--worker-gbps, else the bandwidth of --machine-type (ConfigError naming the flags)."""
+    for flag, value in (
+        ("--worker-gbps", args.worker_gbps),
+        ("--reducer-gbps", args.reducer_gbps),
+        ("--reducer-core-gbps", args.reducer_core_gbps),
+    ):
+        if value is not None and not (math.isfinite(value) and value > 0):
+            raise ConfigError(f"{flag}={value:g} must be a positive number of Gbit/s")
+    for flag, count in (("--workers", args.workers), ("--reducer-threads", args.reducer_threads)):
+        if count is not None and count < 1:
+            raise ConfigError(f"{flag}={count} must be at least 1")
+    if args.worker_gbps is not None:
+        return float(args.worker_gbps)
+    if args.machine_type is None:
+        raise ConfigError("give --worker-gbps or --machine-type (the workers' network bandwidth)")
+    bandwidth = worker_bandwidth(args.machine_type, args.accelerator_type, args.accelerator_count)
+    print(f"worker bandwidth: {bandwidth.reason}")
+    return bandwidth.gbps
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         predict = parse_size(args.predict_size)
         plan = plan_reducers(
             args.workers,
-            args.worker_gbps,
+            _worker_gbps(args),
             reducer_machine=args.reducer_machine,
             reducer_gbps=args.reducer_gbps,
             tier1=args.tier1,

@@ -26,6 +26,7 @@ import argparse
 import logging
 import os
 import signal
+import socket
 import sys
 import time
 from collections.abc import Mapping
@@ -398,12 +399,26 @@ def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, m
     log.debug("final stats: %s", _format_stats(stats))
 
 
+def _check_host(host: str) -> None:
+    """A listen address that does not resolve is a bad argument (exit 2), found before anything starts."""
+    try:
+        socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ConfigError(
+            f"--host {host!r} (or RS_HOST) is not an address this machine can listen on: {reason}"
+        ) from None
+
+
 def run(args: argparse.Namespace) -> int:
     try:
         config.check_seconds(args.drain_timeout, "--drain-timeout", zero=True)
         if args.memory_idle_timeout is not None:
             config.check_seconds(args.memory_idle_timeout, "--memory-idle-timeout", zero=True)
+        if args.threads is not None and args.threads < 1:
+            raise ConfigError(f"--threads={args.threads} must be at least 1 (leave it out for the default)")
         plan = resolve_listen(args.host, args.port)
+        _check_host(plan.host)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
         config.reducer_integrity(args.integrity, token)  # on/required without a secret: refused here
     except ConfigError as exc:

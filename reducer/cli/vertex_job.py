@@ -48,6 +48,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--accelerator-type and --accelerator-count; unknown combinations need it)",
     )
     add_reducer_cpu_args(p)
+    p.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="environment variable of every container, workers and reducers (repeatable), e.g. "
+        "--env RS_AUTH_TOKEN=... (better: a secret mounted as a file and --env RS_AUTH_TOKEN_FILE=PATH)",
+    )
     p.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output format")
     p.add_argument("--output", "-o", default=None, help="file to write (default: stdout)")
     p.add_argument("--display-name", default="reduction-server-job", help="job name used in the printed gcloud command")
@@ -79,6 +87,8 @@ def _command_line(args: argparse.Namespace) -> str:
         words += ["--reducer-core-gbps", f"{args.reducer_core_gbps:g}"]
     if args.reducer_threads is not None:
         words += ["--reducer-threads", str(args.reducer_threads)]
+    for item in args.env:
+        words += ["--env", item]
     if args.format != "yaml":
         words += ["--format", args.format]
     if args.output:
@@ -86,6 +96,16 @@ def _command_line(args: argparse.Namespace) -> str:
     if args.args:
         words += ["--args"] + list(args.args)
     return " ".join(shlex.quote(w) for w in words)
+
+
+def _env(items: list[str]) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in items:
+        name, sep, value = item.partition("=")
+        if not sep or not name:
+            raise ConfigError(f"--env {item!r}: expected NAME=VALUE")
+        out[name] = value
+    return out
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,6 +124,7 @@ def run(args: argparse.Namespace) -> int:
             reducer_gbps=args.reducer_gbps,
             core_gbps=args.reducer_core_gbps,
             reducer_threads=args.reducer_threads,
+            env=_env(args.env),
         )
     except ConfigError as exc:
         print(f"reduction-server vertex-job: error: {exc}", file=sys.stderr)

@@ -13,7 +13,7 @@ import json
 import logging
 import re
 import shlex
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,6 +59,16 @@ def _machine_spec(machine_type: str, accelerator_type: str | None, accelerator_c
     return spec
 
 
+def _container_env(env: Mapping[str, str] | None) -> dict[str, Any]:
+    """containerSpec's `env` entry ({} when there is nothing to set); names checked."""
+    if not env:
+        return {}
+    for name in env:
+        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", name):
+            raise ConfigError(f"--env {name!r}: not an environment variable name (letters, digits, _)")
+    return {"env": [{"name": k, "value": str(v)} for k, v in env.items()]}
+
+
 def build_custom_job(
     workers: int,
     machine_type: str,
@@ -73,6 +83,7 @@ def build_custom_job(
     reducer_gbps: float | None = None,
     core_gbps: float | None = None,
     reducer_threads: int | None = None,
+    env: Mapping[str, str] | None = None,
 ) -> VertexJob:
     """The CustomJobSpec of `workers` GPU workers plus a pool of reducers.
 
@@ -80,7 +91,8 @@ def build_custom_job(
     `worker_gbps`, else looked up from the machine type, GPU model and GPU count
     (bandwidth.worker_bandwidth; ConfigError if unknown); the reducer bandwidth is
     `reducer_gbps`, else the planner's value for `reducer_machine`, and at most what its
-    threads sum (`core_gbps`, `reducer_threads`: see plan_reducers).
+    threads sum (`core_gbps`, `reducer_threads`: see plan_reducers). `env` goes into every
+    pool's containerSpec.env (RS_AUTH_TOKEN must reach the workers and the reducers alike).
     """
     if isinstance(workers, bool) or not isinstance(workers, int) or workers < 1:
         raise ConfigError(f"--workers must be an integer >= 1, got {workers!r}")
@@ -126,7 +138,7 @@ def build_custom_job(
         if reducer_machine not in REDUCER_MACHINES:
             logger.warning("reducer machine %s is not in the planner's table", reducer_machine)
 
-    worker_container: dict[str, Any] = {"imageUri": image}
+    worker_container: dict[str, Any] = {"imageUri": image, **_container_env(env)}
     if args:
         worker_container["args"] = list(args)
     worker_machine = _machine_spec(machine_type, accelerator_type, accelerator_count)
@@ -148,7 +160,7 @@ def build_custom_job(
         {
             "machineSpec": {"machineType": reducer_machine},
             "replicaCount": reducers,
-            "containerSpec": {"imageUri": reducer_image},
+            "containerSpec": {"imageUri": reducer_image, **_container_env(env)},
         }
     )
     logger.debug("vertex job: %d workers, %d reducers", workers, reducers)
