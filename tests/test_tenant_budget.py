@@ -292,7 +292,7 @@ def test_waiting_groups_of_one_job_do_not_lock_out_another_job_on_its_address():
         held: list[RawWorker] = []
         try:
             held += [signed(srv.port, b"tenant-a", f"wait-{i}".encode(), world=2) for i in range(cap)]
-            assert wait_until(lambda: srv.stats()["waiting"] == cap, 10), srv.stats()
+            assert wait_until(lambda: srv.stats()["groups"] == cap, 10), srv.stats()  # (joined: created)
             over = signed(srv.port, b"tenant-a", b"one-too-many", world=2)
             held.append(over)
             r = over.reply(timeout=10)
