@@ -74,13 +74,13 @@ def exact_round(workers: list[RawWorker], round_: int = 0) -> None:
 # ---- a rank that reconnects replaces its stale connection (29.3, 29.4) ---------------------------------
 
 
-@pytest.mark.parametrize("secret", [None, SECRET], ids=["no-secret", "secret"])
-def test_a_rank_that_reconnects_replaces_its_stale_connection_in_a_complete_group(secret):
-    """Rank 1 goes silent in the middle of a round; a new rank 1 connects from another address.
-    Before: refused RankTaken ('rank 1 is already connected') for as long as the old one lived,
-    while rank 0 waited for its timeout. Now rank 0 gets ERROR PeerLost at once saying that
-    rank 1 reconnected, the stale connection is closed, and the group re-forms with the new
-    rank 1 and reduces exactly."""
+def test_a_rank_that_reconnects_replaces_its_stale_connection_in_a_complete_group():
+    """With a secret, rank 1 goes silent in the middle of a round; a new rank 1 (with the job's
+    credential) connects from another address. Before: refused RankTaken ('rank 1 is already
+    connected') for as long as the old one lived, while rank 0 waited for its timeout. Now rank 0
+    gets ERROR PeerLost at once saying that rank 1 reconnected, the stale connection is closed,
+    and the group re-forms with the new rank 1 and reduces exactly."""
+    secret = SECRET
     with serve(threads=2, auth_token=secret) as srv:
         held: list[RawWorker] = []
         try:
@@ -109,25 +109,45 @@ def test_a_rank_that_reconnects_replaces_its_stale_connection_in_a_complete_grou
 
 
 def test_a_waiting_rank_is_replaced_by_its_new_connection():
-    """Rank 0 waits for its group from one address and connects again from another: the old
-    connection is told why it is closed (GroupConflict, 'reconnected'), the new one takes its
-    place, and the group completes with rank 1. Before: RankTaken for the new one."""
-    with serve(threads=2, group_timeout=60) as srv:
+    """With a secret, rank 0 waits for its group from one address and connects again from
+    another: the old connection is told why it is closed (GroupConflict, 'reconnected'), the new
+    one takes its place, and the group completes with rank 1. Before: RankTaken for the new one."""
+    with serve(threads=2, group_timeout=60, auth_token=SECRET) as srv:
         held: list[RawWorker] = []
         try:
-            old0 = raw(srv.port, 0, 2, "127.0.0.2", None)
+            old0 = raw(srv.port, 0, 2, "127.0.0.2", SECRET)
             held.append(old0)
             assert closed_by_peer(old0.sock, 0.3) is False  # waiting, no reply yet
-            new0 = raw(srv.port, 0, 2, "127.0.0.5", None)
+            new0 = raw(srv.port, 0, 2, "127.0.0.5", SECRET)
             held.append(new0)
             r = old0.reply(timeout=10)
             assert r.status == Status.GROUP_CONFLICT and "rank 0 reconnected from 127.0.0.5" in r.message, r.message
-            rank1 = raw(srv.port, 1, 2, "127.0.0.3", None)
+            assert old0.reply_mac_ok(r)
+            rank1 = raw(srv.port, 1, 2, "127.0.0.3", SECRET)
             held.append(rank1)
             for w in (new0, rank1):
                 r = w.reply(timeout=10)
                 assert r.status == Status.OK, r.message
             exact_round([new0, rank1], 0)
+        finally:
+            close_all([w.sock for w in held])
+
+
+def test_without_a_secret_a_connected_rank_is_not_replaced():
+    """Without a secret nothing proves that a newcomer is of the job: it cannot push a member out
+    of a running group (RankTaken, retried by the worker until keepalive finds a dead one)."""
+    with serve(threads=2) as srv:
+        held: list[RawWorker] = []
+        try:
+            pair = [raw(srv.port, r, 2, f"127.0.0.{r + 2}", None) for r in range(2)]
+            held += pair
+            for w in pair:
+                assert w.reply(timeout=10).status == Status.OK
+            intruder = raw(srv.port, 1, 2, "127.0.0.6", None)
+            held.append(intruder)
+            r = intruder.reply(timeout=10)
+            assert r.status == Status.RANK_TAKEN and "already connected" in r.message, r.message
+            exact_round(pair, 0)
         finally:
             close_all([w.sock for w in held])
 

@@ -63,7 +63,9 @@ void Acceptor::accept_all() {
     c->peer = net::peer_name(fd);
     c->peer_ip = ip_of(c->peer);
     if (srv->open_conns.load() >= srv->opts.max_connections) {
-      refuse(fd, c->peer, std::to_string(srv->open_conns.load()) + " connections open (max_connections)");
+      // Closed before its challenge: the worker retries until its connect deadline (the reducer
+      // is busy, connections close all the time), then raises the timeout.
+      refuse(-1, c->peer, std::to_string(srv->open_conns.load()) + " connections open (max_connections)");
       continue;  // closed by the Fd's destructor
     }
     if (!srv->peers.acquire(PeerTable::Kind::Connection, c->peer_ip, srv->opts.max_connections_per_peer,
@@ -99,6 +101,7 @@ void Acceptor::refuse(int fd, const std::string& peer, const std::string& why) {
   srv->over_limit++;
   srv->rejected++;
   Server::Impl::log_limited(srv->refuse_log, LogLevel::Warning, "refused a connection from " + peer + ": " + why);
+  if (fd < 0) return;
   // The worker learns why (issue 29.5): a challenge, so that it sends its hello and reads a
   // reply, then the reply OverLimit with the reason, in one write that never waits; then the
   // connection is closed (by the caller) without holding anything. Nothing was read from it, so

@@ -25,8 +25,8 @@ class Acceptor {
 
  private:
   void pause(int err);
-  // Refuses a new connection over a cap: the worker gets a challenge and a reply OverLimit
-  // naming the cap (the caller closes `fd`).
+  // Refuses a new connection over a cap (the caller closes `fd`). Unless `fd` is -1, the worker
+  // gets a challenge and a reply OverLimit naming the cap: it raises that error at once.
   void refuse(int fd, const std::string& peer, const std::string& why);
   std::string challenge(const std::array<uint8_t, proto::kNonceBytes>& nonce) const;
 

@@ -25,9 +25,10 @@ void Membership::join(Conn* c) {
   who.ip = c->peer_ip;
   who.peer = c->peer;
   who.authenticated = c->authenticated;
-  // Every joiner may take its rank's place: with a secret it proved that it is of the job; without
-  // one, anyone who reaches the port may join any group already (docs/security.md).
-  who.may_replace = true;
+  // A joiner that proved it is of the job (a secret is set) takes its rank's place from a stale
+  // connection. Without a secret anyone could push a live member out of a running group, so the
+  // rank stays taken (RankTaken, retried by the worker) until keepalive finds the old one dead.
+  who.may_replace = c->authenticated;
   JoinOutcome j = loop_.table->join(c, c->hello, c->gkey, who);
   if (j.replaced) replaced(j);
   switch (j.kind) {
