@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import queue
+import signal
 import subprocess
 import sys
 import textwrap
@@ -35,6 +36,7 @@ from attack_tools import (
     I32,
     RESULT,
     RawWorker,
+    ReducerProcess,
     Status,
     close_all,
     closed_by_peer,
@@ -242,12 +244,12 @@ WORKER = textwrap.dedent("""
 
 
 class Proc:
-    """A process in an emulated host; its stdout lines come through a queue (no buffered select)."""
+    """A process (in emulated host i, or here); its stdout lines come through a queue (no
+    select on a buffered pipe)."""
 
-    def __init__(self, hosts: EmulatedHosts, i: int, argv: list[str], env: dict[str, str]) -> None:
-        self.p = hosts.popen(
-            i, argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
+    def __init__(self, hosts: EmulatedHosts | None, i: int, argv: list[str], env: dict[str, str]) -> None:
+        pipes = dict(stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.p = hosts.popen(i, argv, env=env, **pipes) if hosts else subprocess.Popen(argv, env=env, **pipes)
         self.lines: queue.Queue[str] = queue.Queue()
         self.seen: list[str] = []
         threading.Thread(target=self._read, daemon=True).start()
@@ -273,6 +275,52 @@ class Proc:
     def send(self, text: str) -> None:
         self.p.stdin.write(text + "\n")
         self.p.stdin.flush()
+
+    def stop(self) -> None:
+        if self.p.poll() is None:
+            self.p.kill()
+        self.p.wait(20)
+
+
+def test_a_replacement_worker_takes_over_the_rank_of_a_stopped_one(tmp_path):
+    """Real workers with a secret: rank 1's process is stopped (SIGSTOP: silent, yet its kernel
+    answers keepalive, so only a replacement can end it) while rank 0 waits in a round; a new
+    rank 1 process starts. Rank 0 gets PeerLostError saying that rank 1 reconnected within
+    seconds; a fresh rank 0 and the new rank 1 then all-reduce exactly. Before: the new rank 1 was
+    refused ('rank 1 is already connected') and rank 0 waited for its 30 s timeout."""
+    env = child_env(PYTHONPATH=ROOT, RS_AUTH_TOKEN=SECRET)
+    with ReducerProcess(str(tmp_path), auth_token=SECRET, threads=1) as red:
+        procs = [Proc(None, 0, [sys.executable, "-c", WORKER, red.address, str(r), "2"], env) for r in range(2)]
+        try:
+            for w in procs:
+                w.expect(("connected",), 60)
+            for w in procs:
+                w.send("round 0 1")
+            for w in procs:
+                assert w.expect(("ok", "err", "wrong"), 60).startswith("ok 0")
+            os.kill(procs[1].p.pid, signal.SIGSTOP)
+            procs[0].send("round 1 1")
+            time.sleep(0.5)
+            procs.append(Proc(None, 0, [sys.executable, "-c", WORKER, red.address, "1", "2"], env))
+            line = procs[0].expect(("ok", "err", "wrong"), 60)
+            parts = line.split(" ", 3)
+            assert parts[:2] == ["err", "PeerLostError"] and float(parts[2]) < 20.0, line
+            assert "rank 1 reconnected" in parts[3], line
+            procs[0].send("quit")
+            procs.append(Proc(None, 0, [sys.executable, "-c", WORKER, red.address, "0", "2"], env))
+            fresh = [procs[3], procs[2]]
+            for w in fresh:
+                w.expect(("connected",), 60)
+            for w in fresh:
+                w.send("round 0 1")
+            for w in fresh:
+                assert w.expect(("ok", "err", "wrong"), 60).startswith("ok 0")
+            for w in fresh:
+                w.send("quit")
+        finally:
+            os.kill(procs[1].p.pid, signal.SIGCONT)
+            for w in procs:
+                w.stop()
 
 
 @pytest.fixture
