@@ -63,6 +63,15 @@ def raw(port: int, rank: int, world: int, source: str, secret: str | None, group
     return RawWorker(port, rank, world, group=group, job=b"j", key=key, chunk=CHUNK, source=source, timeout=10)
 
 
+def formed(port: int, world: int, secret: str | None) -> list[RawWorker]:
+    """Ranks 0..world-1 of group g from 127.0.0.2.., every reply checked Ok."""
+    ws = [raw(port, r, world, f"127.0.0.{r + 2}", secret) for r in range(world)]
+    for w in ws:
+        r = w.reply(timeout=10)
+        assert r.status == Status.OK, r.message
+    return ws
+
+
 def exact_round(workers: list[RawWorker], round_: int = 0) -> None:
     """Every worker sends DATA; each gets the exact sum."""
     for w in workers:
@@ -86,10 +95,8 @@ def test_a_rank_that_reconnects_replaces_its_stale_connection_in_a_complete_grou
     with serve(threads=2, auth_token=secret) as srv:
         held: list[RawWorker] = []
         try:
-            rank0, old1 = raw(srv.port, 0, 2, "127.0.0.2", secret), raw(srv.port, 1, 2, "127.0.0.3", secret)
+            rank0, old1 = formed(srv.port, 2, secret)
             held += [rank0, old1]
-            for w in (rank0, old1):
-                assert w.reply().status == Status.OK
             exact_round([rank0, old1], 0)
             rank0.send_data(DATA.tobytes(), round_=1, dtype=I32)  # round 1: rank 1 sends nothing
             new1 = raw(srv.port, 1, 2, "127.0.0.4", secret)
@@ -141,10 +148,8 @@ def test_without_a_secret_a_connected_rank_is_not_replaced():
     with serve(threads=2) as srv:
         held: list[RawWorker] = []
         try:
-            pair = [raw(srv.port, r, 2, f"127.0.0.{r + 2}", None) for r in range(2)]
+            pair = formed(srv.port, 2, None)
             held += pair
-            for w in pair:
-                assert w.reply(timeout=10).status == Status.OK
             intruder = raw(srv.port, 1, 2, "127.0.0.6", None)
             held.append(intruder)
             r = intruder.reply(timeout=10)
@@ -164,10 +169,8 @@ def test_the_rank_whose_data_never_came_is_named_when_another_gives_up():
     with serve(threads=2) as srv:
         held: list[RawWorker] = []
         try:
-            ws = [raw(srv.port, r, 3, f"127.0.0.{r + 2}", None) for r in range(3)]
+            ws = formed(srv.port, 3, None)
             held += ws
-            for w in ws:
-                assert w.reply(timeout=10).status == Status.OK
             ws[0].send_data(DATA.tobytes(), dtype=I32)
             ws[2].send_data(DATA.tobytes(), dtype=I32)
             time.sleep(0.3)  # both contributions arrive before rank 2 leaves
@@ -276,10 +279,31 @@ class Proc:
         self.p.stdin.write(text + "\n")
         self.p.stdin.flush()
 
+    def outcome(self, timeout: float = 60) -> str:
+        """The worker's line for its last round: 'ok K S', 'wrong K S' or 'err CLASS S TEXT'."""
+        return self.expect(("ok", "err", "wrong"), timeout)
+
     def stop(self) -> None:
         if self.p.poll() is None:
             self.p.kill()
         self.p.wait(20)
+
+
+def rounds_agree(workers: list[Proc], k: int, tries: int = 1, timeout: float = 60) -> None:
+    """Every worker runs round k (retrying up to `tries` times); each gets the exact sum."""
+    for w in workers:
+        w.send(f"round {k} {tries}")
+    for w in workers:
+        line = w.outcome(timeout) if tries == 1 else w.expect(("ok", "wrong"), timeout)  # (errors retried)
+        assert line.startswith(f"ok {k}"), line
+
+
+def worker_procs(hosts: EmulatedHosts | None, address: str, ranks: list[int], env: dict[str, str]) -> list[Proc]:
+    """World-2 workers (in hosts 1.. when emulated) with the given ranks, connected."""
+    procs = [Proc(hosts, i + 1, [sys.executable, "-c", WORKER, address, str(r), "2"], env) for i, r in enumerate(ranks)]
+    for w in procs:
+        w.expect(("connected",), 60)
+    return procs
 
 
 def test_a_replacement_worker_takes_over_the_rank_of_a_stopped_one(tmp_path):
@@ -290,32 +314,22 @@ def test_a_replacement_worker_takes_over_the_rank_of_a_stopped_one(tmp_path):
     refused ('rank 1 is already connected') and rank 0 waited for its 30 s timeout."""
     env = child_env(PYTHONPATH=ROOT, RS_AUTH_TOKEN=SECRET)
     with ReducerProcess(str(tmp_path), auth_token=SECRET, threads=1) as red:
-        procs = [Proc(None, 0, [sys.executable, "-c", WORKER, red.address, str(r), "2"], env) for r in range(2)]
+        procs = worker_procs(None, red.address, [0, 1], env)
         try:
-            for w in procs:
-                w.expect(("connected",), 60)
-            for w in procs:
-                w.send("round 0 1")
-            for w in procs:
-                assert w.expect(("ok", "err", "wrong"), 60).startswith("ok 0")
+            rounds_agree(procs, 0)
             os.kill(procs[1].p.pid, signal.SIGSTOP)
             procs[0].send("round 1 1")
             time.sleep(0.5)
+            # The new rank 1's Communicator waits in the re-formed group for a rank 0: not connected yet.
             procs.append(Proc(None, 0, [sys.executable, "-c", WORKER, red.address, "1", "2"], env))
-            line = procs[0].expect(("ok", "err", "wrong"), 60)
-            parts = line.split(" ", 3)
-            assert parts[:2] == ["err", "PeerLostError"] and float(parts[2]) < 20.0, line
-            assert "rank 1 reconnected" in parts[3], line
+            parts = procs[0].outcome().split(" ", 3)
+            assert parts[:2] == ["err", "PeerLostError"] and float(parts[2]) < 20.0, parts
+            assert "rank 1 reconnected" in parts[3], parts
             procs[0].send("quit")
-            procs.append(Proc(None, 0, [sys.executable, "-c", WORKER, red.address, "0", "2"], env))
-            fresh = [procs[3], procs[2]]
-            for w in fresh:
-                w.expect(("connected",), 60)
-            for w in fresh:
-                w.send("round 0 1")
-            for w in fresh:
-                assert w.expect(("ok", "err", "wrong"), 60).startswith("ok 0")
-            for w in fresh:
+            procs += worker_procs(None, red.address, [0], env)
+            procs[2].expect(("connected",), 60)
+            rounds_agree([procs[3], procs[2]], 0)
+            for w in procs[2:]:
                 w.send("quit")
         finally:
             os.kill(procs[1].p.pid, signal.SIGCONT)
@@ -345,27 +359,19 @@ def test_a_silent_link_is_found_dead_in_seconds_and_the_group_re_forms(prefix):
         addr = f"{hosts[0].ip}:7411"
         serve_argv = [sys.executable, "-m", "reducer.cli.main", "serve", "--host", hosts[0].ip, "--port", "7411"]
         red = Proc(hosts, 0, [*serve_argv, "--threads", "1", "--control-port", "off"], env)
-        workers = [Proc(hosts, r + 1, [sys.executable, "-c", WORKER, addr, str(r), "2"], env) for r in range(2)]
-        for w in workers:
-            w.expect(("connected",), 60)
-        for w in workers:
-            w.send("round 0 1")
-        for w in workers:
-            assert w.expect(("ok", "err", "wrong"), 60).startswith("ok 0")
+        workers = worker_procs(hosts, addr, [0, 1], env)
+        rounds_agree(workers, 0)
         # Cut rank 1's link; rank 0 starts round 1 alone.
         subprocess.run(["ip", "-n", hosts[2].netns, "link", "set", hosts[2].ifname, "down"], check=True)
         workers[0].send("round 1 1")
-        line = workers[0].expect(("ok", "err", "wrong"), 60)
+        line = workers[0].outcome()
         parts = line.split(" ", 3)
         assert parts[:2] == ["err", "PeerLostError"], line
         assert float(parts[2]) < 15.0, line  # found dead in seconds, not after the 30 s timeout
         assert "rank 1 " in parts[3], line
         # The link comes back: both retry (the next call reconnects) and the group re-forms.
         subprocess.run(["ip", "-n", hosts[2].netns, "link", "set", hosts[2].ifname, "up"], check=True)
-        for w in workers:
-            w.send("round 1 6")
-        for w in workers:
-            assert w.expect(("ok", "wrong"), 90).startswith("ok 1")
+        rounds_agree(workers, 1, tries=6, timeout=90)
         for w in workers:
             w.send("quit")
         for w in (*workers, red):

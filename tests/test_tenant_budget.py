@@ -261,6 +261,21 @@ def signed(port: int, job: bytes, group: bytes, rank: int = 0, world: int = 1, s
     )
 
 
+def refused_naming(w: RawWorker, *words: str) -> None:
+    """The hello of `w` is refused OverLimit with each of `words` in the message."""
+    r = w.reply(timeout=10)
+    assert r.status == Status.OVER_LIMIT and all(word in r.message for word in words), r.message
+
+
+def pair_formed(port: int, job: bytes) -> list[RawWorker]:
+    """A world-2 group of `job` from 127.0.0.2; both replies checked Ok."""
+    pair = [signed(port, job, b"pair", rank=k, world=2) for k in range(2)]
+    for w in pair:
+        r = w.reply(timeout=10)
+        assert r.status == Status.OK, r.message
+    return pair
+
+
 def test_jobs_behind_one_address_each_get_their_memory_share():
     """With a secret, job A's workers on an address take A's job share, not the address's: job B
     from the same address (NAT, one host) gets its own share. Before, B was refused OverLimit
@@ -293,16 +308,10 @@ def test_waiting_groups_of_one_job_do_not_lock_out_another_job_on_its_address():
         try:
             held += [signed(srv.port, b"tenant-a", f"wait-{i}".encode(), world=2) for i in range(cap)]
             assert wait_until(lambda: srv.stats()["groups"] == cap, 10), srv.stats()  # (joined: created)
-            over = signed(srv.port, b"tenant-a", b"one-too-many", world=2)
-            held.append(over)
-            r = over.reply(timeout=10)
-            assert r.status == Status.OVER_LIMIT and "job tenant-a" in r.message, r.message
-            assert "max_groups_per_peer" in r.message, r.message
-            pair = [signed(srv.port, b"tenant-b", b"pair", rank=k, world=2) for k in range(2)]
+            held.append(signed(srv.port, b"tenant-a", b"one-too-many", world=2))
+            refused_naming(held[-1], "job tenant-a", "max_groups_per_peer")
+            pair = pair_formed(srv.port, b"tenant-b")
             held += pair
-            for w in pair:
-                r = w.reply(timeout=10)
-                assert r.status == Status.OK, r.message
             data = np.arange(HOG_CHUNK // 4, dtype=np.int32) * 3 - 1
             for w in pair:
                 w.send_data(data.tobytes(), dtype=I32)
@@ -324,16 +333,9 @@ def test_connections_of_one_job_do_not_lock_out_another_job_on_its_address():
         try:
             held += [signed(srv.port, b"tenant-a", b"big", rank=k, world=2 * cap) for k in range(cap)]
             assert wait_until(lambda: srv.stats()["waiting"] == cap, 10), srv.stats()
-            over = signed(srv.port, b"tenant-a", b"big", rank=cap, world=2 * cap)
-            held.append(over)
-            r = over.reply(timeout=10)
-            assert r.status == Status.OVER_LIMIT and "job tenant-a" in r.message, r.message
-            assert "max_connections_per_peer" in r.message, r.message
-            pair = [signed(srv.port, b"tenant-b", b"pair", rank=k, world=2) for k in range(2)]
-            held += pair
-            for w in pair:
-                r = w.reply(timeout=10)
-                assert r.status == Status.OK, r.message
+            held.append(signed(srv.port, b"tenant-a", b"big", rank=cap, world=2 * cap))
+            refused_naming(held[-1], "job tenant-a", "max_connections_per_peer")
+            held += pair_formed(srv.port, b"tenant-b")
         finally:
             close_all([w.sock for w in held])
 

@@ -56,14 +56,16 @@ void tune_socket(int fd, int buffer_bytes);
 // RS_KEEPALIVE_COUNT and RS_TCP_USER_TIMEOUT (common/settings.h); user_timeout 0 leaves the
 // kernel's default.
 struct Keepalive {
-  int idle = 0;      // seconds of silence before the first probe (TCP_KEEPIDLE)
-  int interval = 0;  // seconds between probes (TCP_KEEPINTVL)
-  int count = 0;     // unanswered probes before the peer is dead (TCP_KEEPCNT)
+  int idle = 0;          // seconds of silence before the first probe (TCP_KEEPIDLE)
+  int interval = 0;      // seconds between probes (TCP_KEEPINTVL)
+  int count = 0;         // unanswered probes before the peer is dead (TCP_KEEPCNT)
   int user_timeout = 0;  // seconds data or probes may go unacknowledged (TCP_USER_TIMEOUT), 0: kernel's
   // About how long a silent dead peer goes unnoticed: with a user timeout, Linux drops the
   // connection once that long passed since it last heard from the peer and a probe is out
   // (TCP_KEEPCNT no longer counts); without, after idle + count x interval.
-  int dead_after() const { return user_timeout > 0 ? std::max(user_timeout, idle + interval) : idle + count * interval; }
+  int dead_after() const {
+    return user_timeout > 0 ? std::max(user_timeout, idle + interval) : idle + count * interval;
+  }
 };
 // The process's settings; throws Error(Config) naming a malformed variable (tune_socket then
 // uses the defaults, with one warning).

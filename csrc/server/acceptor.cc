@@ -70,8 +70,9 @@ void Acceptor::accept_all() {
     }
     if (!srv->peers.acquire(PeerTable::Kind::Connection, c->peer_ip, srv->opts.max_connections_per_peer,
                             &c->peer_ticket)) {
-      refuse(fd, c->peer, std::to_string(srv->opts.max_connections_per_peer) + " connections already open from " +
-                          c->peer_ip + " (max_connections_per_peer)");
+      refuse(fd, c->peer,
+             std::to_string(srv->opts.max_connections_per_peer) + " connections already open from " + c->peer_ip +
+                 " (max_connections_per_peer)");
       continue;
     }
     srv->open_conns++;
@@ -110,8 +111,7 @@ void Acceptor::refuse(int fd, const std::string& peer, const std::string& why) {
   // reply as unauthenticated: it is an error anyway, never an Ok.
   std::array<uint8_t, proto::kNonceBytes> nonce{};
   proto::random_bytes(nonce.data(), nonce.size());
-  const std::string msg = "reducer refused the connection: " + why;
-  std::string bytes = challenge(nonce) + make_reply(proto::Status::OverLimit, msg, false, proto::Key{}, {}, nonce);
+  std::string bytes = challenge(nonce) + make_reply(proto::Status::OverLimit, why, false, proto::Key{}, {}, nonce);
   const ssize_t n = ::send(fd, bytes.data(), bytes.size(), MSG_DONTWAIT | MSG_NOSIGNAL);
   (void)n;  // best effort: a peer that cannot take 200 bytes learns it from the close
 }

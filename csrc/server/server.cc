@@ -63,7 +63,7 @@ void Server::start() {
     throw Error(ErrorKind::Config, std::string("frame integrity '") + integrity_mode_name(s.opts.integrity) +
                                        "' needs authentication: give the reducer a shared secret (--auth-token-file, "
                                        "RS_AUTH_TOKEN) or set integrity off");
-  resolve_limits(s.opts);  // server/limits.cc
+  resolve_limits(s.opts);                               // server/limits.cc
   const net::Keepalive ka = net::keepalive_settings();  // a malformed RS_KEEPALIVE_*: Error(Config) here
   s.budget.set_limit(s.opts.max_memory_bytes);
   s.budget.set_shares(s.opts.max_memory_per_job, s.opts.max_memory_per_peer);
