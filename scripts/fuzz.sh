@@ -59,7 +59,8 @@ build() {  # build TARGET: $out/TARGET_fuzz
                 "${objs[@]}" -o "$out/failover_fuzz" ;;
     reducer_frames) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/reducer_frames_fuzz.cc \
                       csrc/client/reducer_frames.cc csrc/client/peer_text.cc csrc/client/handshake.cc \
-                      csrc/net/frame_io.cc csrc/net/frame_auth.cc csrc/net/socket.cc "${protocol[@]}" "${objs[@]}" \
+                      csrc/net/frame_io.cc csrc/net/frame_auth.cc csrc/net/socket.cc csrc/common/settings.cc \
+                      "${protocol[@]}" "${objs[@]}" \
                       -lcrypto -o "$out/reducer_frames_fuzz" ;;
     plugin_env) "$CXX_FUZZ" "${common[@]}" "${fuzz[@]}" csrc/fuzz/plugin_env_fuzz.cc csrc/nccl_plugin/plugin_env.cc \
                   csrc/common/settings.cc csrc/client/client_settings.cc \

@@ -413,6 +413,7 @@ def test_transport_unit_tests_in_cpp(tmp_path):
         "csrc/net/frame_auth.cc",
         "csrc/net/frame_io.cc",
         "csrc/net/socket.cc",
+        "csrc/common/settings.cc",
         "csrc/protocol/auth.cc",
         "csrc/protocol/hmac.cc",
         "csrc/protocol/wire.cc",

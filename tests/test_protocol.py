@@ -370,6 +370,7 @@ def test_frame_reader_unit_tests_in_cpp(tmp_path):
         "csrc/net/frame_auth.cc",
         "csrc/net/frame_io.cc",
         "csrc/net/socket.cc",
+        "csrc/common/settings.cc",
         "csrc/protocol/auth.cc",
         "csrc/protocol/hmac.cc",
         "csrc/protocol/wire.cc",

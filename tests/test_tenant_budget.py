@@ -250,6 +250,95 @@ def test_idle_groups_give_their_memory_back_and_renew_it_with_data():
             close_all([w.sock for w in [a, *pair]])
 
 
+# ---- tenants behind one address (issue 28.5) ------------------------------------------------------
+
+
+def signed(port: int, job: bytes, group: bytes, rank: int = 0, world: int = 1, source: str = "127.0.0.2") -> RawWorker:
+    """A hello of `job` with its credential (K_job) from `source`."""
+    return RawWorker(
+        port, rank, world, group=group, job=job, key=job_key(SECRET.encode(), job), chunk=HOG_CHUNK, source=source
+    )
+
+
+def refused_naming(w: RawWorker, *words: str) -> None:
+    """The hello of `w` is refused OverLimit with each of `words` in the message."""
+    r = w.reply(timeout=10)
+    assert r.status == Status.OVER_LIMIT and all(word in r.message for word in words), r.message
+
+
+def pair_formed(port: int, job: bytes) -> list[RawWorker]:
+    """A world-2 group of `job` from 127.0.0.2; both replies checked Ok."""
+    pair = [signed(port, job, b"pair", rank=k, world=2) for k in range(2)]
+    for w in pair:
+        r = w.reply(timeout=10)
+        assert r.status == Status.OK, r.message
+    return pair
+
+
+def test_jobs_behind_one_address_each_get_their_memory_share():
+    """With a secret, job A's workers on an address take A's job share, not the address's: job B
+    from the same address (NAT, one host) gets its own share. Before, B was refused OverLimit
+    ('address share') while half of the budget was free."""
+    budget = 8 * HOG_NEED  # 96 MiB: shares of 48 MiB = 4 world-1 groups each
+    with serve(threads=2, max_memory_bytes=budget, auth_token=SECRET) as srv:
+        held: list[RawWorker] = []
+        try:
+            for job, want in ((b"tenant-a", [Status.OK] * 4 + [Status.OVER_LIMIT]), (b"tenant-b", [Status.OK] * 4)):
+                replies = []
+                for i in range(len(want)):  # one at a time: the refusal is the last one
+                    held.append(signed(srv.port, job, f"g{i}".encode()))
+                    replies.append(held[-1].reply(timeout=10))
+                assert [r.status for r in replies] == want, [(r.status, r.message) for r in replies]
+                if Status.OVER_LIMIT in want:
+                    assert "job share" in replies[-1].message and "tenant-a" in replies[-1].message
+            assert srv.stats()["memory_bytes"] == budget
+        finally:
+            close_all([w.sock for w in held])
+        assert wait_until(lambda: srv.stats()["memory_bytes"] == 0, 10), srv.stats()
+
+
+def test_waiting_groups_of_one_job_do_not_lock_out_another_job_on_its_address():
+    """Job A fills max_groups_per_peer with groups that wait for their second rank; job B, from the
+    same address, still creates its group and all-reduces. A's next group is refused naming its
+    job. Before, B was refused ('address 127.0.0.2 already created ... max_groups_per_peer')."""
+    cap = 8
+    with serve(threads=2, auth_token=SECRET, max_groups_per_peer=cap, group_timeout=60) as srv:
+        held: list[RawWorker] = []
+        try:
+            held += [signed(srv.port, b"tenant-a", f"wait-{i}".encode(), world=2) for i in range(cap)]
+            assert wait_until(lambda: srv.stats()["groups"] == cap, 10), srv.stats()  # (joined: created)
+            held.append(signed(srv.port, b"tenant-a", b"one-too-many", world=2))
+            refused_naming(held[-1], "job tenant-a", "max_groups_per_peer")
+            pair = pair_formed(srv.port, b"tenant-b")
+            held += pair
+            data = np.arange(HOG_CHUNK // 4, dtype=np.int32) * 3 - 1
+            for w in pair:
+                w.send_data(data.tobytes(), dtype=I32)
+            want = (data.astype(np.int64) * 2).astype(np.int32).tobytes()
+            for w in pair:
+                t, _flags, _rnd, _off, body = w.frame(timeout=20)
+                assert t == RESULT and body == want
+        finally:
+            close_all([w.sock for w in held])
+
+
+def test_connections_of_one_job_do_not_lock_out_another_job_on_its_address():
+    """Authenticated connections count against their job: job A holding max_connections_per_peer
+    connections from an address leaves that address's count free for job B, and A's next one is
+    refused naming the job. Unauthenticated connections still count against the address."""
+    cap = 6
+    with serve(threads=2, auth_token=SECRET, max_connections_per_peer=cap, group_timeout=60) as srv:
+        held: list[RawWorker] = []
+        try:
+            held += [signed(srv.port, b"tenant-a", b"big", rank=k, world=2 * cap) for k in range(cap)]
+            assert wait_until(lambda: srv.stats()["waiting"] == cap, 10), srv.stats()
+            held.append(signed(srv.port, b"tenant-a", b"big", rank=cap, world=2 * cap))
+            refused_naming(held[-1], "job tenant-a", "max_connections_per_peer")
+            held += pair_formed(srv.port, b"tenant-b")
+        finally:
+            close_all([w.sock for w in held])
+
+
 # ---- the settings ----------------------------------------------------------------------------------
 
 

@@ -13,10 +13,13 @@
 #include <cerrno>
 #include <cstring>
 #include <mutex>
+#include <optional>
+#include <string>
 #include <thread>
 
 #include "common/error.h"
 #include "common/log.h"
+#include "common/settings.h"
 
 namespace rs::net {
 
@@ -87,10 +90,64 @@ void preset_congestion(int fd) {
   if (!cc.empty()) apply_congestion(fd, cc);
 }
 
+namespace {
+
+Keepalive read_keepalive(const settings::EnvLookup& env) {
+  Keepalive k;
+  k.idle = int(settings::read_int(settings::spec("keepalive_idle"), env));
+  k.interval = int(settings::read_int(settings::spec("keepalive_interval"), env));
+  k.count = int(settings::read_int(settings::spec("keepalive_count"), env));
+  k.user_timeout = int(settings::read_int(settings::spec("tcp_user_timeout"), env));
+  return k;
+}
+
+struct KeepaliveState {
+  Keepalive k;
+  std::string error;  // a malformed variable: the defaults are in `k`
+};
+
+const KeepaliveState& keepalive_state() {
+  static const KeepaliveState state = [] {
+    KeepaliveState st;
+    try {
+      st.k = read_keepalive(settings::process_env());
+    } catch (const Error& e) {
+      st.error = e.what();
+      st.k = read_keepalive([](const char*) { return std::optional<std::string>(); });
+    }
+    return st;
+  }();
+  return state;
+}
+
+void apply_keepalive(int fd) {
+  const KeepaliveState& st = keepalive_state();
+  static std::once_flag warned;
+  if (!st.error.empty())
+    std::call_once(warned, [&] { log_warn(st.error + ": data connections use the default keepalive settings"); });
+  int one = 1;
+  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPIDLE, &st.k.idle, sizeof st.k.idle);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPINTVL, &st.k.interval, sizeof st.k.interval);
+  setsockopt(fd, IPPROTO_TCP, TCP_KEEPCNT, &st.k.count, sizeof st.k.count);
+  if (st.k.user_timeout > 0) {
+    const unsigned ms = unsigned(st.k.user_timeout) * 1000u;  // <= 86,400,000 (the setting's bound)
+    setsockopt(fd, IPPROTO_TCP, TCP_USER_TIMEOUT, &ms, sizeof ms);
+  }
+}
+
+}  // namespace
+
+Keepalive keepalive_settings() {
+  const KeepaliveState& st = keepalive_state();
+  if (!st.error.empty()) throw Error(ErrorKind::Config, st.error);
+  return st.k;
+}
+
 void tune_socket(int fd, int buffer_bytes) {
   int one = 1;
   setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof one);
-  setsockopt(fd, SOL_SOCKET, SO_KEEPALIVE, &one, sizeof one);
+  apply_keepalive(fd);
   if (buffer_bytes > 0) {
     setsockopt(fd, SOL_SOCKET, SO_SNDBUF, &buffer_bytes, sizeof buffer_bytes);
     setsockopt(fd, SOL_SOCKET, SO_RCVBUF, &buffer_bytes, sizeof buffer_bytes);

@@ -4,6 +4,7 @@
 
 #include <sys/uio.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -42,9 +43,33 @@ struct HostPort {
   std::string str() const;  // "host:port" or "[v6]:port"
 };
 
-// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive, and the
-// process-wide TCP congestion control (TCP_CONGESTION) if one is set.
+// Socket options every data connection gets: TCP_NODELAY, large buffers, keepalive (below), and
+// the process-wide TCP congestion control (TCP_CONGESTION) if one is set. Never throws.
 void tune_socket(int fd, int buffer_bytes);
+
+// Dead-peer detection on every data connection (tune_socket): SO_KEEPALIVE with these probe
+// timings and TCP_USER_TIMEOUT, so that a peer that vanished silently (a link cut, a host gone,
+// no FIN or RST ever comes) is found dead in about `user_timeout` seconds (the defaults: 15 s)
+// instead of the kernel's two hours (keepalive) or fifteen minutes (retransmissions). A peer
+// that is alive answers the probes whatever it is doing (a stopped process too: its kernel
+// answers). Read once per process from RS_KEEPALIVE_IDLE, RS_KEEPALIVE_INTERVAL,
+// RS_KEEPALIVE_COUNT and RS_TCP_USER_TIMEOUT (common/settings.h); user_timeout 0 leaves the
+// kernel's default.
+struct Keepalive {
+  int idle = 0;          // seconds of silence before the first probe (TCP_KEEPIDLE)
+  int interval = 0;      // seconds between probes (TCP_KEEPINTVL)
+  int count = 0;         // unanswered probes before the peer is dead (TCP_KEEPCNT)
+  int user_timeout = 0;  // seconds data or probes may go unacknowledged (TCP_USER_TIMEOUT), 0: kernel's
+  // About how long a silent dead peer goes unnoticed: with a user timeout, Linux drops the
+  // connection once that long passed since it last heard from the peer and a probe is out
+  // (TCP_KEEPCNT no longer counts); without, after idle + count x interval.
+  int dead_after() const {
+    return user_timeout > 0 ? std::max(user_timeout, idle + interval) : idle + count * interval;
+  }
+};
+// The process's settings; throws Error(Config) naming a malformed variable (tune_socket then
+// uses the defaults, with one warning).
+Keepalive keepalive_settings();
 
 // The congestion control tune_socket gives every data connection of this process (workers,
 // reducers, ring, NCCL plugin): "" or "default" = the kernel's default

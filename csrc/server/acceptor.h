@@ -3,9 +3,12 @@
 // challenge, and backs off for 100 ms when the process runs out of descriptors or memory.
 #pragma once
 
+#include <array>
+#include <cstdint>
 #include <string>
 
 #include "net/socket.h"
+#include "protocol/wire.h"
 
 namespace rs::server {
 
@@ -22,7 +25,10 @@ class Acceptor {
 
  private:
   void pause(int err);
-  void refuse(const std::string& peer, const std::string& why);
+  // Refuses a new connection over a cap (the caller closes `fd`). Unless `fd` is -1, the worker
+  // gets a challenge and a reply OverLimit naming the cap: it raises that error at once.
+  void refuse(int fd, const std::string& peer, const std::string& why);
+  std::string challenge(const std::array<uint8_t, proto::kNonceBytes>& nonce) const;
 
   Loop& loop_;
   bool paused_ = false;  // back-off after EMFILE/ENFILE

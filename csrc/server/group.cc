@@ -164,6 +164,17 @@ std::string Group::renew_memory(MemoryBudget& budget) {
          " MiB of reduction buffers back while it was idle (memory_idle_timeout) and cannot take them again: " + why;
 }
 
+std::vector<uint32_t> Group::stalled_ranks(uint32_t leaver, size_t at_most) const {
+  const Slot* oldest = nullptr;
+  for (const Slot& s : slots_)
+    if (s.seq >= 0 && s.next_rank < world_ && (!oldest || s.seq < oldest->seq)) oldest = &s;
+  std::vector<uint32_t> out;
+  if (!oldest || leaver >= world_ || !oldest->arrived[leaver]) return out;
+  for (uint32_t r = 0; r < world_ && out.size() < at_most; ++r)
+    if (!oldest->arrived[r]) out.push_back(r);
+  return out;
+}
+
 bool Group::busy() const {
   for (const Slot& s : slots_)
     if (s.seq >= 0 && s.next_rank < world_) return true;

@@ -140,6 +140,9 @@ class Group {
   std::vector<Slot>& slots() { return slots_; }
   uint8_t* contribution(Slot& s, uint32_t rank) { return s.data + size_t(rank) * chunk_; }
   bool busy() const;  // a chunk still waits for contributions (results merely being sent do not count)
+  // The ranks whose contribution to the oldest waiting chunk did not arrive (at most `at_most`),
+  // when `leaver`'s did: the ranks really missing when `leaver` gives up waiting. Else empty.
+  std::vector<uint32_t> stalled_ranks(uint32_t leaver, size_t at_most) const;
 
   // Describes how `b` (from rank_b) differs from the slot's parameters `a`, or "" if it matches.
   static std::string mismatch(const proto::FrameHeader& a, uint32_t rank_a, const proto::FrameHeader& b,

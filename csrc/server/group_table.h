@@ -36,6 +36,22 @@ struct JoinOutcome {
   std::string message;
   std::shared_ptr<Group> group;
   bool created = false;  // this join created the group
+  // Set when the joiner took the place of a connection of its rank (Joiner::may_replace): that
+  // connection, now no member of `group`, is to be closed; if its group was complete, that
+  // group has failed (`replaced_group`) and its members get `replaced_message`.
+  Conn* replaced = nullptr;
+  std::shared_ptr<Group> replaced_group;
+  std::string replaced_message;
+};
+
+// Who joins: `ip` and `peer` ("ip:port") for limits and messages; `authenticated` (with a
+// secret): its groups count against its job, its memory against its job share only;
+// `may_replace`: it takes the place of a connection of the same rank still in the group.
+struct Joiner {
+  std::string ip;
+  std::string peer;
+  bool authenticated = false;
+  bool may_replace = false;
 };
 
 struct LeaveOutcome {
@@ -57,9 +73,12 @@ class GroupTable {
   GroupTable(const GroupTable&) = delete;
   GroupTable& operator=(const GroupTable&) = delete;
 
-  // `who` names the connection in messages ("rank 3 (10.0.0.7:51234)").
+  JoinOutcome join(Conn* c, const proto::Hello& h, const GroupKey& key, const Joiner& who);
+  // An unauthenticated joiner that may not replace (RankTaken while its rank is connected).
   JoinOutcome join(Conn* c, const proto::Hello& h, const GroupKey& key, const std::string& peer_ip,
-                   const std::string& peer);
+                   const std::string& peer) {
+    return join(c, h, key, Joiner{peer_ip, peer, false, false});
+  }
   LeaveOutcome leave(const std::shared_ptr<Group>& g, uint32_t rank, const std::string& who, bool said_bye,
                      const std::string& why);
   // Marks the group failed and removes it from the table; false if it had already failed.
@@ -87,6 +106,8 @@ class GroupTable {
   void clear();
 
  private:
+  // A new group in the table, or nullptr with the refusal in *out.
+  std::shared_ptr<Group> create(const proto::Hello& h, const GroupKey& key, const Joiner& who, JoinOutcome* out);
   GroupLimits limits_;
   MemoryBudget* budget_;
   PeerTable* peers_;

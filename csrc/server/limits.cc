@@ -70,6 +70,7 @@ std::string MemoryBudget::take(const Claim& c) {
            size_text(job_held) + " and one job may hold " + size_text(per_job_) +
            " (max_memory_per_job, RS_MAX_MEMORY_PER_JOB)";
   for (const auto& p : c.peers) {
+    if (p.first.empty()) continue;  // authenticated members: their job share bounds them
     const uint64_t peer_held = held_in(peers_, p.first);
     if (per_peer_ < limit_ && !fits(peer_held, p.second, per_peer_))
       return "address " + p.first + " would exceed its address share of this reducer's memory: its workers' part of " +
@@ -83,7 +84,7 @@ std::string MemoryBudget::take(const Claim& c) {
   if (c.bytes == 0) return "";
   jobs_[c.job] += c.bytes;
   for (const auto& p : c.peers)
-    if (p.second) peers_[p.first] += p.second;
+    if (p.second && !p.first.empty()) peers_[p.first] += p.second;
   used_ += c.bytes;
   return "";
 }
@@ -115,6 +116,8 @@ std::string MemoryBudget::renew(Reservation* r) {
   if (why.empty()) r->budget_ = this;
   return why;
 }
+
+std::string job_account(const std::string& job) { return "job " + job; }
 
 PeerTable::Ticket& PeerTable::Ticket::operator=(Ticket&& o) noexcept {
   if (this != &o) {

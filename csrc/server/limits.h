@@ -31,7 +31,9 @@ void resolve_limits(ServerOptions& o);
 // plus the float32 accumulator (2 x slots x chunk) for the address of rank 0; the parts add up
 // to the whole. With a shared secret a job's credential only opens that job's groups, so the job
 // share bounds what its holders can take from any number of addresses; without one, job ids
-// cost nothing and the address share is what bounds one address.
+// cost nothing and the address share is what bounds one address. An authenticated member's part
+// is charged to no address (its address is "" in the claim): tenants behind one address (NAT,
+// one host) do not share one address share, each job has its own share (issue 28.5).
 //
 // Reserved when a group completes (so a job that cannot fit learns it at connect time), given
 // back by a group that stays idle (GroupTable::release_idle) and taken again by its next chunk.
@@ -91,7 +93,10 @@ class MemoryBudget {
   std::unordered_map<std::string, uint64_t> jobs_, peers_;  // only non-zero holdings
 };
 
-// Open connections (any state) and live group streams created, per peer IP address.
+// Open connections and live group streams created, per account: a peer IP address for what has
+// not authenticated (and for everything without a secret), job_account(job) once a connection
+// authenticated with a secret, so that jobs behind one address do not share its caps.
+std::string job_account(const std::string& job);  // "job <id>": never an address (no spaces)
 class PeerTable {
  public:
   enum class Kind { Connection = 0, Group = 1 };

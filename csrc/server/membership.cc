@@ -21,7 +21,16 @@ void Membership::join(Conn* c) {
         "reducer " + std::to_string(srv->port) + " is draining: it serves the groups it has but takes no new one");
     return;
   }
-  JoinOutcome j = loop_.table->join(c, c->hello, c->gkey, c->peer_ip, c->peer);
+  Joiner who;
+  who.ip = c->peer_ip;
+  who.peer = c->peer;
+  who.authenticated = c->authenticated;
+  // A joiner that proved it is of the job (a secret is set) takes its rank's place from a stale
+  // connection. Without a secret anyone could push a live member out of a running group, so the
+  // rank stays taken (RankTaken, retried by the worker) until keepalive finds the old one dead.
+  who.may_replace = c->authenticated;
+  JoinOutcome j = loop_.table->join(c, c->hello, c->gkey, who);
+  if (j.replaced) replaced(j);
   switch (j.kind) {
     case JoinOutcome::Kind::Rejected:
       loop_.set_state(c, ConnState::Closing);
@@ -50,6 +59,28 @@ void Membership::join(Conn* c) {
             std::to_string(g.joined()) + "/" + std::to_string(g.world()) + ")");
   loop_.out.update_mask(c);
   if (j.kind == JoinOutcome::Kind::Completed) completed(g);
+}
+
+void Membership::replaced(const JoinOutcome& j) {
+  Conn* old = j.replaced;
+  log_warn(j.replaced_message + " (was " + old->peer + ")");
+  if (j.replaced_group) {
+    // The complete group failed (GroupTable::fail): every member learns why, the stale one too.
+    loop_.stats.record_ended(*j.replaced_group);
+    j.replaced_group->for_each_member([&](Conn* m) {
+      if (!m->dead) loop_.out.send_error(m, proto::ErrorCode::PeerLost, j.replaced_message);
+    });
+  } else {
+    // It waited in a group still gathering: the slot is the new connection's now.
+    old->member = false;
+    if (!old->dead) {
+      loop_.set_state(old, ConnState::Closing);
+      loop_.session.reject(old, proto::Status::GroupConflict,
+                           j.replaced_message + " (two workers were given the same rank, or this one reconnected)");
+    }
+  }
+  // Stale: it may never read what it was sent, so it is closed now, not after a flush.
+  loop_.kill(old, j.replaced_message, false, true);
 }
 
 void Membership::completed(const Group& g) {

@@ -13,6 +13,7 @@ namespace rs::server {
 struct Conn;
 struct Loop;
 class Group;
+struct JoinOutcome;
 
 class Membership {
  public:
@@ -31,6 +32,8 @@ class Membership {
 
  private:
   void completed(const Group& g);  // every member gets Ok: data may flow
+  // A joiner took the place of a connection of its rank: close that one (and end its group).
+  void replaced(const JoinOutcome& j);
   Loop& loop_;
 };
 

@@ -63,7 +63,8 @@ void Server::start() {
     throw Error(ErrorKind::Config, std::string("frame integrity '") + integrity_mode_name(s.opts.integrity) +
                                        "' needs authentication: give the reducer a shared secret (--auth-token-file, "
                                        "RS_AUTH_TOKEN) or set integrity off");
-  resolve_limits(s.opts);  // server/limits.cc
+  resolve_limits(s.opts);                               // server/limits.cc
+  const net::Keepalive ka = net::keepalive_settings();  // a malformed RS_KEEPALIVE_*: Error(Config) here
   s.budget.set_limit(s.opts.max_memory_bytes);
   s.budget.set_shares(s.opts.max_memory_per_job, s.opts.max_memory_per_peer);
   s.listener = net::listen_on(s.opts.host, s.opts.port, &s.port);
@@ -106,7 +107,8 @@ void Server::start() {
            std::to_string(s.opts.max_memory_per_job >> 20) + " MiB per job, " +
            std::to_string(s.opts.max_memory_per_peer >> 20) + " MiB per address), " +
            std::to_string(s.opts.max_connections) + " connections (" + std::to_string(s.opts.max_connections_per_peer) +
-           " per address)");
+           " per address); a silent dead peer is dropped after about " + std::to_string(ka.dead_after()) +
+           " s (RS_KEEPALIVE_*, RS_TCP_USER_TIMEOUT)");
   if (s.opts.auth_token.empty() && !is_loopback(s.opts.host))
     log_warn("reducer on " + s.opts.host + ":" + std::to_string(s.port) +
              " has NO authentication: anyone who can reach this port can join any job's group, inject data into its "

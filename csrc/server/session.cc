@@ -66,10 +66,28 @@ Session::Step Session::read(Conn* c) {
     reject(c, v.status, v.message);
     return Step::Stop;
   }
+  if (c->authenticated && !account_to_job(c)) return Step::Stop;
   c->gkey = GroupKey{c->hello.job_id, c->hello.group, c->hello.stream_index};
   c->rank = c->hello.rank;
   loop_.set_state(c, ConnState::Waiting);
   return loop_.handoff(c) ? Step::HandedOff : Step::Stop;
+}
+
+bool Session::account_to_job(Conn* c) {
+  // Until now the connection counted against its address (max_connections_per_peer), the only
+  // thing known of a stranger; authenticated, it counts against its job instead, so that jobs
+  // behind one address (NAT, one host) do not share one address's connections.
+  Server::Impl* srv = loop_.srv;
+  PeerTable::Ticket ticket;
+  if (!srv->peers.acquire(PeerTable::Kind::Connection, job_account(c->hello.job_id), srv->opts.max_connections_per_peer,
+                          &ticket)) {
+    reject(c, proto::Status::OverLimit,
+           "job " + c->hello.job_id + " already has " + std::to_string(srv->opts.max_connections_per_peer) +
+               " connections open to this reducer (max_connections_per_peer)");
+    return false;
+  }
+  c->peer_ticket = std::move(ticket);  // gives the address's unit back
+  return true;
 }
 
 bool Session::on_readable(Conn* c) {

@@ -36,6 +36,9 @@ class Session {
   Step read(Conn* c);
   // The fixed part of the hello; false if it is incomplete or refused.
   bool read_fixed(Conn* c, Step* step);
+  // An authenticated connection moves from its address's connection count to its job's; false
+  // (refused with OverLimit) if the job is at max_connections_per_peer.
+  bool account_to_job(Conn* c);
 
   Loop& loop_;
 };

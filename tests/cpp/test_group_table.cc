@@ -72,8 +72,9 @@ static void refusals() {
 static void groups_per_peer_are_capped() {
   Fixture f(uint64_t(1) << 30, 2);
   for (int i = 0; i < 2; ++i)
-    CHECK(f.table->join(handle(i + 1), hello(2, 0), GroupKey{"job", "g" + std::to_string(i), 0}, "10.0.0.9", "p").kind ==
-          JoinOutcome::Kind::Waiting);
+    CHECK(
+        f.table->join(handle(i + 1), hello(2, 0), GroupKey{"job", "g" + std::to_string(i), 0}, "10.0.0.9", "p").kind ==
+        JoinOutcome::Kind::Waiting);
   JoinOutcome third = f.table->join(handle(9), hello(2, 0), GroupKey{"job", "g9", 0}, "10.0.0.9", "p");
   CHECK(third.kind == JoinOutcome::Kind::Rejected && third.status == proto::Status::OverLimit);
   CHECK(third.message.find("max_groups_per_peer") != std::string::npos);
@@ -140,7 +141,8 @@ static void expiry() {
   f.table->join(handle(2), hello(2, 0), GroupKey{"job", "done", 0}, "a", "p");
   f.table->join(handle(3), hello(2, 1), GroupKey{"job", "done", 0}, "a", "p");
   CHECK(f.table->take_expired(Group::Clock::now(), std::chrono::milliseconds(60000)).empty());
-  auto expired = f.table->take_expired(Group::Clock::now() + std::chrono::seconds(61), std::chrono::milliseconds(60000));
+  auto expired =
+      f.table->take_expired(Group::Clock::now() + std::chrono::seconds(61), std::chrono::milliseconds(60000));
   CHECK(expired.size() == 1 && expired[0]->key() == kKey);  // complete groups never expire
   CHECK(f.table->size() == 1 && f.live == 1);
 }
@@ -223,6 +225,62 @@ static void idle_groups_give_their_memory_back() {
   CHECK(f.budget.used() == 0);
 }
 
+// Issue 28.5: authenticated joiners count against their job (groups, memory), not their address.
+static void authenticated_joiners_count_against_their_job() {
+  const uint64_t need = Group::bytes_needed(1, 4096, 4);
+  Fixture f(need * 8, 2);
+  f.budget.set_shares(need * 2, need * 2);
+  auto signed_join = [&](uintptr_t h, const std::string& job, const std::string& group) {
+    return f.table->join(handle(h), hello(1, 0), GroupKey{job, group, 0}, Joiner{"10.0.0.1", "10.0.0.1:1", true, true});
+  };
+  CHECK(signed_join(1, "a", "g0").kind == JoinOutcome::Kind::Completed);
+  CHECK(signed_join(2, "a", "g1").kind == JoinOutcome::Kind::Completed);
+  JoinOutcome third = signed_join(3, "a", "g2");  // job a's group cap, not the address's
+  CHECK(third.status == proto::Status::OverLimit && has(third.message, "job a already created"));
+  CHECK(signed_join(4, "b", "g0").kind == JoinOutcome::Kind::Completed);  // same address, another job
+  CHECK(signed_join(5, "b", "g1").kind == JoinOutcome::Kind::Completed);
+  CHECK(f.budget.used_by_peer("10.0.0.1") == 0 && f.budget.used_by_job("a") == 2 * need);
+  CHECK(f.peers.count(PeerTable::Kind::Group, job_account("a")) == 2);
+  CHECK(f.peers.count(PeerTable::Kind::Group, "10.0.0.1") == 0);
+}
+
+// Issue 29.3/29.4: a joiner that may replace takes the place of its rank's stale connection.
+static void a_rank_that_reconnects_replaces_its_stale_connection() {
+  Fixture f;
+  const Joiner again{"10.0.0.9", "10.0.0.9:7", true, true};
+  {  // still gathering: the new connection takes the slot
+    JoinOutcome a = f.table->join(handle(1), hello(2, 0), kKey, "10.0.0.1", "p");
+    JoinOutcome b = f.table->join(handle(2), hello(2, 0), kKey, again);
+    CHECK(b.kind == JoinOutcome::Kind::Waiting && b.replaced == handle(1) && !b.replaced_group);
+    CHECK(b.group == a.group && a.group->member(0) == handle(2) && a.group->joined() == 1);
+    CHECK(has(b.replaced_message, "rank 0 reconnected from 10.0.0.9:7"));
+    CHECK(f.table->join(handle(3), hello(2, 1), kKey, "10.0.0.2", "p").kind == JoinOutcome::Kind::Completed);
+  }
+  {  // complete: the group fails and the new connection starts it afresh
+    JoinOutcome b = f.table->join(handle(4), hello(2, 1), kKey, again);
+    CHECK(b.replaced == handle(3) && b.replaced_group && b.replaced_group->failed());
+    CHECK(b.kind == JoinOutcome::Kind::Waiting && b.created && b.group != b.replaced_group);
+    CHECK(has(b.replaced_group->last_error(), "the group ends"));
+  }
+  // Without may_replace: RankTaken, as before.
+  CHECK(f.table->join(handle(5), hello(2, 1), kKey, "10.0.0.3", "p").status == proto::Status::RankTaken);
+}
+
+// Issue 29.4: a member that gives up is not the one missing: the ranks whose data did not arrive are.
+static void the_ranks_whose_data_never_came_are_named() {
+  Fixture f;
+  f.table->join(handle(1), hello(3, 0), kKey, "a", "p");
+  f.table->join(handle(2), hello(3, 1), kKey, "a", "p");
+  JoinOutcome o = f.table->join(handle(3), hello(3, 2), kKey, "a", "p");
+  Slot& s = o.group->slot_for(0);
+  s.seq = 0;
+  s.arrived[0] = s.arrived[2] = 1;              // rank 1's data never came
+  CHECK(o.group->stalled_ranks(1, 8).empty());  // the leaver itself is missing: nothing to add
+  LeaveOutcome l = f.table->leave(o.group, 2, "rank 2 (a:1)", true, "timeout");
+  CHECK(l.kind == LeaveOutcome::Kind::Failed && has(l.message, "never got the data of rank 1 "));
+  CHECK(l.message.find("rank 1") < l.message.find("rank 2"));
+}
+
 int main() {
   job_and_address_shares();
   idle_groups_give_their_memory_back();
@@ -233,5 +291,8 @@ int main() {
   sparse_membership_before_completion();
   leaving();
   expiry();
+  authenticated_joiners_count_against_their_job();
+  a_rank_that_reconnects_replaces_its_stale_connection();
+  the_ranks_whose_data_never_came_are_named();
   return finish("group table");
 }
