@@ -13,6 +13,7 @@ SOURCES = [
     "csrc/protocol/wire.cc",
     "csrc/common/common.cc",
     "csrc/common/text.cc",
+    "csrc/common/settings.cc",
 ]
 
 

@@ -399,6 +399,10 @@ def _stop(args: argparse.Namespace, server: Any, lifecycle: Any, control: Any, m
     log.debug("final stats: %s", _format_stats(stats))
 
 
+# Settings every data connection reads when it is set up (net/socket.cc), not when the reducer is made.
+DATA_SOCKET_SETTINGS = ("keepalive_idle", "keepalive_interval", "keepalive_count", "tcp_user_timeout")
+
+
 def _check_host(host: str) -> None:
     """A listen address that does not resolve is a bad argument (exit 2), found before anything starts."""
     try:
@@ -419,6 +423,8 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--threads={args.threads} must be at least 1 (leave it out for the default)")
         plan = resolve_listen(args.host, args.port)
         _check_host(plan.host)
+        for name in DATA_SOCKET_SETTINGS:  # read by every data socket: a bad value is refused here, named
+            config.get(name, None)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
         config.reducer_integrity(args.integrity, token)  # on/required without a secret: refused here
     except ConfigError as exc:
