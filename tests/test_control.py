@@ -290,7 +290,7 @@ def test_control_addresses_from_cluster_spec() -> None:
     assert control_addresses(["a:1", "b:2"], {"CLUSTER_SPEC": spec}) == ["a:1", "b:2"]
     with pytest.raises(ConfigError, match="RS_CONTROL_PORT"):
         control_addresses([], {"CLUSTER_SPEC": spec, "RS_CONTROL_PORT": "off"})
-    with pytest.raises(ConfigError, match="no cluster found"):
+    with pytest.raises(ConfigError, match="no reducers to ask: pass their control addresses"):
         control_addresses([], {})
     with pytest.raises(ConfigError, match="no port"):
         control_addresses(["nohost"], {})
