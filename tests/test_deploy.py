@@ -100,9 +100,10 @@ def test_plan_cli(capsys: pytest.CaptureFixture) -> None:
     assert "500 Gbps" in out and "512 Gbps" in out
     for name in planner.REDUCER_MACHINES:
         assert name in out
-    assert main(["plan", "--workers", "8", "--worker-gbps", "100"]) == 0
+    # the sizing alone (the prediction, a SimGrid run of ~1-3 s, is tested once above and in test_simulate)
+    assert main(["plan", "--workers", "8", "--worker-gbps", "100", "--predict-size", "0"]) == 0
     assert "25 x n1-highcpu-16" in capsys.readouterr().out
-    assert main(["plan", "--workers", "8", "--worker-gbps", "100", "--reducer-gbps", "100"]) == 0
+    assert main(["plan", "--workers", "8", "--worker-gbps", "100", "--reducer-gbps", "100", "--predict-size", "0"]) == 0
     assert "8 x custom" in capsys.readouterr().out
 
 
@@ -312,10 +313,12 @@ def test_plan_core_args_rejected(kwargs: dict[str, Any]) -> None:
 
 
 def test_plan_cli_core_limit(capsys: pytest.CaptureFixture) -> None:
-    assert main(["plan", "--workers", "5", "--worker-gbps", "100", "--reducer-core-gbps", "2"]) == 0
+    assert (
+        main(["plan", "--workers", "5", "--worker-gbps", "100", "--reducer-core-gbps", "2", "--predict-size", "0"]) == 0
+    )
     out = capsys.readouterr().out
     assert "32 x n1-highcpu-16" in out and "cores-bound" in out and "8 threads x 2 Gbps = 16 Gbps" in out
-    assert main(["plan", "--workers", "5", "--worker-gbps", "100"]) == 0
+    assert main(["plan", "--workers", "5", "--worker-gbps", "100", "--predict-size", "0"]) == 0
     assert "NIC-bound" in capsys.readouterr().out
     assert main(BASE + ["--workers", "4", "--reducer-core-gbps", "2"]) == 0  # 400 / 16 = 25
     assert yaml.safe_load(capsys.readouterr().out)["workerPoolSpecs"][2]["replicaCount"] == 25

@@ -74,10 +74,12 @@ def test_the_scale_model_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_the_code_sets_chunks_and_windows() -> None:
-    """Chunks come from the C++ rule (proto::chunk_for), the window from the settings table; a
-    smaller window is slower once its bytes in flight no longer cover the round trip."""
+    """Chunks come from the client's C++ rule (proto::pipeline_for: from the shard and the number
+    of workers), the window from the settings table; a smaller window is slower once its bytes in
+    flight no longer cover the round trip."""
     row = simulate(4, 4, [16 * MIB], QUIET, ["rs"])[0]
-    assert row["shard"] == 4 * MIB and row["chunk"] == _core.chunk_for(4 * MIB, 1 << 20)
+    chunk, _window = _core.pipeline_for(4 * MIB, 1 << 20, 4, 4, 4)
+    assert row["shard"] == 4 * MIB and row["chunk"] == chunk < _core.chunk_for(4 * MIB, 1 << 20)
     far = Network(1.0, queue_s=None, latency=20e-3)
     wide = simulate(4, 4, [16 * MIB], far, ["rs"])[0]["seconds"]
     narrow = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(window=1))[0]["seconds"]
