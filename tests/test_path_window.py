@@ -5,6 +5,7 @@ group slots."""
 
 from __future__ import annotations
 
+import sys
 import threading
 
 import numpy as np
@@ -12,6 +13,12 @@ import pytest
 
 import reducer
 from reducer._native import core
+from reducer.bench import bulk, emulate
+from reducer.bench.options import BenchConfig
+from reducer.errors import ConfigError
+
+_REASON = emulate.unavailable_reason()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 
 KiB, MiB = 1 << 10, 1 << 20
 
@@ -75,3 +82,61 @@ def test_windows_far_beyond_the_group_slots_sum_exactly(reducers):
         t.join(170)
     assert not any(t.is_alive() for t in th), "a worker still runs"
     assert not errors, errors
+
+
+@pytest.mark.parametrize(
+    "delay, jitter, loss, flag",
+    [
+        (-1, 0, 0, "--emulate-delay-ms"),
+        (5, 6, 0, "--emulate-jitter-ms"),
+        (5, 1, 1.0, "--emulate-loss"),
+        (float("nan"), 0, 0, "--emulate-delay-ms"),
+    ],
+)
+def test_path_options_are_checked(delay, jitter, loss, flag):
+    cfg = BenchConfig(emulate_gbps=0.3, emulate_delay_ms=delay, emulate_jitter_ms=jitter, emulate_loss=loss)
+    with pytest.raises(ConfigError, match=flag):
+        bulk.check(cfg)
+    with pytest.raises(ConfigError, match="need --emulate-gbps"):
+        bulk.check(BenchConfig(emulate_delay_ms=5))
+
+
+_ECHO = """
+import socket
+s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+s.bind(("0.0.0.0", 5555)); s.listen(1); s.settimeout(30)
+c, _ = s.accept()
+while True:
+    b = c.recv(100)
+    if not b: break
+    c.sendall(b)
+"""
+_PING = """
+import socket, sys, time
+for _ in range(100):
+    try: s = socket.create_connection((sys.argv[1], 5555), timeout=5); break
+    except OSError: time.sleep(0.1)
+s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+rt = []
+for i in range(12):
+    t = time.perf_counter(); s.sendall(b"x"); s.recv(1); rt.append((time.perf_counter() - t) * 1000)
+print(" ".join(f"{x:.2f}" for x in rt[2:]))
+"""
+
+
+@pytest.mark.netns
+@needs_netns
+@pytest.mark.timeout(120)
+def test_emulated_delay_shows_in_the_round_trip():
+    """Two emulated hosts 15 +- 5 ms apart each way: a ping-like TCP round trip takes 20-40 ms
+    (at least twice the delay less the jitter; the bound above is generous for a busy machine)."""
+    with emulate.EmulatedHosts(2, 0.2, prefix="rsl", subnet="10.78.0.0/24", delay_ms=15, jitter_ms=5) as hs:
+        echo = hs.popen(1, [sys.executable, "-c", _ECHO])
+        try:
+            out = hs.run(0, [sys.executable, "-c", _PING, hs[1].ip], timeout=60)
+        finally:
+            echo.kill()
+        rtts = sorted(float(x) for x in out.stdout.split())
+        assert len(rtts) == 10, out.stderr
+        assert rtts[0] >= 19.0, rtts  # 2 x (15 - 5) ms, less timer slack
+        assert rtts[len(rtts) // 2] < 200.0, rtts

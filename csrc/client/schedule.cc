@@ -83,13 +83,12 @@ void Schedule::fill(Link& l, size_t li, bool copies_short) {
 uint64_t Schedule::window_of(Link& l, const Round::Part& p) const {
   const uint64_t w = std::max(p.window, l.path_window);
   if (l.in_flight < w) return w;
-  const int64_t now = std::chrono::duration_cast<std::chrono::nanoseconds>(
-                          std::chrono::steady_clock::now().time_since_epoch())
-                          .count();
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
   if (now - l.path_checked_ns < kPathCheckNs) return w;
   l.path_checked_ns = now;
   const net::TcpPath tp = net::tcp_path(l.fd.get());
-  l.path_window = proto::path_window(p.window, p.chunk, tp.min_rtt_us, tp.rate_Bps);
+  l.path_window = proto::path_window(p.window, p.chunk, tp.rtt_us, tp.rate_Bps);
   return std::max(p.window, l.path_window);
 }
 

@@ -21,9 +21,9 @@
 namespace rs::emulate {
 namespace {
 
-constexpr size_t kVnet = 10;  // struct virtio_net_hdr (PACKET_VNET_HDR), passed through unchanged
+constexpr size_t kVnet = 10;                      // struct virtio_net_hdr (PACKET_VNET_HDR), passed through unchanged
 constexpr size_t kMaxFrame = kVnet + 65536 + 64;  // a GSO frame of up to 64 KiB with its headers
-constexpr size_t kMaxQueued = 16384;               // frames per port (then drops, like a full switch queue)
+constexpr size_t kMaxQueued = 16384;              // frames per port (then drops, like a full switch queue)
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())

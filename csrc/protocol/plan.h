@@ -99,7 +99,7 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
 // and per sender: workers need not agree on it (the reducer reads a member's chunks in order; its
 // group slots fill and TCP holds the rest in the socket buffers: docs/protocol.md).
 constexpr uint64_t kPathHeadroom = 2;
-constexpr uint64_t kMaxPathWindow = 1024;          // RS_WINDOW's own upper bound
+constexpr uint64_t kMaxPathWindow = 1024;               // RS_WINDOW's own upper bound
 constexpr uint64_t kMaxPathBytes = uint64_t(64) << 20;  // bytes in flight per link at most
 uint64_t path_window(uint64_t window, uint64_t chunk, uint64_t rtt_us, uint64_t rate_Bps);
 

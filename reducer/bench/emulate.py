@@ -342,6 +342,7 @@ class EmulatedHosts:
             raise ValueError(f"subnet {subnet} too small for {n_hosts} hosts")
         check_path(delay_ms, jitter_ms, loss)
         self.delay_ms, self.jitter_ms, self.loss = float(delay_ms), float(jitter_ms), float(loss)
+        self.relayed = delay_ms > 0 or jitter_ms > 0 or loss > 0  # a delay relay, not the bridge, joins the hosts
         self.n_hosts = n_hosts
         self.gbps = float(gbps)
         self.prefix = prefix
@@ -466,35 +467,9 @@ class EmulatedHosts:
             # ... and what it receives
             _run(["tc", "-n", sw, "qdisc", "replace", "dev", f"{self.prefix}-v{i}", "root"] + self.tbf_args())
         if self.relayed:
-            self._start_relay()
+            self._procs.append(start_relay(self))
         if self._congestion_wanted:
             self.set_congestion(self._congestion_wanted)
-
-    @property
-    def relayed(self) -> bool:
-        """Whether a delay relay, not the bridge, joins the hosts (a delay, jitter or loss set)."""
-        return self.delay_ms > 0 or self.jitter_ms > 0 or self.loss > 0
-
-    def _start_relay(self) -> None:
-        """The latency emulation: core.delay_relay (csrc/emulate/delay_relay.h) in the switch
-        namespace forwards frames among the hosts' links, each direction of a path delay_ms +-
-        jitter_ms later (one way; a round trip is twice), dropping loss of them. This kernel has no
-        sch_netem, and no sch_fq for a tc BPF program's departure times."""
-        ports = [f"{self.prefix}-v{i}" for i in range(self.n_hosts)]
-        code = (
-            "import sys; from reducer._native import core; "
-            f"core.delay_relay({ports!r}, {int(self.delay_ms * 1000)}, {int(self.jitter_ms * 1000)}, {self.loss!r})"
-        )
-        proc = subprocess.Popen(
-            ["ip", "netns", "exec", self.switch_netns, sys.executable, "-c", code],
-            stdin=subprocess.DEVNULL,
-            stderr=subprocess.PIPE,
-            text=True,
-        )
-        self._procs.append(proc)
-        time.sleep(0.3)
-        if proc.poll() is not None:
-            raise EmulationError(f"the delay relay stopped: {(proc.stderr.read() if proc.stderr else '').strip()}")
 
     def set_congestion(self, name: str | None) -> None:
         """Make every host's TCP connections opened from now on use congestion control `name`
@@ -715,6 +690,28 @@ def _selftest(argv: list[str]) -> int:
             txt = ", ".join(f"{r / 1e6:.1f} Mbit/s ({100 * r / rate:.1f}%)" for r in rates)
             print(f"{label}: {txt}; cpu mean {cpu.mean_percent:.0f}% max {cpu.max_percent:.0f}%")
     return 0
+
+
+def start_relay(hosts: EmulatedHosts) -> subprocess.Popen:
+    """The latency emulation: core.delay_relay (csrc/emulate/delay_relay.h) in the switch namespace
+    forwards frames among the hosts' links, each direction of a path delay_ms +- jitter_ms later
+    (one way; a round trip is twice), dropping `loss` of them. This kernel has no sch_netem, and no
+    sch_fq for a tc BPF program's departure times."""
+    ports = [f"{hosts.prefix}-v{i}" for i in range(hosts.n_hosts)]
+    code = (
+        "from reducer._native import core; "
+        f"core.delay_relay({ports!r}, {int(hosts.delay_ms * 1000)}, {int(hosts.jitter_ms * 1000)}, {hosts.loss!r})"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", hosts.switch_netns, sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    if proc.poll() is not None:
+        raise EmulationError(f"the delay relay stopped: {(proc.stderr.read() if proc.stderr else '').strip()}")
+    return proc
 
 
 def main(argv: list[str]) -> int:
