@@ -23,7 +23,8 @@ namespace {
 
 constexpr size_t kVnet = 10;                      // struct virtio_net_hdr (PACKET_VNET_HDR), passed through unchanged
 constexpr size_t kMaxFrame = kVnet + 65536 + 64;  // a GSO frame of up to 64 KiB with its headers
-constexpr size_t kMaxQueued = 16384;              // frames per port (then drops, like a full switch queue)
+constexpr int kSocketBuffer = 64 << 20;
+constexpr size_t kMaxQueued = 16384;  // frames per port (then drops, like a full switch queue)
 
 int64_t now_ns() {
   return std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch())
@@ -50,6 +51,12 @@ net::Fd open_port(const std::string& name) {
   if (setsockopt(fd.get(), SOL_PACKET, PACKET_VNET_HDR, &one, sizeof one) != 0 ||
       setsockopt(fd.get(), SOL_PACKET, PACKET_IGNORE_OUTGOING, &one, sizeof one) != 0)
     throw Error(ErrorKind::Config, "delay relay: packet options on " + name + ": " + errno_text(errno));
+  // Deep socket buffers (root may exceed rmem_max): the default 208 KiB holds three GSO frames, and
+  // a port's burst beyond them was dropped here, not by the link's tbf (retransmissions, and
+  // timeouts that made the emulated path look far worse than it was).
+  int bytes = kSocketBuffer;
+  setsockopt(fd.get(), SOL_SOCKET, SO_RCVBUFFORCE, &bytes, sizeof bytes);
+  setsockopt(fd.get(), SOL_SOCKET, SO_SNDBUFFORCE, &bytes, sizeof bytes);
   sockaddr_ll a{};
   a.sll_family = AF_PACKET;
   a.sll_protocol = htons(ETH_P_ALL);
