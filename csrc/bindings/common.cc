@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/settings.h"
+#include "emulate/delay_relay.h"
 #include "net/address.h"
 #include "net/frame_auth.h"
 #include "net/socket.h"
@@ -220,6 +221,26 @@ void bind_net(py::module_& m) {
 
 }  // namespace
 
+// Long paths (issue 31 point 2): the window rule and the bench's latency emulation.
+static void bind_paths(py::module_& m) {
+  m.def("path_window", &rs::proto::path_window, py::arg("window"), py::arg("chunk"), py::arg("rtt_us"),
+        py::arg("rate_Bps"),
+        "Chunks a worker keeps in flight on a link whose path has round trip `rtt_us` (TCP_INFO tcpi_min_rtt) and "
+        "delivery rate `rate_Bps` (protocol/plan.h path_window): max(window, ceil(2 x rate x rtt / chunk)), bounded.");
+  m.def(
+      "delay_relay",
+      [](const std::vector<std::string>& ifaces, uint64_t delay_us, uint64_t jitter_us, double loss, uint64_t seed,
+         double run_for_s) {
+        rs::emulate::RelayOptions o{ifaces, delay_us, jitter_us, loss, seed, run_for_s};
+        py::gil_scoped_release nogil;
+        rs::emulate::run_delay_relay(o);
+      },
+      py::arg("ifaces"), py::arg("delay_us"), py::arg("jitter_us") = 0, py::arg("loss") = 0.0, py::arg("seed") = 1,
+      py::arg("run_for_s") = 0.0,
+      "Forwards frames among `ifaces` (a learning bridge) with delay +- jitter and loss (emulate/delay_relay.h): "
+      "the bench's latency emulation. Runs until killed, or for run_for_s seconds.");
+}
+
 void bind_common(py::module_& m) {
   register_errors();
   m.def("set_log_callback", &set_log_callback, py::arg("fn"),
@@ -303,6 +324,7 @@ void bind_common(py::module_& m) {
       py::arg("shard_bytes"), py::arg("max_chunk"), py::arg("workers"), py::arg("reducers"), py::arg("window"),
       "(chunk, window) of a worker's link to a reducer for a round (protocol/plan.h pipeline_for): the chunk every "
       "worker derives from the shard and the group size, and the chunks it keeps in flight on the link.");
+  bind_paths(m);
   m.def("reducers_for", &rs::proto::reducers_for, py::arg("nbytes"), py::arg("reducers"), py::arg("workers"),
         "How many reducers a round of `nbytes` uses (protocol/plan.h): the count every worker derives.");
   m.attr("NAME_RULE") = rs::proto::kNameRule;

@@ -95,6 +95,10 @@ struct Link {
   bool corked = false;       // a DONE written with MSG_MORE may still wait there
   uint64_t cleared = 0;      // rounds below this one are cleared on this link
   Staging staging;           // compressed rounds' chunks
+  // The window its path needs (protocol/plan.h path_window, from TCP_INFO; Schedule::window_of),
+  // and when it was last measured (steady clock, ns).
+  uint64_t path_window = 0;
+  int64_t path_checked_ns = 0;
 };
 
 }  // namespace rs::client

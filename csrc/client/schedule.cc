@@ -1,7 +1,9 @@
 #include "client/schedule.h"
 
 #include <algorithm>
+#include <chrono>
 
+#include "net/tcp_path.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
 
@@ -62,9 +64,9 @@ void Schedule::fill(Link& l, size_t li, bool copies_short) {
       l.send_wire++;  // this round's chunks on this link are all queued: the next round's follow
       continue;
     }
-    // The window of the round being queued (proto::pipeline_for; the sender's alone: workers need
-    // not agree on it).
-    if (l.in_flight >= p.window) break;
+    // The window of the round being queued (proto::pipeline_for, widened to the path's
+    // bandwidth-delay product: window_of; the sender's alone: workers need not agree on it).
+    if (l.in_flight >= window_of(l, p)) break;
     if (r->comp != Compression::None) {
       l.staging.ensure(staging_slots(), opts_.chunk_bytes);  // once per session and link
       if (l.staging.full()) break;                           // every slot waits to be written
@@ -72,6 +74,22 @@ void Schedule::fill(Link& l, size_t li, bool copies_short) {
     queue_chunk(l, *r, p);
   }
   queue_done(l, li, copies_short);
+}
+
+// The chunks link `l` may keep in flight while it queues part `p`: the round's window, or more
+// where the path needs them (proto::path_window from the socket's TCP_INFO). Measured again only
+// while the window is the limit, and at most every kPathCheckNs: a getsockopt now and then, not
+// per chunk.
+uint64_t Schedule::window_of(Link& l, const Round::Part& p) const {
+  const uint64_t w = std::max(p.window, l.path_window);
+  if (l.in_flight < w) return w;
+  const int64_t now =
+      std::chrono::duration_cast<std::chrono::nanoseconds>(std::chrono::steady_clock::now().time_since_epoch()).count();
+  if (now - l.path_checked_ns < kPathCheckNs) return w;
+  l.path_checked_ns = now;
+  const net::TcpPath tp = net::tcp_path(l.fd.get());
+  l.path_window = proto::path_window(p.window, p.chunk, tp.rtt_us, tp.rate_Bps);
+  return std::max(p.window, l.path_window);
 }
 
 // Queues the next chunk of round `r` on link `l` (narrowed into a staging slot if compressed).

@@ -18,6 +18,7 @@ namespace rs::client {
 // staging slot (which the write frees); kDoneToken for a DONE frame.
 inline uint64_t frame_token(uint64_t wire, bool staged) { return (wire << 1) | (staged ? 1 : 0); }
 constexpr uint64_t kDoneToken = ~uint64_t(0);
+constexpr int64_t kPathCheckNs = 2'000'000;  // a window-bound link reads TCP_INFO at most every 2 ms
 
 class Schedule {
  public:
@@ -41,6 +42,7 @@ class Schedule {
 
  private:
   void queue_chunk(Link& l, Round& r, Round::Part& p);
+  uint64_t window_of(Link& l, const Round::Part& p) const;
   void queue_done(Link& l, size_t li, bool copies_short);
   const ClientOptions& opts_;
 };

@@ -1,6 +1,7 @@
 #include "protocol/plan.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "protocol/wire.h"
 
@@ -67,6 +68,17 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
   }
   p.window = reducers < workers && window > 1 ? window / 2 : std::max<uint64_t>(window, 1);
   return p;
+}
+
+uint64_t path_window(uint64_t window, uint64_t chunk, uint64_t rtt_us, uint64_t rate_Bps) {
+  window = std::max<uint64_t>(window, 1);
+  if (chunk == 0 || rtt_us == 0 || rate_Bps == 0) return window;
+  // rate x rtt in bytes without overflow (rate < 2^64 B/s, rtt < 2^32 us in TCP_INFO).
+  const long double bdp = static_cast<long double>(rate_Bps) * static_cast<long double>(rtt_us) / 1e6L;
+  const long double want = std::ceil(bdp * kPathHeadroom / static_cast<long double>(chunk));
+  const uint64_t cap = std::max<uint64_t>(std::min(kMaxPathWindow, kMaxPathBytes / chunk), 1);
+  const uint64_t need = want >= static_cast<long double>(cap) ? cap : static_cast<uint64_t>(want);
+  return std::max(window, need);
 }
 
 }  // namespace rs::proto

@@ -130,6 +130,17 @@ def _ip_batch(cmds: list[str], netns: str | None = None) -> None:
         raise EmulationError(f"ip -batch failed: {p.stderr.strip()}\ncommands:\n" + "\n".join(cmds))
 
 
+def check_path(delay_ms: float, jitter_ms: float, loss: float) -> None:
+    """Raise ValueError unless delay, jitter and loss make an emulated path (one line naming the
+    bench flag)."""
+    if not 0 <= delay_ms <= 10_000:
+        raise ValueError(f"--emulate-delay-ms must be in 0..10000, got {delay_ms:g}")
+    if not 0 <= jitter_ms <= delay_ms:
+        raise ValueError(f"--emulate-jitter-ms must be in 0..--emulate-delay-ms ({delay_ms:g}), got {jitter_ms:g}")
+    if not 0 <= loss < 1:
+        raise ValueError(f"--emulate-loss must be in [0, 1), got {loss:g}")
+
+
 def check_prerequisites() -> None:
     """Raise EmulationError unless we are root and `ip` and `tc` exist."""
     missing = []
@@ -314,6 +325,9 @@ class EmulatedHosts:
         latency_ms: float = 20.0,
         mtu: int = 1500,
         congestion: str | None = None,
+        delay_ms: float = 0.0,
+        jitter_ms: float = 0.0,
+        loss: float = 0.0,
     ):
         if n_hosts < 1:
             raise ValueError("n_hosts must be >= 1")
@@ -326,6 +340,9 @@ class EmulatedHosts:
         net = ipaddress.ip_network(subnet)
         if net.version != 4 or net.num_addresses - 2 < n_hosts:
             raise ValueError(f"subnet {subnet} too small for {n_hosts} hosts")
+        check_path(delay_ms, jitter_ms, loss)
+        self.delay_ms, self.jitter_ms, self.loss = float(delay_ms), float(jitter_ms), float(loss)
+        self.relayed = delay_ms > 0 or jitter_ms > 0 or loss > 0  # a delay relay, not the bridge, joins the hosts
         self.n_hosts = n_hosts
         self.gbps = float(gbps)
         self.prefix = prefix
@@ -409,7 +426,7 @@ class EmulatedHosts:
             sw_cmds += [
                 f"link add {v} mtu {self.mtu} type veth peer name {peer} mtu {self.mtu}",
                 f"link set {v} addrgenmode none",
-                f"link set {v} master {self.bridge}",
+                *([] if self.relayed else [f"link set {v} master {self.bridge}"]),
                 f"link set {peer} netns {h.netns}",
                 f"link set {v} up",
             ]
@@ -449,6 +466,8 @@ class EmulatedHosts:
             _run(["tc", "-n", h.netns, "qdisc", "replace", "dev", h.ifname, "root"] + self.tbf_args())
             # ... and what it receives
             _run(["tc", "-n", sw, "qdisc", "replace", "dev", f"{self.prefix}-v{i}", "root"] + self.tbf_args())
+        if self.relayed:
+            self._procs.append(start_relay(self))
         if self._congestion_wanted:
             self.set_congestion(self._congestion_wanted)
 
@@ -671,6 +690,28 @@ def _selftest(argv: list[str]) -> int:
             txt = ", ".join(f"{r / 1e6:.1f} Mbit/s ({100 * r / rate:.1f}%)" for r in rates)
             print(f"{label}: {txt}; cpu mean {cpu.mean_percent:.0f}% max {cpu.max_percent:.0f}%")
     return 0
+
+
+def start_relay(hosts: EmulatedHosts) -> subprocess.Popen:
+    """The latency emulation: core.delay_relay (csrc/emulate/delay_relay.h) in the switch namespace
+    forwards frames among the hosts' links, each direction of a path delay_ms +- jitter_ms later
+    (one way; a round trip is twice), dropping `loss` of them. This kernel has no sch_netem, and no
+    sch_fq for a tc BPF program's departure times."""
+    ports = [f"{hosts.prefix}-v{i}" for i in range(hosts.n_hosts)]
+    code = (
+        "from reducer._native import core; "
+        f"core.delay_relay({ports!r}, {int(hosts.delay_ms * 1000)}, {int(hosts.jitter_ms * 1000)}, {hosts.loss!r})"
+    )
+    proc = subprocess.Popen(
+        ["ip", "netns", "exec", hosts.switch_netns, sys.executable, "-c", code],
+        stdin=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.3)
+    if proc.poll() is not None:
+        raise EmulationError(f"the delay relay stopped: {(proc.stderr.read() if proc.stderr else '').strip()}")
+    return proc
 
 
 def main(argv: list[str]) -> int:

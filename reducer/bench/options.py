@@ -41,6 +41,12 @@ class BenchConfig:
     warmup_bytes: int = 32 << 20  # and at least this many bytes of untimed rounds per size
     algos: list[str] | None = None  # None: every available one
     emulate_gbps: float | None = None
+    # A long path (issue 31 point 2; needs emulate_gbps): each direction of every path delay_ms +-
+    # jitter_ms later (uniform), loss of its packets dropped (reducer.bench.emulate's delay relay),
+    # and one bulk TCP stream's rate on it measured first (reducer.bench.bulk).
+    emulate_delay_ms: float = 0.0
+    emulate_jitter_ms: float = 0.0
+    emulate_loss: float = 0.0
     json_path: str | None = None
     plot_path: str | None = None
     timeout: float = 60.0  # per all-reduce, seconds without progress

@@ -24,7 +24,7 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import control_ab, cpu_monitor, emulate, plot, report, steps
+from . import bulk, control_ab, cpu_monitor, emulate, plot, report, steps
 
 # re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
 from .congestion import (  # noqa: F401
@@ -394,12 +394,15 @@ def run(cfg: BenchConfig, out: Callable[[str], None] = print) -> list[dict[str, 
     _print_header(spec, n_hosts, background, load1, out)
     res = _Results({cc: [] for cc in spec.ccs})
     with _open_hosts(spec.cfg, n_hosts) as hosts:
+        bulk_Bps = bulk.baseline(spec.cfg, hosts, out)
         _run_passes(spec, hosts, run_id, res)
     if spec.plan is not None:
         _report_steps(spec, res, out)
     for cc in spec.ccs:
         _report_congestion(spec, res, cc, out)
     all_rows = [r for cc in spec.ccs for r in res.rows_by_cc[cc]]
+    for line in bulk.format_ratios(all_rows, bulk_Bps, spec.cfg.workers, spec.cfg.reducers) if bulk_Bps else []:
+        out(line)
     for r in all_rows:
         r["background_cpu_percent"] = background
         r["load_average_1m"] = load1
@@ -422,6 +425,7 @@ def _validate(cfg: BenchConfig, out: Callable[[str], None]) -> _RunSpec:
     if cfg.iters < 1 or cfg.iters_bytes < 0 or cfg.warmup < 0 or cfg.warmup_bytes < 0:
         raise ConfigError("--iters must be >= 1, --iters-bytes, --warmup and --warmup-bytes >= 0")
     check_congestion(cfg.congestion)
+    bulk.check(cfg)
     ccs: list[str | None] = [*cfg.congestion] if cfg.congestion else [None]  # None: leave congestion control alone
     if cfg.model and len(ccs) > 1:
         raise ConfigError("--model runs one congestion control at a time: give --congestion one name")
@@ -518,7 +522,14 @@ def _open_hosts(cfg: BenchConfig, n_hosts: int) -> Iterator[Any]:
     emu_ctx = None
     try:
         try:
-            emu_ctx = emulate.EmulatedHosts(n_hosts, cfg.emulate_gbps, prefix=cfg.netns_prefix)
+            emu_ctx = emulate.EmulatedHosts(
+                n_hosts,
+                cfg.emulate_gbps,
+                prefix=cfg.netns_prefix,
+                delay_ms=cfg.emulate_delay_ms,
+                jitter_ms=cfg.emulate_jitter_ms,
+                loss=cfg.emulate_loss,
+            )
             hosts = _EmulatedHosts(emu_ctx.__enter__())
         except emulate.EmulationError as exc:
             emu_ctx = None

@@ -68,6 +68,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
         help="run every worker and reducer in its own network namespace with a B Gbit/s "
         "full-duplex link (needs root and iproute2)",
     )
+    for flag, what in (
+        ("--emulate-delay-ms", "one-way delay added to every path between emulated hosts, ms"),
+        ("--emulate-jitter-ms", "+- this much (uniform) on that delay, ms, at most the delay; no reordering"),
+        ("--emulate-loss", "fraction of packets dropped on every path, in [0, 1)"),
+    ):
+        p.add_argument(flag, type=float, default=0.0, metavar="X", help=what + " (needs --emulate-gbps)")
     p.add_argument(
         "--congestion",
         default=None,
@@ -202,6 +208,9 @@ def config_from_args(args: argparse.Namespace):
         warmup_bytes=size_flag("--warmup-bytes", args.warmup_bytes, parse_size),
         algos=[a.strip() for a in args.algos.split(",") if a.strip()] if args.algos else None,
         emulate_gbps=args.emulate_gbps,
+        emulate_delay_ms=args.emulate_delay_ms,
+        emulate_jitter_ms=args.emulate_jitter_ms,
+        emulate_loss=args.emulate_loss,
         json_path=args.json_path,
         plot_path=args.plot_path,
         timeout=args.timeout,
