@@ -24,11 +24,11 @@ KiB, MiB = 1 << 10, 1 << 20
 
 
 def test_path_window_follows_the_bandwidth_delay_product():
-    # 0.5 Gbit/s (62.5 MB/s) x 40 ms = 2.5 MB; twice that in 32 KiB chunks: 153 chunks.
-    assert core.path_window(4, 32 * KiB, 40_000, 62_500_000) == 153
+    # 0.5 Gbit/s (62.5 MB/s) x 40 ms = 2.5 MB; four times that (kPathHeadroom) in 32 KiB chunks: 306.
+    assert core.path_window(4, 32 * KiB, 40_000, 62_500_000) == 306
     # Twice the round trip, twice the window; twice the chunk, half of it.
-    assert core.path_window(4, 32 * KiB, 80_000, 62_500_000) == 306
-    assert core.path_window(4, 64 * KiB, 40_000, 62_500_000) == 77
+    assert core.path_window(4, 32 * KiB, 80_000, 62_500_000) == 611
+    assert core.path_window(4, 64 * KiB, 40_000, 62_500_000) == 153
     # A LAN (100 us at 1 Gbit/s: 12.5 KB) keeps the configured window; so does an unknown path.
     assert core.path_window(4, 32 * KiB, 100, 125_000_000) == 4
     assert core.path_window(2, 32 * KiB, 0, 62_500_000) == 2

@@ -8,7 +8,7 @@ namespace rs::net {
 
 struct TcpPath {
   uint64_t min_rtt_us = 0;  // tcpi_min_rtt (0: unknown)
-  uint64_t rtt_us = 0;      // min(tcpi_rtt, tcpi_min_rtt + 4 x tcpi_rttvar), at least the minimum (0: unknown)
+  uint64_t rtt_us = 0;      // the round trip a window covers: tcpi_min_rtt (0: unknown); see tcp_path.cc
   uint64_t rate_Bps = 0;    // tcpi_delivery_rate, bytes per second (0: unknown, nothing delivered yet)
 };
 
