@@ -6,12 +6,10 @@ group slots."""
 from __future__ import annotations
 
 import sys
-import threading
 
-import numpy as np
 import pytest
+from exact_rounds import run_exact_rounds
 
-import reducer
 from reducer._native import core
 from reducer.bench import bulk, emulate
 from reducer.bench.options import BenchConfig
@@ -55,32 +53,7 @@ def test_windows_far_beyond_the_group_slots_sum_exactly(reducers):
     W = 4
     addrs = [s.address for s in reducers(1, group_slots=2)]
     n = (8 * MiB) // 4
-    errors: list[str] = []
-
-    def work(rank: int) -> None:
-        try:
-            with reducer.Communicator(
-                addrs, rank, W, group="longpath", timeout=90, connect_timeout=60, window=1024
-            ) as c:
-                for i in range(2):
-                    a = np.arange(n, dtype=np.float32) % 1024 + rank + i
-                    c.allreduce(a)
-                    want = (np.arange(n, dtype=np.float32) % 1024) * W + sum(range(W)) + W * i
-                    if not np.array_equal(a, want):
-                        errors.append(f"rank {rank} round {i}: float32 sum differs")
-                b = np.arange(n // 2, dtype=np.int64) * (rank + 1)
-                c.allreduce(b)
-                if not np.array_equal(b, np.arange(n // 2, dtype=np.int64) * sum(range(1, W + 1))):
-                    errors.append(f"rank {rank}: int64 sum differs")
-        except Exception as e:  # reported below
-            errors.append(f"rank {rank}: {type(e).__name__}: {e}")
-
-    th = [threading.Thread(target=work, args=(r,)) for r in range(W)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(170)
-    assert not any(t.is_alive() for t in th), "a worker still runs"
+    errors = run_exact_rounds(addrs, W, n, 170, group="longpath", timeout=90, connect_timeout=60, window=1024)
     assert not errors, errors
 
 

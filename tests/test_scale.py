@@ -6,10 +6,9 @@ from __future__ import annotations
 
 import os
 
-import numpy as np
 import pytest
+from exact_rounds import run_exact_rounds
 
-import reducer
 from reducer._native import core
 from reducer.bench import emulate
 
@@ -60,33 +59,10 @@ def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
 def test_many_workers_small_chunks_sum_exactly(reducers):
     """W = 8 workers (threads) on R = 2 reducers: 4 MiB rounds in 16 KiB chunks (the fan-in rule:
     512 KiB / (8 x 4)), windows halved (R < W), float32 and int64, back to back: exact sums."""
-    import threading
 
     W = 8
     addrs = [s.address for s in reducers(2)]
     n = (4 * MiB) // 4
     assert core.pipeline_for(2 * MiB, 1 * MiB, W, 2, 4) == (16 * KiB, 2)
-    errors: list[str] = []
-
-    def work(rank: int) -> None:
-        try:
-            with reducer.Communicator(addrs, rank, W, group="many", timeout=60, connect_timeout=60) as c:
-                for i in range(2):
-                    a = np.arange(n, dtype=np.float32) % 1024 + rank + i
-                    c.allreduce(a)
-                    want = (np.arange(n, dtype=np.float32) % 1024) * W + sum(range(W)) + W * i
-                    if not np.array_equal(a, want):
-                        errors.append(f"rank {rank} round {i}: float32 sum differs")
-                b = np.arange(n // 2, dtype=np.int64) * (rank + 1)
-                c.allreduce(b)
-                if not np.array_equal(b, np.arange(n // 2, dtype=np.int64) * sum(range(1, W + 1))):
-                    errors.append(f"rank {rank}: int64 sum differs")
-        except Exception as e:  # reported below
-            errors.append(f"rank {rank}: {type(e).__name__}: {e}")
-
-    th = [threading.Thread(target=work, args=(r,)) for r in range(W)]
-    for t in th:
-        t.start()
-    for t in th:
-        t.join(110)
+    errors = run_exact_rounds(addrs, W, n, 110, group="many", timeout=60, connect_timeout=60)
     assert not errors, errors
