@@ -96,9 +96,10 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
 // at least the minimum): with the window the limit the measured rate is that, and kPathHeadroom = 4
 // makes the next window 4 x rtt_min / rtt' times this one, so it grows while the typical round trip
 // is under twice the minimum (a jittery path: 20 +- 10 ms each way) until the path (or the reducer)
-// is the limit. A queue never grows it: rtt_min does not count queueing (net/tcp_path.cc). On a LAN (rtt ~0.1 ms) the product is a few KiB and the configured window stands. Per link
-// and per sender: workers need not agree on it (the reducer reads a member's chunks in order; its
-// group slots fill and TCP holds the rest in the socket buffers: docs/protocol.md).
+// is the limit. A queue never grows it: rtt_min does not count queueing (net/tcp_path.cc). On a LAN (rtt ~0.1 ms) the
+// product is a few KiB and the configured window stands. Per link and per sender: workers need not agree on it (the
+// reducer reads a member's chunks in order; its group slots fill and TCP holds the rest in the socket buffers:
+// docs/protocol.md).
 constexpr uint64_t kPathHeadroom = 4;
 constexpr uint64_t kMaxPathWindow = 1024;               // RS_WINDOW's own upper bound
 constexpr uint64_t kMaxPathBytes = uint64_t(64) << 20;  // bytes in flight per link at most
