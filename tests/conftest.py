@@ -33,6 +33,14 @@ def child_env(drop: Sequence[str] = (), **extra: str) -> dict[str, str]:
     return env
 
 
+def child_env_in_tree(**extra: str) -> dict[str, str]:
+    """child_env() for a `python -c` child that imports this tree's reducer: the repository root
+    first on PYTHONPATH, what was there (a sanitized build's copy) kept after it."""
+    root = os.path.dirname(HERE)
+    before = os.environ.get("PYTHONPATH")
+    return child_env(PYTHONPATH=root + (os.pathsep + before if before else ""), **extra)
+
+
 @pytest.fixture(scope="session")
 def pool():
     """Up to 5 worker processes (spawned once) that run functions from tests/tasks.py."""

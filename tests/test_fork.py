@@ -19,18 +19,14 @@ end within its bound, and every round of the parent, during and after, must be e
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 
 import pytest
-from conftest import addresses
-
-import reducer
+from conftest import addresses, child_env_in_tree
 
 pytestmark = [pytest.mark.timeout(180), pytest.mark.sanitize]
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(reducer.__file__)))
 CHILDREN = 48
 
 _PARENT = r"""
@@ -117,8 +113,7 @@ print(json.dumps(report), flush=True)
 
 def test_forked_children_leave_the_parents_connections_alone(reducers):
     servers = reducers(2)
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env_in_tree()
     args = {"addresses": addresses(servers), "children": CHILDREN}
     proc = subprocess.run(
         [sys.executable, "-c", _PARENT, json.dumps(args)], capture_output=True, text=True, timeout=150, env=env

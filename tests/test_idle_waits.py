@@ -17,21 +17,18 @@ hello. Bounds are generous (a loaded machine), far below the connect timeouts.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 from typing import Any
 
 import pytest
+from conftest import child_env_in_tree
 from lying_reducer import ERR_FAILOVER, LyingReducer, error_frame
-
-import reducer
 
 pytestmark = [pytest.mark.timeout(120), pytest.mark.sanitize]
 
 # The reducer package under test (a run with PYTHONPATH naming another tree tests that tree).
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(reducer.__file__)))
 
 _WORKER = r"""
 import json, sys, time
@@ -63,8 +60,7 @@ print(json.dumps(out), flush=True)
 
 def run(mode: str, timeout: float = 30.0, connect_timeout: float = 20.0) -> dict[str, Any]:
     """The worker's report, plus `exit_seconds`: from its last line to the end of the process."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env_in_tree()
     lie = error_frame(ERR_FAILOVER, b"another worker lost a reducer", tag=0)
     with LyingReducer(idle_lie=(0.2, lie), answer_hellos=1, timeout=60.0) as fake:
         args = {"address": fake.address, "mode": mode, "timeout": timeout, "connect_timeout": connect_timeout}
