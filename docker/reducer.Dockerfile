@@ -9,6 +9,8 @@ ARG PYTHON_VERSION=3.11
 
 # -- build: compile the C++ core into a wheel ------------------------------------------------
 FROM python:${PYTHON_VERSION}-slim AS build
+# Untagged once built (podman keeps it as a `<none>` image): scripts/build-images.sh removes it by this label.
+LABEL io.reduction-server.build-stage=true
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ libssl-dev ccache \
     && rm -rf /var/lib/apt/lists/*

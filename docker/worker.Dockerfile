@@ -11,6 +11,8 @@ ARG BASE=pytorch/pytorch:2.5.1-cuda12.4-cudnn9-runtime
 
 # -- build: compile the C++ core into a wheel (the runtime base has no compiler) --------------
 FROM ${BASE} AS build
+# Untagged once built (podman keeps it as a `<none>` image): scripts/build-images.sh removes it by this label.
+LABEL io.reduction-server.build-stage=true
 RUN apt-get update \
     && apt-get install -y --no-install-recommends g++ libssl-dev ccache \
     && rm -rf /var/lib/apt/lists/*

@@ -75,6 +75,16 @@ def _port_or_off(text: str) -> int | None:
     return port
 
 
+def _address(text: str) -> str:
+    """``host:port`` (IPv6 in brackets), checked by the one parser (csrc/net/address.cc); a
+    ValueError saying why (get() names the variable)."""
+    try:
+        host, port = _core.parse_address(text.strip())
+    except ValueError as exc:  # ConfigError: re-raised as the plain reason, so get() names the variable
+        raise ValueError(str(exc)) from None
+    return f"[{host}]:{port}" if ":" in str(host) else f"{host}:{port}"
+
+
 _PYTHON_ONLY = [
     # -- worker client ---------------------------------------------------------
     Setting(
@@ -240,6 +250,16 @@ _PYTHON_ONLY = [
     ),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),
+    # -- reducer node: the data address it tells others (GetStats, `status`) ----
+    Setting(
+        "advertise_address",
+        "RS_ADVERTISE_ADDRESS",
+        None,
+        _address,
+        "Reducer: HOST:PORT at which others reach its data port, reported by GetStats and `status` "
+        "(default: its own CLUSTER_SPEC/TF_CONFIG entry, else the address it binds); set it behind a "
+        "port mapping or NAT.",
+    ),
 ]
 
 

@@ -64,6 +64,7 @@ CLEARED_ENV = (
     "RS_WORLD_SIZE",
     "RS_PORT",
     "RS_HOST",
+    "RS_ADVERTISE_ADDRESS",
     "LOCAL_RANK",
     "LOCAL_WORLD_SIZE",
     "RANK",

@@ -4,12 +4,14 @@
 #   reduction-server/worker:TAG    docker/worker.Dockerfile  (pytorch/pytorch:...-runtime)
 #
 # usage: scripts/build-images.sh [--engine docker|podman] [--tag TAG] [--only reducer|worker]
-#                                [--worker-base IMAGE] [--no-stand-in] [--print-engine]
+#                                [--worker-base IMAGE] [--no-stand-in] [--keep-build-stage]
+#                                [--print-engine]
 #   --engine E       default $RS_IMAGE_ENGINE, else docker when its daemon answers, else podman
 #   --tag TAG        default $RS_IMAGE_TAG, else latest
 #   --only NAME      build one image
 #   --worker-base B  the worker's BASE (a PyTorch image; default: the Dockerfile's)
 #   --no-stand-in    fail when a FROM image cannot be pulled, instead of building a stand-in
+#   --keep-build-stage  keep the untagged build-stage images (see below) as a layer cache
 #   --print-engine   print the engine command line (line 1) and the `run` flags this machine
 #                    needs (line 2), then exit; tests/test_container_job.py runs containers so
 #
@@ -28,6 +30,14 @@
 # mounted read-only into the build with podman; docker build cannot mount them, so they are
 # left out (with a message) and the other indexes are used.
 #
+# What a build leaves: the named images and the bases, nothing untagged. Each Dockerfile's
+# `build` stage (compiler, headers, the wheel: about 600 MB) carries the label
+# io.reduction-server.build-stage; podman (and docker without BuildKit) keeps that stage as an
+# untagged `<none>` image, so after every image is built the untagged images with that label are
+# removed (--keep-build-stage keeps them: a rebuild then skips the compiler's apt-get; ccache's
+# cache mount survives either way). An image of the same name that a rebuild replaced is removed
+# too when nothing else names it and no container uses it. No other image is ever removed.
+#
 # Exit status: 0 built; 3 no container engine can build or run images here (the reason is
 # printed; tests skip on it); 1 any other failure.
 set -euo pipefail
@@ -38,11 +48,13 @@ TAG="${RS_IMAGE_TAG:-latest}"
 ONLY=""
 WORKER_BASE=""
 STAND_IN=1
+KEEP_BUILD_STAGE=0
 PRINT_ENGINE=0
 MIRROR="${RS_DEBIAN_MIRROR:-http://deb.debian.org/debian}"
 SECURITY_MIRROR="${RS_DEBIAN_SECURITY_MIRROR:-http://deb.debian.org/debian-security}"
 STAND_IN_LABEL="io.reduction-server.stand-in"
 STAND_IN_IMAGE="localhost/reduction-server/stand-in-base:bookworm"
+BUILD_STAGE_LABEL="io.reduction-server.build-stage"  # LABEL of both Dockerfiles' build stage
 
 say() { echo "build-images: $*" >&2; }
 die() { say "error: $*"; exit 1; }
@@ -60,6 +72,7 @@ while [ $# -gt 0 ]; do
     --only) ONLY="$2"; shift 2 ;;
     --worker-base) WORKER_BASE="$2"; shift 2 ;;
     --no-stand-in) STAND_IN=0; shift ;;
+    --keep-build-stage) KEEP_BUILD_STAGE=1; shift ;;
     --print-engine) PRINT_ENGINE=1; shift ;;
     -h|--help) awk 'NR > 1 && /^#/ { sub(/^# ?/, ""); print; next } NR > 1 { exit }' "$0"; exit 0 ;;
     *) die "unknown argument $1 (see --help)" ;;
@@ -255,14 +268,41 @@ pip_settings() {
 
 # -- build -----------------------------------------------------------------------------------
 
+image_id() { "${ENG[@]}" image inspect --format '{{.Id}}' "$1" 2>/dev/null || true; }
+
 build() {  # dockerfile tag [extra build options]
   local file="$1" tag="$2"; shift 2
-  local t0=$SECONDS pull=()
+  local t0=$SECONDS pull=() before after
   [ "${ENG[0]}" = podman ] && pull=(--pull=never)  # ensure_base made sure the base is here
+  before="$(image_id "$tag")"
   say "building $tag from $file"
   "${ENG[@]}" build "${pull[@]}" "${RUN_FLAGS[@]}" "${BUILD_OPTS[@]}" "$@" -f "$file" -t "$tag" . ||
     die "building $tag failed (see above)"
   say "built $tag in $((SECONDS - t0)) s"
+  after="$(image_id "$tag")"
+  # The image this build replaced under the same name: untagged now, unless another name has it.
+  if [ -n "$before" ] && [ "$before" != "$after" ] &&
+     [ "$("${ENG[@]}" image inspect --format '{{len .RepoTags}}' "$before" 2>/dev/null)" = 0 ]; then
+    if "${ENG[@]}" rmi "$before" >/dev/null 2>&1; then say "removed the image $tag replaced (${before#sha256:})"
+    else say "the image $tag replaced (${before#sha256:}) is used by a container: left"; fi
+  fi
+}
+
+# The build stages this engine kept as untagged images (podman; docker without BuildKit).
+remove_build_stages() {
+  local ids id removed=0
+  ids="$("${ENG[@]}" images -q --no-trunc --filter "label=$BUILD_STAGE_LABEL" --filter dangling=true 2>/dev/null |
+         sort -u)"
+  [ -n "$ids" ] || return 0
+  if [ "$KEEP_BUILD_STAGE" = 1 ]; then
+    say "kept $(echo "$ids" | wc -l) untagged build-stage image(s) (--keep-build-stage; label $BUILD_STAGE_LABEL)"
+    return 0
+  fi
+  for id in $ids; do  # rmi takes the stage's untagged parent layers with it, never a named image
+    if "${ENG[@]}" rmi "$id" >/dev/null 2>&1; then removed=$((removed + 1))
+    else say "could not remove the build-stage image ${id#sha256:} (in use?): left"; fi
+  done
+  say "removed $removed untagged build-stage image(s) (label $BUILD_STAGE_LABEL; --keep-build-stage keeps them)"
 }
 
 # Can this engine run a container at all (namespaces, cgroups, rlimits)? Else there is nothing
@@ -271,6 +311,18 @@ smoke_run() {
   local out
   out="$("${ENG[@]}" run --rm "${RUN_FLAGS[@]}" --network none --entrypoint true "$1" 2>&1)" ||
     unusable "${ENG[*]} cannot run a container here: $(echo "$out" | tail -2 | tr '\n' ' ')"
+}
+
+# The engine's default network (podman: netavark or CNI, which need iptables): when it cannot
+# start a container, the builds' RUN steps (apt-get, pip) use the host's network (said so).
+NET_PROBED=0
+network_probe() {
+  local out
+  [ "$NET_PROBED" = 0 ] || return 0
+  NET_PROBED=1
+  out="$("${ENG[@]}" run --rm "${RUN_FLAGS[@]}" --entrypoint true "$1" 2>&1)" && return 0
+  say "the default container network does not work here ($(echo "$out" | tail -1)): building with --network host"
+  BUILD_OPTS+=(--network host)
 }
 
 WORK="$(mktemp -d)"
@@ -283,12 +335,15 @@ t_all=$SECONDS
 if [ "$ONLY" != worker ]; then
   rc=0; ensure_base "$REDUCER_BASE" reducer || rc=$?; [ $rc = 0 ] || [ $rc = 10 ] || exit $rc
   smoke_run "$REDUCER_BASE"
+  network_probe "$REDUCER_BASE"
   build docker/reducer.Dockerfile "reduction-server/reducer:$TAG"
 fi
 if [ "$ONLY" != reducer ]; then
   rc=0; ensure_base "$WORKER_BASE" worker || rc=$?
   if [ $rc = 10 ]; then WORKER_ARGS+=(--build-arg EXTRAS=); elif [ $rc != 0 ]; then exit $rc; fi
   smoke_run "$WORKER_BASE"
+  network_probe "$WORKER_BASE"
   build docker/worker.Dockerfile "reduction-server/worker:$TAG" "${WORKER_ARGS[@]}"
 fi
+remove_build_stages
 say "done in $((SECONDS - t_all)) s"

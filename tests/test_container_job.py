@@ -16,6 +16,11 @@ sets it (pool 0 the primary worker, pool 1 the workers, pool 2 the reducers, `ho
    fail over to reducer 0. Every result must equal the test's own reference bit for bit (two
    addends: the float64 sum rounded once is exact), and each client must count one failover;
 4. the survivor stops on SIGTERM (`podman stop`) with exit status 0 after draining.
+
+Beside the job: the build leaves no untagged image (its build stages are removed), and
+`reduction-server status` on this host reaches reducer containers through mapped ports
+(`-p 127.0.0.1:H:2223`): the one started with RS_ADVERTISE_ADDRESS reports that address, which a
+worker on this host reduces through; the other is flagged as showing its own view.
 """
 
 from __future__ import annotations
@@ -25,14 +30,17 @@ import os
 import secrets
 import shutil
 import subprocess
+import sys
 import time
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import container_worker
 import numpy as np
 import pytest
+from conftest import child_env
 
 ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "scripts" / "build-images.sh"
@@ -104,10 +112,12 @@ def engine(request: pytest.FixtureRequest) -> Engine:
 
 
 @pytest.fixture(scope="module")
-def images(engine: Engine) -> dict[str, bool]:
-    """Builds both images (tag `test`); says whether the worker's base is the Debian stand-in."""
+def images(engine: Engine) -> dict[str, Any]:
+    """Builds both images (tag `test`); says whether the worker's base is the Debian stand-in, and
+    which untagged images the build left (`untagged_left`)."""
     log = ROOT / "build" / "images" / "build-images.log"  # build/ is ignored by git and .dockerignore
     log.parent.mkdir(parents=True, exist_ok=True)
+    untagged_before = _untagged(engine)
     t0 = time.monotonic()
     with open(log, "w") as out:
         proc = subprocess.run(
@@ -130,7 +140,16 @@ def images(engine: Engine) -> dict[str, bool]:
             "example, tests/container_worker.py and the NCCL plugin installed",
             stacklevel=2,
         )
-    return {"stand_in": stand_in}
+    return {"stand_in": stand_in, "untagged_left": sorted(_untagged(engine) - untagged_before)}
+
+
+def _untagged(engine: Engine) -> set[str]:
+    """The untagged top-level images (`<none>` in `images`: not the layers of a named one)."""
+    return set(engine("images", "-q", "--no-trunc", "--filter", "dangling=true").stdout.split())
+
+
+def test_build_leaves_only_named_images(engine, images):
+    assert images["untagged_left"] == [], engine("images", "-a").stdout
 
 
 def _image_config(engine: Engine, image: str) -> dict:
@@ -408,3 +427,54 @@ def test_job_of_containers_survives_a_reducer_kill(job, tmp_path):
     assert state["ExitCode"] == 0, f"{state}\n{log[-3000:]}"
     assert "received SIGTERM" in log and "stopped after" in log, log[-3000:]
     done("the survivor stopped by SIGTERM, exit status 0")
+
+
+# -- status through mapped ports ----------------------------------------------------------------
+
+
+def _mapped_network(engine: Engine) -> list[str]:
+    """`run` flags for ports mapped onto this host's loopback: podman's slirp4netns where it is
+    installed (it needs no iptables), else the engine's default network."""
+    return ["--network", "slirp4netns"] if engine.command[0] == "podman" and shutil.which("slirp4netns") else []
+
+
+def test_status_through_mapped_ports(engine, images):
+    import reducer
+    from reducer.launch import free_ports
+
+    data_a, control_a, data_b, control_b = free_ports(4)
+    ident = f"{os.getpid()}-{secrets.token_hex(3)}"
+    names = [f"rs-{ident}-own-view", f"rs-{ident}-advertised"]
+    advertised = f"127.0.0.1:{data_b}"
+    try:
+        for name, data, control, extra in (
+            (names[0], data_a, control_a, []),
+            (names[1], data_b, control_b, ["-e", f"RS_ADVERTISE_ADDRESS={advertised}"]),
+        ):
+            maps = ["-p", f"127.0.0.1:{data}:{PORT}", "-p", f"127.0.0.1:{control}:{PORT + 1}"]
+            net = _mapped_network(engine)
+            engine("run", "-d", "--name", name, *engine.run_flags, *net, *maps, *extra, REDUCER_IMAGE)
+        deadline = time.monotonic() + 120
+        while not all(f"listening on 0.0.0.0:{PORT}" in engine.logs(n) for n in names):
+            assert time.monotonic() < deadline, "\n".join(engine.logs(n)[-2000:] for n in names)
+            time.sleep(0.5)
+        status = [sys.executable, "-m", "reducer.cli.main", "status", "--timeout", "20"]
+        env = child_env()
+        controls = [f"127.0.0.1:{control_a}", f"127.0.0.1:{control_b}"]
+        proc = subprocess.run(status + ["--json", *controls], capture_output=True, text=True, timeout=60, env=env)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        own, adv = json.loads(proc.stdout)["reducers"]
+        assert (own["data_address"], own["data_address_from"]) == (f"127.0.0.1:{PORT}", "listen"), own
+        assert own["control_address"] == f"127.0.0.1:{PORT + 1}", own
+        assert (adv["data_address"], adv["data_address_from"]) == (advertised, "advertise"), adv
+        proc = subprocess.run(status + ["--once", *controls], capture_output=True, text=True, timeout=60, env=env)
+        text = " ".join(proc.stdout.split())
+        assert f"* {controls[0]}: data 127.0.0.1:{PORT} as the reducer sees itself" in text, proc.stdout
+        assert f"* {controls[1]}:" not in text, proc.stdout
+        # The advertised address is one a worker on this host can use.
+        with reducer.Communicator([advertised], rank=0, world_size=1, timeout=30, connect_timeout=30) as comm:
+            a = np.arange(1000, dtype=np.float32)
+            comm.allreduce(a)
+        assert np.array_equal(a, np.arange(1000, dtype=np.float32))
+    finally:
+        engine("rm", "-f", *names, check=False, timeout=180)

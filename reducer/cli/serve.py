@@ -116,6 +116,14 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help="without a shared secret, let anyone who reaches the control port Drain this reducer "
         "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)",
     )
+    p.add_argument(
+        "--advertise-address",
+        default=None,
+        metavar="HOST:PORT",
+        help="where others reach the data port, as GetStats and `status` report it: set it behind a port "
+        "mapping or NAT (default: $RS_ADVERTISE_ADDRESS, else this reducer's own CLUSTER_SPEC/TF_CONFIG "
+        "entry, else the address it binds)",
+    )
     for flag, kind, metavar, text in _MEMORY_FLAGS:
         p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
     p.add_argument(
@@ -226,6 +234,29 @@ def resolve_listen(
     return ListenPlan(bind_host, DEFAULT_PORT, "default (no CLUSTER_SPEC or TF_CONFIG)")
 
 
+def resolve_advertise(
+    flag: str | None, plan: ListenPlan, env: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """The data address GetStats reports and where it comes from: --advertise-address, else
+    RS_ADVERTISE_ADDRESS ("advertise"), else this reducer's own entry of the cluster description when
+    it listens on that entry's port ("cluster"); None: the address it binds (the control plane's
+    default). ConfigError names the flag or the variable."""
+    if flag is not None:
+        try:
+            return config.SETTINGS["advertise_address"].parse(flag), "advertise"
+        except ValueError as exc:
+            raise ConfigError(f"--advertise-address {flag!r} is not valid: {exc}") from None
+    advertised = config.get("advertise_address", None, env)
+    if advertised is not None:
+        return advertised, "advertise"
+    info = plan.cluster
+    if info is not None and 0 <= info.node_rank < len(info.reducers):
+        entry = info.reducers[info.node_rank]
+        if cluster.parse_address(entry)[1] == plan.port:
+            return entry, "cluster"
+    return None
+
+
 def _short_list(addrs: list[str], limit: int = 6) -> str:
     if not addrs:
         return "(none)"
@@ -282,7 +313,12 @@ def resolve_side_ports(control: int | None, metrics: int | None, data_port: int)
 
 
 def _start_side(
-    args: argparse.Namespace, plan: ListenPlan, server: Any, lifecycle: Any, token: str | None
+    args: argparse.Namespace,
+    plan: ListenPlan,
+    server: Any,
+    lifecycle: Any,
+    token: str | None,
+    advertise: tuple[str, str] | None = None,
 ) -> tuple[Any, Any]:
     """Start the control plane and the metrics endpoint; raises OSError for a port asked for explicitly."""
     ports = resolve_side_ports(args.control_port, args.metrics_port, server.port)
@@ -300,6 +336,7 @@ def _start_side(
                 auth_token=token,
                 limits=limits,
                 allow_unauthenticated_drain=args.allow_unauthenticated_drain,
+                advertise=advertise,
             ).start()
         except (OSError, ImportError) as exc:
             if not ports.control_is_default:
@@ -423,6 +460,7 @@ def run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--threads={args.threads} must be at least 1 (leave it out for the default)")
         plan = resolve_listen(args.host, args.port)
         _check_host(plan.host)
+        advertise = resolve_advertise(args.advertise_address, plan)
         for name in DATA_SOCKET_SETTINGS:  # read by every data socket: a bad value is refused here, named
             config.get(name, None)
         token = config.resolve_auth_token(token_file=args.auth_token_file)
@@ -484,7 +522,7 @@ def run(args: argparse.Namespace) -> int:
 
         lifecycle = Lifecycle(server, args.drain_timeout)
         try:
-            control, metrics = _start_side(args, plan, server, lifecycle, token)
+            control, metrics = _start_side(args, plan, server, lifecycle, token, advertise)
         except (OSError, ImportError, ConfigError) as exc:
             server.stop()
             print(f"reduction-server serve: error: {exc}", file=sys.stderr)
@@ -501,6 +539,9 @@ def run(args: argparse.Namespace) -> int:
             "on" if token else "off",
         )
 
+        if advertise is not None:
+            how = "--advertise-address / RS_ADVERTISE_ADDRESS" if advertise[1] == "advertise" else "its cluster entry"
+            log.info("data address reported to others (GetStats, status): %s (from %s)", advertise[0], how)
         _serve_until_signalled(args, server, control, signals)
         _stop(args, server, lifecycle, control, metrics, signals["name"])
         return 0

@@ -112,6 +112,35 @@ def snapshot(addresses: Sequence[str], timeout: float, token: str | None = None)
         return list(ex.map(one, addresses))
 
 
+_LOOPBACK_NAMES = {"localhost": "127.0.0.1", "ip6-localhost": "::1"}
+
+
+def _endpoint(address: str) -> tuple[str, int] | None:
+    try:
+        host, port = cluster.parse_address(address)
+    except ConfigError:
+        return None
+    host = host.lower()
+    return _LOOPBACK_NAMES.get(host, host), port
+
+
+def own_view_note(reducer: Mapping[str, Any]) -> str | None:
+    """Why a reducer's data address may not be one to use from here, else None: it reported its own
+    view of itself (no --advertise-address, no cluster entry: data_address_from "listen") and its
+    control port was reached here through another address than the one it sees (a port mapping,
+    NAT, another name)."""
+    own = str(reducer.get("control_address") or "")
+    if reducer.get("data_address_from") != "listen" or not own:
+        return None  # the operator's or the cluster's word, or a reducer that does not say
+    if _endpoint(own) is not None and _endpoint(own) == _endpoint(str(reducer["address"])):
+        return None
+    return (
+        f"{reducer['address']}: data {reducer['data_address']} as the reducer sees itself (its control "
+        f"port: {own}), reached here through {reducer['address']}; behind a port mapping or NAT, "
+        "serve --advertise-address HOST:PORT (RS_ADVERTISE_ADDRESS) reports the address to use"
+    )
+
+
 def _mb(n: Any) -> str:
     return f"{int(n) / 1e6:,.1f}"
 
@@ -187,9 +216,12 @@ def render(reducers: Sequence[Mapping[str, Any]]) -> Any:
             continue
         c = r["counters"]
         state = r["state"] if r["state"] == "serving" else f"[yellow]{r['state']}[/yellow]"
+        note = own_view_note(r)
+        if note:
+            notes.append(Text(f"* {note}", style="yellow"))
         top.add_row(
             r["address"],
-            r["data_address"],
+            Text(r["data_address"] + ("*" if note else ""), style="yellow" if note else ""),
             state,
             _age(r["uptime_s"]),
             str(c.get("groups", "")),

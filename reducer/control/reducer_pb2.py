@@ -24,7 +24,7 @@ _sym_db = _symbol_database.Default()
 
 
 
-DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dreducer/control/reducer.proto\x12\x13reduction_server.v1\"-\n\x0fGetStatsRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"\xe0\x01\n\nGroupStats\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x11\n\tconnected\x18\x04 \x01(\r\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\x12\x0e\n\x06rounds\x18\x06 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x07 \x01(\x04\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\x12\x12\n\nlast_error\x18\t \x01(\t\x12\r\n\x05\x61ge_s\x18\n \x01(\x01\x12\x0f\n\x07streams\x18\x0b \x01(\r\x12\r\n\x05\x65nded\x18\x0c \x01(\x08\"\xf8\x03\n\x10GetStatsResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x45\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x33.reduction_server.v1.GetStatsResponse.CountersEntry\x12\x41\n\x06values\x18\x03 \x03(\x0b\x32\x31.reduction_server.v1.GetStatsResponse.ValuesEntry\x12=\n\x04info\x18\x04 \x03(\x0b\x32/.reduction_server.v1.GetStatsResponse.InfoEntry\x12/\n\x06groups\x18\x05 \x03(\x0b\x32\x1f.reduction_server.v1.GroupStats\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x15\n\rauth_required\x18\t \x01(\x08\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x10\x43hallengeRequest\"9\n\x11\x43hallengeResponse\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x15\n\rauth_required\x18\x02 \x01(\x08\"K\n\x0c\x44rainRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\"8\n\rDrainResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x18\n\x10\x61lready_draining\x18\x02 \x01(\x08\x32\x8e\x02\n\x07Reducer\x12W\n\x08GetStats\x12$.reduction_server.v1.GetStatsRequest\x1a%.reduction_server.v1.GetStatsResponse\x12Z\n\tChallenge\x12%.reduction_server.v1.ChallengeRequest\x1a&.reduction_server.v1.ChallengeResponse\x12N\n\x05\x44rain\x12!.reduction_server.v1.DrainRequest\x1a\".reduction_server.v1.DrainResponseb\x06proto3')
+DESCRIPTOR = _descriptor_pool.Default().AddSerializedFile(b'\n\x1dreducer/control/reducer.proto\x12\x13reduction_server.v1\"-\n\x0fGetStatsRequest\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x0b\n\x03mac\x18\x02 \x01(\x0c\"\xe0\x01\n\nGroupStats\x12\x0b\n\x03job\x18\x01 \x01(\t\x12\r\n\x05group\x18\x02 \x01(\t\x12\x12\n\nworld_size\x18\x03 \x01(\r\x12\x11\n\tconnected\x18\x04 \x01(\r\x12\x10\n\x08\x63omplete\x18\x05 \x01(\x08\x12\x0e\n\x06rounds\x18\x06 \x01(\x04\x12\x16\n\x0e\x62ytes_received\x18\x07 \x01(\x04\x12\x12\n\nbytes_sent\x18\x08 \x01(\x04\x12\x12\n\nlast_error\x18\t \x01(\t\x12\r\n\x05\x61ge_s\x18\n \x01(\x01\x12\x0f\n\x07streams\x18\x0b \x01(\r\x12\r\n\x05\x65nded\x18\x0c \x01(\x08\"\xac\x04\n\x10GetStatsResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x45\n\x08\x63ounters\x18\x02 \x03(\x0b\x32\x33.reduction_server.v1.GetStatsResponse.CountersEntry\x12\x41\n\x06values\x18\x03 \x03(\x0b\x32\x31.reduction_server.v1.GetStatsResponse.ValuesEntry\x12=\n\x04info\x18\x04 \x03(\x0b\x32/.reduction_server.v1.GetStatsResponse.InfoEntry\x12/\n\x06groups\x18\x05 \x03(\x0b\x32\x1f.reduction_server.v1.GroupStats\x12\x14\n\x0c\x64\x61ta_address\x18\x06 \x01(\t\x12\x10\n\x08uptime_s\x18\x07 \x01(\x01\x12\x0f\n\x07version\x18\x08 \x01(\t\x12\x15\n\rauth_required\x18\t \x01(\x08\x12\x19\n\x11\x64\x61ta_address_from\x18\n \x01(\t\x12\x17\n\x0f\x63ontrol_address\x18\x0b \x01(\t\x1a/\n\rCountersEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x04:\x02\x38\x01\x1a-\n\x0bValuesEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\x01:\x02\x38\x01\x1a+\n\tInfoEntry\x12\x0b\n\x03key\x18\x01 \x01(\t\x12\r\n\x05value\x18\x02 \x01(\t:\x02\x38\x01\"\x12\n\x10\x43hallengeRequest\"9\n\x11\x43hallengeResponse\x12\r\n\x05nonce\x18\x01 \x01(\x0c\x12\x15\n\rauth_required\x18\x02 \x01(\x08\"K\n\x0c\x44rainRequest\x12\x11\n\ttimeout_s\x18\x01 \x01(\x01\x12\x0c\n\x04wait\x18\x02 \x01(\x08\x12\r\n\x05nonce\x18\x03 \x01(\x0c\x12\x0b\n\x03mac\x18\x04 \x01(\x0c\"8\n\rDrainResponse\x12\r\n\x05state\x18\x01 \x01(\t\x12\x18\n\x10\x61lready_draining\x18\x02 \x01(\x08\x32\x8e\x02\n\x07Reducer\x12W\n\x08GetStats\x12$.reduction_server.v1.GetStatsRequest\x1a%.reduction_server.v1.GetStatsResponse\x12Z\n\tChallenge\x12%.reduction_server.v1.ChallengeRequest\x1a&.reduction_server.v1.ChallengeResponse\x12N\n\x05\x44rain\x12!.reduction_server.v1.DrainRequest\x1a\".reduction_server.v1.DrainResponseb\x06proto3')
 
 _globals = globals()
 _builder.BuildMessageAndEnumDescriptors(DESCRIPTOR, _globals)
@@ -42,21 +42,21 @@ if not _descriptor._USE_C_DESCRIPTORS:
   _globals['_GROUPSTATS']._serialized_start=102
   _globals['_GROUPSTATS']._serialized_end=326
   _globals['_GETSTATSRESPONSE']._serialized_start=329
-  _globals['_GETSTATSRESPONSE']._serialized_end=833
-  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_start=694
-  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_end=741
-  _globals['_GETSTATSRESPONSE_VALUESENTRY']._serialized_start=743
-  _globals['_GETSTATSRESPONSE_VALUESENTRY']._serialized_end=788
-  _globals['_GETSTATSRESPONSE_INFOENTRY']._serialized_start=790
-  _globals['_GETSTATSRESPONSE_INFOENTRY']._serialized_end=833
-  _globals['_CHALLENGEREQUEST']._serialized_start=835
-  _globals['_CHALLENGEREQUEST']._serialized_end=853
-  _globals['_CHALLENGERESPONSE']._serialized_start=855
-  _globals['_CHALLENGERESPONSE']._serialized_end=912
-  _globals['_DRAINREQUEST']._serialized_start=914
-  _globals['_DRAINREQUEST']._serialized_end=989
-  _globals['_DRAINRESPONSE']._serialized_start=991
-  _globals['_DRAINRESPONSE']._serialized_end=1047
-  _globals['_REDUCER']._serialized_start=1050
-  _globals['_REDUCER']._serialized_end=1320
+  _globals['_GETSTATSRESPONSE']._serialized_end=885
+  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_start=746
+  _globals['_GETSTATSRESPONSE_COUNTERSENTRY']._serialized_end=793
+  _globals['_GETSTATSRESPONSE_VALUESENTRY']._serialized_start=795
+  _globals['_GETSTATSRESPONSE_VALUESENTRY']._serialized_end=840
+  _globals['_GETSTATSRESPONSE_INFOENTRY']._serialized_start=842
+  _globals['_GETSTATSRESPONSE_INFOENTRY']._serialized_end=885
+  _globals['_CHALLENGEREQUEST']._serialized_start=887
+  _globals['_CHALLENGEREQUEST']._serialized_end=905
+  _globals['_CHALLENGERESPONSE']._serialized_start=907
+  _globals['_CHALLENGERESPONSE']._serialized_end=964
+  _globals['_DRAINREQUEST']._serialized_start=966
+  _globals['_DRAINREQUEST']._serialized_end=1041
+  _globals['_DRAINRESPONSE']._serialized_start=1043
+  _globals['_DRAINRESPONSE']._serialized_end=1099
+  _globals['_REDUCER']._serialized_start=1102
+  _globals['_REDUCER']._serialized_end=1372
 # @@protoc_insertion_point(module_scope)

@@ -43,7 +43,7 @@ class GroupStats(_message.Message):
     def __init__(self, job: _Optional[str] = ..., group: _Optional[str] = ..., world_size: _Optional[int] = ..., connected: _Optional[int] = ..., complete: _Optional[bool] = ..., rounds: _Optional[int] = ..., bytes_received: _Optional[int] = ..., bytes_sent: _Optional[int] = ..., last_error: _Optional[str] = ..., age_s: _Optional[float] = ..., streams: _Optional[int] = ..., ended: _Optional[bool] = ...) -> None: ...
 
 class GetStatsResponse(_message.Message):
-    __slots__ = ("state", "counters", "values", "info", "groups", "data_address", "uptime_s", "version", "auth_required")
+    __slots__ = ("state", "counters", "values", "info", "groups", "data_address", "uptime_s", "version", "auth_required", "data_address_from", "control_address")
     class CountersEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -74,6 +74,8 @@ class GetStatsResponse(_message.Message):
     UPTIME_S_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     AUTH_REQUIRED_FIELD_NUMBER: _ClassVar[int]
+    DATA_ADDRESS_FROM_FIELD_NUMBER: _ClassVar[int]
+    CONTROL_ADDRESS_FIELD_NUMBER: _ClassVar[int]
     state: str
     counters: _containers.ScalarMap[str, int]
     values: _containers.ScalarMap[str, float]
@@ -83,7 +85,9 @@ class GetStatsResponse(_message.Message):
     uptime_s: float
     version: str
     auth_required: bool
-    def __init__(self, state: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., values: _Optional[_Mapping[str, float]] = ..., info: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., data_address: _Optional[str] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., auth_required: _Optional[bool] = ...) -> None: ...
+    data_address_from: str
+    control_address: str
+    def __init__(self, state: _Optional[str] = ..., counters: _Optional[_Mapping[str, int]] = ..., values: _Optional[_Mapping[str, float]] = ..., info: _Optional[_Mapping[str, str]] = ..., groups: _Optional[_Iterable[_Union[GroupStats, _Mapping]]] = ..., data_address: _Optional[str] = ..., uptime_s: _Optional[float] = ..., version: _Optional[str] = ..., auth_required: _Optional[bool] = ..., data_address_from: _Optional[str] = ..., control_address: _Optional[str] = ...) -> None: ...
 
 class ChallengeRequest(_message.Message):
     __slots__ = ()

@@ -25,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import logging
 from collections.abc import Mapping
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reducer import __version__, config
@@ -96,8 +97,18 @@ def group_message(row: GroupRow) -> Any:
     return reducer_pb2.GroupStats(**row.as_dict())
 
 
+@dataclass(frozen=True)
+class Addresses:
+    """A reducer's addresses as GetStats reports them (reducer.proto: data_address, data_address_from,
+    control_address)."""
+
+    data: str
+    data_from: str = "listen"  # "advertise", "cluster" or "listen"
+    control: str = ""
+
+
 def stats_response(
-    server: Any, lifecycle: Lifecycle, data_address: str, auth_required: bool, hide_addresses: bool = False
+    server: Any, lifecycle: Lifecycle, addresses: Addresses, auth_required: bool, hide_addresses: bool = False
 ) -> Any:
     """GetStatsResponse for a ReducerServer (its counters, whatever keys it has, and its groups)."""
     ints, floats, strings = split_stats(server.stats())
@@ -107,10 +118,12 @@ def stats_response(
         values=floats,
         info=strings,
         groups=group_messages(server.group_stats(), hide_addresses),
-        data_address=data_address,
+        data_address=addresses.data,
         uptime_s=lifecycle.uptime_s,
         version=__version__,
         auth_required=auth_required,
+        data_address_from=addresses.data_from,
+        control_address=addresses.control,
     )
 
 
@@ -185,10 +198,12 @@ class ReducerService(reducer_pb2_grpc.ReducerServicer):
         auth_token: str | None,
         gate: RequestGate,
         allow_unauthenticated_drain: bool = False,
+        advertise: tuple[str, str] | None = None,
     ) -> None:
         self.server = server
         self.lifecycle = lifecycle
-        self.data_address = server.address  # kept: a drained server no longer knows its bound port
+        # Kept: a drained server no longer knows its bound port. The control address is set once bound.
+        self.addresses = Addresses(*advertise) if advertise else Addresses(server.address)
         self.token = auth_token or None
         self.nonces = NonceBook()
         self.gate = gate
@@ -201,7 +216,7 @@ class ReducerService(reducer_pb2_grpc.ReducerServicer):
             log.debug("refused GetStats from %s: %s", peer, refused)
             await context.abort(grpc.StatusCode.UNAUTHENTICATED, refused)
         return stats_response(
-            self.server, self.lifecycle, self.data_address, self.token is not None, hide_addresses=self.token is None
+            self.server, self.lifecycle, self.addresses, self.token is not None, hide_addresses=self.token is None
         )
 
     async def Challenge(self, request: Any, context: Any) -> Any:
@@ -239,7 +254,8 @@ class ControlPlane:
 
     limits: the caps (default: from the settings and the descriptor limit, see
     reducer.control.limits.configured_limits); allow_unauthenticated_drain: default
-    RS_ALLOW_UNAUTHENTICATED_DRAIN, else False.
+    RS_ALLOW_UNAUTHENTICATED_DRAIN, else False; advertise: (data address, where it comes from:
+    "advertise" or "cluster") that GetStats reports instead of the server's own address.
     """
 
     def __init__(
@@ -251,6 +267,7 @@ class ControlPlane:
         auth_token: str | None = None,
         limits: SideLimits | None = None,
         allow_unauthenticated_drain: bool | None = None,
+        advertise: tuple[str, str] | None = None,
     ) -> None:
         self.server = server
         self.lifecycle = lifecycle
@@ -260,7 +277,7 @@ class ControlPlane:
         self.gate = RequestGate(self.limits.rate)
         self.health = HealthService(self.gate)
         allow = config.get("allow_unauthenticated_drain", allow_unauthenticated_drain)
-        self.service = ReducerService(server, lifecycle, auth_token, self.gate, allow)
+        self.service = ReducerService(server, lifecycle, auth_token, self.gate, allow, advertise)
         self.front: ControlFront | None = None
         self._grpc: Any = None
 
@@ -277,6 +294,7 @@ class ControlPlane:
         self.front = front
         self.gate.front = front
         front.start()
+        self.service.addresses = replace(self.service.addresses, control=self.address)
         self.lifecycle.subscribe(self._on_state)
         return self
 
