@@ -2,28 +2,26 @@
 through another address than its own: `serve --advertise-address` / RS_ADVERTISE_ADDRESS, its
 cluster entry by default, and status's note when it shows only the reducer's own view.
 
-A port mapping (`podman run -p 17001:2223`) is played by TCP relays on loopback: real reducer
-processes, real connections through another port. tests/test_container_job.py does it with a
-container (opt-in).
+A port mapping (`podman run -p 17001:2223`) is played by TCP forwarders on loopback
+(test_control_security.Forwarder): real reducer processes, real connections through another
+port. tests/test_container_job.py does it with a container (opt-in).
 """
 
 from __future__ import annotations
 
 import json
-import socket
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import child_env
+from test_control_security import Forwarder
 from test_serve import Serve, _allreduce_one, tf_config
 
 from reducer.cli.main import main
-from reducer.cli.status import own_view_note
 from reducer.launch import free_ports
 
 pytestmark = pytest.mark.timeout(90)
@@ -33,48 +31,9 @@ CONTROL_LINE = r"control plane \(gRPC health, GetStats, Drain\) on 127\.0\.0\.1:
 DATA_LINE = r"listening on 127\.0\.0\.1:(\d+)"
 
 
-class Relay:
-    """127.0.0.1:<port> forwarding every connection to `target` (a port mapping, in one process)."""
-
-    def __init__(self, target: tuple[str, int]) -> None:
-        self.target = target
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.address = f"127.0.0.1:{self.port}"
-        threading.Thread(target=self._accept, daemon=True).start()
-
-    def _accept(self) -> None:
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return  # closed
-            upstream = socket.create_connection(self.target, timeout=10)
-            upstream.settimeout(None)
-            for a, b in ((client, upstream), (upstream, client)):
-                threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-
-    @staticmethod
-    def _pipe(src: socket.socket, dst: socket.socket) -> None:
-        try:
-            while data := src.recv(65536):
-                dst.sendall(data)
-        except OSError:
-            pass
-        finally:
-            for s in (src, dst):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
-
-    def close(self) -> None:
-        self.listener.close()
-
-
 @pytest.fixture
 def started() -> Iterator[list]:
-    """Reducer processes and relays, ended after the test."""
+    """Reducer processes and forwarders, ended after the test."""
     things: list = []
     yield things
     for t in things:
@@ -112,7 +71,7 @@ def test_status_through_a_mapped_port(started) -> None:
     # Without --advertise-address: the reducer reports its own view, and status says it reached
     # the reducer elsewhere.
     _, data, control = _serve(started, "--port", "0")
-    relay = Relay(("127.0.0.1", control))
+    relay = Forwarder("127.0.0.1", control)
     started.append(relay)
     r = _status_json(relay.address)
     assert r["address"] == relay.address
@@ -135,12 +94,12 @@ def test_status_through_a_mapped_port(started) -> None:
 def test_advertised_address_is_reported_and_reaches_the_reducer(started) -> None:
     # Map the data port first, then tell the reducer the mapped address (as with `podman run -p`).
     data = free_ports(1)[0]
-    data_relay = Relay(("127.0.0.1", data))
+    data_relay = Forwarder("127.0.0.1", data)
     started.append(data_relay)
     s, bound, control = _serve(started, "--port", str(data), "--advertise-address", data_relay.address)
     assert bound == data
     s.wait_for(rf"data address reported to others \(GetStats, status\): {data_relay.address} \(from --advertise")
-    control_relay = Relay(("127.0.0.1", control))
+    control_relay = Forwarder("127.0.0.1", control)
     started.append(control_relay)
     r = _status_json(control_relay.address)
     assert r["data_address"] == data_relay.address and r["data_address_from"] == "advertise", r
@@ -184,6 +143,8 @@ def test_bad_advertise_address_is_one_line_exit_2(monkeypatch, capsys, args, env
 
 
 def test_own_view_note_only_when_reached_elsewhere() -> None:
+    from reducer.cli.status import own_view_note
+
     mine = {"address": "127.0.0.1:2223", "data_address": "127.0.0.1:2222", "control_address": "127.0.0.1:2223"}
     assert own_view_note(dict(mine, data_address_from="listen")) is None
     assert own_view_note(dict(mine, data_address_from="listen", address="localhost:2223")) is None
