@@ -112,6 +112,7 @@ BAD: dict[str, str | None] = {
     "control_rate": "x",
     "metrics_groups": "x",
     "log_level": None,
+    "advertise_address": "reducer-0",
 }
 
 
