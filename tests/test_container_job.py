@@ -366,6 +366,10 @@ def check_status(job: Job) -> None:
     assert proc.returncode == 0, proc.stdout + proc.stderr
     reducers = json.loads(proc.stdout)["reducers"]
     assert [r["address"] for r in reducers] == [f"{r}:{PORT + 1}" for r in job.reducers], reducers
+    # Each reducer reports its own CLUSTER_SPEC entry as its data address (not 127.0.0.1:2222).
+    assert [(r["data_address"], r["data_address_from"]) for r in reducers] == [
+        (f"{r}:{PORT}", "cluster") for r in job.reducers
+    ], reducers
     assert all(r["state"] == "serving" for r in reducers), reducers
     assert sum(int(r["counters"]["rounds_completed"]) for r in reducers) > 0, reducers
 

@@ -17,7 +17,9 @@ Beside the data port (docs/operations.md): the gRPC control plane (health, GetSt
 Prometheus endpoint. A Drain RPC (it needs the shared secret; without one it is refused unless
 ``--allow-unauthenticated-drain``) drains like SIGTERM but the process stays up, answering
 NOT_SERVING, until it gets a signal. Both ports are capped in connections and requests per
-address (docs/security.md, "Control port and metrics port").
+address (docs/security.md, "Control port and metrics port"). GetStats reports the data address
+``--advertise-address`` / ``RS_ADVERTISE_ADDRESS`` gives, else this reducer's own cluster entry,
+else the address it binds (docs/deploy.md, "Reaching a reducer container through mapped ports").
 """
 
 from __future__ import annotations

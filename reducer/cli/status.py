@@ -4,6 +4,8 @@ The addresses are control-plane addresses (`serve --control-port`, default data 
 Without addresses the reducers come from the cluster description (CLUSTER_SPEC, TF_CONFIG or
 RS_REDUCERS, reducer.cluster.discover) and their control port is RS_CONTROL_PORT, else each
 reducer's data port + 1. Exit status: 0 when every reducer answered, 1 otherwise, 2 on bad usage.
+A data address that is only the reducer's own view, reached here through another address (a port
+mapping, NAT), is marked with a note (own_view_note).
 """
 
 from __future__ import annotations
