@@ -190,3 +190,36 @@ def test_bench_phases_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) ->
     text = bench.report_text(summary)
     assert "plugin-p2p" in text and "# limit: " in text
     json.loads(json.dumps(summary, default=str))
+
+
+def test_worker_cuda_timer_and_memory_cap_with_a_stub() -> None:
+    """The worker's CUDA-only branches (events resolved after one synchronize; the size cap from
+    the GPU's total memory, the same on both ranks) with a stand-in for torch.cuda."""
+    from types import SimpleNamespace
+
+    from reducer.gpucheck.worker import _CallTimer, _memory_cap
+
+    class Event:
+        made = 0
+
+        def __init__(self, enable_timing: bool) -> None:
+            assert enable_timing
+            Event.made += 1
+            self.ms, self.recorded = 10.0 * Event.made, False
+
+        def record(self) -> None:
+            self.recorded = True
+
+        def elapsed_time(self, end: Event) -> float:
+            assert self.recorded and end.recorded and syncs
+            return end.ms - self.ms
+
+    syncs: list[int] = []
+    cuda = SimpleNamespace(Event=Event, synchronize=lambda: syncs.append(1), mem_get_info=lambda dev: (5, 8 << 30))
+    torch, dev = SimpleNamespace(cuda=cuda), SimpleNamespace(type="cuda")
+    timer = _CallTimer(torch, dev)
+    for _ in range(3):
+        timer.mark()
+        timer.mark()
+    assert not syncs and timer.seconds() == [0.01, 0.01, 0.01] and syncs == [1]
+    assert _memory_cap(torch, dev) == 1 << 30 and _memory_cap(torch, SimpleNamespace(type="cpu")) == 0
