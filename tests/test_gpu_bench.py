@@ -13,7 +13,7 @@ import pytest
 
 from reducer.gpucheck import bench
 from reducer.gpucheck import bench_report as B
-from reducer.gpucheck.main import Plan, parse_args
+from reducer.gpucheck.main import parse_args
 from reducer.gpucheck.nccl_log import parse_lines
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -165,31 +165,69 @@ def test_cpu_probes() -> None:
     assert sums is not None and sums > 1e6
 
 
-def test_bench_phases_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The three variants as phases (launcher, reducers, two workers' bench loop over gloo), the
-    rows, the summary, the verdict: exact sums, every size measured in every variant."""
+def test_bench_end_to_end_on_cpu(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
+    """`python -m reducer.gpucheck --bench` as the GPU machine runs it (the plugin installed, the
+    three variants as phases: launcher, reducers, two workers' bench loop, here over gloo on the
+    CPU with the GPU probe stood in), its output and files: exact sums, every size measured in
+    every variant, table, JSON rows, the two verdict lines, exit 0."""
     pytest.importorskip("torch")
+    from reducer.gpucheck import main as gpu_main
+    from reducer.gpucheck.environment import Probe
+
     monkeypatch.setenv("PYTHONPATH", str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    sizes = [4096, 262144 + 4]
-    args = parse_args(
-        ["--bench", "--bench-sizes", ",".join(map(str, sizes)), "--bench-iters", "4", "--bench-warmup", "1"]
-        + ["--bench-reducer-threads", "1", "--bench-phase-limit", "120", "--worker-device", "cpu"]
-    )
+    out = tmp_path / "out"
+    out.mkdir()
+    monkeypatch.setenv("OUT", str(out))
+    monkeypatch.setattr(gpu_main, "probe", lambda: Probe(True, "", {"gpu": "none (gloo on the CPU)", "nccl": ""}))
     monkeypatch.setattr(bench, "PROBE_BYTES", 8 * MiB)
     monkeypatch.setattr(bench, "SUM_PROBE_BYTES", 4 * MiB)
-    plan = Plan(args, str(tmp_path), {"NCCL_COLLNET_ENABLE": "1"})
-    summary = bench.run_bench(plan, args, {"gpu": "none (gloo on the CPU)"})
-    assert summary["verdict"] == "PASS", summary["reasons"]
+    sizes = [4096, 262144 + 4]
+    argv = ["--bench", "--bench-sizes", ",".join(map(str, sizes)), "--bench-iters", "4", "--bench-warmup", "1"]
+    argv += ["--bench-reducer-threads", "1", "--bench-phase-limit", "120", "--worker-device", "cpu"]
+    status = gpu_main.main(argv + ["--work-dir", str(tmp_path / "work")])
+    printed = capsys.readouterr().out.splitlines()
+    summary = json.loads((out / "gpu-bench.json").read_text())
+    assert status == 0, summary["reasons"]
+    assert summary["verdict"] == "PASS" and (out / "gpu-bench-logs.tar.gz").is_file()
     rows = summary["bench"]["rows"]
     assert [(r["variant"], r["bytes"]) for r in rows] == [(v, s) for v in B.VARIANTS for s in sizes]
     for r in rows:
         assert r["wrong"] == 0 and r["ranks"] == 2 and r["iters"] == 4 and r["warmup"] == 1 and r["seconds"] > 0
     assert set(summary["phases"]) == {f"bench-{v}" for v in B.VARIANTS}
-    assert summary["bench"]["verdict"].startswith("GPU BENCH INCOMPLETE")  # nothing >= 64 MiB here
-    assert summary["bench"]["probes"]["loopback_Bps"] > 0
-    text = bench.report_text(summary)
-    assert "plugin-p2p" in text and "# limit: " in text
-    json.loads(json.dumps(summary, default=str))
+    assert summary["bench"]["probes"]["loopback_Bps"] > 0 and summary["bench"]["settings"]["reducer_threads"] == 1
+    assert printed[0].startswith("# variant") and any(ln.startswith("  plugin-p2p") for ln in printed)
+    assert any(ln.startswith("# limit: ") for ln in printed)
+    assert printed[-2] == "GPU CHECK PASS: bench_collnet, bench_socket, bench_plugin-p2p"
+    assert printed[-1].startswith("GPU BENCH INCOMPLETE: no size >= 64 MiB")  # nothing that large here
+
+
+def test_bench_variant_that_did_not_run() -> None:
+    """A phase that left no results (stopped, crashed) fails its variant's check, and the target
+    cannot be judged."""
+    from reducer.gpucheck.phases import PhaseResult
+
+    class FakePlan:
+        plugin_env: dict = {}
+        plain_env: dict = {}
+
+        def __init__(self) -> None:
+            self.phases: dict = {}
+
+        def run(
+            self, name: str, task: str, env: dict, reducers: int, limit: float, extra: list, threads
+        ) -> PhaseResult:
+            assert task == "bench" and "--sizes" in extra and limit == 150.0
+            res = PhaseResult(name, "", status=143, error="stopped after the phase timeout of 150s")
+            self.phases[name] = res
+            return res
+
+    args = parse_args(["--bench", "--bench-variants", "collnet,socket"])
+    summary = bench.run_bench(FakePlan(), args, {})
+    assert summary["verdict"] == "FAIL"
+    assert summary["reasons"][0] == (
+        "bench_collnet: 0 of 6 sizes measured, exit status 143 (stopped after the phase timeout of 150s)"
+    )
+    assert summary["bench"]["rows"] == [] and summary["bench"]["verdict"].startswith("GPU BENCH INCOMPLETE")
 
 
 def test_worker_cuda_timer_and_memory_cap_with_a_stub() -> None:
