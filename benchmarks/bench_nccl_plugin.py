@@ -267,12 +267,14 @@ def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
 def format_loopback_row(row: dict[str, Any], args: argparse.Namespace) -> str:
     """One size of --loopback: plugin and rs times, their ratio, the plugin path's CPU."""
     p, r = row["plugin"], row["rs"]
-    rs_reducer_ms = 1e3 * r.get("reducer_cpu_s", 0.0) / args.reducers / (args.iters + args.warmup)
+    calls = args.iters + args.warmup
+    rs_worker_ms = 1e3 * r.get("worker_cpu_s", 0.0) / args.workers / calls
+    rs_reducer_ms = 1e3 * r.get("reducer_cpu_s", 0.0) / args.reducers / calls
     return (
         f"  {row['size']:>10} {p['time_us'] / 1e3:>10.1f} {r['time_us'] / 1e3:>9.1f} "
         f"{p['time_us'] / r['time_us']:>10.2f}x {row['size'] / p['time_us'] / 1e3:>9.2f} "
-        f"{row['size'] / r['time_us'] / 1e3:>8.2f} {p['head_cpu_ms']:>11.1f} {p['reducer_cpu_ms']:>14.1f} "
-        f"{rs_reducer_ms:>10.1f} {p['wrong'] + r['wrong']:>6}"
+        f"{row['size'] / r['time_us'] / 1e3:>8.2f} {p['head_cpu_ms']:>8.1f} {rs_worker_ms:>8.1f} "
+        f"{p['reducer_cpu_ms']:>8.1f} {rs_reducer_ms:>8.1f} {p['wrong'] + r['wrong']:>6}"
     )
 
 
@@ -286,8 +288,12 @@ def loopback_main(args: argparse.Namespace) -> int:
     )
     print(f"# load average before: {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f}")
     print(
-        f"# {'bytes':>10} {'plugin ms':>10} {'rs ms':>9} {'plugin/rs':>11} {'plugin GB/s':>9} {'rs GB/s':>8} "
-        f"{'head CPU ms':>11} {'reducer CPU ms':>14} {'rs red. ms':>10} {'wrong':>6}"
+        "# CPU ms = CPU seconds per all-reduce (warm-up included) of one head / worker and of one reducer; "
+        "GB/s = buffer bytes / time"
+    )
+    print(
+        f"# {'bytes':>10} {'plugin ms':>10} {'rs ms':>9} {'plugin/rs':>11} {'plug GB/s':>9} {'rs GB/s':>8} "
+        f"{'head CPU':>8} {'rs wkr':>8} {'plug red':>8} {'rs red':>8} {'wrong':>6}"
     )
     rows = run_loopback(args)
     la = os.getloadavg()[0]

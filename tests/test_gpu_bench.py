@@ -261,3 +261,30 @@ def test_worker_cuda_timer_and_memory_cap_with_a_stub() -> None:
         timer.mark()
     assert not syncs and timer.seconds() == [0.01, 0.01, 0.01] and syncs == [1]
     assert _memory_cap(torch, dev) == 1 << 30 and _memory_cap(torch, SimpleNamespace(type="cpu")) == 0
+
+
+def test_plugin_vs_library_on_loopback_runs(tmp_path: Path) -> None:
+    """`benchmarks/bench_nccl_plugin.py --loopback` (the CPU side of the same question): the plugin's
+    CollNet stream and the worker library's Communicator at each size in one run, exact sums, the
+    ratio and the CPU columns present (numbers are not judged here: benchmarks prove speed)."""
+    import subprocess
+    import sys
+
+    out = tmp_path / "loop.json"
+    proc = subprocess.run(
+        [sys.executable, "-m", "benchmarks.bench_nccl_plugin", "--loopback", "--sizes", "256K,1M"]
+        + ["--iters", "1", "--warmup", "1", "--timeout", "120", "--json", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=ROOT,
+        env=dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")),
+    )
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["size"] for r in rows] == [256 << 10, 1 << 20]
+    for r in rows:
+        assert r["plugin"]["wrong"] == 0 and r["rs"]["wrong"] == 0
+        assert r["plugin"]["time_us"] > 0 and r["rs"]["time_us"] > 0 and r["rs"]["worker_cpu_s"] > 0
+    table = [ln for ln in proc.stdout.splitlines() if ln.startswith("  ")]
+    assert len(table) == 2 and all(ln.split()[3].endswith("x") for ln in table)
