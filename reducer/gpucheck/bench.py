@@ -165,22 +165,25 @@ def run_bench(plan: Any, args: argparse.Namespace, environment: dict[str, Any]) 
     threads = args.bench_reducer_threads or None
     rows: list[dict[str, Any]] = []
     checks = []
+    collnet_stats: list[dict[str, int]] = []
     for name, env, reducers in variants(plan, args):
         res = plan.run(
             f"bench-{name}", "bench", env, reducers, args.bench_phase_limit, worker_args(args, sizes), threads
         )
+        collnet_stats = res.reducer_stats if name == "collnet" else collnet_stats
         got = B.variant_rows(name, res.results, res.logs[0] if res.logs else None)
         rows += got
         measured = [r for r in got if "seconds" in r]
         ok = bool(measured) and res.status == 0 and not any(r["wrong"] for r in measured)
         detail = f"{len(measured)} of {len(sizes)} sizes measured, exit status {res.status}"
         checks.append(V.Check(f"bench_{name}", ok, detail + (f" ({res.error})" if res.error else "")))
-    limit_texts = B.limits(rows, probes, args.bench_reducers)
+    limit_texts = B.limits(rows, probes, args.bench_reducers, reducer_stats=collnet_stats)
     verdict = B.target(rows, limit_texts)
     summary = V.summarize(checks, environment, {n: r.summary() for n, r in plan.phases.items()})
     summary["bench"] = {
         "rows": rows,
         "probes": probes,
+        "collnet_call_bytes": B.call_bytes(collnet_stats),
         "settings": {
             "sizes": sizes,
             "iters": args.bench_iters,

@@ -149,7 +149,24 @@ def first_call_note(rows: Sequence[Mapping[str, Any]], size: int = FIRST_CALL_SI
     return f"first call vs steady state at {size_text(size)}: " + "; ".join(parts)
 
 
-def limits(rows: Sequence[Mapping[str, Any]], probes: Mapping[str, Any], reducers: int, world: int = 2) -> list[str]:
+def call_bytes(reducer_stats: Sequence[Mapping[str, Any]], world: int = 2) -> float | None:
+    """The plugin's average CollNet call size from the reducers' counters: each call is one round
+    on every reducer, which receives the call's shard (call / R) from each of the `world` heads."""
+    shards = [
+        int(s["bytes_received"]) / int(s["rounds_completed"]) / world
+        for s in reducer_stats
+        if int(s.get("rounds_completed", 0)) > 0 and "bytes_received" in s
+    ]
+    return len(reducer_stats) * sum(shards) / len(shards) if shards else None
+
+
+def limits(
+    rows: Sequence[Mapping[str, Any]],
+    probes: Mapping[str, Any],
+    reducers: int,
+    world: int = 2,
+    reducer_stats: Sequence[Mapping[str, Any]] = (),
+) -> list[str]:
     """What limits the CollNet variant, most likely first, each with its numbers (a heuristic:
     the tuner's choice, the plugin's own transport vs Socket, then the measured CPU rates by how
     close CollNet came to them), at the largest size >= TARGET_FROM measured for CollNet."""
@@ -191,9 +208,11 @@ def limits(rows: Sequence[Mapping[str, Any]], probes: Mapping[str, Any], reducer
             )
         )
     out += [text for _, text in sorted(ranked, key=lambda x: -x[0])]
+    per_call = call_bytes(reducer_stats, world)
+    calls = f"about {per_call / 1024:.0f} KiB each by the reducers' counters" if per_call else "NCCL's chunks"
     out.append(
-        "not measured separately: the plugin's staging copies and the per-call overhead of NCCL's proxy "
-        "(CollNet calls of a chunk each)"
+        "not measured separately: the plugin's staging copies and the per-call overhead of NCCL's proxy and "
+        f"of a reducer round (one round per CollNet call, calls of {calls})"
     )
     return out
 
