@@ -68,6 +68,7 @@ def run_plugin(
     reducer_env: dict[str, str],
     timeout: float,
     idle_sleep: float,
+    ifname: str = "eth0",
 ) -> list[dict[str, Any]]:
     """Reducer processes on hosts W..W+R-1, heads on hosts 0..W-1; each head's collnet_stream result."""
     events: queue.Queue = queue.Queue()
@@ -98,7 +99,7 @@ def run_plugin(
                     "total_bytes": size,
                     "call_bytes": call,
                     "passes": passes,
-                    "ifname": "eth0",
+                    "ifname": ifname,
                     "extra_env": head_env,
                     "idle_sleep": idle_sleep,
                 }
@@ -221,12 +222,94 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
     return "\n".join(lines)
 
 
+def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
+    """--loopback: for each size, the plugin's stream and rs's Communicator on 127.0.0.1, in turn."""
+    hosts = runner._LoopbackHosts()
+    head_env = {
+        k: v for k, v in (("RS_WINDOW", args.window), ("RS_STREAMS", args.streams), ("RS_CHUNK_BYTES", args.chunk)) if v
+    }
+    reducer_env = {"RS_GROUP_SLOTS": args.group_slots} if args.group_slots else {}
+    out = []
+    for size in args.sizes:
+        one = argparse.Namespace(**dict(vars(args), size=size, call=min(args.call, size), gbps=None))
+        results = run_plugin(
+            hosts,
+            args.workers,
+            args.reducers,
+            size,
+            one.call,
+            args.warmup + args.iters,
+            head_env,
+            reducer_env,
+            args.timeout,
+            args.idle_sleep,
+            ifname="lo",
+        )
+        cfg = runner.BenchConfig(
+            workers=args.workers,
+            reducers=args.reducers,
+            sizes=[size],
+            iters=args.iters,
+            warmup=args.warmup,
+            iters_bytes=0,
+            warmup_bytes=0,
+            progress=False,
+        )
+        got, err = runner.run_sizes("rs", cfg, hosts, uuid.uuid4().hex[:8])
+        if err or not got:
+            raise RuntimeError(f"rs at {size} B: {err}")
+        row = {"size": size, "plugin": plugin_row(results, args.warmup, one), "rs": got[0]}
+        print(format_loopback_row(row, args), flush=True)
+        out.append(row)
+    return out
+
+
+def format_loopback_row(row: dict[str, Any], args: argparse.Namespace) -> str:
+    """One size of --loopback: plugin and rs times, their ratio, the plugin path's CPU."""
+    p, r = row["plugin"], row["rs"]
+    calls = args.iters + args.warmup
+    rs_worker_ms = 1e3 * r.get("worker_cpu_s", 0.0) / args.workers / calls
+    rs_reducer_ms = 1e3 * r.get("reducer_cpu_s", 0.0) / args.reducers / calls
+    return (
+        f"  {row['size']:>10} {p['time_us'] / 1e3:>10.1f} {r['time_us'] / 1e3:>9.1f} "
+        f"{p['time_us'] / r['time_us']:>10.2f}x {row['size'] / p['time_us'] / 1e3:>9.2f} "
+        f"{row['size'] / r['time_us'] / 1e3:>8.2f} {p['head_cpu_ms']:>8.1f} {rs_worker_ms:>8.1f} "
+        f"{p['reducer_cpu_ms']:>8.1f} {rs_reducer_ms:>8.1f} {p['wrong'] + r['wrong']:>6}"
+    )
+
+
+def loopback_main(args: argparse.Namespace) -> int:
+    """--loopback: the plugin path vs the worker library on this machine's loopback."""
+    lb = os.getloadavg()
+    print(
+        f"# NCCL plugin stream vs the worker library (rs), loopback, W={args.workers} heads/workers, "
+        f"R={args.reducers} reducers, float32 sum, plugin calls of {args.call} B (up to 64 outstanding); "
+        f"iters={args.iters} warmup={args.warmup}; {runner.machine_description()}"
+    )
+    print(f"# load average before: {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f}")
+    print(
+        "# CPU ms = CPU seconds per all-reduce (warm-up included) of one head / worker and of one reducer; "
+        "GB/s = buffer bytes / time"
+    )
+    print(
+        f"# {'bytes':>10} {'plugin ms':>10} {'rs ms':>9} {'plugin/rs':>11} {'plug GB/s':>9} {'rs GB/s':>8} "
+        f"{'head CPU':>8} {'rs wkr':>8} {'plug red':>8} {'rs red':>8} {'wrong':>6}"
+    )
+    rows = run_loopback(args)
+    la = os.getloadavg()[0]
+    print(f"# load average after: {la:.2f}" + ("  ** PRELIMINARY (load > 2) **" if max(lb[0], la) > LOAD_LIMIT else ""))
+    if args.json:
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump({"load": [lb[0], la], "rows": rows}, f, indent=1)
+    return 1 if any(r["plugin"]["wrong"] or r["rs"]["wrong"] for r in rows) else 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--head", help=argparse.SUPPRESS)
     ap.add_argument("--gbps", type=float, default=1.0)
-    ap.add_argument("--workers", type=int, default=4, help="heads (W)")
-    ap.add_argument("--reducers", type=int, default=4, help="reducers (R)")
+    ap.add_argument("--workers", type=int, default=None, help="heads (W; default 4, --loopback 2)")
+    ap.add_argument("--reducers", type=int, default=None, help="reducers (R; default 4, --loopback 2)")
     ap.add_argument("--size", type=rs_config.parse_size, default=64 << 20, help="bytes per all-reduce (64M)")
     ap.add_argument("--call", type=rs_config.parse_size, default=256 << 10, help="bytes per iallreduce (256K)")
     ap.add_argument("--iters", type=int, default=5)
@@ -246,9 +329,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=600.0)
     ap.add_argument("--prefix", default="rsnp", help="network namespace prefix")
     ap.add_argument("--json", default=None, help="write every run's rows here")
+    ap.add_argument("--loopback", action="store_true", help="plugin vs rs on 127.0.0.1 per size (no root)")
+    ap.add_argument("--sizes", default="1M:256M:4", help="--loopback's sizes (bench syntax; default 1M:256M:4)")
     args = ap.parse_args(argv)
     if args.head:
         return _head_main(args.head)
+    default_hosts = 2 if args.loopback else 4
+    args.workers = args.workers or default_hosts
+    args.reducers = args.reducers or default_hosts
+    if args.loopback:
+        args.sizes = runner.parse_sizes(args.sizes)
+        return loopback_main(args)
     args.baselines = [b for b in args.baselines.split(",") if b]
     reason = emulate.unavailable_reason()
     if reason:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The NCCL plugin against real NCCL on one machine with one CUDA GPU (docs/nccl-plugin.md, "GPU check").
 #   bash scripts/gpu-check.sh [--quick] [--out FILE] [...]   (from the repository root or anywhere)
+#   bash scripts/gpu-check.sh --bench [...]   all-reduce busbw: CollNet vs NCCL Socket vs the plugin p2p net
 # Runs `python -m reducer.gpucheck` with this checkout first on PYTHONPATH (no pip install needed;
 # the built reducer/_core*.so and reducer/lib/libnccl-net-reduction-server.so must be present).
 # Exit: 0 PASS, 1 FAIL, 3 no CUDA GPU / no PyTorch with NCCL, 124 the whole check timed out.

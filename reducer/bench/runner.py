@@ -211,7 +211,8 @@ class _Pass:
         # The bench's own processes' share of the machine: each process's CPU seconds over the time
         # it was measured (workers: 'ready' to 'done', with input restores and result checks; reducers
         # and the poller: their own 'ready' to the end), in cores; the rest of the load is someone else's.
-        cores = sum(done[p]["cpu_s"] - self.ready[p]["cpu_s"] for p in self.wprocs) / wall if wall > 0 else 0.0
+        worker_cpu_s = sum(done[p]["cpu_s"] - self.ready[p]["cpu_s"] for p in self.wprocs)
+        cores = worker_cpu_s / wall if wall > 0 else 0.0
         if self.poller is not None:
             self.poller.close_stdin()
             pdone = _wait_all(self.events, [self.poller], "done", 60.0)[self.poller]
@@ -229,6 +230,7 @@ class _Pass:
         share = 100.0 * cores / (os.cpu_count() or 1) if wall > 0 else None
         for r in self.rows:
             r["bench_cpu_percent"] = share
+            r["worker_cpu_s"] = worker_cpu_s  # all workers, this pass: 'ready' to 'done'
 
     def stop(self) -> None:
         for p in self.procs:

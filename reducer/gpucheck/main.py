@@ -14,6 +14,11 @@ reducers and two worker processes that are two NCCL hosts on the same GPU (reduc
    NCCL_ALGO=allreduce:CollNetChain,CollNetDirect (NCCL >= 2.24), to tell "the plugin does not
    work" from "the tuner prefers a ring here".
 
+``--bench`` runs the benchmark phases instead (reducer.gpucheck.bench: all-reduce busbw through
+CollNet, NCCL's Socket net and the plugin's p2p net; a table, the JSON with the rows, then the
+``GPU CHECK`` line and a ``GPU BENCH`` line on the target; exit 0 when every variant was measured
+with exact sums, whatever the target's verdict).
+
 Prints the JSON summary, then one verdict line; exit 0 PASS, 1 FAIL, 3 no GPU / no PyTorch
 with NCCL. The JSON also goes to --out, else $OUT/gpu-check.json when $OUT is a directory.
 """
@@ -29,6 +34,7 @@ import tempfile
 import time
 from typing import Any
 
+from . import bench
 from . import verdict as V
 from .environment import NEEDS, install_plugin, probe
 from .phases import PhaseResult, run_phase, worker_command
@@ -51,7 +57,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument(
         "--out",
         default=None,
-        help="write the JSON summary here (default: $OUT/gpu-check.json when $OUT is a directory)",
+        help="write the JSON summary here (default: $OUT/gpu-check.json, with --bench $OUT/gpu-bench.json, "
+        "when $OUT is a directory)",
     )
     p.add_argument(
         "--work-dir",
@@ -68,7 +75,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     )
     p.add_argument("--no-force", action="store_true", help="do not run the forced-collnet phase")
     p.add_argument("--log-level", default="INFO")
-    return p.parse_args(argv)
+    bench.add_arguments(p)
+    args = p.parse_args(argv)
+    try:
+        bench.parse_sizes(args.bench_sizes)
+    except ValueError as exc:
+        p.error(str(exc))
+    return args
 
 
 def _out_dir() -> str | None:
@@ -89,7 +102,14 @@ class Plan:
         self.phases: dict[str, PhaseResult] = {}
 
     def run(
-        self, name: str, task: str, env: dict[str, str], reducers: int, limit: float, extra: list[str] | None = None
+        self,
+        name: str,
+        task: str,
+        env: dict[str, str],
+        reducers: int,
+        limit: float,
+        extra: list[str] | None = None,
+        reducer_threads: int | None = 1,
     ) -> PhaseResult:
         left = self.deadline - time.monotonic()
         if left < 30:
@@ -98,7 +118,7 @@ class Plan:
         else:
             timeout = min(limit, left)
             cmd = worker_command(task, os.path.join(self.work_dir, name), max(20.0, timeout - 15), extra or [])
-            res = run_phase(name, self.work_dir, cmd, env, reducers, timeout)
+            res = run_phase(name, self.work_dir, cmd, env, reducers, timeout, reducer_threads=reducer_threads)
         self.phases[name] = res
         return res
 
@@ -108,13 +128,9 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: dict[str, A
     steps = args.ddp_steps or (5 if args.quick else 20)
     dtypes = ["float32", "bfloat16", "float16"]
     warnings: list[str] = []
-    try:
-        plugin_env = install_plugin(os.path.join(work_dir, "plugin"))
-    except (RuntimeError, OSError) as exc:
-        check = V.Check("plugin_install", False, str(exc))
-        return V.summarize([check], environment, {})
-    environment["plugin_env"] = plugin_env
-    plan = Plan(args, work_dir, plugin_env)
+    plan = _install(args, work_dir, environment)
+    if isinstance(plan, dict):
+        return plan
     sums_args = ["--sizes", ",".join(map(str, sizes)), "--dtypes", ",".join(dtypes)]
     plan.run("collnet-sums", "sums", plan.plugin_env, 2, 300, sums_args)
     plan.run("no-reducers", "teardown", plan.plugin_env, 1, 120, ["--no-reducers"])
@@ -137,6 +153,25 @@ def run_checks(args: argparse.Namespace, work_dir: str, environment: dict[str, A
         checks.append(forced_check)
     phases = {name: res.summary() for name, res in plan.phases.items()}
     return V.summarize(checks, environment, phases, warnings)
+
+
+def _install(args: argparse.Namespace, work_dir: str, environment: dict[str, Any]) -> Plan | dict[str, Any]:
+    """The plugin installed under work_dir and the Plan of phases using it, or (it failed) the
+    summary saying why."""
+    try:
+        plugin_env = install_plugin(os.path.join(work_dir, "plugin"))
+    except (RuntimeError, OSError) as exc:
+        return V.summarize([V.Check("plugin_install", False, str(exc))], environment, {})
+    environment["plugin_env"] = plugin_env
+    return Plan(args, work_dir, plugin_env)
+
+
+def run_bench(args: argparse.Namespace, work_dir: str, environment: dict[str, Any]) -> dict[str, Any]:
+    """--bench: the benchmark phases (reducer.gpucheck.bench) instead of the checks."""
+    plan = _install(args, work_dir, environment)
+    if isinstance(plan, dict):
+        return plan
+    return bench.run_bench(plan, args, environment)
 
 
 def build_checks(phases: dict[str, PhaseResult], sizes: list[int], dtypes: list[str]) -> list[V.Check]:
@@ -163,23 +198,23 @@ def _nccl_at_least(version: str, wanted: tuple) -> bool:
         return False
 
 
-def write_summary(summary: dict[str, Any], path: str | None) -> str | None:
+def write_summary(summary: dict[str, Any], path: str | None, name: str = "gpu-check") -> str | None:
     if path is None:
         out = _out_dir()
-        path = os.path.join(out, "gpu-check.json") if out else None
+        path = os.path.join(out, f"{name}.json") if out else None
     if path:
         with open(path, "w", encoding="utf-8") as fh:
             fh.write(V.to_json(summary) + "\n")
     return path
 
 
-def pack_logs(work_dir: str) -> str | None:
-    """$OUT/gpu-check-logs.tar.gz with the phases' logs and results (one file: $OUT takes few)."""
+def pack_logs(work_dir: str, name: str = "gpu-check") -> str | None:
+    """$OUT/<name>-logs.tar.gz with the phases' logs and results (one file: $OUT takes few)."""
     out = _out_dir()
     if not out:
         return None
 
-    path = os.path.join(out, "gpu-check-logs.tar.gz")
+    path = os.path.join(out, f"{name}-logs.tar.gz")
     try:
         with tarfile.open(path, "w:gz") as tar:
             tar.add(work_dir, arcname="gpu-check-logs", filter=lambda ti: None if ti.name.endswith(".so") else ti)
@@ -217,17 +252,22 @@ def main(argv: list[str] | None = None) -> int:
         work_dir,
     )
     t0 = time.monotonic()
-    summary = run_checks(args, work_dir, environment)
+    summary = (run_bench if args.bench else run_checks)(args, work_dir, environment)
     summary["environment"]["seconds"] = round(time.monotonic() - t0, 1)
-    text = V.to_json(summary)
-    print(text)
-    path = write_summary(summary, args.out)
+    table = bench.report_text(summary)
+    if table:
+        print(table)
+    print(V.to_json(summary))
+    name = "gpu-bench" if args.bench else "gpu-check"
+    path = write_summary(summary, args.out, name)
     if path:
         print(f"gpu-check: JSON summary written to {path}", file=sys.stderr)
-    packed = pack_logs(work_dir)
+    packed = pack_logs(work_dir, name)
     if packed:
         print(f"gpu-check: logs packed into {packed}", file=sys.stderr)
     print(V.verdict_line(summary))
+    if "bench" in summary:
+        print(summary["bench"]["verdict"])
     return EXIT_PASS if summary["verdict"] == "PASS" else EXIT_FAIL
 
 

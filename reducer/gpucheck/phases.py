@@ -46,7 +46,7 @@ class PhaseResult:
             "run_dir": self.run_dir,
             "reducer_stats": self.reducer_stats,
             "nccl": [lg.to_dict() for lg in self.logs],
-            "workers": [{k: v for k, v in r.items() if k not in ("sums", "ddp")} for r in self.results],
+            "workers": [{k: v for k, v in r.items() if k not in ("sums", "ddp", "bench")} for r in self.results],
         }
 
 
@@ -107,8 +107,10 @@ def run_phase(
     reducers: int,
     timeout: float,
     world: int = WORLD,
+    reducer_threads: int | None = 1,
 ) -> PhaseResult:
-    """Run `command` as `world` worker nodes with `reducers` reducers; never longer than
+    """Run `command` as `world` worker nodes with `reducers` reducers (`reducer_threads` event-loop
+    threads each; None: the reducer's default); never longer than
     `timeout` (+ the launcher's grace period): after it, SIGTERM to this process makes the
     launcher stop every child (its own signal handling)."""
     run_dir = os.path.join(work_dir, name)
@@ -127,6 +129,7 @@ def run_phase(
                     workers=world,
                     reducers=reducers,
                     procs_per_worker=1,
+                    reducer_threads=reducer_threads,
                     log_level="DEBUG",
                     out=out,
                     err=out,

@@ -9,7 +9,12 @@ net plugin), points NCCL_DEBUG_FILE at its run directory, and runs one task:
   inputs small integers so every sum is exact, each result compared element by element with a
   float64 numpy reference computed on the CPU;
 - ``ddp``: a few DistributedDataParallel steps of a small model, losses recorded;
-- ``teardown``: one small all-reduce, then the communicator is destroyed.
+- ``teardown``: one small all-reduce, then the communicator is destroyed;
+- ``bench``: float32 sum all-reduces of each size (``--bench``, reducer.gpucheck.bench): the
+  first call timed alone, then warm-up calls, then timed calls, each between two CUDA events
+  (perf_counter on the CPU), no host synchronization between them; the last result is checked
+  (every rank's input is rank + 1, refilled before each call). The result file is rewritten
+  after every size, so a phase stopped at its time limit still leaves the sizes it finished.
 
 Every task ends with ``destroy_process_group()``; the result JSON is written before it (with
 ``teardown: "pending"``) and again after it (``"ok"``), so a crash at teardown is visible.
@@ -28,6 +33,8 @@ import time
 from typing import Any
 
 import numpy as np
+
+from .bench_report import iteration_plan
 
 DTYPES = ("float32", "bfloat16", "float16")
 _ITEMSIZE = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -99,6 +106,95 @@ def _sync(torch: Any, dev: Any) -> None:
         torch.cuda.synchronize()
 
 
+class _CallTimer:
+    """Seconds per call: CUDA events recorded on the current stream around each call (resolved
+    at the end, so the calls run back to back), or perf_counter on the CPU."""
+
+    def __init__(self, torch: Any, dev: Any) -> None:
+        self.torch, self.cuda = torch, dev.type == "cuda"
+        self.marks: list[Any] = []
+
+    def mark(self) -> None:
+        if self.cuda:
+            ev = self.torch.cuda.Event(enable_timing=True)
+            ev.record()
+            self.marks.append(ev)
+        else:
+            self.marks.append(time.perf_counter())
+
+    def seconds(self) -> list[float]:
+        """(start, stop) pairs marked in turn -> each call's seconds."""
+        pairs = zip(self.marks[0::2], self.marks[1::2])
+        if self.cuda:
+            self.torch.cuda.synchronize()
+            return [a.elapsed_time(b) / 1e3 for a, b in pairs]
+        return [b - a for a, b in pairs]
+
+
+def _memory_cap(torch: Any, dev: Any) -> int:
+    """The largest buffer a rank allocates: 1/8 of the GPU's memory (two ranks share it, and
+    the same number on both, so both skip the same sizes); no cap on the CPU."""
+    if dev.type != "cuda":
+        return 0
+    return int(torch.cuda.mem_get_info(dev)[1] // 8)
+
+
+def bench_one(torch: Any, dist: Any, dev: Any, rank: int, world: int, size: int, plan: tuple[int, int]) -> dict:
+    """One size of the bench task: first call, warm-up, timed calls, the last result checked."""
+    warmup, iters = plan
+    n = max(1, size // 4)
+    x = torch.empty(n, dtype=torch.float32, device=dev)
+    mine, want = float(rank + 1), float(world * (world + 1) // 2)
+    x.fill_(mine)
+    _sync(torch, dev)
+    t0 = time.perf_counter()
+    dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    _sync(torch, dev)
+    first = time.perf_counter() - t0
+    for _ in range(warmup):
+        x.fill_(mine)
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+    _sync(torch, dev)
+    timer = _CallTimer(torch, dev)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        x.fill_(mine)
+        timer.mark()
+        dist.all_reduce(x, op=dist.ReduceOp.SUM)
+        timer.mark()
+    times = timer.seconds()
+    loop = (time.perf_counter() - t0) / max(1, iters)
+    wrong = int((x != want).sum().item())
+    del x
+    return {
+        "bytes": n * 4,
+        "first_seconds": round(first, 6),
+        "warmup": warmup,
+        "times": [round(t, 7) for t in times],
+        "loop_seconds": round(loop, 7),
+        "wrong": wrong,
+    }
+
+
+def run_bench(
+    torch: Any, dist: Any, dev: Any, rank: int, world: int, args: argparse.Namespace, save: Any
+) -> list[dict[str, Any]]:
+    """The bench task over --sizes; `save(rows)` after each size."""
+    rows: list[dict[str, Any]] = []
+    cap = _memory_cap(torch, dev)
+    for size in [int(s) for s in args.sizes.split(",") if s]:
+        if cap and size > cap:
+            rows.append({"bytes": size, "skipped": f"over 1/8 of the GPU's memory ({cap} B)"})
+        else:
+            rows.append(
+                bench_one(
+                    torch, dist, dev, rank, world, size, iteration_plan(size, args.warmup, args.iters, args.iters_bytes)
+                )
+            )
+        save(rows)
+    return rows
+
+
 def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> dict[str, Any]:
     """Deterministic DDP steps (same seed, same data on every run); returns losses and a
     checksum of the final parameters."""
@@ -129,12 +225,15 @@ def run_ddp(torch: Any, dev: Any, rank: int, steps: int, width: int) -> dict[str
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m reducer.gpucheck.worker")
-    p.add_argument("--task", choices=("sums", "ddp", "teardown"), required=True)
+    p.add_argument("--task", choices=("sums", "ddp", "teardown", "bench"), required=True)
     p.add_argument("--run-dir", required=True)
     p.add_argument("--sizes", default="4096", help="comma-separated byte sizes (sums)")
     p.add_argument("--dtypes", default=",".join(DTYPES))
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--width", type=int, default=1024)
+    p.add_argument("--iters", type=int, default=20, help="bench: timed calls per size, at most")
+    p.add_argument("--warmup", type=int, default=5, help="bench: warm-up calls per size, at most")
+    p.add_argument("--iters-bytes", type=int, default=2 << 30, help="bench: bytes of timed calls per size")
     p.add_argument(
         "--no-reducers", action="store_true", help="drop the reducer addresses the launcher gave (CLUSTER_SPEC etc.)"
     )
@@ -191,6 +290,10 @@ def main(argv: list[str]) -> int:
         result["sums"] = run_sums(torch, dist, dev, rank, world, sizes, args.dtypes.split(","))
     elif args.task == "ddp":
         result["ddp"] = run_ddp(torch, dev, rank, args.steps, args.width)
+    elif args.task == "bench":
+        result["bench"] = run_bench(
+            torch, dist, dev, rank, world, args, lambda rows: _write(path, dict(result, bench=rows))
+        )
     else:
         x = torch.ones(1024, device=dev)
         dist.all_reduce(x)
