@@ -1,19 +1,21 @@
 """Every setting of reduction-server, its RS_* environment variable and default, in one table.
 
-The settings the C++ core reads (the worker client's, the NCCL plugin's, RS_HANDSHAKE_TIMEOUT) are
-defined once, in csrc/common/settings.h: their rows here are built from the bound copy
-(reducer._core.SETTINGS) and their text is parsed by the same C++ code (_core.parse_setting), so
-Python, the C++ client and the NCCL plugin cannot read a variable differently. The rows below are
-the settings only Python reads; their booleans, integers and sizes go through the same C++ rules
-(_core.parse_kind).
+The settings the C++ core reads (the worker client's, the NCCL plugin's, the reducer node's: host,
+port, threads, group slots, timeouts, memory and connection limits) are defined once, in
+csrc/common/settings.h: their rows here are built from the bound copy (reducer._core.SETTINGS)
+with the defaults the C++ client and reducer start from, and their text is parsed by the same C++
+code (_core.parse_setting), so Python, the C++ client, the reducer and the NCCL plugin cannot read
+a variable differently. The rows below are the settings only Python reads; their booleans,
+integers and sizes go through the same C++ rules (_core.parse_kind).
 
 Rule everywhere: an explicit argument wins, then the RS_* variable, then the default. A variable
 that is unset or blank (empty or only whitespace) counts as not set: the default applies. Every
 seconds value (a *_timeout setting, its variable, argument or command-line flag) is at most
 MAX_SECONDS (1e9 s): more is a ConfigError naming it (check_seconds, the C++ rule).
 Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
-an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS (a test checks
-they agree).
+an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS, and `serve
+--help` shows their defaults (default_text(), flag_help()): tests/test_reducer_settings.py checks
+they agree with the table, and the reducer's own defaults (reducer._core.SERVER_DEFAULTS) too.
 """
 
 from __future__ import annotations
@@ -45,7 +47,7 @@ def _kind(kind: str) -> Callable[[str], Any]:
     return functools.partial(_core.parse_kind, kind)
 
 
-_bool, _int, _size, _seconds = _kind("bool"), _kind("int"), _kind("size"), _kind("seconds")
+_bool, _int, _size = _kind("bool"), _kind("int"), _kind("size")
 
 # The largest value of every seconds setting, variable, argument and flag (1e9 s, about 31 years:
 # csrc/common/defaults.h kMaxSeconds). More is refused, naming what gave it (check_seconds, and
@@ -119,82 +121,8 @@ _PYTHON_ONLY = [
         "local_rank", "LOCAL_RANK", None, _int, "Rank of this process on its node (set by torchrun / the launcher)."
     ),
     Setting("local_world_size", "LOCAL_WORLD_SIZE", None, _int, "Processes per node (set by torchrun / the launcher)."),
-    # -- reducer node ----------------------------------------------------------
-    Setting("host", "RS_HOST", "0.0.0.0", str, "Address the reducer binds."),
-    Setting("port", "RS_PORT", None, _int, "Port the reducer binds (default: its CLUSTER_SPEC entry, else 2222)."),
-    Setting("threads", "RS_THREADS", None, _int, "Reducer event-loop threads (default: number of CPUs, at most 8)."),
-    Setting(
-        "max_group_bytes",
-        "RS_MAX_GROUP_BYTES",
-        None,
-        _size,
-        "Reducer: largest reduction-buffer memory per group stream (default 4 GiB); a group asking more is refused.",
-    ),
-    Setting(
-        "max_memory_bytes",
-        "RS_MAX_MEMORY",
-        None,
-        _size,
-        "Reducer: reduction-buffer memory of all groups together (default: half of the physical memory).",
-    ),
-    Setting(
-        "max_memory_per_job",
-        "RS_MAX_MEMORY_PER_JOB",
-        None,
-        _size,
-        "Reducer: reduction-buffer memory of one job id's groups together (default: half of max_memory_bytes).",
-    ),
-    Setting(
-        "max_memory_per_peer",
-        "RS_MAX_MEMORY_PER_PEER",
-        None,
-        _size,
-        "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, "
-        "plus the accumulator of the groups where it is rank 0 (default: half of max_memory_bytes).",
-    ),
-    Setting(
-        "memory_idle_timeout",
-        "RS_MEMORY_IDLE_TIMEOUT",
-        None,
-        float,
-        "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next "
-        "chunk (default 60; 0 = never).",
-    ),
-    Setting(
-        "group_slots",
-        "RS_GROUP_SLOTS",
-        None,
-        _int,
-        "Reducer: chunk slots per group stream (default 4); memory per group stream = slots x (world + 2) x chunk.",
-    ),
-    Setting(
-        "group_timeout",
-        "RS_GROUP_TIMEOUT",
-        None,
-        _seconds,
-        "Reducer: seconds a group may wait for all its ranks before its members are refused (default 300).",
-    ),
-    Setting(
-        "max_connections",
-        "RS_MAX_CONNECTIONS",
-        None,
-        _int,
-        "Reducer: open connections (default 4096, at most the descriptor limit minus 64).",
-    ),
-    Setting(
-        "max_connections_per_peer",
-        "RS_MAX_CONNECTIONS_PER_PEER",
-        None,
-        _int,
-        "Reducer: open connections from one IP address, in any state (default 256).",
-    ),
-    Setting(
-        "max_groups_per_peer",
-        "RS_MAX_GROUPS_PER_PEER",
-        None,
-        _int,
-        "Reducer: live group streams created from one IP address (default 64).",
-    ),
+    # -- reducer node: host, port, threads, the limits (group_slots, group_timeout, max_memory_*,
+    # max_connections*, ...) are rows of the C++ table (csrc/common/settings.h, ServerOptions).
     # -- reducer control plane -------------------------------------------------
     Setting(
         "control_port",
@@ -256,7 +184,7 @@ _PYTHON_ONLY = [
         "RS_ADVERTISE_ADDRESS",
         None,
         _address,
-        "Reducer: HOST:PORT at which others reach its data port, reported by GetStats and `status` "
+        "Reducer: the HOST:PORT at which others reach its data port, reported by GetStats and `status` "
         "(default: its own CLUSTER_SPEC/TF_CONFIG entry, else the address it binds); set it behind a "
         "port mapping or NAT.",
     ),
@@ -282,6 +210,28 @@ SETTINGS: dict[str, Setting] = {s.name: s for s in _native_rows() + _PYTHON_ONLY
 assert len(SETTINGS) == len(_core.SETTINGS) + len(_PYTHON_ONLY), "a setting is defined in C++ and in Python"
 
 
+def default_text(name: str) -> str:
+    """A setting's default as docs/configuration.md's Default column and `--help` show it: 'unset'
+    when it has none (its meaning says what applies then), booleans as true/false."""
+    value = SETTINGS[name].default
+    if value is None:
+        return "unset"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
+
+
+def flag_help(name: str, meaning: str | None = None) -> str:
+    """The --help text of a command-line flag for a setting: its meaning (the table's, or the
+    flag's own wording), then its variable and default from the table (argparse-escaped)."""
+    setting = SETTINGS[name]
+    if meaning is None:
+        doc = setting.doc.removeprefix("Reducer: ").rstrip(".")
+        meaning = doc[:1].lower() + doc[1:]
+    default = f"${setting.env}" if setting.default is None else f"${setting.env}, else {default_text(name)}"
+    return f"{meaning} (default: {default})".replace("%", "%%")
+
+
 def env_text(name: str, env: Mapping[str, str] | None = None) -> str | None:
     """The text of a setting's variable in `env` (default os.environ); None when unset or blank."""
     raw = (os.environ if env is None else env).get(SETTINGS[name].env)
@@ -303,6 +253,15 @@ def get(name: str, override: Any = None, env: Mapping[str, str] | None = None) -
         raise  # a C++-defined setting: its message already names the variable
     except (ValueError, TypeError) as exc:
         raise ConfigError(f"{setting.env}={raw!r} is not valid: {exc}") from None
+
+
+def parse_text(name: str, text: str) -> Any:
+    """A setting's text parsed by its rule (None when blank); ValueError saying only why it is not
+    valid (for a command-line flag's type: argparse names the flag)."""
+    try:
+        return SETTINGS[name].parse(text)
+    except ConfigError as exc:  # a C++-defined setting's message names its variable: keep the why
+        raise ValueError(str(exc).split(" is not valid: ", 1)[-1]) from None
 
 
 def parse_size(text: str) -> int:

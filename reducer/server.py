@@ -14,7 +14,8 @@ from .errors import ConfigError
 log = logging.getLogger(__name__)
 
 
-# Reducer settings passed to the core; unset ones take the core's defaults (csrc/server/server.h).
+# Reducer settings passed to the core: rows of the settings table (csrc/common/settings.h), whose
+# defaults are the ones the core's ServerOptions starts from (tests/test_reducer_settings.py).
 _LIMITS = (
     "group_slots",
     "handshake_timeout",
@@ -44,7 +45,8 @@ class ReducerServer:
     handshake_timeout, group_timeout, max_group_bytes, max_memory_bytes, max_connections,
     max_connections_per_peer, max_groups_per_peer, and the memory shares max_memory_per_job,
     max_memory_per_peer and memory_idle_timeout) are described in docs/configuration.md; each
-    defaults to its RS_* variable, else the core's default. `limits()` reports those in force.
+    defaults to its RS_* variable, else the settings table's default (config.SETTINGS, the C++ core's
+    own). `limits()` reports those in force.
     """
 
     def __init__(

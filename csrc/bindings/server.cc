@@ -33,8 +33,8 @@ py::dict server_stats(const rs::server::Server& s) {
   return d;
 }
 
-py::dict server_limits(const rs::server::Server& s) {
-  const rs::server::ServerOptions& o = s.limits();
+// The limits of `o` (Server.limits(): those in force).
+py::dict options_limits(const rs::server::ServerOptions& o) {
   py::dict d;
   d["group_slots"] = o.group_slots;
   d["handshake_timeout"] = o.handshake_timeout;
@@ -48,6 +48,19 @@ py::dict server_limits(const rs::server::Server& s) {
   d["max_connections_per_peer"] = o.max_connections_per_peer;
   d["max_groups_per_peer"] = o.max_groups_per_peer;
   d["integrity"] = rs::server::integrity_mode_name(o.integrity);
+  return d;
+}
+
+py::dict server_limits(const rs::server::Server& s) { return options_limits(s.limits()); }
+
+// A default-made ServerOptions (reducer._core.SERVER_DEFAULTS): its limits, and where and how it listens.
+py::dict server_defaults() {
+  const rs::server::ServerOptions o;
+  py::dict d = options_limits(o);
+  d["host"] = o.host;
+  d["port"] = o.port;
+  d["threads"] = o.threads;
+  d["socket_buffer"] = o.socket_buffer;
   return d;
 }
 
@@ -81,6 +94,7 @@ py::list server_group_stats(const rs::server::Server& s) {
 
 void bind_server(py::module_& m) {
   const rs::server::ServerOptions defaults;
+  m.attr("SERVER_DEFAULTS") = server_defaults();
   py::class_<rs::server::Server, GilFreeHolder<rs::server::Server>>(m, "Server")
       .def(py::init([](const std::string& host, uint16_t port, int threads, const std::string& token, int group_slots,
                        double handshake_timeout, double group_timeout, int socket_buffer, uint64_t max_group_bytes,

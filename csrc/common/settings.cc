@@ -77,11 +77,12 @@ const char* seconds_problem(double v, bool zero_ok = false) {
   return nullptr;
 }
 
-double parse_seconds(const std::string& t, const std::string& what, const std::string& raw) {
+double parse_seconds(const std::string& t, const std::string& what, const std::string& raw, bool zero_ok) {
   char* end = nullptr;
   const double v = decimal(t) ? std::strtod(t.c_str(), &end) : NAN;
-  if (!decimal(t) || *end != '\0') bad(what, raw, "expected a positive number of seconds");
-  if (const char* why = seconds_problem(v)) bad(what, raw, why);
+  if (!decimal(t) || *end != '\0')
+    bad(what, raw, zero_ok ? "expected a finite number of seconds >= 0" : "expected a positive number of seconds");
+  if (const char* why = seconds_problem(v, zero_ok)) bad(what, raw, why);
   return v;
 }
 
@@ -122,7 +123,7 @@ std::optional<Value> parse(const Spec& s, const std::string& text, const std::st
     case Kind::Bool: return Value(parse_bool(t, what, text));
     case Kind::Int: return Value(parse_int(s, t, what, text));
     case Kind::Size: return Value(parse_size(s, t, what, text));
-    case Kind::Seconds: return Value(parse_seconds(t, what, text));
+    case Kind::Seconds: return Value(parse_seconds(t, what, text, s.zero_ok));
     case Kind::Enum: return Value(parse_enum(s, t, what, text));
     case Kind::Text: return Value(t);
   }

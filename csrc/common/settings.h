@@ -1,13 +1,16 @@
 // The settings the C++ core reads, defined once: name (the Python argument), RS_* variable, kind,
 // default, bounds, where it applies, and a one-line meaning. Every reader goes through this table:
 // the worker client's options (client/client_settings.h), the NCCL plugin (nccl_plugin/
-// plugin_env.cc), and reducer/config.py, which builds its rows for these settings from the bound
-// copy (reducer._core.SETTINGS) and parses their text with the same parse_setting().
+// plugin_env.cc), the reducer node (server/server.h ServerOptions starts from the same
+// common/defaults.h constants; reducer.ReducerServer and `reduction-server serve` read these rows),
+// and reducer/config.py, which builds its rows for these settings from the bound copy
+// (reducer._core.SETTINGS) and parses their text with the same parse_setting(); serve's --help
+// and docs/configuration.md show these defaults (tests/test_reducer_settings.py checks them all).
 //
 // Text rules, one per kind: blank (empty or only whitespace) = unset; surrounding whitespace is
 // ignored; Bool: 1/true/yes/on, 0/false/no/off (any case); Int: a decimal integer within
 // [lo, hi] and a multiple of `step`; Size: bytes with an optional K/M/G/T suffix (powers of 1024, "B"/"iB" allowed),
-// within [lo, hi], a multiple of `step`; Seconds: a finite number > 0 and at most kMaxSeconds
+// within [lo, hi], a multiple of `step`; Seconds: a finite number > 0 (>= 0 with zero_ok) and at most kMaxSeconds
 // (common/defaults.h: 1e9, about 31 years); Enum: one of `choices` (any case, returned lower
 // case); Text: as given (trimmed). A malformed value is an Error(Config) "VAR='text' is not
 // valid: why" naming the variable (or the argument the text came from).
@@ -46,7 +49,8 @@ struct Spec {
   const char* choices;  // Enum: comma-separated, lower case
   uint8_t scope;
   const char* doc;
-  double step = 0;  // Int and Size: the value must be a multiple of it (0: any)
+  double step = 0;       // Int and Size: the value must be a multiple of it (0: any)
+  bool zero_ok = false;  // Seconds: 0 is valid too (it means "never")
 };
 
 constexpr double kNoLimit = 9.0e18;  // below 2^63: every Size/Int fits an int64
@@ -96,6 +100,37 @@ inline constexpr Spec kTable[] = {
    kProcess | kPlugin | kReducer,
    "Seconds sent data or keepalive probes may go unacknowledged before a peer is dead (TCP_USER_TIMEOUT; 0: "
    "the kernel's)."},
+  // -- the reducer node (ServerOptions; reducer.ReducerServer, `reduction-server serve`) ---------
+  {"host", "RS_HOST", Kind::Text, true, 0, kDefaultReducerHost, 0, 0, nullptr, kReducer,
+   "Address the reducer binds (0.0.0.0: all interfaces)."},
+  {"port", "RS_PORT", Kind::Int, false, 0, nullptr, 0, 65535, nullptr, kProcess | kPlugin | kReducer,
+   "Port the reducer binds, 0 = any free port (unset: its CLUSTER_SPEC/TF_CONFIG entry, else 2222)."},
+  {"threads", "RS_THREADS", Kind::Int, true, kDefaultReducerThreads, nullptr, 0, kMaxReducerThreads, nullptr,
+   kReducer, "Reducer event-loop threads, at most 256 (0: the number of CPUs, at most 8)."},
+  {"group_slots", "RS_GROUP_SLOTS", Kind::Int, true, kDefaultGroupSlots, nullptr, 1, kMaxGroupSlots, nullptr,
+   kReducer, "Reducer: chunk slots per group stream, 1-64; memory per group stream = slots x (world + 2) x chunk."},
+  {"group_timeout", "RS_GROUP_TIMEOUT", Kind::Seconds, true, kDefaultGroupTimeout, nullptr, 0, 0, nullptr, kReducer,
+   "Reducer: seconds a group may wait for all its ranks before its members are refused."},
+  {"max_group_bytes", "RS_MAX_GROUP_BYTES", Kind::Size, true, double(kDefaultMaxGroupBytes), nullptr, 0, kNoLimit,
+   nullptr, kReducer, "Reducer: largest reduction-buffer memory per group stream; a group asking more is refused."},
+  {"max_memory_bytes", "RS_MAX_MEMORY", Kind::Size, true, 0, nullptr, 0, kNoLimit, nullptr, kReducer,
+   "Reducer: reduction-buffer memory of all groups together (0: half of the physical memory)."},
+  {"max_memory_per_job", "RS_MAX_MEMORY_PER_JOB", Kind::Size, true, 0, nullptr, 0, kNoLimit, nullptr, kReducer,
+   "Reducer: reduction-buffer memory of one job id's groups together (0: half of max_memory_bytes)."},
+  {"max_memory_per_peer", "RS_MAX_MEMORY_PER_PEER", Kind::Size, true, 0, nullptr, 0, kNoLimit, nullptr, kReducer,
+   "Reducer: reduction-buffer memory charged to one IP address: slots x chunk per rank it connected, plus the "
+   "accumulator of the groups where it is rank 0 (0: half of max_memory_bytes)."},
+  {"memory_idle_timeout", "RS_MEMORY_IDLE_TIMEOUT", Kind::Seconds, true, kDefaultMemoryIdleTimeout, nullptr, 0, 0,
+   nullptr, kReducer,
+   "Reducer: seconds a complete group may receive nothing before it gives its memory back until its next chunk "
+   "(0: never).",
+   /*step=*/0, /*zero_ok=*/true},
+  {"max_connections", "RS_MAX_CONNECTIONS", Kind::Int, true, kDefaultMaxConnections, nullptr, 1, 4294967295.0, nullptr,
+   kReducer, "Reducer: open connections (at most the descriptor limit minus 64)."},
+  {"max_connections_per_peer", "RS_MAX_CONNECTIONS_PER_PEER", Kind::Int, true, kDefaultMaxConnectionsPerPeer, nullptr,
+   1, 4294967295.0, nullptr, kReducer, "Reducer: open connections from one IP address, in any state."},
+  {"max_groups_per_peer", "RS_MAX_GROUPS_PER_PEER", Kind::Int, true, kDefaultMaxGroupsPerPeer, nullptr, 1,
+   4294967295.0, nullptr, kReducer, "Reducer: live group streams created from one IP address."},
   {"nccl_socket_ifname", "RS_NCCL_SOCKET_IFNAME", Kind::Text, false, 0, nullptr, 0, 0, nullptr, kPlugin,
    "NCCL plugin: interface of its point-to-point TCP net (NCCL's syntax: prefixes, '=exact', '^exclude')."},
   {"nccl_nsocks", "RS_NCCL_NSOCKS", Kind::Int, true, kDefaultP2pSockets, nullptr, 1, kMaxP2pSockets, nullptr, kPlugin,

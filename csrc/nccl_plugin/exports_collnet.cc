@@ -178,63 +178,126 @@ ncclResult_t coll_close_listen(void* listen_comm) {
   return run_guarded("CollNet closeListen", [&] { collnet::close_listen(listen_comm); });
 }
 
+// ---- the tables, member by member --------------------------------------------------------------
+//
+// Each table is built by a constexpr function that value-initializes it (every member NULL) and then
+// sets each member by name, so a table can never silently shift a function into its neighbour's
+// slot (NCCL's example plugin uses C++20 designated initializers for the same reason). C++17 has no
+// designated initializers (gcc takes them only as an extension, with -pedantic warnings) and the
+// plugin is built with the core's -std=c++17 flags, so the tables are not a C++20 island; a
+// constexpr builder keeps them constant-initialized (in .data before any code runs) all the same:
+// each exported table is copied from a constexpr value, which must be a constant expression.
+// nccl_abi.h's static_asserts pin the members' offsets; tests/test_nccl_plugin_tables.py checks,
+// member by member, what every exported table holds.
+
+// The members every CollNet version has, in every version's types.
+template <class T>
+constexpr void set_coll_common(T& t) {
+  t.name = kPluginName;
+  t.devices = coll_devices;
+  t.connect = coll_connect;
+  t.reduceSupport = coll_reduce_support;
+  t.regMrDmaBuf = reg_mr_dmabuf;
+  t.deregMr = dereg_mr;
+  t.iflush = coll_iflush;
+  t.test = coll_test;
+  t.closeColl = coll_close;
+  t.closeListen = coll_close_listen;
+}
+
+// v8 to v12: size_t regMr; all-gather / reduce-scatter NULL (not offered: NCCL's tuner then never
+// picks CollNet for them; only v12's are set by init, configure_gather_members above).
+template <class T, class Props>
+constexpr T coll_table_v8_on() {
+  T t{};
+  set_coll_common(t);
+  t.getProperties = coll_get_properties<Props>;
+  t.regMr = reg_mr;
+  t.iallgather = nullptr;
+  t.ireducescatter = nullptr;
+  return t;
+}
+
+constexpr ncclCollNet_v12_t coll_table_v12() {
+  auto t = coll_table_v8_on<ncclCollNet_v12_t, ncclNetProperties_v12_t>();
+  t.init = coll_init_v12;
+  t.listen = coll_listen_v12;
+  t.iallreduce = coll_iallreduce_v12;
+  // Until init chooses for the NCCL that loads the table: what an unknown NCCL (one that may go
+  // through an adapter calling them unconditionally) gets.
+  t.iallgather = coll_iallgather;
+  t.ireducescatter = coll_ireducescatter;
+  t.makeVDevice = nullptr;  // no virtual devices
+  t.finalize = coll_finalize;
+  return t;
+}
+
+constexpr ncclCollNet_v11_t coll_table_v11() {
+  auto t = coll_table_v8_on<ncclCollNet_v11_t, ncclNetProperties_v11_t>();
+  t.init = coll_init_v11;
+  t.listen = coll_listen_v12;
+  t.iallreduce = coll_iallreduce_v12;
+  t.makeVDevice = nullptr;
+  t.finalize = coll_finalize;
+  return t;
+}
+
+// v10 and v9 share one layout (ncclCollNet_v9_t is ncclCollNet_v10_t); only init differs.
+constexpr ncclCollNet_v10_t coll_table_v10(ncclResult_t (*init)(ncclDebugLogger_t)) {
+  auto t = coll_table_v8_on<ncclCollNet_v10_t, ncclNetProperties_v10_t>();
+  t.init = init;
+  t.listen = coll_listen_v8;
+  t.iallreduce = coll_iallreduce_v12;
+  t.makeVDevice = nullptr;
+  return t;
+}
+
+constexpr ncclCollNet_v8_t coll_table_v8() {
+  auto t = coll_table_v8_on<ncclCollNet_v8_t, ncclNetProperties_v8_t>();
+  t.init = coll_init_v8;
+  t.listen = coll_listen_v8;
+  t.iallreduce = coll_iallreduce_v8;
+  return t;
+}
+
+// v7 has no all-gather / reduce-scatter members at all; regMr takes an int size.
+constexpr ncclCollNet_v7_t coll_table_v7() {
+  ncclCollNet_v7_t t{};
+  set_coll_common(t);
+  t.init = coll_init_v7;
+  t.getProperties = coll_get_properties<ncclNetProperties_v7_t>;
+  t.listen = coll_listen_v8;
+  t.regMr = reg_mr_v7;
+  t.iallreduce = coll_iallreduce_v8;
+  return t;
+}
+
+constexpr ncclCollNet_v12_t kCollV12 = coll_table_v12();
+constexpr ncclCollNet_v11_t kCollV11 = coll_table_v11();
+constexpr ncclCollNet_v10_t kCollV10 = coll_table_v10(coll_init_v10);
+constexpr ncclCollNet_v9_t kCollV9 = coll_table_v10(coll_init_v9);
+constexpr ncclCollNet_v8_t kCollV8 = coll_table_v8();
+constexpr ncclCollNet_v7_t kCollV7 = coll_table_v7();
+
 }  // namespace
 }  // namespace rs::nccl
 
-using namespace rs::nccl;
-
 extern "C" {
 
-// iallgather / ireducescatter: set by init for the NCCL that loads the table (see above); the
-// initial values are what an unknown NCCL gets.
-RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = {kPluginName,         coll_init_v12,
-                                                     coll_devices,        coll_get_properties<ncclNetProperties_v12_t>,
-                                                     coll_listen_v12,     coll_connect,
-                                                     coll_reduce_support, reg_mr,
-                                                     reg_mr_dmabuf,       dereg_mr,
-                                                     coll_iallreduce_v12, coll_iallgather,
-                                                     coll_ireducescatter, coll_iflush,
-                                                     coll_test,           coll_close,
-                                                     coll_close_listen,   nullptr /* makeVDevice */,
-                                                     coll_finalize};
+// Not const: init sets v12's iallgather / ireducescatter for the NCCL that loads it.
+RS_EXPORT ncclCollNet_v12_t ncclCollNetPlugin_v12 = rs::nccl::kCollV12;
 
 // v11 down to v8: only ever held as they are (NCCL 2.28-2.29, 2.26-2.27, 2.24-2.25, 2.20-2.23),
 // so iallgather / ireducescatter are NULL: NCCL's tuner never picks CollNet for them.
-RS_EXPORT ncclCollNet_v11_t ncclCollNetPlugin_v11 = {
-    kPluginName,       coll_init_v11, coll_devices,        coll_get_properties<ncclNetProperties_v11_t>,
-    coll_listen_v12,   coll_connect,  coll_reduce_support, reg_mr,
-    reg_mr_dmabuf,     dereg_mr,      coll_iallreduce_v12, nullptr,
-    nullptr,           coll_iflush,   coll_test,           coll_close,
-    coll_close_listen, nullptr,       coll_finalize};
+RS_EXPORT ncclCollNet_v11_t ncclCollNetPlugin_v11 = rs::nccl::kCollV11;
 
-// v10 and v9 share one layout. NCCL 2.26-2.27 log the CollNet v10 table's name through their
-// ncclNetPlugin_v10 pointer (NULL unless the net v10 table is exported too: exports_net.cc).
-RS_EXPORT ncclCollNet_v10_t ncclCollNetPlugin_v10 = {
-    kPluginName,       coll_init_v10, coll_devices,        coll_get_properties<ncclNetProperties_v10_t>,
-    coll_listen_v8,    coll_connect,  coll_reduce_support, reg_mr,
-    reg_mr_dmabuf,     dereg_mr,      coll_iallreduce_v12, nullptr,
-    nullptr,           coll_iflush,   coll_test,           coll_close,
-    coll_close_listen, nullptr /* makeVDevice */};
-
-RS_EXPORT ncclCollNet_v9_t ncclCollNetPlugin_v9 = {
-    kPluginName,       coll_init_v9, coll_devices,        coll_get_properties<ncclNetProperties_v9_t>,
-    coll_listen_v8,    coll_connect, coll_reduce_support, reg_mr,
-    reg_mr_dmabuf,     dereg_mr,     coll_iallreduce_v12, nullptr,
-    nullptr,           coll_iflush,  coll_test,           coll_close,
-    coll_close_listen, nullptr};
-
-RS_EXPORT ncclCollNet_v8_t ncclCollNetPlugin_v8 = {
-    kPluginName,      coll_init_v8, coll_devices,        coll_get_properties<ncclNetProperties_v8_t>,
-    coll_listen_v8,   coll_connect, coll_reduce_support, reg_mr,
-    reg_mr_dmabuf,    dereg_mr,     coll_iallreduce_v8,  nullptr,
-    nullptr,          coll_iflush,  coll_test,           coll_close,
-    coll_close_listen};
+// NCCL 2.26-2.27 log the CollNet v10 table's name through their ncclNetPlugin_v10 pointer (NULL
+// unless the net v10 table is exported too: exports_net.cc).
+RS_EXPORT ncclCollNet_v10_t ncclCollNetPlugin_v10 = rs::nccl::kCollV10;
+RS_EXPORT ncclCollNet_v9_t ncclCollNetPlugin_v9 = rs::nccl::kCollV9;
+RS_EXPORT ncclCollNet_v8_t ncclCollNetPlugin_v8 = rs::nccl::kCollV8;
 
 // NCCL 2.19 (the newest it knows).
-RS_EXPORT ncclCollNet_v7_t ncclCollNetPlugin_v7 = {
-    kPluginName,    coll_init_v7, coll_devices,        coll_get_properties<ncclNetProperties_v7_t>,
-    coll_listen_v8, coll_connect, coll_reduce_support, reg_mr_v7,
-    reg_mr_dmabuf,  dereg_mr,     coll_iallreduce_v8,  coll_iflush,
-    coll_test,      coll_close,   coll_close_listen};
+RS_EXPORT ncclCollNet_v7_t ncclCollNetPlugin_v7 = rs::nccl::kCollV7;
 
 }  // extern "C"

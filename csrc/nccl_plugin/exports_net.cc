@@ -243,48 +243,118 @@ ncclResult_t net_close_listen(void* listen_comm) {
 // NCCL 2.28.3 also calls it after a failed init, with whatever init left in the context.
 ncclResult_t net_finalize(void*) { return ncclSuccess; }
 
+// ---- the tables, member by member --------------------------------------------------------------
+//
+// As in exports_collnet.cc: each table is value-initialized (every member NULL) and then set member
+// by member, by name, in a constexpr builder (C++17 has no designated initializers; the plugin keeps
+// the core's -std=c++17), and each exported table is copied from a constexpr value, so it stays
+// constant-initialized. Every member but name and init forwards to a delegate table of the same
+// version when one is adopted (Fwd). nccl_abi.h's static_asserts pin the offsets;
+// tests/test_nccl_plugin_tables.py checks what every exported table holds, member by member.
+
+template <class T>
+constexpr void set_net_common(T& t) {
+  t.name = kPluginName;
+  t.devices = Fwd<&T::devices, net_devices>::call;
+  t.accept = Fwd<&T::accept, net_accept>::call;
+  t.regMrDmaBuf = Fwd<&T::regMrDmaBuf, reg_mr_dmabuf>::call;
+  t.deregMr = Fwd<&T::deregMr, dereg_mr>::call;
+  t.iflush = Fwd<&T::iflush, net_iflush>::call;
+  t.test = Fwd<&T::test, net_test>::call;
+  t.closeSend = Fwd<&T::closeSend, net_close>::call;
+  t.closeRecv = Fwd<&T::closeRecv, net_close>::call;
+  t.closeListen = Fwd<&T::closeListen, net_close_listen>::call;
+  // The optional members stay NULL for the built-in net; adopt_optional() sets the delegate's.
+  t.getDeviceMr = nullptr;
+  t.irecvConsumed = nullptr;
+}
+
+// v8 and on: size_t regMr (v7's takes an int size).
+template <class T, class Props>
+constexpr T net_table_v8_on() {
+  T t{};
+  set_net_common(t);
+  t.getProperties = Fwd<&T::getProperties, net_get_properties<Props>>::call;
+  t.regMr = Fwd<&T::regMr, reg_mr>::call;
+  return t;
+}
+
+// v11 and v12: a context (init makes it, listen / connect take it, finalize frees it).
+template <class T, class Props>
+constexpr T net_table_ctx() {
+  auto t = net_table_v8_on<T, Props>();
+  t.listen = Fwd<&T::listen, net_listen_v12>::call;
+  t.connect = Fwd<&T::connect, net_connect_v12>::call;
+  t.isend = Fwd<&T::isend, net_isend_v12>::call;
+  t.irecv = Fwd<&T::irecv, net_irecv_v12>::call;
+  t.makeVDevice = nullptr;  // optional: the delegate's, if any
+  t.finalize = Fwd<&T::finalize, net_finalize>::call;
+  t.setNetAttr = nullptr;  // optional: the delegate's, if any
+  return t;
+}
+
+constexpr ncclNet_v12_t net_table_v12() {
+  auto t = net_table_ctx<ncclNet_v12_t, ncclNetProperties_v12_t>();
+  t.init = net_init_v12;
+  return t;
+}
+
+constexpr ncclNet_v11_t net_table_v11() {
+  auto t = net_table_ctx<ncclNet_v11_t, ncclNetProperties_v11_t>();
+  t.init = net_init_v11;
+  return t;
+}
+
+// NCCL 2.26-2.27 (their newest; no context, no finalize).
+constexpr ncclNet_v10_t net_table_v10() {
+  auto t = net_table_v8_on<ncclNet_v10_t, ncclNetProperties_v10_t>();
+  t.init = net_init_v10;
+  t.listen = Fwd<&ncclNet_v10_t::listen, net_listen_v8>::call;
+  t.connect = Fwd<&ncclNet_v10_t::connect, net_connect_v10>::call;
+  t.isend = Fwd<&ncclNet_v10_t::isend, net_isend_v12>::call;
+  t.irecv = Fwd<&ncclNet_v10_t::irecv, net_irecv_v12>::call;
+  t.makeVDevice = nullptr;  // optional: the delegate's, if any
+  return t;
+}
+
+constexpr ncclNet_v8_t net_table_v8() {
+  auto t = net_table_v8_on<ncclNet_v8_t, ncclNetProperties_v8_t>();
+  t.init = net_init_v8;
+  t.listen = Fwd<&ncclNet_v8_t::listen, net_listen_v8>::call;
+  t.connect = Fwd<&ncclNet_v8_t::connect, net_connect_v8>::call;
+  t.isend = Fwd<&ncclNet_v8_t::isend, net_isend_v8>::call;
+  t.irecv = Fwd<&ncclNet_v8_t::irecv, net_irecv_v8>::call;
+  return t;
+}
+
+// NCCL 2.19 (the newest it knows): regMr takes an int size.
+constexpr ncclNet_v7_t net_table_v7() {
+  ncclNet_v7_t t{};
+  set_net_common(t);
+  t.init = net_init_v7;
+  t.getProperties = Fwd<&ncclNet_v7_t::getProperties, net_get_properties<ncclNetProperties_v7_t>>::call;
+  t.listen = Fwd<&ncclNet_v7_t::listen, net_listen_v8>::call;
+  t.connect = Fwd<&ncclNet_v7_t::connect, net_connect_v8>::call;
+  t.regMr = Fwd<&ncclNet_v7_t::regMr, reg_mr_v7>::call;
+  t.isend = Fwd<&ncclNet_v7_t::isend, net_isend_v8>::call;
+  t.irecv = Fwd<&ncclNet_v7_t::irecv, net_irecv_v8>::call;
+  return t;
+}
+
+constexpr ncclNet_v12_t kNetV12 = net_table_v12();
+constexpr ncclNet_v11_t kNetV11 = net_table_v11();
+constexpr ncclNet_v10_t kNetV10 = net_table_v10();
+constexpr ncclNet_v8_t kNetV8 = net_table_v8();
+constexpr ncclNet_v7_t kNetV7 = net_table_v7();
+
 }  // namespace
 }  // namespace rs::nccl
 
-using namespace rs::nccl;
-
+// Not const: adopt_optional() / delegate_init_ok() set the optional members at init.
 extern "C" {
-
-#define RS_FWD(T, member, builtin) Fwd<&T::member, builtin>::call
-#define RS_NET_TABLE_COMMON(T, PROPS, LISTEN, CONNECT, REGMR, ISEND, IRECV)                                       \
-  kPluginName, net_init_##T, RS_FWD(ncclNet_##T##_t, devices, net_devices),                                       \
-      RS_FWD(ncclNet_##T##_t, getProperties, net_get_properties<PROPS>), RS_FWD(ncclNet_##T##_t, listen, LISTEN), \
-      RS_FWD(ncclNet_##T##_t, connect, CONNECT), RS_FWD(ncclNet_##T##_t, accept, net_accept),                     \
-      RS_FWD(ncclNet_##T##_t, regMr, REGMR), RS_FWD(ncclNet_##T##_t, regMrDmaBuf, reg_mr_dmabuf),                 \
-      RS_FWD(ncclNet_##T##_t, deregMr, dereg_mr), RS_FWD(ncclNet_##T##_t, isend, ISEND),                          \
-      RS_FWD(ncclNet_##T##_t, irecv, IRECV), RS_FWD(ncclNet_##T##_t, iflush, net_iflush),                         \
-      RS_FWD(ncclNet_##T##_t, test, net_test), RS_FWD(ncclNet_##T##_t, closeSend, net_close),                     \
-      RS_FWD(ncclNet_##T##_t, closeRecv, net_close), RS_FWD(ncclNet_##T##_t, closeListen, net_close_listen),      \
-      nullptr /* getDeviceMr */, nullptr /* irecvConsumed */
-
-// The optional members stay NULL for the built-in net; adopt_optional() sets the delegate's.
-RS_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = {RS_NET_TABLE_COMMON(v12, ncclNetProperties_v12_t, net_listen_v12,
-                                                                 net_connect_v12, reg_mr, net_isend_v12, net_irecv_v12),
-                                             nullptr /* makeVDevice */, RS_FWD(ncclNet_v12_t, finalize, net_finalize),
-                                             nullptr /* setNetAttr */};
-
-RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = {RS_NET_TABLE_COMMON(v11, ncclNetProperties_v11_t, net_listen_v12,
-                                                                 net_connect_v12, reg_mr, net_isend_v12, net_irecv_v12),
-                                             nullptr, RS_FWD(ncclNet_v11_t, finalize, net_finalize), nullptr};
-
-// NCCL 2.26-2.27 (their newest; no context, no finalize).
-RS_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = {RS_NET_TABLE_COMMON(v10, ncclNetProperties_v10_t, net_listen_v8,
-                                                                 net_connect_v10, reg_mr, net_isend_v12, net_irecv_v12),
-                                             nullptr /* makeVDevice */};
-
-RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = {
-    RS_NET_TABLE_COMMON(v8, ncclNetProperties_v8_t, net_listen_v8, net_connect_v8, reg_mr, net_isend_v8, net_irecv_v8)};
-
-// NCCL 2.19 (the newest it knows).
-RS_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = {RS_NET_TABLE_COMMON(v7, ncclNetProperties_v7_t, net_listen_v8,
-                                                               net_connect_v8, reg_mr_v7, net_isend_v8, net_irecv_v8)};
-
-#undef RS_NET_TABLE_COMMON
-#undef RS_FWD
-
+RS_EXPORT ncclNet_v12_t ncclNetPlugin_v12 = rs::nccl::kNetV12;
+RS_EXPORT ncclNet_v11_t ncclNetPlugin_v11 = rs::nccl::kNetV11;
+RS_EXPORT ncclNet_v10_t ncclNetPlugin_v10 = rs::nccl::kNetV10;
+RS_EXPORT ncclNet_v8_t ncclNetPlugin_v8 = rs::nccl::kNetV8;
+RS_EXPORT ncclNet_v7_t ncclNetPlugin_v7 = rs::nccl::kNetV7;
 }  // extern "C"

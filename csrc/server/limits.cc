@@ -180,7 +180,8 @@ bool LogLimiter::allow(uint64_t* suppressed) {
 }
 
 void resolve_limits(ServerOptions& o) {
-  if (o.group_slots < 1 || o.group_slots > 64) throw Error(ErrorKind::Config, "group_slots must be in 1..64");
+  if (o.group_slots < 1 || o.group_slots > kMaxGroupSlots)
+    throw Error(ErrorKind::Config, "group_slots must be in 1.." + std::to_string(kMaxGroupSlots));
   settings::check_seconds(o.handshake_timeout, "handshake_timeout");
   settings::check_seconds(o.group_timeout, "group_timeout");
   settings::check_seconds(o.memory_idle_timeout, "memory_idle_timeout", true);  // 0 = never

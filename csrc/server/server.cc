@@ -56,7 +56,8 @@ void Server::start() {
   if (s.running) throw Error(ErrorKind::Config, "reducer already started");
   int threads = s.opts.threads;
   if (threads <= 0) threads = int(std::min(8u, std::max(1u, std::thread::hardware_concurrency())));
-  if (threads > 256) throw Error(ErrorKind::Config, "threads must be at most 256");
+  if (threads > kMaxReducerThreads)
+    throw Error(ErrorKind::Config, "threads must be at most " + std::to_string(kMaxReducerThreads));
   if (s.opts.integrity == IntegrityMode::Auto)
     s.opts.integrity = s.opts.auth_token.empty() ? IntegrityMode::Off : IntegrityMode::On;
   if (s.opts.integrity != IntegrityMode::Off && s.opts.auth_token.empty())

@@ -19,24 +19,27 @@ enum class IntegrityMode : uint8_t { Auto, Off, On, Required };
 bool parse_integrity_mode(const std::string& s, IntegrityMode* out);
 const char* integrity_mode_name(IntegrityMode m);
 
+// The defaults are common/defaults.h's, which the settings table (common/settings.h: RS_HOST,
+// RS_THREADS, RS_GROUP_SLOTS, ...) states too; reducer._core.SERVER_DEFAULTS is a default-made copy
+// (tests/test_reducer_settings.py checks the two agree).
 struct ServerOptions {
-  std::string host = "0.0.0.0";
-  uint16_t port = 0;       // 0: any free port
-  int threads = 0;         // event loops; 0: number of CPUs, at most 8
-  std::string auth_token;  // the shared secret; empty: no authentication
-  int group_slots = 4;     // chunk slots per group stream (memory bound, see docs/protocol.md)
+  std::string host = kDefaultReducerHost;
+  uint16_t port = 0;                     // 0: any free port (the API's default; serve's: docs/deploy.md)
+  int threads = kDefaultReducerThreads;  // event loops; 0: number of CPUs, at most 8
+  std::string auth_token;                // the shared secret; empty: no authentication
+  int group_slots = kDefaultGroupSlots;  // chunk slots per group stream (memory bound, see docs/protocol.md)
   double handshake_timeout = kDefaultHandshakeTimeout;  // seconds for a connection to complete its hello
-  double group_timeout = 300.0;                         // seconds for a group stream to gather all its ranks
+  double group_timeout = kDefaultGroupTimeout;          // seconds for a group stream to gather all its ranks
   int socket_buffer = kDefaultSocketBuffer;
-  uint64_t max_group_bytes = uint64_t(4) << 30;   // reduction buffers per group stream
-  uint64_t max_memory_bytes = 0;                  // all groups together; 0: half of the physical memory
-  uint64_t max_memory_per_job = 0;                // the groups of one job id; 0: half of max_memory_bytes
-  uint64_t max_memory_per_peer = 0;               // one IP address's part of the groups; 0: half of max_memory_bytes
-  double memory_idle_timeout = 60.0;              // seconds without data before a group gives its memory back; 0: never
-  uint32_t max_connections = 4096;                // open connections; capped to the descriptor limit - 64
-  uint32_t max_connections_per_peer = 256;        // per peer IP address, any state
-  uint32_t max_groups_per_peer = 64;              // live group streams created from one peer IP address
-  IntegrityMode integrity = IntegrityMode::Auto;  // resolved by start()
+  uint64_t max_group_bytes = kDefaultMaxGroupBytes;  // reduction buffers per group stream
+  uint64_t max_memory_bytes = 0;                     // all groups together; 0: half of the physical memory
+  uint64_t max_memory_per_job = 0;                   // the groups of one job id; 0: half of max_memory_bytes
+  uint64_t max_memory_per_peer = 0;                  // one IP address's part of the groups; 0: half of max_memory_bytes
+  double memory_idle_timeout = kDefaultMemoryIdleTimeout;  // seconds idle before a group frees its memory; 0: never
+  uint32_t max_connections = kDefaultMaxConnections;       // open connections; capped to the descriptor limit - 64
+  uint32_t max_connections_per_peer = kDefaultMaxConnectionsPerPeer;  // per peer IP address, any state
+  uint32_t max_groups_per_peer = kDefaultMaxGroupsPerPeer;  // live group streams created from one peer IP address
+  IntegrityMode integrity = IntegrityMode::Auto;            // resolved by start()
 };
 
 struct ServerStats {

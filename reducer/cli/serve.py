@@ -55,20 +55,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "where this process must be a workerpool2 / ps replica; with no cluster "
         f"description at all it is $RS_PORT, else {DEFAULT_PORT}.",
     )
-    p.add_argument("--host", default=None, help="address to bind (default: $RS_HOST, else 0.0.0.0 = all interfaces)")
-    p.add_argument(
-        "--port",
-        type=int,
-        default=None,
-        help="port to bind; 0 = any free port (default: own CLUSTER_SPEC/TF_CONFIG entry, "
-        f"$RS_PORT, else {DEFAULT_PORT})",
-    )
-    p.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="event-loop threads (default: $RS_THREADS, else the number of CPUs, at most 8)",
-    )
+    # The flags of settings: their help and defaults come from the settings table (config.flag_help).
+    p.add_argument("--host", default=None, help=config.flag_help("host"))
+    p.add_argument("--port", type=int, default=None, help=config.flag_help("port"))
+    p.add_argument("--threads", type=int, default=None, help=config.flag_help("threads"))
     p.add_argument(
         "--auth-token-file",
         default=None,
@@ -79,9 +69,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--integrity",
         choices=("off", "on", "required"),
         default=None,
-        help="frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered "
-        "to workers that ask, required = workers that do not ask are refused "
-        "(default: $RS_INTEGRITY, else on with a secret, off without)",
+        help=config.flag_help(
+            "integrity",
+            "frame integrity (AES-GMAC tags on every frame, needs the shared secret): on = offered to workers "
+            "that ask, required = workers that do not ask are refused; unset: on with a secret, off without",
+        ),
     )
     p.add_argument(
         "--drain-timeout",
@@ -100,34 +92,40 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         type=_port_arg,
         default=None,
         metavar="PORT|off",
-        help="gRPC control plane (health, GetStats, Drain); 0 = any free port, off = none "
-        "(default: $RS_CONTROL_PORT, else the data port + 1)",
+        help=config.flag_help(
+            "control_port",
+            "gRPC control plane (health, GetStats, Drain); 0 = any free port, off = none; unset: the data port + 1",
+        ),
     )
     p.add_argument(
         "--metrics-port",
         type=_port_arg,
         default=None,
         metavar="PORT|off",
-        help="serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port "
-        "(default: $RS_METRICS_PORT, else off)",
+        help=config.flag_help(
+            "metrics_port", "serve Prometheus metrics on http://HOST:PORT/metrics; 0 = any free port; unset: off"
+        ),
     )
     p.add_argument(
         "--allow-unauthenticated-drain",
         action="store_true",
         default=None,
-        help="without a shared secret, let anyone who reaches the control port Drain this reducer "
-        "(default: $RS_ALLOW_UNAUTHENTICATED_DRAIN, else refused; with a secret Drain needs it)",
+        help=config.flag_help(
+            "allow_unauthenticated_drain",
+            "without a shared secret, let anyone who reaches the control port Drain this reducer "
+            "(with a secret Drain needs it)",
+        ),
     )
     p.add_argument(
         "--advertise-address",
         default=None,
         metavar="HOST:PORT",
-        help="where others reach the data port, as GetStats and `status` report it: set it behind a port "
-        "mapping or NAT (default: $RS_ADVERTISE_ADDRESS, else this reducer's own CLUSTER_SPEC/TF_CONFIG "
-        "entry, else the address it binds)",
+        help=config.flag_help("advertise_address"),
     )
-    for flag, kind, metavar, text in _MEMORY_FLAGS:
-        p.add_argument(flag, type=kind, default=None, metavar=metavar, help=text)
+    for name, kind, metavar in _MEMORY_FLAGS:
+        p.add_argument(
+            "--" + name.replace("_", "-"), type=kind, default=None, metavar=metavar, help=config.flag_help(name)
+        )
     p.add_argument(
         "--ready-file", default=None, help="once listening, write HOST:PORT to this file (for scripts and `launch`)"
     )
@@ -146,34 +144,17 @@ def _port_arg(text: str) -> int:
 
 def _size_arg(text: str) -> int:
     try:
-        return int(config.SETTINGS["max_memory_per_job"].parse(text))
-    except ValueError as exc:
+        return int(config.parse_text("max_memory_per_job", text))
+    except (ValueError, TypeError) as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
-# The memory shares (docs/security.md, "Memory shares"): flag, type, metavar, help.
+# The memory shares (docs/security.md, "Memory shares"): setting (the flag is its name), type,
+# metavar; help and default from the settings table.
 _MEMORY_FLAGS = (
-    (
-        "--max-memory-per-job",
-        _size_arg,
-        "BYTES",
-        "reduction-buffer memory one job's groups may hold, e.g. 8G "
-        "(default: $RS_MAX_MEMORY_PER_JOB, else half of the memory budget)",
-    ),
-    (
-        "--max-memory-per-peer",
-        _size_arg,
-        "BYTES",
-        "reduction-buffer memory charged to one worker IP address "
-        "(default: $RS_MAX_MEMORY_PER_PEER, else half of the memory budget)",
-    ),
-    (
-        "--memory-idle-timeout",
-        float,
-        "SECONDS",
-        "a group that receives nothing this long gives its memory back "
-        "until its next chunk; 0 = never (default: $RS_MEMORY_IDLE_TIMEOUT, else 60)",
-    ),
+    ("max_memory_per_job", _size_arg, "BYTES"),
+    ("max_memory_per_peer", _size_arg, "BYTES"),
+    ("memory_idle_timeout", float, "SECONDS"),
 )
 
 
