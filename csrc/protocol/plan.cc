@@ -66,7 +66,8 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
   if (shard_bytes >= kSmallChunkShardMin) {
     const uint64_t fan_in = kFanInBytes / (std::max<uint64_t>(workers, 1) * kFanInDepth) / 4096 * 4096;
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
-    window = std::min(window, kFanInDepth);
+    const uint64_t fill = shard_bytes / (kFillChunks * p.chunk);
+    window = std::min(window, std::max(fill, kMinDepth));
   }
   p.window = reducers < workers && window > 1 ? window / 2 : window;
   return p;

@@ -69,28 +69,28 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 // the worker keeps in flight on it. The one place the worker client (and the simulator,
 // through reducer._core.pipeline_for) takes them from.
 //  - chunk: chunk_for(shard_bytes, max_chunk), and for shards of kSmallChunkShardMin and more at
-//    most kFanInBytes / (workers x kFanInDepth) (a multiple of 4 KiB, at least kMinFanInChunk): a
-//    reducer hears from every worker at once, and W senders that each keep kFanInDepth chunks in
-//    flight put W x kFanInDepth x chunk on its link in one burst (incast). The rule depends on
-//    (shard, W) only, so every worker of a group derives the same chunk.
-//  - window: for those shards at most kFanInDepth (2) chunks, whatever `window` says, so the W
-//    senders' bursts together stay at kFanInBytes (256 KiB): about what an emulated 0.05 Gbit/s
-//    port holds (125 KiB of queue + tbf's 256 KiB burst), a fifth of a 100 Gbit/s switch port's
-//    ~1.25 MB. Two, not one: with one chunk a link's upload of chunk k+1 waits for the download of
-//    result k, and links in step would use each direction half the time. Where the path's
-//    bandwidth-delay product needs more in flight, path_window below widens it per link from the
-//    measured rate and round trip. Measured on the emulation (W = R = 16 at 0.05 Gbit/s, W = R = 32
-//    at 0.025): a depth of 4 (512 KiB of fan-in) lost packets at round starts, and one
-//    retransmission timeout (200 ms at least) costs a 4 MiB round a third of its time
-//    (docs/performance.md, "Fan-in"). Smaller shards (latency-bound, a chunk or two each) keep
-//    `window` (RS_WINDOW) across rounds.
+//    most kFanInBytes / (workers x kFanInDepth) (a multiple of 4 KiB, at least kMinFanInChunk):
+//    a reducer hears from every worker at once, and W senders that each keep kFanInDepth chunks
+//    in flight put W x kFanInDepth x chunk on its link in one burst (incast: 16 workers x 4 x
+//    16 KiB = 1 MiB into an emulated 0.05 Gbit/s port that queues 125 KiB; docs/performance.md,
+//    "Fan-in"). The rule depends on (shard, W) only, so every worker of a group derives the same
+//    chunk (the window is each sender's own).
+//  - window: `window` (RS_WINDOW), and for those shards no more than shard / (kFillChunks x chunk),
+//    at least kMinDepth. A reducer's port queues the W senders' windows first-come first-served,
+//    so the first results wait for about W x window x chunk bytes and the last chunks drain as
+//    long: a round pays about window x chunk / shard of its time for it (W = R = 16, 4 MiB rounds:
+//    256 KiB shards in 8 KiB chunks, a window of 4 cost 12% and the rounds ran at 75-80% of the
+//    link bound; 2: 89-92%). Two at least: with one a link's next chunk waits for the previous
+//    result, and links in step would use each direction half the time.
 //  - window halved when fewer reducers than workers serve the round (after a failover from
 //    R = W each reducer's link is oversubscribed W/R times: half the window keeps the bytes
 //    queued toward it within a switch queue's reach; docs/performance.md "Reducer failover":
 //    1.04x the R = W - 1 bound instead of 1.07x).
-constexpr uint64_t kFanInBytes = 256 << 10;
-constexpr uint64_t kFanInDepth = 2;
+constexpr uint64_t kFanInBytes = 512 << 10;
+constexpr uint64_t kFanInDepth = 4;
 constexpr uint64_t kMinFanInChunk = 4 << 10;
+constexpr uint64_t kFillChunks = 32;  // window x chunk at most shard / 32: about 3% of a round filling and draining
+constexpr uint64_t kMinDepth = 2;
 struct Pipeline {
   uint64_t chunk = 0;   // bytes per chunk (buffer bytes of the shard's chunk_for rule)
   uint64_t window = 1;  // chunks in flight on the link (sent, result not back), across rounds
