@@ -86,6 +86,11 @@ def test_hosts_connect_and_are_isolated(prefix):
         assert "default" not in routes and "10.77.0.0/24" in routes, routes
         r = hosts.run(0, ["ip", "route", "get", "192.0.2.1"])
         assert r.returncode != 0 and "unreachable" in r.stderr.lower(), r
+        # every other host's ARP entry is permanent: the kernel's neighbour table, one for all
+        # namespaces, overflowed with 64 hosts' learned entries and ARP went unanswered
+        neigh = hosts.run(0, ["ip", "neigh", "show", "dev", "eth0"]).stdout
+        for h in hosts[1], hosts[2]:
+            assert f"{h.ip} lladdr {emulate._mac(h.ip)} PERMANENT" in neigh, neigh
         # nothing of the emulation in the root namespace
         assert not [n for n in emulate._list_links() if n.startswith(prefix + "-")]
     assert emulate.leftovers(prefix) == []

@@ -25,7 +25,7 @@ KiB, MiB = 1 << 10, 1 << 20
         (256 * KiB, 4, 16 * KiB),  # chunk_for: shard/64, at least 16 KiB (fan-in 4 x 4 x 16 KiB = 256 KiB)
         (16 * MiB, 4, 32 * KiB),  # chunk_for's 128 KiB would put 2 MiB on a reducer's link at once
         (4 * MiB, 8, 16 * KiB),
-        (256 * KiB, 16, 8 * KiB),  # W = 16, 4 MiB rounds: 32 chunks per shard, 512 KiB of fan-in
+        (256 * KiB, 16, 8 * KiB),  # W = 16, 4 MiB rounds: 32 chunks per shard, window 2: 256 KiB of fan-in
         (1 * MiB, 16, 8 * KiB),
         (512 * KiB, 32, 4 * KiB),  # W = 32, 16 MiB rounds
         (512 * KiB, 1024, 4 * KiB),  # the floor
@@ -34,13 +34,15 @@ KiB, MiB = 1 << 10, 1 << 20
 )
 def test_pipeline_chunk_follows_the_shard_and_the_group(shard, workers, chunk):
     got, window = core.pipeline_for(shard, 1 * MiB, workers, workers, 4)
-    assert (got, window) == (chunk, 4)
+    # From 128 KiB shards the window keeps filling and draining within shard / 32 (at least 2).
+    assert (got, window) == (chunk, 4 if shard < 128 * KiB else min(4, max(2, shard // (32 * chunk))))
 
 
 def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
     """W senders x 4 chunks stay within 512 KiB whenever the floor allows, a shard of 128 KiB and
     more has at least 8 chunks to overlap upload, reduction and download, every size is a multiple
-    of 4 KiB within max_chunk, and the window halves only with fewer reducers than workers."""
+    of 4 KiB within max_chunk, a window's bytes stay within shard / 32 (the fill and drain of a
+    round) or 2 chunks, and the window halves only with fewer reducers than workers."""
     for workers in (1, 2, 3, 4, 8, 16, 32, 64, 128, 1024):
         for shard in [k * 64 * KiB for k in range(2, 40)] + [16 * MiB, 64 * MiB, 256 * MiB]:
             for max_chunk in (8 * KiB, 64 * KiB, 1 * MiB):
@@ -50,9 +52,14 @@ def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
                 if chunk > 4 * KiB:
                     assert workers * 4 * chunk <= 512 * KiB or chunk == core.chunk_for(shard, max_chunk)
                 assert shard // chunk >= 8 or chunk == max_chunk
-                assert window == 4
-    assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
+                assert 2 <= window <= 4
+                assert window * chunk <= max(shard // 32, 2 * chunk)
+                assert window == 4 or (window + 1) * chunk > shard // 32  # no smaller than it must be
+            assert core.pipeline_for(64 * KiB, 1 * MiB, workers, workers, 4)[1] == 4  # small shards: RS_WINDOW
+            assert core.pipeline_for(256 * MiB, 1 * MiB, workers, workers, 64)[1] == 64  # large ones: up to it
+    assert core.pipeline_for(4 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
     assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 1)[1] == 1
+    assert core.pipeline_for(256 * KiB, 1 * MiB, 16, 16, 1)[1] == 1  # RS_WINDOW=1 stays 1
 
 
 @pytest.mark.timeout(120)
@@ -63,6 +70,6 @@ def test_many_workers_small_chunks_sum_exactly(reducers):
     W = 8
     addrs = [s.address for s in reducers(2)]
     n = (4 * MiB) // 4
-    assert core.pipeline_for(2 * MiB, 1 * MiB, W, 2, 4) == (16 * KiB, 2)
+    assert core.pipeline_for(2 * MiB, 1 * MiB, W, 2, 4) == (16 * KiB, 2)  # 4 (2 MiB / 32 = 4 chunks), halved for R < W
     errors = run_exact_rounds(addrs, W, n, 110, group="many", timeout=60, connect_timeout=60)
     assert not errors, errors

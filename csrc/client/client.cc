@@ -685,21 +685,6 @@ bool Client::count_io(uint64_t sent, uint64_t got) {
   return true;
 }
 
-std::string Client::describe_stall() const {
-  const Round& r = *sched_->rounds.front();
-  std::string waiting;
-  for (size_t li = 0; li < links_.size(); ++li) {
-    const Round::Part& p = r.parts[li];
-    if (p.received == p.expected) continue;
-    if (!waiting.empty()) waiting += "; ";
-    waiting += links_[li]->peer + ": sent " + std::to_string(p.written) + "/" + std::to_string(p.expected) +
-               " chunks, got " + std::to_string(p.received) + "/" + std::to_string(p.expected) + " results";
-  }
-  std::string more = running_ > 1 ? " (" + std::to_string(running_) + " rounds in flight)" : "";
-  return "all-reduce round " + std::to_string(r.wire) + " made no progress for " + std::to_string(opts_.timeout) +
-         " s (a worker of the group may be missing or slow): " + waiting + more;
-}
-
 void Client::poll_and_pump(std::vector<pollfd>* pfds, int ms) {
   watch(pfds);
   int pr = net::poll_interruptible(pfds->data(), pfds->size(), ms, interrupt_);  // close() ends the wait

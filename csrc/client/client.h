@@ -178,7 +178,8 @@ class Client {
   void fail_all(ErrorKind kind, const std::string& why);
   bool collect(RoundId id);  // true (and forgets it) if done; rethrows its error
   void retire();             // drops finished rounds from the front of the session's
-  std::string describe_stall() const;
+  // The oldest round owed results, no progress for `seconds`: each stuck link with its TCP state (stall.cc).
+  std::string describe_stall(double seconds) const;
   void wake_waiters();
   void idle_loop(std::chrono::milliseconds period);  // the progress_while_idle thread's body (client/idle.cc)
   void idle_pass();                                  // one pass over the links with no call driving them (mu_ held)

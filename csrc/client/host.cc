@@ -53,7 +53,7 @@ class Client::Host final : public RecoveryHost {
   void poll_and_pump(std::vector<pollfd>* pfds, int ms) override { c_.poll_and_pump(pfds, ms); }
   void wake_waiters() override { c_.wake_waiters(); }
   net::ProgressTimer& timer() override { return c_.timer_; }
-  std::string describe_stall() const override { return c_.describe_stall(); }
+  std::string describe_stall(double seconds) const override { return c_.describe_stall(seconds); }
   bool& force_dones() override { return c_.force_dones_; }
 
   void fail_all(ErrorKind kind, const std::string& why) override { c_.fail_all(kind, why); }

@@ -11,6 +11,7 @@
 #include "common/error.h"
 #include "common/log.h"
 #include "common/raised.h"
+#include "net/tcp_path.h"
 
 namespace rs::client {
 
@@ -117,6 +118,7 @@ bool Recovery::after_pass() {
     return true;
   }
   if (!peer_left_.empty() && Clock::now() >= peer_left_until_) throw Error(ErrorKind::PeerLost, peer_left_);
+  if (c_.open_rounds() > 0) warn_stall();
   if (c_.open_rounds() > 0 && c_.timer().expired()) {
     size_t k = 0;
     if (c_.options().failover && stall_is_one_reducer(&k)) {
@@ -125,9 +127,20 @@ bool Recovery::after_pass() {
       c_.wake_waiters();
       return true;
     }
-    throw Error(ErrorKind::Timeout, c_.describe_stall());
+    throw Error(ErrorKind::Timeout, c_.describe_stall(c_.timer().seconds()));
   }
   return false;
+}
+
+// Half of the timeout without progress: says which links are stuck and what TCP makes of each
+// (retransmission backoff, the reducer's zero window, nothing owed) while there is time to look.
+void Recovery::warn_stall() {
+  const net::ProgressTimer& t = c_.timer();
+  const double idle = t.idle_seconds();
+  if (t.last() == stall_warned_ || idle < t.seconds() / 2 || t.expired()) return;
+  stall_warned_ = t.last();
+  log_warn("rank " + std::to_string(c_.options().rank) + ", still waiting (RS_TIMEOUT " +
+           net::duration_text(uint64_t(t.seconds() * 1e6)) + "): " + c_.describe_stall(idle));
 }
 
 // No progress for `timeout`: a lost reducer if it alone still owes this worker results or

@@ -61,6 +61,7 @@ class Recovery {
 
  private:
   bool stall_is_one_reducer(size_t* reducer) const;
+  void warn_stall();  // a WARNING once per stall, half way to the timeout (each stuck link's TCP state)
   std::vector<Round*> unfinished_rounds();
   void collect_held();
   void say_failover_bye();
@@ -102,6 +103,7 @@ class Recovery {
   std::vector<std::pair<size_t, net::ConnectProbe>> probes_;
   std::string peer_left_;  // a reducer said a worker left: fails unless a reducer loss explains it
   net::Clock::time_point peer_left_until_{};
+  net::Clock::time_point stall_warned_{};  // the last progress before the stall last warned of
 };
 
 }  // namespace rs::client

@@ -56,7 +56,7 @@ class RecoveryHost {
   virtual void poll_and_pump(std::vector<pollfd>* pfds, int ms) = 0;
   virtual void wake_waiters() = 0;
   virtual net::ProgressTimer& timer() = 0;  // no progress while some thread drives the rounds
-  virtual std::string describe_stall() const = 0;
+  virtual std::string describe_stall(double seconds) const = 0;
   virtual bool& force_dones() = 0;  // while set every round must end: no DONE may wait in the kernel
 
   // ---- failure and counters ----

@@ -55,6 +55,9 @@ class ProgressTimer {
   // Time that must not count (nobody was waiting for progress then).
   void exclude(Clock::duration d) { last_ += d; }
   bool expired() const { return Clock::now() - last_ > limit_; }
+  // Seconds since the last progress, and when that was (a stall's identity: warned of once).
+  double idle_seconds() const { return std::chrono::duration<double>(Clock::now() - last_).count(); }
+  Clock::time_point last() const { return last_; }
   double seconds() const { return std::chrono::duration<double>(limit_).count(); }
   int poll_ms(int cap_ms = 200) const { return std::max(1, ms_until(last_ + limit_, cap_ms)); }
 

@@ -62,11 +62,14 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
 Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers, uint64_t reducers, uint64_t window) {
   Pipeline p;
   p.chunk = chunk_for(shard_bytes, max_chunk);
+  window = std::max<uint64_t>(window, 1);
   if (shard_bytes >= kSmallChunkShardMin) {
     const uint64_t fan_in = kFanInBytes / (std::max<uint64_t>(workers, 1) * kFanInDepth) / 4096 * 4096;
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
+    const uint64_t fill = shard_bytes / (kFillChunks * p.chunk);
+    window = std::min(window, std::max(fill, kMinDepth));
   }
-  p.window = reducers < workers && window > 1 ? window / 2 : std::max<uint64_t>(window, 1);
+  p.window = reducers < workers && window > 1 ? window / 2 : window;
   return p;
 }
 

@@ -40,6 +40,9 @@ Layout for ``EmulatedHosts(n, gbps, prefix="rsb")``::
   ~250 at 5 ms and none at 10-20 ms; 7 senders still see some drops at
   20 ms (as on a real shallow-buffered switch) but the link stays full.
 
+* ARP: every host has a permanent neighbour entry for every other (``_neighbours``): the kernel's
+  neighbour table is shared by all namespaces, and 64 hosts' learned entries overflowed it.
+
 Cleanup: on exit (normal, exception, KeyboardInterrupt), on SIGTERM while
 active, and at interpreter exit, every process still running inside the
 namespaces is killed and the namespaces (and so their veths and the bridge)
@@ -128,6 +131,21 @@ def _ip_batch(cmds: list[str], netns: str | None = None) -> None:
     p = subprocess.run(argv, input="\n".join(cmds) + "\n", capture_output=True, text=True, timeout=60)
     if p.returncode != 0:
         raise EmulationError(f"ip -batch failed: {p.stderr.strip()}\ncommands:\n" + "\n".join(cmds))
+
+
+def _mac(ip: str) -> str:
+    """The emulated host's MAC address: locally administered, its IPv4 address in the low bytes."""
+    return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.ip_address(ip).packed)
+
+
+def _neighbours(hosts: Sequence[Host], h: Host) -> list[str]:
+    """`ip` commands for host h's permanent ARP entries of every other host. The kernel's neighbour
+    table is one for all namespaces (gc_thresh3, default 1024 entries, counts every namespace's
+    learned entries, not permanent ones): 64 hosts that each learn 32-63 neighbours overflow it, and
+    a host whose table is full answers no ARP request, so whole flows lose their packets and back off
+    (the W=32 R=32 stalls of issue 31; /proc/net/stat/arp_cache counted the table_fulls). A real
+    cluster has a table per host."""
+    return [f"neigh replace {o.ip} lladdr {_mac(o.ip)} dev {h.ifname} nud permanent" for o in hosts if o is not h]
 
 
 def check_path(delay_ms: float, jitter_ms: float, loss: float) -> None:
@@ -457,8 +475,10 @@ class EmulatedHosts:
                     "link set lo up",
                     f"link set {self.prefix}-p{i} name {h.ifname}",
                     f"link set {h.ifname} addrgenmode none",  # reset by the move; IPv4 only on the wire
+                    f"link set {h.ifname} address {_mac(h.ip)}",
                     f"addr add {h.ip}/{plen} dev {h.ifname}",
                     f"link set {h.ifname} up",
+                    *_neighbours(self.hosts, h),
                 ],
                 netns=h.netns,
             )

@@ -18,6 +18,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from . import tcp_counters
+
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 
@@ -33,6 +35,9 @@ class _LoopbackHosts:
 
     def flow_congestion(self, i: int) -> dict[str, int] | None:
         return None  # loopback connections of the whole machine: not only ours
+
+    def tcp_counters(self) -> dict[str, int] | None:
+        return None  # the machine's counters: not only ours
 
     def popen(self, i: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         full = dict(os.environ)
@@ -55,6 +60,9 @@ class _EmulatedHosts:
 
     def flow_congestion(self, i: int) -> dict[str, int] | None:
         return self.hosts.flow_congestion(i)
+
+    def tcp_counters(self) -> dict[str, int] | None:
+        return tcp_counters.read([h.netns for h in self.hosts.hosts])
 
     def popen(self, i: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         return self.hosts.popen(i, argv, env=env, **kw)

@@ -24,7 +24,7 @@ from .. import config as rs_config
 from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
-from . import bulk, control_ab, cpu_monitor, emulate, plot, report, steps
+from . import bulk, control_ab, cpu_monitor, emulate, plot, report, steps, tcp_counters
 
 # re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
 from .congestion import (  # noqa: F401
@@ -262,11 +262,15 @@ def _run_algo(
         one.start_poller()
         one.start_workers(work)
         flows = one.flows()
+        tcp_before = hosts.tcp_counters()
         done = one.stream_results(make_row)
+        tcp = tcp_counters.delta(tcp_before, hosts.tcp_counters())
         one.collect_cpu(done, polls)
-        if flows is not None:
-            for r in one.rows:
+        for r in one.rows:
+            if flows is not None:
                 r["flows"] = flows
+            if tcp is not None:
+                r["tcp"] = tcp
         return one.rows, None
     except BenchError as exc:
         return one.rows, str(exc)
@@ -501,7 +505,8 @@ def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float,
     out(
         f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB; from 128 KiB shards at "
-        f"most 512 KiB / (W x 4), at least 4 KiB: core.pipeline_for) "
+        f"most 512 KiB / (W x 4), at least 4 KiB; window RS_WINDOW, from 128 KiB shards at most shard / (32 x chunk), "
+        f"at least 2; more where the path's bandwidth-delay product needs: core.pipeline_for, path_window) "
         f"RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B"
     )
@@ -695,6 +700,9 @@ def _report_algo_notes(
             + " (ss -ti, once connected): "
             + ", ".join(f"{k} {v}" for k, v in sorted(flows.items()))
         )
+    tcp_line = tcp_counters.describe(algo, next((r.get("tcp") for r in rows_a if r.get("tcp")), None))
+    if tcp_line:
+        out(tcp_line)
 
 
 def _warn_cpu_bound(cfg: BenchConfig, algos: list[str], rows: list[dict[str, Any]], out: Callable[[str], None]) -> None:

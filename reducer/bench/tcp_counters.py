@@ -1,0 +1,72 @@
+"""The emulated hosts' TCP counters over a pass: segments sent and retransmitted, retransmission
+timeouts and tail-loss probes, summed over every host's network namespace (the kernel's
+/proc/net/snmp and /proc/net/netstat as seen inside it). Incast shows here first: a lost burst
+becomes retransmissions, and a lost tail a timeout of at least 200 ms (docs/performance.md,
+"Fan-in")."""
+
+from __future__ import annotations
+
+import subprocess
+from typing import Any
+
+# (file's table, counter) -> the name rows and the report use
+COUNTERS = {
+    ("Tcp", "OutSegs"): "sent",
+    ("Tcp", "RetransSegs"): "retransmitted",
+    ("TcpExt", "TCPTimeouts"): "timeouts",
+    ("TcpExt", "TCPLossProbes"): "loss_probes",
+}
+
+
+def parse(text: str) -> dict[str, int]:
+    """The COUNTERS in the text of /proc/net/snmp and /proc/net/netstat (pairs of lines: a table's
+    names, then its values)."""
+    got: dict[str, int] = {}
+    lines = text.splitlines()
+    for names, values in zip(lines, lines[1:]):
+        table, _, keys = names.partition(":")
+        vtable, _, vals = values.partition(":")
+        if table != vtable or not keys.strip() or keys.split()[0].lstrip("-").isdigit():
+            continue
+        for key, val in zip(keys.split(), vals.split()):
+            name = COUNTERS.get((table, key))
+            if name is not None and val.lstrip("-").isdigit():
+                got[name] = int(val)
+    return got
+
+
+def read(netnses: list[str], timeout: float = 10.0) -> dict[str, int] | None:
+    """The COUNTERS summed over the network namespaces `netnses`; None if one cannot be read."""
+    total: dict[str, int] = {}
+    for ns in netnses:
+        try:
+            p = subprocess.run(
+                ["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
+                capture_output=True,
+                text=True,
+                timeout=timeout,
+            )
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if p.returncode != 0:
+            return None
+        for k, v in parse(p.stdout).items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:
+    if before is None or after is None:
+        return None
+    return {k: after[k] - before.get(k, 0) for k in after}
+
+
+def describe(algo: str, d: dict[str, Any] | None) -> str | None:
+    """The report's line for a pass's counters, or None."""
+    if not d or not d.get("sent"):
+        return None
+    return (
+        f"# TCP over the {algo} run's timed and warm-up rounds (all emulated hosts): {d['sent']} segments sent, "
+        f"{d.get('retransmitted', 0)} retransmitted ({100.0 * d.get('retransmitted', 0) / d['sent']:.2f}%), "
+        f"{d.get('timeouts', 0)} retransmission timeouts, {d.get('loss_probes', 0)} tail-loss probes"
+    )
