@@ -61,8 +61,9 @@ def exact_round(comm: reducer.Communicator, n: int) -> None:
 @pytest.mark.parametrize(
     "window,elements,reading",
     [
-        # 64 chunks of 128 KiB in flight: more than the stopped reducer's socket buffers hold.
-        (64, 16 << 20, "the peer's receive window is zero: the reducer is not reading"),
+        # 64 chunks of 128 KiB in flight (a 256 MiB shard: pipeline_for allows shard / 32 bytes of
+        # window): more than the stopped reducer's socket buffers hold.
+        (64, 64 << 20, "the peer's receive window is zero: the reducer is not reading"),
         # 2 chunks: its kernel takes them all; nothing is in flight.
         (2, 1 << 20, "nothing unacked: waiting on the reducer"),
     ],
