@@ -9,8 +9,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from paths import ROOT
 
 
 def kernel_sources() -> list:

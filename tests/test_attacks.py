@@ -59,12 +59,12 @@ from attack_tools import (
     serve,
     wait_until,
 )
+from paths import ROOT
 
 import reducer
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 MiB = 1 << 20
 

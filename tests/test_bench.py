@@ -18,10 +18,10 @@ import uuid
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 from reducer.bench import emulate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 COLUMNS = ["size(B)", "count", "type", "redop", "time(us)", "algbw(GB/s)", "busbw(GB/s)", "#wrong"]
 
 
@@ -515,11 +515,10 @@ def test_emulated_cleanup_when_a_worker_is_killed(tmp_path, prefix):
 def test_call_overhead_benchmark_runs():
     # benchmarks/bench_call_overhead.py: the three ways of calling (core, raw, allreduce) each
     # produce a row with a time per call and the part added to the core's calls.
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = subprocess.run(
         [
             sys.executable,
-            os.path.join(root, "benchmarks", "bench_call_overhead.py"),
+            str(ROOT / "benchmarks" / "bench_call_overhead.py"),
             "--nbytes",
             "4K",
             "--calls",

@@ -5,18 +5,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import subprocess
 import sys
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 from reducer.bench import control_ab, report
 from reducer.bench.poller import merge_counts
 from reducer.errors import ConfigError
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _parse(argv):

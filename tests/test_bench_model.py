@@ -8,19 +8,17 @@ the full-size models. The end-to-end run is loopback, W=2 R=1, a model scaled do
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 from reducer.bench import models
 from reducer.bench.buckets import MIB, plan_buckets, release_times
 from reducer.bench.data import count_wrong_tiled, fill_input, make_input, reference
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 # ------------------------------------------------------------------ models

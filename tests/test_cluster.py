@@ -7,10 +7,10 @@ from __future__ import annotations
 import json
 import logging
 import re
-from pathlib import Path
 from typing import Any
 
 import pytest
+from paths import DOCS
 
 from reducer import config
 from reducer.cluster import (
@@ -21,7 +21,7 @@ from reducer.cluster import (
 )
 from reducer.errors import ConfigError
 
-DOCS = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
+CONFIGURATION_MD = DOCS / "configuration.md"
 
 # The documented example of docs/vertex-ai (a reducer, second replica of pool 2).
 VERTEX_CLUSTER = {
@@ -596,7 +596,7 @@ def test_logs_one_debug_line(caplog: pytest.LogCaptureFixture) -> None:
 
 
 def test_every_setting_is_documented() -> None:
-    text = DOCS.read_text(encoding="utf-8")
+    text = CONFIGURATION_MD.read_text(encoding="utf-8")
     rows = [line for line in text.splitlines() if line.startswith("| `")]
     missing = [s.env for s in config.SETTINGS.values() if not any(f"`{s.env}`" in row for row in rows)]
     assert not missing, f"settings missing from the table in docs/configuration.md: {missing}"
@@ -607,7 +607,7 @@ def test_every_setting_is_documented() -> None:
 
 
 def test_docs_cluster_spec_example_matches_discovery() -> None:
-    text = DOCS.read_text(encoding="utf-8")
+    text = CONFIGURATION_MD.read_text(encoding="utf-8")
     blocks = re.findall(r"```json\n(.*?)```", text, flags=re.S)
     assert len(blocks) >= 2
     vertex = discover({"CLUSTER_SPEC": blocks[0]})

@@ -23,6 +23,7 @@ from typing import Any
 import nccl_harness as H
 import pytest
 from attack_tools import serve
+from paths import DOCS, TESTS
 
 import reducer
 from reducer import _core, config
@@ -171,7 +172,7 @@ def test_every_setting_has_a_malformed_case() -> None:
 
 
 def test_documented_settings_are_the_table() -> None:
-    doc = (Path(__file__).resolve().parent.parent / "docs" / "configuration.md").read_text(encoding="utf-8")
+    doc = (DOCS / "configuration.md").read_text(encoding="utf-8")
     rows = [line.split("|") for line in doc.splitlines() if line.startswith("| `")]
     names = {cells[1].strip().strip("`") for cells in rows if cells[2].strip().startswith("`")}
     assert names == set(config.SETTINGS), names ^ set(config.SETTINGS)
@@ -277,7 +278,7 @@ def _plugin_init(env: dict[str, str]) -> tuple[int, str]:
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=os.path.dirname(__file__),
+        cwd=TESTS,
         env={**full, **env},
     ).stdout
     rc, log = out.split("\n", 1)

@@ -33,8 +33,8 @@ from pathlib import Path
 import container_worker
 import numpy as np
 import pytest
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parents[1]
 BUILD = ROOT / "scripts" / "build-images.sh"
 TAG = "test"
 REDUCER_IMAGE = f"reduction-server/reducer:{TAG}"

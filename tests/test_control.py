@@ -18,9 +18,8 @@ import pytest
 import yaml
 from attack_tools import wait_until
 from child_lines import ChildLines
-from conftest import addresses, run_ranks
-
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import addresses, child_env_in_tree, run_ranks, serve_argv, start_serve
+from paths import ROOT
 
 
 # One group stream as ReducerServer.group_stats() reports it.
@@ -270,7 +269,7 @@ def test_importing_reducer_stays_light() -> None:
         "print(sorted(m for m in sys.modules if m.split('.')[0] in "
         "('grpc', 'grpc_health', 'prometheus_client') or m.startswith(('google.protobuf', 'reducer.control'))))"
     )
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env_in_tree()
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=60, check=True)
     assert out.stdout.strip() == "[]", out.stdout
 
@@ -625,32 +624,8 @@ def test_kubernetes_probes_ask_services_the_control_plane_serves(planes) -> None
 def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
     from reducer.control.client import ControlClient
 
-    env = dict(_serve_env(), RS_AUTH_TOKEN="tok")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "reducer.cli.main",
-            "serve",
-            "--threads",
-            "1",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--control-port",
-            "0",
-            "--metrics-port",
-            "0",
-            "--drain-timeout",
-            "2",
-        ],
-        env=env,
-        cwd=str(ROOT),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
+    env = child_env_in_tree(RS_AUTH_TOKEN="tok")
+    proc = start_serve("--control-port", "0", "--metrics-port", "0", "--drain-timeout", "2", env=env)
     out = ChildLines(proc.stdout, "serve")
     try:
         control = out.search(r"control plane \(gRPC health, GetStats, Drain\) on 127\.0\.0\.1:(\d+)", 60).group(1)
@@ -673,12 +648,6 @@ def test_serve_control_plane_drain_then_sigterm(tmp_path) -> None:
             proc.wait(10)
 
 
-def _serve_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    return env
-
-
 def test_serve_side_port_taken() -> None:
     import socket
 
@@ -691,21 +660,8 @@ def test_serve_side_port_taken() -> None:
     try:
         # Asked for explicitly: an error.
         run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "reducer.cli.main",
-                "serve",
-                "--threads",
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--control-port",
-                str(taken),
-            ],
-            env=_serve_env(),
+            serve_argv("--control-port", str(taken)),
+            env=child_env_in_tree(),
             cwd=str(ROOT),
             capture_output=True,
             text=True,
@@ -713,23 +669,8 @@ def test_serve_side_port_taken() -> None:
         )
         assert run.returncode == 1 and f"cannot listen on 127.0.0.1:{taken}" in run.stderr, run.stderr
         run = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "reducer.cli.main",
-                "serve",
-                "--threads",
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--control-port",
-                "off",
-                "--metrics-port",
-                str(taken),
-            ],
-            env=_serve_env(),
+            serve_argv("--control-port", "off", "--metrics-port", str(taken)),
+            env=child_env_in_tree(),
             cwd=str(ROOT),
             capture_output=True,
             text=True,
@@ -751,25 +692,7 @@ def test_serve_side_port_taken() -> None:
         pytest.fail("no free port pair found")
     proc = None
     try:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reducer.cli.main",
-                "serve",
-                "--threads",
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(data),
-            ],
-            env=_serve_env(),
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        proc = start_serve(port=data, env=child_env_in_tree())
         out = ChildLines(proc.stdout, "serve")
         out.wait_for("stop with SIGTERM", 60)
         text = out.text()

@@ -24,13 +24,11 @@ import signal
 import socket
 import struct
 import subprocess
-import sys
 import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -45,26 +43,18 @@ from attack_tools import (
     run_good_group,
     wait_until,
 )
+from conftest import child_env_in_tree, start_serve
 
 pytest.importorskip("grpc")
 pytest.importorskip("prometheus_client")
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = Path(__file__).resolve().parents[1]
 NOFILE = 256  # the reducer under attack: its data plane may use 256 - 64 = 192 descriptors
 FLOOD = 300  # connections per flood: just past the descriptor limit
 
 
 # -- tools ------------------------------------------------------------------------------------
-
-
-def _env(**extra: str) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RS_") and k not in ("CLUSTER_SPEC", "TF_CONFIG")}
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT)] + ([env["PYTHONPATH"]] if env.get("PYTHONPATH") else []))
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(extra)
-    return env
 
 
 class Serve:
@@ -76,30 +66,8 @@ class Serve:
             if nofile is not None:
                 resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))
 
-        self.proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "reducer.cli.main",
-                "serve",
-                "--threads",
-                "1",
-                "--host",
-                "127.0.0.1",
-                "--port",
-                "0",
-                "--control-port",
-                "0",
-                "--metrics-port",
-                "0",
-                *args,
-            ],
-            env=_env(**env),
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-            preexec_fn=limit,
+        self.proc = start_serve(
+            "--control-port", "0", "--metrics-port", "0", *args, env=child_env_in_tree(**env), preexec_fn=limit
         )
         self.lines: list[str] = []
         self._reader = threading.Thread(target=self._read, daemon=True)

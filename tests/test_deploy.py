@@ -16,13 +16,14 @@ from typing import Any
 
 import pytest
 import yaml
+from conftest import child_env_in_tree
+from paths import ROOT
 
 from reducer.cli.main import main
 from reducer.deploy import bandwidth, planner, vertex
 from reducer.deploy.planner import REDUCER_CORE_GBPS, plan_reducers
 from reducer.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 VERTEX_EXAMPLE = ROOT / "examples" / "vertex" / "custom_job.yaml"
 SUBMIT = ROOT / "examples" / "vertex" / "submit.py"
 K8S_MANIFEST = ROOT / "examples" / "kubernetes" / "reduction-server.yaml"
@@ -394,7 +395,7 @@ def test_vertex_example_parses_with_sdk() -> None:
 
 
 def test_submit_example_help_and_dry_run() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env = child_env_in_tree()
     help_run = subprocess.run(
         [sys.executable, str(SUBMIT), "--help"], capture_output=True, text=True, env=env, timeout=60
     )

@@ -32,8 +32,8 @@ from pathlib import Path
 
 import pytest
 import yaml
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 DOCS = [ROOT / "README.md"] + sorted((ROOT / "docs").glob("*.md"))
 TIMEOUT = 180  # seconds per block (generous: the machine may be loaded)
 

@@ -17,12 +17,11 @@ import time
 import uuid
 
 import pytest
+from paths import ROOT
 
 from reducer.bench import emulate
 from reducer.bench.cpu_monitor import CpuMonitor
 from reducer.bench.emulate import EmulatedHosts, EmulationError, cleanup_stale
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 _REASON = emulate.unavailable_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
@@ -150,7 +149,7 @@ def test_stale_objects_of_killed_run_are_removed(prefix):
 def test_sigterm_cleans_up(prefix):
     script = textwrap.dedent(f"""
         import sys, time
-        sys.path.insert(0, {ROOT!r})
+        sys.path.insert(0, {str(ROOT)!r})
         from reducer.bench.emulate import EmulatedHosts
         with EmulatedHosts(2, 1.0, prefix={prefix!r}) as h:
             h.popen(0, ["sleep", "60"])

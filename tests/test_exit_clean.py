@@ -20,11 +20,12 @@ import textwrap
 import threading
 
 import pytest
+from conftest import child_env_in_tree
+from paths import ROOT, TESTS
 
 pytestmark = pytest.mark.timeout(300)  # the soak sets its own
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-WORKER = os.path.join(ROOT, "tests", "exit_clean_worker.py")
+WORKER = str(TESTS / "exit_clean_worker.py")
 EXAMPLE = os.path.join(ROOT, "examples", "pytorch", "train_ddp.py")
 SOAK_RUNS = 30
 
@@ -38,10 +39,7 @@ needs_sklearn = _needs("sklearn", "pip install scikit-learn")
 
 
 def _env() -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RS_")}
-    env["PYTHONPATH"] = os.pathsep.join([ROOT] + [p for p in [os.environ.get("PYTHONPATH")] if p])
-    env.update(RS_TIMEOUT="60", RS_CONNECT_TIMEOUT="60")
-    return env
+    return child_env_in_tree(RS_TIMEOUT="60", RS_CONNECT_TIMEOUT="60")
 
 
 def _launch(command: list[str], reducers: int = 1, timeout: float = 150.0) -> subprocess.CompletedProcess:

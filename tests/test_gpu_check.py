@@ -12,13 +12,13 @@ import textwrap
 from pathlib import Path
 
 import pytest
+from conftest import child_env_in_tree
+from paths import ROOT
 
 from reducer.gpucheck import verdict as V
 from reducer.gpucheck.environment import parse_exports, probe
 from reducer.gpucheck.nccl_log import normalize_algo, parse_lines
 from reducer.gpucheck.phases import parse_reducer_stats, run_phase, worker_command
-
-ROOT = Path(__file__).resolve().parent.parent
 
 # Lines as NCCL 2.28 prints them (formats from src/plugin/net/net_v11.cc, src/init.cc,
 # src/transport/coll_net.cc, src/enqueue.cc), for the plugin run where CollNet is chosen.
@@ -238,7 +238,7 @@ def test_shell_script_syntax() -> None:
 
 
 def _env(**extra: str) -> dict:
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    env = child_env_in_tree()
     env.update(extra)
     return env
 

@@ -34,10 +34,10 @@ from pathlib import Path
 
 import pytest
 from conftest import child_env
+from paths import ROOT
 
 from reducer.launch import free_ports
 
-ROOT = Path(__file__).resolve().parents[1]
 REDUCER_DOCKERFILE = ROOT / "docker" / "reducer.Dockerfile"
 WORKER_DOCKERFILE = ROOT / "docker" / "worker.Dockerfile"
 

@@ -21,11 +21,11 @@ from pathlib import Path
 import pytest
 from child_lines import ChildLines
 from conftest import child_env
+from paths import ROOT
 
 from reducer import cluster, launch
 from reducer.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE = ROOT / "examples" / "allreduce_numpy.py"
 
 pytestmark = pytest.mark.timeout(60)

@@ -21,6 +21,7 @@ import nccl_harness as H
 import numpy as np
 import pytest
 from conftest import addresses, run_ranks
+from paths import ROOT, TESTS
 
 NET_VERSIONS = H.NET_VERSIONS  # 7, 8, 10, 11, 12
 COLL_VERSIONS = H.COLL_VERSIONS  # 7, 8, 9, 10, 11, 12
@@ -116,7 +117,7 @@ def test_interface_setting_that_matches_nothing_is_an_error_not_a_crash(plugin_e
         capture_output=True,
         text=True,
         timeout=60,
-        cwd=os.path.dirname(__file__),
+        cwd=TESTS,
         env=dict(os.environ),
     ).stdout
     rc, log = out.split("\n", 1)
@@ -713,6 +714,6 @@ def test_cli_prints_path_and_installs(tmp_path, capsys):
 
 
 def test_worker_image_installs_and_enables_the_plugin():
-    text = (H.Path(__file__).resolve().parent.parent / "docker" / "worker.Dockerfile").read_text()
+    text = (ROOT / "docker" / "worker.Dockerfile").read_text()
     assert "reduction-server nccl-plugin --install /usr/local/lib/reduction-server --conf > /etc/nccl.conf" in text
     assert "ldconfig" in text

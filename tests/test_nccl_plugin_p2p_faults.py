@@ -25,6 +25,7 @@ from typing import Any
 import nccl_harness as H
 import numpy as np
 import pytest
+from paths import TESTS
 
 pytestmark = pytest.mark.sanitize
 
@@ -283,9 +284,8 @@ def test_forged_connect_state_in_a_handle_is_refused(state):
     """On the old code connect() followed bytes 64-72 as a pointer: the child crashed."""
     env = {k: v for k, v in os.environ.items() if k not in H.CLUSTER_VARS}
     env.update({"RS_NCCL_SOCKET_IFNAME": "lo", "RS_NCCL_NSOCKS": "2"})
-    tests = os.path.dirname(os.path.abspath(__file__))
     run = subprocess.run(
-        [sys.executable, "-c", FORGED, tests, state], capture_output=True, text=True, timeout=60, env=env
+        [sys.executable, "-c", FORGED, str(TESTS), state], capture_output=True, text=True, timeout=60, env=env
     )
     assert run.returncode == 0, f"the process died ({run.returncode}):\n{run.stdout}\n{run.stderr[-3000:]}"
     assert f"rc {H.SUCCESS} " not in run.stdout and "comm False" in run.stdout, run.stdout

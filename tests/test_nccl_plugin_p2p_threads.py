@@ -8,6 +8,7 @@ import nccl_harness as H
 import numpy as np
 import pytest
 from conftest import run_ranks
+from paths import ROOT
 
 MIB = 1 << 20
 SIZES = [0, 1, 7, 65535, 65536, 65537, 4 * MIB, 3 * MIB + 5, 16 * MIB + 3] + [
@@ -51,16 +52,14 @@ def test_bad_thread_setting_is_an_init_error_not_a_crash(pool, tmp_path):
 def test_benchmark_runs_both_sides_and_checks_every_message(tmp_path):
     """benchmarks/bench_nccl_p2p.py on loopback, tiny: both nets deliver every message (no timing)."""
     import json
-    import os
     import subprocess
     import sys
 
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = tmp_path / "rows.json"
     run = subprocess.run(
         [
             sys.executable,
-            os.path.join(root, "benchmarks", "bench_nccl_p2p.py"),
+            str(ROOT / "benchmarks" / "bench_nccl_p2p.py"),
             "--count",
             "6",
             "--size",

@@ -18,9 +18,7 @@ from typing import Any
 import nccl_emulator as E
 import nccl_harness as H
 import pytest
-
-TESTS = Path(__file__).resolve().parent
-ROOT = TESTS.parent
+from paths import ROOT, TESTS
 
 # (net, CollNet) table each release takes from the library: its newest that the library exports.
 # 2.24-2.25 know net v9, which the library does not export: they take net v8 through their own

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from paths import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 SCRIPTS = sorted(
     p.stem for p in (ROOT / "benchmarks").glob("*.py") if p.stem != "__init__" and not p.stem.startswith("test_")
 )

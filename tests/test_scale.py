@@ -4,15 +4,12 @@ toward one reducer (incast), and many small chunks still sum exactly."""
 
 from __future__ import annotations
 
-import os
-
 import pytest
 from exact_rounds import run_exact_rounds
 
 from reducer._native import core
 from reducer.bench import emulate
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 _REASON = emulate.unavailable_reason()
 needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
 

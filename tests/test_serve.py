@@ -7,14 +7,13 @@ import re
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import CHILD_ENV_DROP, child_env
+from conftest import CHILD_ENV_DROP, child_env, serve_argv, start_serve
+from paths import ROOT
 
 import reducer
 from reducer.cli import serve
@@ -23,8 +22,6 @@ from reducer.errors import AuthError, ConfigError
 from reducer.launch import free_ports
 
 pytestmark = pytest.mark.timeout(60)
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -45,14 +42,7 @@ class Serve:
     """`reduction-server serve` in a subprocess, its log collected in the background."""
 
     def __init__(self, args: list[str], env: dict[str, str]) -> None:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "reducer.cli.main", "serve", "--threads", "1", *args],
-            env=env,
-            cwd=str(ROOT),
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
+        self.proc = start_serve(*args, host=None, port=None, env=env)
         self._lines: list[str] = []
         self._cond = threading.Condition()
         self._reader = threading.Thread(target=self._read, daemon=True)
@@ -233,7 +223,7 @@ def test_not_a_reducer_is_a_clear_error(monkeypatch, capsys, variable, text, exp
 
 def test_not_a_reducer_exits_2_from_the_command_line():
     proc = subprocess.run(
-        [sys.executable, "-m", "reducer.cli.main", "serve"],
+        serve_argv(threads=None, host=None, port=None),
         cwd=str(ROOT),
         capture_output=True,
         text=True,

@@ -16,22 +16,19 @@ import ctypes as C
 import logging
 import os
 import subprocess
-import sys
 import time
-from pathlib import Path
 
 import nccl_harness as H
 import pytest
 from attack_tools import GoodGroup, serve
-from conftest import child_env
+from conftest import CLI, child_env
+from paths import ROOT
 
 import reducer
 from reducer import _core, config
 from reducer.errors import ConfigError
 
-ROOT = Path(__file__).resolve().parents[1]
 TOO_LONG = 1e10  # > MAX_SECONDS: what overflowed before
-CLI = [sys.executable, "-m", "reducer.cli.main"]
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -9,12 +9,12 @@ deterministic: nothing here is timed. Skipped with the reason when SimGrid is no
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+from conftest import child_env_in_tree
 
 from reducer import _core
 from reducer.cli.main import main
@@ -166,7 +166,7 @@ def test_plan_prints_the_prediction(capsys: pytest.CaptureFixture) -> None:
 
 def test_without_simgrid_the_error_says_how_to_install(tmp_path: Path) -> None:
     """The engine is optional: with SimGrid nowhere to be found, one line naming the install."""
-    env = dict(os.environ, RS_SIMGRID_DIR=str(tmp_path), PYTHONPATH=os.getcwd())
+    env = child_env_in_tree(RS_SIMGRID_DIR=str(tmp_path))
     code = subprocess.run([sys.executable, "-c", "import simgrid"], capture_output=True, env=env).returncode
     if code == 0:
         pytest.skip("simgrid is installed in this Python: RS_SIMGRID_DIR does not hide it")

@@ -44,7 +44,7 @@ from attack_tools import (
     job_key,
     serve,
 )
-from conftest import child_env
+from conftest import child_env_in_tree, serve_argv
 
 import reducer
 from reducer.bench import emulate
@@ -52,7 +52,6 @@ from reducer.bench.emulate import EmulatedHosts, cleanup_stale
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CHUNK = 4096
 SECRET = "stale-peers-secret"
 DATA = np.arange(CHUNK // 4, dtype=np.int32) * 5 - 3
@@ -312,7 +311,7 @@ def test_a_replacement_worker_takes_over_the_rank_of_a_stopped_one(tmp_path):
     rank 1 process starts. Rank 0 gets PeerLostError saying that rank 1 reconnected within
     seconds; a fresh rank 0 and the new rank 1 then all-reduce exactly. Before: the new rank 1 was
     refused ('rank 1 is already connected') and rank 0 waited for its 30 s timeout."""
-    env = child_env(PYTHONPATH=ROOT, RS_AUTH_TOKEN=SECRET)
+    env = child_env_in_tree(RS_AUTH_TOKEN=SECRET)
     with ReducerProcess(str(tmp_path), auth_token=SECRET, threads=1) as red:
         procs = worker_procs(None, red.address, [0, 1], env)
         try:
@@ -355,10 +354,9 @@ def test_a_silent_link_is_found_dead_in_seconds_and_the_group_re_forms(prefix):
     Communicator and the round completes exactly on the re-formed group."""
     octet = uuid.uuid4().int % 200 + 20
     with EmulatedHosts(3, gbps=1.0, prefix=prefix, latency_ms=0.5, subnet=f"10.{octet}.7.0/24") as hosts:
-        env = child_env(PYTHONPATH=ROOT, **FAST_KEEPALIVE)
+        env = child_env_in_tree(**FAST_KEEPALIVE)
         addr = f"{hosts[0].ip}:7411"
-        serve_argv = [sys.executable, "-m", "reducer.cli.main", "serve", "--host", hosts[0].ip, "--port", "7411"]
-        red = Proc(hosts, 0, [*serve_argv, "--threads", "1", "--control-port", "off"], env)
+        red = Proc(hosts, 0, serve_argv("--control-port", "off", host=hosts[0].ip, port=7411), env)
         workers = worker_procs(hosts, addr, [0, 1], env)
         rounds_agree(workers, 0)
         # Cut rank 1's link; rank 0 starts round 1 alone.

@@ -13,10 +13,11 @@ from typing import Any
 
 import numpy as np
 import pytest
+from conftest import child_env_in_tree
+from paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 REFUSED = (
     "127.0.0.1:1: GetStats failed: UNAVAILABLE: failed to connect to all addresses; last error: UNKNOWN: "
     "ipv4:127.0.0.1:1: Failed to connect to remote host: connect: Connection refused (111)"
@@ -166,7 +167,7 @@ def plane_with_an_ended_group(reducers):
 
 
 def _status(args: list[str], stdout: Any = subprocess.PIPE) -> subprocess.CompletedProcess:
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join([ROOT, os.environ.get("PYTHONPATH", "")]), COLUMNS="80")
+    env = child_env_in_tree(COLUMNS="80")
     return subprocess.run(
         [sys.executable, "-m", "reducer.cli.main", "status", "--timeout", "3", *args],
         stdout=stdout,

@@ -12,10 +12,8 @@ distinct addresses (tests/attack_tools.py).
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
-import sys
 from collections.abc import Sequence
 
 import numpy as np
@@ -36,12 +34,13 @@ from attack_tools import (
     wait_until,
 )
 from child_lines import ChildLines
+from conftest import child_env_in_tree, serve_argv, start_serve
+from paths import ROOT
 
 import reducer
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 MiB = 1 << 20
 SLOTS = 4  # the reducer's default group_slots
 HOG_CHUNK = 1 * MiB
@@ -372,34 +371,17 @@ def test_shares_default_to_half_of_the_budget_and_come_from_settings(monkeypatch
 
 
 def test_serve_flags_set_the_shares(tmp_path):
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("RS_", "CLUSTER_SPEC", "TF_CONFIG"))}
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    proc = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "reducer.cli.main",
-            "serve",
-            "--host",
-            "127.0.0.1",
-            "--port",
-            "0",
-            "--threads",
-            "1",
-            "--control-port",
-            "off",
-            "--max-memory-per-job",
-            "64M",
-            "--max-memory-per-peer",
-            "32MiB",
-            "--memory-idle-timeout",
-            "5",
-        ],
+    env = child_env_in_tree()
+    proc = start_serve(
+        "--control-port",
+        "off",
+        "--max-memory-per-job",
+        "64M",
+        "--max-memory-per-peer",
+        "32MiB",
+        "--memory-idle-timeout",
+        "5",
         env=env,
-        cwd=ROOT,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
     )
     out = ChildLines(proc.stdout, "serve")
     try:
@@ -413,7 +395,7 @@ def test_serve_flags_set_the_shares(tmp_path):
             proc.kill()
             proc.wait(10)
     bad = subprocess.run(
-        [sys.executable, "-m", "reducer.cli.main", "serve", "--port", "0", "--max-memory-per-job", "lots"],
+        serve_argv("--max-memory-per-job", "lots"),
         env=env,
         cwd=ROOT,
         capture_output=True,

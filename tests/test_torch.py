@@ -21,10 +21,10 @@ from typing import Any
 
 import numpy as np
 import pytest
+from paths import ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 EXAMPLE = os.path.join(ROOT, "examples", "pytorch", "train_ddp.py")
 HAVE_TORCH = importlib.util.find_spec("torch") is not None
 HAVE_SKLEARN = importlib.util.find_spec("sklearn") is not None

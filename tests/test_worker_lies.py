@@ -15,7 +15,6 @@ barely moved, no raw control character in the message or the log.
 from __future__ import annotations
 
 import json
-import os
 import struct
 import subprocess
 import sys
@@ -25,11 +24,11 @@ from typing import Any
 import numpy as np
 import pytest
 from attack_tools import BYE, DATA, ERR_PROTOCOL, ERR_SHUTDOWN, F32, SUM, Status
+from conftest import child_env_in_tree
 from lying_reducer import ERR_FAILOVER, EXCHANGE_TAG, Header, LyingReducer, clear_frame, error_frame, result_for
 
 pytestmark = pytest.mark.timeout(120)
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 N = 1024  # float32 elements of the worker's round (4096 bytes: one chunk)
 RSS_GROWTH_LIMIT = 256 << 20  # the worker's peak RSS may grow this much at most (ASan included)
 
@@ -77,8 +76,7 @@ def run_worker(address: str, failover: bool = True, idle: float = 0.0) -> dict[s
     """Runs the worker against `address`; returns its report after checking it ended cleanly.
     idle > 0: after its round it lets the idle-progress thread read its links for `idle` seconds,
     then starts another round."""
-    env = dict(os.environ)
-    env["PYTHONPATH"] = ROOT + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
+    env = child_env_in_tree()
     proc = subprocess.run(
         [sys.executable, "-c", _WORKER, json.dumps({"address": address, "failover": failover, "n": N, "idle": idle})],
         capture_output=True,
