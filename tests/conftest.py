@@ -74,6 +74,17 @@ def start_serve(*args: str, env: dict[str, str] | None = None, **kwargs: Any) ->
     )
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`soak` tests (the long variants: repeats, the full fuzz time, the simulator's large cases)
+    are opt-in: skipped unless the marker expression names them (`pytest -m soak`)."""
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="opt-in long variant: pytest -m soak")
+    for item in items:
+        if item.get_closest_marker("soak") is not None:
+            item.add_marker(skip)
+
+
 @pytest.fixture(scope="session")
 def pool():
     """Up to 5 worker processes (spawned once) that run functions from tests/tasks.py."""

@@ -372,6 +372,7 @@ def test_a_silent_link_is_found_dead_in_seconds_and_the_group_re_forms(prefix):
         rounds_agree(workers, 1, tries=6, timeout=90)
         for w in workers:
             w.send("quit")
+        red.p.send_signal(signal.SIGTERM)  # the reducer stops on a signal (it used to be waited for 20 s)
         for w in (*workers, red):
             try:
                 w.p.wait(20)

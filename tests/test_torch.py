@@ -326,7 +326,8 @@ def task_backend_errors(env: dict[str, str], rank: int, world: int, first: str) 
 
     srv = reducer.ReducerServer(host="127.0.0.1", port=0).start()
     out: dict[str, Any] = {}
-    with _in_env({**env, "RS_REDUCERS": f"127.0.0.1:{srv.port}", "RS_TIMEOUT": "10"}):
+    # a short connect timeout: the reconnect to the stopped reducer fails in seconds, not 20
+    with _in_env({**env, "RS_REDUCERS": f"127.0.0.1:{srv.port}", "RS_TIMEOUT": "10", "RS_CONNECT_TIMEOUT": "3"}):
         dist.init_process_group("reduction_server", timeout=datetime.timedelta(seconds=30))
         try:
             torch.manual_seed(0)

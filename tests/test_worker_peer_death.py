@@ -137,7 +137,7 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
     victim = mp.get_context("spawn").Process(target=join_and_stay, args=(addrs, 1, group), daemon=True)
     victim.start()
     try:
-        fut = pool.submit(join_then_round, addrs, 0, group, 1 << 20, "", 15.0)
+        fut = pool.submit(join_then_round, addrs, 0, group, 1 << 20, "", 8.0)
         _wait_for(lambda: _received_everywhere(servers, group), "no round of the group reached every reducer")
         os.kill(victim.pid, signal.SIGSTOP)  # it can notice nothing from now on
         servers[1].stop()
@@ -157,7 +157,7 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
         if victim.is_alive():
             victim.kill()
     err = out["error"]
-    assert isinstance(err, reducer.ReductionTimeout), repr(err)  # connect_timeout 15 s < timeout 60 s
+    assert isinstance(err, reducer.ReductionTimeout), repr(err)  # connect_timeout 8 s < timeout 60 s
     assert "waiting for all workers of the group" in str(err), str(err)
 
 
