@@ -15,8 +15,12 @@ import pytest
 from reducer.launch import CLEARED_ENV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+# tests/ (the shared helper modules) and each folder of tests (tests/<part>/test_*.py, by the part of
+# the code they test) on sys.path: some test modules import others' helpers by module name
+# (`from test_fusion import run_workers`), whichever folder they are in and in any order.
+for _dir in [HERE, *sorted(e.path for e in os.scandir(HERE) if e.is_dir() and e.name not in ("cpp", "__pycache__"))]:
+    if _dir not in sys.path:
+        sys.path.insert(0, _dir)
 from paths import ROOT  # noqa: E402 (tests/ on sys.path first)
 
 MAX_POOL = 5

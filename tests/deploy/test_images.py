@@ -1,6 +1,6 @@
 """The container images' entry points, run the way the images run them, without a container engine.
 
-tests/test_container_job.py builds the real images and runs a job of containers (opt-in, it takes
+tests/deploy/test_container_job.py builds the real images and runs a job of containers (opt-in, it takes
 minutes; .ci/run runs it where podman works). This module is the quick stand-in that runs
 everywhere:
 

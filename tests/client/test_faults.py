@@ -85,7 +85,7 @@ def test_worker_dies_mid_round_then_group_reconnects(pool, reducers):
 
 
 def test_reducer_dies_mid_round(pool, reducers):
-    """With failover off, a reducer that dies fails the round at once (tests/test_failover.py
+    """With failover off, a reducer that dies fails the round at once (tests/client/test_failover.py
     covers the default, where the round finishes on the survivors)."""
     good = reducers(1)[0]
     ctx = mp.get_context("spawn")

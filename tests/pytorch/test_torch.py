@@ -637,7 +637,7 @@ def test_ddp_training_survives_a_reducer_kill(tpool, servers, tmp_path, path):
     nothing: the job finishes, and every parameter equals, bit for bit, the run without the
     failure; both through the hook and as plain DDP over the reduction_server backend (whose
     fusion engine's agreement probes then fail over too: a worker's data and probe clients each
-    read their links while idle, tests/test_cross_group_failover.py)."""
+    read their links while idle, tests/client/test_cross_group_failover.py)."""
     import torch
     from test_failover import Victim
 

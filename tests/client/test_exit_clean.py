@@ -6,7 +6,7 @@ The default tests take well under a minute on 2 cores: the torch job under the l
 modes (backend collectives in several process groups; DDP with the hook), with one rank cleaning up
 (destroy_process_group, HookState.close) and the other not; the DDP example once; processes that
 exit with communicators left open, with a round in flight, and with a running reducer dropped.
-The 30-run soak the issue asks for is opt-in: `pytest -m soak tests/test_exit_clean.py`.
+The 30-run soak the issue asks for is opt-in: `pytest -m soak tests/client/test_exit_clean.py`.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Cluster discovery (reducer/cluster.py; CLUSTER_SPEC / TF_CONFIG are read by the C++ reader of
-csrc/cluster/, reducer._core.cluster, which the NCCL plugin shares: tests/test_nccl_plugin.py asks
+csrc/cluster/, reducer._core.cluster, which the NCCL plugin shares: tests/nccl_plugin/test_nccl_plugin.py asks
 both the same questions)."""
 
 from __future__ import annotations

@@ -130,7 +130,7 @@ def test_survivor_raises_when_its_peer_died_before_a_failover_session(pool, redu
     connect_timeout (docs/protocol.md), then raises; it does not wait forever (the soak's
     second kind of "hang": its hang threshold was below the workers' connect_timeout).
     The peer is frozen (SIGSTOP) before the reducer stops: a live idle peer would read the loss on
-    its idle-progress thread and join the failover session (tests/test_cross_group_failover.py)."""
+    its idle-progress thread and join the failover session (tests/client/test_cross_group_failover.py)."""
     servers = reducers(2)
     addrs = [s.address for s in servers]
     group = "peerdeath-failover"

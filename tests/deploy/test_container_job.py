@@ -1,6 +1,6 @@
 """A job of real containers: the images built by scripts/build-images.sh, run as Vertex AI runs them.
 
-Opt-in (it builds two images: minutes): `pytest -m containers tests/test_container_job.py`, or
+Opt-in (it builds two images: minutes): `pytest -m containers tests/deploy/test_container_job.py`, or
 RS_CONTAINER_TESTS=1; .ci/run runs it as a step of its own. It skips, with the reason, when no
 container engine can build and run images here (scripts/build-images.sh exit status 3).
 
@@ -93,7 +93,7 @@ def engine(request: pytest.FixtureRequest) -> Engine:
     if not _opted_in(request.config):
         pytest.skip(
             "the container job is opt-in (it builds two images): run "
-            "`pytest -m containers tests/test_container_job.py` or set RS_CONTAINER_TESTS=1"
+            "`pytest -m containers tests/deploy/test_container_job.py` or set RS_CONTAINER_TESTS=1"
         )
     proc = subprocess.run(["bash", str(BUILD), "--print-engine"], capture_output=True, text=True, timeout=120)
     if proc.returncode == 3:

@@ -269,7 +269,7 @@ def test_server_wide_memory_budget():
     zeros = bytes(chunk)  # allocated before the RSS baseline
     sink = bytearray(chunk)
     # The shares as large as the budget: the server budget is the limit under test (the shares:
-    # tests/test_tenant_budget.py).
+    # tests/server/test_tenant_budget.py).
     with serve(
         threads=2, max_memory_bytes=budget, max_memory_per_job=budget, max_memory_per_peer=budget, group_slots=2
     ) as srv:

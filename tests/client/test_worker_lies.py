@@ -286,7 +286,7 @@ def test_lying_frames_are_a_clear_protocol_error(lie, why, failover):
         (b"\xff" * 64, "ProtocolError", "unknown frame type 255"),
         (error_frame(ERR_PROTOCOL, b"idle lie \x1b[2J"), "ProtocolError", "idle lie \\x1b[2J"),
         # Not a lie that fails: every reducer "lost" while idle, and this one still answers, so the
-        # next round reconnects and works (issue 29.5; tests/test_recovery.py).
+        # next round reconnects and works (issue 29.5; tests/client/test_recovery.py).
         (error_frame(ERR_SHUTDOWN, b"going away"), None, ""),
     ],
     ids=["result-never-started", "clear-2^64-1", "garbage", "error-text", "shutdown"],

@@ -469,7 +469,7 @@ def test_kubernetes_cluster_matches_objects() -> None:
     assert worker_c["args"] == ["python", "examples/allreduce_numpy.py"]
 
     # Control plane and metrics: the ports `serve` uses with this environment are the ones declared
-    # and probed (native gRPC probes; tests/test_control.py asks a real control plane the services).
+    # and probed (native gRPC probes; tests/control/test_control.py asks a real control plane the services).
     from reducer.cli.serve import resolve_side_ports
 
     env = {k: v for k, v in _env(reducer_c).items() if isinstance(v, str)}
