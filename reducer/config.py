@@ -14,7 +14,7 @@ seconds value (a *_timeout setting, its variable, argument or command-line flag)
 MAX_SECONDS (1e9 s): more is a ConfigError naming it (check_seconds, the C++ rule).
 Every reader of a setting goes through get() (or env_text() for the raw text), with os.environ or
 an explicit mapping. docs/configuration.md is the human-readable copy of SETTINGS, and `serve
---help` shows their defaults (default_text(), flag_help()): tests/test_reducer_settings.py checks
+--help` shows their defaults (default_text(), flag_help()): tests/config/test_reducer_settings.py checks
 they agree with the table, and the reducer's own defaults (reducer._core.SERVER_DEFAULTS) too.
 """
 

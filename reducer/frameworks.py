@@ -14,7 +14,7 @@ Neither torch nor CuPy is imported here unless the caller's object comes from it
 
 The GPU backends were written against the torch and CuPy stream APIs but have NOT been run on
 a GPU (there is none where this was developed); the generic staging logic is tested on the CPU
-with a fake device backend (tests/test_frameworks.py).
+with a fake device backend (tests/client/test_frameworks.py).
 """
 
 from __future__ import annotations

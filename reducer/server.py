@@ -15,7 +15,7 @@ log = logging.getLogger(__name__)
 
 
 # Reducer settings passed to the core: rows of the settings table (csrc/common/settings.h), whose
-# defaults are the ones the core's ServerOptions starts from (tests/test_reducer_settings.py).
+# defaults are the ones the core's ServerOptions starts from (tests/config/test_reducer_settings.py).
 _LIMITS = (
     "group_slots",
     "handshake_timeout",

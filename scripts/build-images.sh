@@ -13,7 +13,7 @@
 #   --no-stand-in    fail when a FROM image cannot be pulled, instead of building a stand-in
 #   --keep-build-stage  keep the untagged build-stage images (see below) as a layer cache
 #   --print-engine   print the engine command line (line 1) and the `run` flags this machine
-#                    needs (line 2), then exit; tests/test_container_job.py runs containers so
+#                    needs (line 2), then exit; tests/deploy/test_container_job.py runs containers so
 #
 # Stand-in bases: when a FROM image is neither local nor pullable (no registry reachable), a
 # Debian bookworm root file system with python3 (3.11), pip and venv is made with mmdebstrap

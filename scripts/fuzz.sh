@@ -42,14 +42,23 @@ fuzz=(-fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined)
 # rejects) and without coverage; only the code under test is instrumented for libFuzzer.
 helpers=(csrc/kernels/dispatch.cc csrc/kernels/scalar.cc csrc/kernels/avx2.cc csrc/kernels/avx512.cc
          csrc/common/common.cc csrc/common/dtype.cc)
+# Builds run RS_BUILD_JOBS at a time (default: the number of cores); the helper objects through
+# ccache where it is installed.
+build_jobs="${RS_BUILD_JOBS:-$(nproc)}"
+ccache=()
+if command -v ccache >/dev/null 2>&1; then ccache=(ccache); fi
+throttle() { while [[ $(jobs -rp | wc -l) -ge $build_jobs ]]; do wait -n || true; done; }
 objs=()
+pids=()
 for src in "${helpers[@]}"; do
   obj="$out/obj/$(basename "${src%.cc}").o"
-  "${CXX_HELPERS:-g++}" "${common[@]}" -c "$src" -o "$obj"
+  throttle
+  "${ccache[@]}" "${CXX_HELPERS:-g++}" "${common[@]}" -c "$src" -o "$obj" &
+  pids+=($!)
   objs+=("$obj")
 done
+for pid in "${pids[@]}"; do wait "$pid"; done
 protocol=(csrc/protocol/wire.cc csrc/protocol/plan.cc csrc/protocol/auth.cc csrc/protocol/hmac.cc csrc/common/text.cc)
-"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc "${protocol[@]}" "${objs[@]}" -o "$out/make_seeds"
 
 build() {  # build TARGET: $out/TARGET_fuzz
   case "$1" in
@@ -69,9 +78,17 @@ build() {  # build TARGET: $out/TARGET_fuzz
   esac
 }
 
+# The seed maker and every target built first, in parallel; then each target fuzzed in turn.
+"$CXX_FUZZ" "${common[@]}" csrc/fuzz/make_seeds.cc "${protocol[@]}" "${objs[@]}" -o "$out/make_seeds" &
+pids=($!)
+for target in $targets; do
+  throttle
+  build "$target" &
+  pids+=($!)
+done
+for pid in "${pids[@]}"; do wait "$pid"; done
 failed=0
 for target in $targets; do
-  build "$target"
   corpus="$out/corpus-$target"
   log="$out/fuzz-$target.log"
   if [[ "$target" == wire ]]; then corpus="$out/corpus"; log="$out/fuzz.log"; fi

@@ -61,9 +61,9 @@ export LD_PRELOAD="$(runtime libasan.so) $(runtime libubsan.so) $(runtime libstd
 export ASAN_OPTIONS="detect_leaks=0:halt_on_error=1:abort_on_error=1:detect_stack_use_after_return=0:log_path=$out/reports/asan"
 export UBSAN_OPTIONS="halt_on_error=1:print_stacktrace=1:log_path=$out/reports/ubsan"
 export PYTHONPATH="$out/src${PYTHONPATH:+:$PYTHONPATH}"
-tests=(tests/test_protocol.py tests/test_faults.py tests/test_allreduce.py tests/test_attacks.py tests/test_integrity.py
-       tests/test_failover.py tests/test_tenant_budget.py tests/test_worker_lies.py tests/test_cross_group_failover.py
-       tests/test_nccl_plugin_p2p_faults.py tests/test_nccl_plugin_listener.py tests/test_idle_waits.py tests/test_fork.py)
+tests=(tests/protocol/test_protocol.py tests/client/test_faults.py tests/client/test_allreduce.py tests/server/test_attacks.py tests/protocol/test_integrity.py
+       tests/client/test_failover.py tests/server/test_tenant_budget.py tests/client/test_worker_lies.py tests/client/test_cross_group_failover.py
+       tests/nccl_plugin/test_nccl_plugin_p2p_faults.py tests/nccl_plugin/test_nccl_plugin_listener.py tests/client/test_idle_waits.py tests/client/test_fork.py)
 # RSS and CPU-time bounds do not hold under the sanitizers (shadow memory, quarantine, slowdown).
 skip="not memory_budget and not huge_world and not never_reads and not descriptor_exhaustion"
 if [[ $fast == 1 ]]; then

@@ -21,7 +21,7 @@ if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && [ -z "${NO_APT:-}
   missing=()
   command -v clang++ >/dev/null 2>&1 || missing+=(clang)
   command -v ccache >/dev/null 2>&1 || missing+=(ccache)
-  # SimGrid for `reduction-server simulate` (tests/test_simulate.py; about 10 s to install)
+  # SimGrid for `reduction-server simulate` (tests/simulate/test_simulate.py; about 10 s to install)
   compgen -G "/usr/lib/python3/dist-packages/simgrid.cpython-*.so" >/dev/null || missing+=(python3-simgrid)
   if [ ${#missing[@]} -gt 0 ]; then
     step "installing ${missing[*]} system-wide with apt-get (running as root; NO_APT=1 skips this)"

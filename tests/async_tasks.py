@@ -1,4 +1,4 @@
-"""Worker-side functions of tests/test_async_client.py (the asynchronous C++ client, core.Client).
+"""Worker-side functions of tests/client/test_async_client.py (the asynchronous C++ client, core.Client).
 
 They run in separate processes (conftest.run_ranks) and use the client directly: start()
 returns a round id at once, test()/wait() drive every round in flight.
@@ -181,7 +181,7 @@ def rounds_when_reducer_dies(
     and tells the test (file marks/started); the test kills a reducer. Every outstanding round
     must raise. After the test restarted the reducer (marks/restarted), every rank runs a
     round on a new session (retrying while the group re-forms). Failover is off: with it, the
-    rounds rank 0 started alone would be carried over to the survivors (tests/test_failover.py)."""
+    rounds rank 0 started alone would be carried over to the survivors (tests/client/test_failover.py)."""
     c = client(addrs, rank, world, group, timeout=timeout, failover=False)
     warm = np.ones(1000, np.float32)
     c.allreduce(warm, "float32", "sum")  # the whole group is there and working

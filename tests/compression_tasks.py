@@ -1,4 +1,4 @@
-"""Worker-side functions of tests/test_compression.py: 16-bit wire compression of float32 rounds.
+"""Worker-side functions of tests/client/test_compression.py: 16-bit wire compression of float32 rounds.
 
 They run in separate processes (conftest.run_ranks, or test_torch's pool for DDP) and return
 their results; the test process compares them with the reference (`expected`), which it

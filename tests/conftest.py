@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import subprocess
 import sys
 from collections.abc import Callable, Sequence
 from concurrent.futures import ProcessPoolExecutor
@@ -14,8 +15,13 @@ import pytest
 from reducer.launch import CLEARED_ENV
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-if HERE not in sys.path:
-    sys.path.insert(0, HERE)
+# tests/ (the shared helper modules) and each folder of tests (tests/<part>/test_*.py, by the part of
+# the code they test) on sys.path: some test modules import others' helpers by module name
+# (`from test_fusion import run_workers`), whichever folder they are in and in any order.
+for _dir in [HERE, *sorted(e.path for e in os.scandir(HERE) if e.is_dir() and e.name not in ("cpp", "__pycache__"))]:
+    if _dir not in sys.path:
+        sys.path.insert(0, _dir)
+from paths import ROOT  # noqa: E402 (tests/ on sys.path first)
 
 MAX_POOL = 5
 
@@ -36,9 +42,51 @@ def child_env(drop: Sequence[str] = (), **extra: str) -> dict[str, str]:
 def child_env_in_tree(**extra: str) -> dict[str, str]:
     """child_env() for a `python -c` child that imports this tree's reducer: the repository root
     first on PYTHONPATH, what was there (a sanitized build's copy) kept after it."""
-    root = os.path.dirname(HERE)
     before = os.environ.get("PYTHONPATH")
-    return child_env(PYTHONPATH=root + (os.pathsep + before if before else ""), **extra)
+    return child_env(PYTHONPATH=str(ROOT) + (os.pathsep + before if before else ""), **extra)
+
+
+# `reduction-server` as the tests run it: this interpreter and the module, no installed script.
+CLI = (sys.executable, "-m", "reducer.cli.main")
+SERVE = (*CLI, "serve")
+
+
+def serve_argv(
+    *args: str, host: str | None = "127.0.0.1", port: int | str | None = 0, threads: int | None = 1
+) -> list[str]:
+    """The one `serve` command line of the tests: `threads` reducer threads on host:port (0: any free
+    port), then `args`. None leaves that flag out (the cluster spec or the default decides)."""
+    argv = list(SERVE)
+    for flag, value in (("--threads", threads), ("--host", host), ("--port", port)):
+        if value is not None:
+            argv += [flag, str(value)]
+    return [*argv, *args]
+
+
+def start_serve(*args: str, env: dict[str, str] | None = None, **kwargs: Any) -> subprocess.Popen:
+    """serve_argv(*args, **kwargs) in a subprocess in the repository root (env: child_env_in_tree()),
+    stdout and stderr together in one text pipe (read it with child_lines.ChildLines)."""
+    popen = {k: kwargs.pop(k) for k in ("preexec_fn",) if k in kwargs}
+    return subprocess.Popen(
+        serve_argv(*args, **kwargs),
+        env=child_env_in_tree() if env is None else env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **popen,
+    )
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """`soak` tests (the long variants: repeats, the full fuzz time, the simulator's large cases)
+    are opt-in: skipped unless the marker expression names them (`pytest -m soak`)."""
+    if "soak" in (config.getoption("markexpr") or ""):
+        return
+    skip = pytest.mark.skip(reason="opt-in long variant: pytest -m soak")
+    for item in items:
+        if item.get_closest_marker("soak") is not None:
+            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

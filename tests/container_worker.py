@@ -1,4 +1,4 @@
-"""The job that tests/test_container_job.py runs in each worker container (the worker image's Python).
+"""The job that tests/deploy/test_container_job.py runs in each worker container (the worker image's Python).
 
 Configured only by CLUSTER_SPEC (`reducer.init()`); needs numpy and this package, nothing of the
 test environment. In the folder given as the only argument (a bind mount shared with the test):

@@ -1,4 +1,4 @@
-"""Worker-side functions for tests/test_control.py, run in the pool's processes (conftest.run_ranks)."""
+"""Worker-side functions for tests/control/test_control.py, run in the pool's processes (conftest.run_ranks)."""
 
 from __future__ import annotations
 

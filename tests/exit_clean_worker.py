@@ -1,4 +1,4 @@
-"""A short torch job for tests/test_exit_clean.py, run under `reduction-server launch`.
+"""A short torch job for tests/client/test_exit_clean.py, run under `reduction-server launch`.
 
 Each process all-reduces and reduces through the "reduction_server" backend in several process
 groups (the default one and new_group()s), or trains a tiny DDP model with reducer.torch's hook,

@@ -1,4 +1,4 @@
-"""A reducer played by the test, for the worker-side security tests (tests/test_worker_lies.py).
+"""A reducer played by the test, for the worker-side security tests (tests/client/test_worker_lies.py).
 
 `LyingReducer` speaks protocol version 2 (docs/protocol.md, from tests/attack_tools.py's
 independent encoder) to ONE real worker of a group whose other members are imaginary: it answers

@@ -1,7 +1,8 @@
 """Plays NCCL's part for the plugin library: dlopen, the exported tables, and NCCL's proxy calls.
 
 Written from NCCL's plugin API independently of csrc/nccl_plugin/nccl_abi.h (so the two
-cross-check each other). Head processes meet through files in a shared directory (NCCL would
+cross-check each other: tests/nccl_plugin/test_nccl_abi_layout.py checks that every struct's size
+and every member's offset here are the header's). Head processes meet through files in a shared directory (NCCL would
 all-gather the 128-byte handles over its bootstrap network).
 """
 

@@ -1,5 +1,5 @@
 // csrc/common's one-home helpers: the settings parser (one rule per kind), the compression names
-// and the hexadecimal helpers. Built and run by tests/test_config_homes.py.
+// and the hexadecimal helpers. Built and run by tests/config/test_config_homes.py.
 #include <cmath>
 #include <string>
 

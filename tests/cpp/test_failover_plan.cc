@@ -1,5 +1,5 @@
 // Unit tests of the failover exchange's decisions (csrc/client/failover.h), without sockets.
-// Built and run by tests/test_failover_plan.py.
+// Built and run by tests/client/test_failover_plan.py.
 #include <cstdint>
 #include <functional>
 #include <vector>

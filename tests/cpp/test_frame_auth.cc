@@ -1,7 +1,7 @@
 // Unit tests of frame integrity in the transport (csrc/net/frame_auth.h, frame_io.h), over a
 // socketpair: protected frames survive partial writes and reads, any flipped byte, a replayed or
 // a dropped frame is refused, and a frame costs no allocation in libcrypto. Built and run by
-// tests/test_integrity.py.
+// tests/protocol/test_integrity.py.
 #include <fcntl.h>
 #include <openssl/crypto.h>
 #include <sys/socket.h>

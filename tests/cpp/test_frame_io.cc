@@ -4,7 +4,7 @@
 // reducer's epoll and the worker's poll do: pump() when the socket is readable, or again after a
 // pause. A frame left complete in the reader's memory with nothing in the socket would never be
 // read (a reader that reads ahead must not stop on a spent budget with the next frame in hand):
-// the "stuck" checks below catch it. Built and run by tests/test_protocol.py.
+// the "stuck" checks below catch it. Built and run by tests/protocol/test_protocol.py.
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/socket.h>

@@ -1,5 +1,5 @@
 // Unit tests of the reducer's membership rules (csrc/server/group_table.h), without sockets:
-// members are opaque handles. Built and run by tests/test_group_table.py.
+// members are opaque handles. Built and run by tests/server/test_group_table.py.
 #include <cstdio>
 #include <cstdlib>
 #include <string>

@@ -1,7 +1,7 @@
 // Unit tests of what a worker believes of other workers and reducers (issue 25): the failover
 // exchange's bounds (failover::check_summaries, Limits, Table), the checks of a reducer's RESULT
 // and CLEAR frames (client/reducer_frames.h) and the quoting of a reducer's text (peer_text).
-// Built with ASan/UBSan and run by tests/test_worker_lies.py: every lie must be an
+// Built with ASan/UBSan and run by tests/client/test_worker_lies.py: every lie must be an
 // Error(Protocol) naming the rank, never a read or write out of bounds.
 #include <algorithm>
 #include <cstdint>

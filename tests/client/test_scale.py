@@ -1,0 +1,72 @@
+"""The pipeline at scale: every round's chunk and window come from the shard each reducer gets and
+the group's size (proto::pipeline_for), so W senders keep a bounded number of bytes in flight
+toward one reducer (incast), and many small chunks still sum exactly."""
+
+from __future__ import annotations
+
+import pytest
+from exact_rounds import run_exact_rounds
+
+from reducer._native import core
+from reducer.bench import emulate
+
+_REASON = emulate.unavailable_reason()
+needs_netns = pytest.mark.skipif(_REASON is not None, reason=str(_REASON))
+
+KiB, MiB = 1 << 10, 1 << 20
+
+
+@pytest.mark.parametrize(
+    "shard, workers, chunk",
+    [
+        (256 * KiB, 4, 16 * KiB),  # chunk_for: shard/64, at least 16 KiB (fan-in 4 x 4 x 16 KiB = 256 KiB)
+        (16 * MiB, 4, 32 * KiB),  # chunk_for's 128 KiB would put 2 MiB on a reducer's link at once
+        (4 * MiB, 8, 16 * KiB),
+        (256 * KiB, 16, 8 * KiB),  # W = 16, 4 MiB rounds: 32 chunks per shard, window 2: 256 KiB of fan-in
+        (1 * MiB, 16, 8 * KiB),
+        (512 * KiB, 32, 4 * KiB),  # W = 32, 16 MiB rounds
+        (512 * KiB, 1024, 4 * KiB),  # the floor
+        (64 * KiB, 32, 64 * KiB),  # small shards keep chunk_for's (one chunk, latency-bound)
+    ],
+)
+def test_pipeline_chunk_follows_the_shard_and_the_group(shard, workers, chunk):
+    got, window = core.pipeline_for(shard, 1 * MiB, workers, workers, 4)
+    # From 128 KiB shards the window keeps filling and draining within shard / 32 (at least 2).
+    assert (got, window) == (chunk, 4 if shard < 128 * KiB else min(4, max(2, shard // (32 * chunk))))
+
+
+def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
+    """W senders x 4 chunks stay within 512 KiB whenever the floor allows, a shard of 128 KiB and
+    more has at least 8 chunks to overlap upload, reduction and download, every size is a multiple
+    of 4 KiB within max_chunk, a window's bytes stay within shard / 32 (the fill and drain of a
+    round) or 2 chunks, and the window halves only with fewer reducers than workers."""
+    for workers in (1, 2, 3, 4, 8, 16, 32, 64, 128, 1024):
+        for shard in [k * 64 * KiB for k in range(2, 40)] + [16 * MiB, 64 * MiB, 256 * MiB]:
+            for max_chunk in (8 * KiB, 64 * KiB, 1 * MiB):
+                chunk, window = core.pipeline_for(shard, max_chunk, workers, workers, 4)
+                assert chunk <= max_chunk and chunk % (4 * KiB) == 0
+                assert chunk <= core.chunk_for(shard, max_chunk)
+                if chunk > 4 * KiB:
+                    assert workers * 4 * chunk <= 512 * KiB or chunk == core.chunk_for(shard, max_chunk)
+                assert shard // chunk >= 8 or chunk == max_chunk
+                assert 2 <= window <= 4
+                assert window * chunk <= max(shard // 32, 2 * chunk)
+                assert window == 4 or (window + 1) * chunk > shard // 32  # no smaller than it must be
+            assert core.pipeline_for(64 * KiB, 1 * MiB, workers, workers, 4)[1] == 4  # small shards: RS_WINDOW
+            assert core.pipeline_for(256 * MiB, 1 * MiB, workers, workers, 64)[1] == 64  # large ones: up to it
+    assert core.pipeline_for(4 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
+    assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 1)[1] == 1
+    assert core.pipeline_for(256 * KiB, 1 * MiB, 16, 16, 1)[1] == 1  # RS_WINDOW=1 stays 1
+
+
+@pytest.mark.timeout(120)
+def test_many_workers_small_chunks_sum_exactly(reducers):
+    """W = 8 workers (threads) on R = 2 reducers: 4 MiB rounds in 16 KiB chunks (the fan-in rule:
+    512 KiB / (8 x 4)), windows halved (R < W), float32 and int64, back to back: exact sums."""
+
+    W = 8
+    addrs = [s.address for s in reducers(2)]
+    n = (4 * MiB) // 4
+    assert core.pipeline_for(2 * MiB, 1 * MiB, W, 2, 4) == (16 * KiB, 2)  # 4 (2 MiB / 32 = 4 chunks), halved for R < W
+    errors = run_exact_rounds(addrs, W, n, 110, group="many", timeout=60, connect_timeout=60)
+    assert not errors, errors
