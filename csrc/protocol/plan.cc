@@ -64,10 +64,11 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
   p.chunk = chunk_for(shard_bytes, max_chunk);
   window = std::max<uint64_t>(window, 1);
   if (shard_bytes >= kSmallChunkShardMin) {
-    const uint64_t fan_in = kFanInBytes / (std::max<uint64_t>(workers, 1) * kFanInDepth) / 4096 * 4096;
+    const uint64_t w = std::max<uint64_t>(workers, 1);
+    const uint64_t fan_in = kFanInBytes / (w * kFanInDepth) / 4096 * 4096;
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
-    const uint64_t fill = shard_bytes / (kFillChunks * p.chunk);
-    window = std::min(window, std::max(fill, kMinDepth));
+    const uint64_t depth = std::min(shard_bytes / (kFillChunks * p.chunk), kFanInBytes / (w * p.chunk));
+    window = std::min(window, std::max(depth, kMinDepth));
   }
   p.window = reducers < workers && window > 1 ? window / 2 : window;
   return p;

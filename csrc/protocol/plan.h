@@ -75,20 +75,23 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 //    16 KiB = 1 MiB into an emulated 0.05 Gbit/s port that queues 125 KiB; docs/performance.md,
 //    "Fan-in"). The rule depends on (shard, W) only, so every worker of a group derives the same
 //    chunk (the window is each sender's own).
-//  - window: `window` (RS_WINDOW), and for those shards no more than shard / (kFillChunks x chunk),
-//    at least kMinDepth. A reducer's port queues the W senders' windows first-come first-served,
-//    so the first results wait for about W x window x chunk bytes and the last chunks drain as
-//    long: a round pays about window x chunk / shard of its time for it (W = R = 16, 4 MiB rounds:
-//    256 KiB shards in 8 KiB chunks, a window of 4 cost 12% and the rounds ran at 75-80% of the
-//    link bound; 2: 89-92%). Two at least: with one a link's next chunk waits for the previous
-//    result, and links in step would use each direction half the time.
+//  - window: `window` (RS_WINDOW), and for those shards no more than shard / (kFillChunks x chunk)
+//    nor kFanInBytes / (W x chunk), at least kMinDepth. A reducer's port queues the W senders'
+//    windows first-come first-served, so the first results wait for about W x window x chunk
+//    bytes and the last chunks drain as long: a round pays about window x chunk / shard of its
+//    time for it (W = R = 16, 4 MiB rounds: 256 KiB shards in 8 KiB chunks, a window of 4 cost 12%
+//    and the rounds ran at 75-82% of the link bound; 2: 87-93%). Two at least: with one a link's
+//    next chunk waits for the previous result, and links in step would use each direction half
+//    the time. From W = 17 the chunk stops shrinking at kMinFanInChunk (8 KiB) and the window
+//    shrinks instead (W = 32: 8 KiB x 2, not 4 KiB x 4: the same bytes in flight in half the
+//    frames, which the 2-core emulation's CPU felt: 1.77x the ring instead of 1.69-1.75x).
 //  - window halved when fewer reducers than workers serve the round (after a failover from
 //    R = W each reducer's link is oversubscribed W/R times: half the window keeps the bytes
 //    queued toward it within a switch queue's reach; docs/performance.md "Reducer failover":
 //    1.04x the R = W - 1 bound instead of 1.07x).
 constexpr uint64_t kFanInBytes = 512 << 10;
 constexpr uint64_t kFanInDepth = 4;
-constexpr uint64_t kMinFanInChunk = 4 << 10;
+constexpr uint64_t kMinFanInChunk = 8 << 10;
 constexpr uint64_t kFillChunks = 32;  // window x chunk at most shard / 32: about 3% of a round filling and draining
 constexpr uint64_t kMinDepth = 2;
 struct Pipeline {

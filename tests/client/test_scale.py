@@ -24,36 +24,41 @@ KiB, MiB = 1 << 10, 1 << 20
         (4 * MiB, 8, 16 * KiB),
         (256 * KiB, 16, 8 * KiB),  # W = 16, 4 MiB rounds: 32 chunks per shard, window 2: 256 KiB of fan-in
         (1 * MiB, 16, 8 * KiB),
-        (512 * KiB, 32, 4 * KiB),  # W = 32, 16 MiB rounds
-        (512 * KiB, 1024, 4 * KiB),  # the floor
+        (512 * KiB, 32, 8 * KiB),  # W = 32, 16 MiB rounds: 8 KiB x a window of 2
+        (512 * KiB, 1024, 8 * KiB),  # the floor
         (64 * KiB, 32, 64 * KiB),  # small shards keep chunk_for's (one chunk, latency-bound)
     ],
 )
 def test_pipeline_chunk_follows_the_shard_and_the_group(shard, workers, chunk):
     got, window = core.pipeline_for(shard, 1 * MiB, workers, workers, 4)
     # From 128 KiB shards the window keeps filling and draining within shard / 32 (at least 2).
-    assert (got, window) == (chunk, 4 if shard < 128 * KiB else min(4, max(2, shard // (32 * chunk))))
+    want = min(4, max(2, min(shard // (32 * chunk), 512 * KiB // (workers * chunk))))
+    assert (got, window) == (chunk, 4 if shard < 128 * KiB else want)
 
 
 def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
-    """W senders x 4 chunks stay within 512 KiB whenever the floor allows, a shard of 128 KiB and
-    more has at least 8 chunks to overlap upload, reduction and download, every size is a multiple
-    of 4 KiB within max_chunk, a window's bytes stay within shard / 32 (the fill and drain of a
-    round) or 2 chunks, and the window halves only with fewer reducers than workers."""
+    """W senders' windows stay within 512 KiB unless the window is at its floor of 2, a shard of
+    128 KiB and more has at least 8 chunks to overlap upload, reduction and download, every size
+    is a multiple of 4 KiB within max_chunk and at least 8 KiB, a window's bytes stay within
+    shard / 32 (the fill and drain of a round) or 2 chunks, the window is no smaller than those
+    bounds make it, and it halves only with fewer reducers than workers."""
     for workers in (1, 2, 3, 4, 8, 16, 32, 64, 128, 1024):
         for shard in [k * 64 * KiB for k in range(2, 40)] + [16 * MiB, 64 * MiB, 256 * MiB]:
             for max_chunk in (8 * KiB, 64 * KiB, 1 * MiB):
                 chunk, window = core.pipeline_for(shard, max_chunk, workers, workers, 4)
                 assert chunk <= max_chunk and chunk % (4 * KiB) == 0
                 assert chunk <= core.chunk_for(shard, max_chunk)
-                if chunk > 4 * KiB:
-                    assert workers * 4 * chunk <= 512 * KiB or chunk == core.chunk_for(shard, max_chunk)
+                assert chunk >= min(8 * KiB, max_chunk)
+                if window > 2:
+                    assert workers * window * chunk <= 512 * KiB
                 assert shard // chunk >= 8 or chunk == max_chunk
                 assert 2 <= window <= 4
                 assert window * chunk <= max(shard // 32, 2 * chunk)
-                assert window == 4 or (window + 1) * chunk > shard // 32  # no smaller than it must be
+                bigger = window + 1
+                assert window == 4 or bigger * chunk > shard // 32 or workers * bigger * chunk > 512 * KiB
             assert core.pipeline_for(64 * KiB, 1 * MiB, workers, workers, 4)[1] == 4  # small shards: RS_WINDOW
-            assert core.pipeline_for(256 * MiB, 1 * MiB, workers, workers, 64)[1] == 64  # large ones: up to it
+            chunk, window = core.pipeline_for(256 * MiB, 1 * MiB, workers, workers, 64)  # large ones: up to it
+            assert window == max(2, min(256 * MiB // (32 * chunk), 512 * KiB // (workers * chunk), 64))
     assert core.pipeline_for(4 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
     assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 1)[1] == 1
     assert core.pipeline_for(256 * KiB, 1 * MiB, 16, 16, 1)[1] == 1  # RS_WINDOW=1 stays 1
