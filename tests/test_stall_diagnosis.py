@@ -32,7 +32,7 @@ from conftest import child_env_in_tree
 
 import reducer
 from reducer.bench import emulate
-from reducer.bench.emulate import EmulatedHosts, cleanup_stale
+from reducer.bench.emulate import EmulatedHosts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -110,22 +110,17 @@ WORKER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def prefix():
-    p = "d" + uuid.uuid4().hex[:6]
-    yield p
-    cleanup_stale(p)
-
-
 @pytest.mark.netns
 @needs_netns
-def test_a_path_that_drops_every_packet_shows_retransmission_backoff(prefix):
+def test_a_path_that_drops_every_packet_shows_retransmission_backoff():
     """Reducer and worker in two namespaces; after an exact round the reducer's interface is set
     down (every packet to it is dropped, no RST) and the worker starts a 4 MiB round with a 6 s
     timeout: its message (and the warning at 3 s) show the unacked segments, backoff > 0 and
     the reading 'retransmission backoff'. TCP_USER_TIMEOUT (15 s) does not end it first."""
-    octet = uuid.uuid4().int % 200 + 20
-    with EmulatedHosts(2, gbps=1.0, prefix=prefix, latency_ms=0.5, subnet=f"10.{octet}.9.0/24") as hosts:
+    octet = uuid.uuid4().int % 200 + 20  # (EmulatedHosts removes its namespaces however it ends)
+    with EmulatedHosts(
+        2, gbps=1.0, prefix=f"d{uuid.uuid4().hex[:6]}", latency_ms=0.5, subnet=f"10.{octet}.9.0/24"
+    ) as hosts:
         env = child_env_in_tree()
         addr = f"{hosts[0].ip}:7412"
         serve = [sys.executable, "-m", "reducer.cli.main", "serve", "--host", hosts[0].ip, "--port", "7412"]
