@@ -27,11 +27,10 @@ std::string Client::describe_stall(double seconds) const {
     if (!waiting.empty()) waiting += "; ";
     // What TCP says of the link: backoff after losses, the reducer's zero window, or nothing owed.
     const Link& l = *links_[li];
-    waiting += l.peer + ": " +
-               (results ? "sent " + std::to_string(p.written) + "/" + std::to_string(p.expected) + " chunks, got " +
-                              std::to_string(p.received) + "/" + std::to_string(p.expected) + " results"
-                        : std::string("every result in, its CLEAR not")) +
-               ", " + net::tcp_stall_text(net::tcp_path(l.closed ? -1 : l.fd.get()), "the reducer");
+    waiting += l.peer + ": sent " + std::to_string(p.written) + "/" + std::to_string(p.expected) + " chunks, got " +
+               std::to_string(p.received) + "/" + std::to_string(p.expected) + " results" +
+               (results ? "" : ", no CLEAR yet") + ", " +
+               net::tcp_stall_text(net::tcp_path(l.closed ? -1 : l.fd.get()), "the reducer");
   }
   std::string more = running_ > 1 ? " (" + std::to_string(running_) + " rounds in flight)" : "";
   return "all-reduce round " + std::to_string(r->wire) + " made no progress for " +

@@ -46,6 +46,7 @@ W16 = "issue 31, W=R=16 0.05 Gbit/s: % of the bound (mean of two runs) and rs/ri
 # work): `reduction-server bench --workers W --reducers R --sizes ... --algos rs,ring
 # --emulate-gbps 0.2 --iters 3 --warmup 1 --iters-bytes 0 --warmup-bytes 0`
 HERE = "this table's own runs, 2026-11-28, load average 12"
+NOW = "docs/performance.md, 'Many workers', 2026-11-28 10:48-10:53 UTC, quiet"
 CASES: list[Measured] = [
     Measured(4, 1.0, 4 * MIB, 36.3, 51.3, W4),
     Measured(4, 1.0, 16 * MIB, 146.0, 210.0, W4),
@@ -61,6 +62,14 @@ CASES: list[Measured] = [
     Measured(8, 0.2, 16 * MIB, 1437.7, 1230.7, HERE, reducers=4),
     Measured(16, 0.05, 4 * MIB, 1029.7, 1343.4, HERE + " (--emulate-gbps 0.05)"),
     Measured(16, 0.05, 16 * MIB, 3252.0, 5232.8, HERE + " (--emulate-gbps 0.05)"),
+    # With the window from the shard and the 8 KiB fan-in floor (protocol/plan.h; the rows above ran
+    # the code before it: a window of 4 everywhere, 4 KiB chunks at W = 32), quiet machine (load
+    # average 1.3-2.6 before each run), same commands (W=32: --iters 2):
+    Measured(4, 1.0, 4 * MIB, 36.6, 51.5, NOW),
+    Measured(4, 1.0, 16 * MIB, 142.4, 210.3, NOW),
+    Measured(4, 1.0, 64 * MIB, 565.1, 843.6, NOW),
+    Measured(16, 0.05, 16 * MIB, 2918.2, 5230.9, NOW + " (--emulate-gbps 0.05)"),
+    Measured(32, 0.025, 16 * MIB, 6112.7, 10825.8, NOW + " (--emulate-gbps 0.025)"),
 ]
 # W=32 R=32 0.025 Gbit/s 16 MiB (issue 31): only "rs >= 1.75x the ring" in a quiet run.
 W32_MIN_SPEEDUP = 1.75

@@ -19,7 +19,7 @@ from typing import Any
 
 from ..errors import ConfigError
 from . import engine
-from .params import DEFAULTS, Settings, ring_pipeline, rs_pipeline
+from .params import DEFAULTS, Settings, ring_pipeline, rs_pipeline, with_path_window
 
 MAX_WORKERS = 8  # simulated workers, reducers or ring ranks at most; larger jobs use the scale model
 # A fat tree is simulated host by host (placement decides what crosses the spines, so the scale
@@ -125,6 +125,9 @@ def simulate_rs(
     pipe = rs_pipeline(nbytes, workers, reducers, s)
     used = [sh for sh in pipe.shards if sh[0]]
     reducer_gbps = net.reducer_gbps or net.worker_gbps
+    # A link's delivery rate: its share of the worker's link and of the reducer's.
+    share = net.efficiency * GBPS * min(net.worker_gbps / len(used), reducer_gbps / workers)
+    pipe = with_path_window(pipe, net.latency, share, s)
     if net.topology == "fat-tree":
         _check_fat_tree(workers, len(used), net)
         w_s, r_s = workers, len(used)

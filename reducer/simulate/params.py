@@ -3,14 +3,16 @@
 rs: how a round is cut (csrc/protocol/plan.h: ``reducers_for``, even shards, ``chunk_for``), the
 window of chunks in flight per link (csrc/client/schedule.cc ``Schedule::fill``: RS_WINDOW, halved
 while R < W) and the reducer's group slots (csrc/server/server.h ``group_slots``). The ring:
-csrc/ring (segments of S/n, streamed in chunks of RS_CHUNK_BYTES). The defaults are the settings
+csrc/ring (segments of S/n, streamed in chunks of RS_CHUNK_BYTES). On a long path the client
+widens a link's window to what the path needs (protocol/plan.h ``path_window``, from TCP_INFO:
+``Schedule::window_of``): ``with_path_window`` applies the same bound rule. The defaults are the settings
 table's (reducer/config.py, csrc/common/settings.h) and the bound C++ functions, so a change of the
 pipeline's chunking or windows reaches the simulator through ``rs_pipeline`` / ``ring_pipeline``.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from .. import _core, config
 
@@ -26,6 +28,7 @@ class Settings:
     window: int | None = None  # RS_WINDOW: chunks in flight per link
     group_slots: int | None = None  # RS_GROUP_SLOTS: chunk slots per group stream on a reducer
     socket_buffer: int | None = None  # RS_SOCKET_BUFFER: bounds a connection's TCP window
+    path_window: bool = True  # False: the window above alone (the client before issue 31 point 2)
 
 
 DEFAULTS = Settings()
@@ -76,6 +79,18 @@ def rs_pipeline(nbytes: int, workers: int, reducers: int, s: Settings = DEFAULTS
         shards.append((b, int(chunk)))
     slots = s.group_slots or GROUP_SLOTS
     return RsPipeline(shards, window, slots, _setting("socket_buffer", s.socket_buffer))
+
+
+def with_path_window(pipe: RsPipeline, rtt: float, rate_Bps: float, s: Settings = DEFAULTS) -> RsPipeline:
+    """`pipe` with the window a link grows to on a path of round trip `rtt` seconds (tcpi_min_rtt)
+    delivering `rate_Bps` (its share of the links): the client's rule, ``_core.path_window``
+    (protocol/plan.h), from the largest shard's chunk. The client reaches it after its first
+    measurements; the model applies it from the first chunk."""
+    chunk = max((c for b, c in pipe.shards if b), default=0)
+    if not s.path_window or not chunk:
+        return pipe
+    window = int(_core.path_window(pipe.window, chunk, round(rtt * 1e6), int(rate_Bps)))
+    return replace(pipe, window=window)
 
 
 def ring_pipeline(nbytes: int, ranks: int, s: Settings = DEFAULTS) -> RingPipeline:

@@ -930,6 +930,8 @@ def test_a_reducer_that_withholds_clears_holds_at_most_max_rounds_of_copies(redu
         assert outcomes[1] == [1.0, 21.0, 41.0], outcomes  # worker 1 gets its CLEARs
         assert outcomes[0][:3] == [1.0, 21.0, limit], outcomes  # released without their CLEARs
         assert isinstance(outcomes[0][3], reducer.ReductionTimeout), outcomes
+        # The message names the link that owes the CLEAR (before: the round's list of links was empty).
+        assert "127.0.0.1:" in str(outcomes[0][3]) and "no CLEAR yet" in str(outcomes[0][3]), outcomes
         for c in clients:
             c.close()
     finally:

@@ -32,7 +32,7 @@ from conftest import child_env_in_tree
 
 import reducer
 from reducer.bench import emulate
-from reducer.bench.emulate import EmulatedHosts, cleanup_stale
+from reducer.bench.emulate import EmulatedHosts
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,18 +59,19 @@ def exact_round(comm: reducer.Communicator, n: int) -> None:
 
 
 @pytest.mark.parametrize(
-    "window,elements,reading",
+    "window,elements,buffers,reading",
     [
-        # 64 chunks of 128 KiB in flight (a 256 MiB shard: pipeline_for allows shard / 32 bytes of
-        # window): more than the stopped reducer's socket buffers hold.
-        (64, 64 << 20, "the peer's receive window is zero: the reducer is not reading"),
+        # 4 chunks of 128 KiB in flight (pipeline_for's window for a 64 MiB shard of one worker):
+        # more than the stopped reducer's and the worker's 64 KiB socket buffers hold.
+        (64, 16 << 20, 64 << 10, "the peer's receive window is zero: the reducer is not reading"),
         # 2 chunks: its kernel takes them all; nothing is in flight.
-        (2, 1 << 20, "nothing unacked: waiting on the reducer"),
+        (2, 1 << 20, 0, "nothing unacked: waiting on the reducer"),
     ],
 )
-def test_a_stopped_reducer_is_named_with_its_tcp_state(tmp_path, caplog, window, elements, reading):
-    with ReducerProcess(str(tmp_path), threads=1) as red:
-        comm = reducer.Communicator([red.address], 0, 1, group="stall", timeout=TIMEOUT, window=window)
+def test_a_stopped_reducer_is_named_with_its_tcp_state(tmp_path, caplog, window, elements, buffers, reading):
+    sized = {"socket_buffer": buffers} if buffers else {}
+    with ReducerProcess(str(tmp_path), threads=1, **sized) as red:
+        comm = reducer.Communicator([red.address], 0, 1, group="stall", timeout=TIMEOUT, window=window, **sized)
         try:
             exact_round(comm, 4096)
             with caplog.at_level(logging.WARNING, logger="reducer.core"):
@@ -111,22 +112,17 @@ WORKER = textwrap.dedent("""
 """)
 
 
-@pytest.fixture
-def prefix():
-    p = "d" + uuid.uuid4().hex[:6]
-    yield p
-    cleanup_stale(p)
-
-
 @pytest.mark.netns
 @needs_netns
-def test_a_path_that_drops_every_packet_shows_retransmission_backoff(prefix):
+def test_a_path_that_drops_every_packet_shows_retransmission_backoff():
     """Reducer and worker in two namespaces; after an exact round the reducer's interface is set
     down (every packet to it is dropped, no RST) and the worker starts a 4 MiB round with a 6 s
     timeout: its message (and the warning at 3 s) show the unacked segments, backoff > 0 and
     the reading 'retransmission backoff'. TCP_USER_TIMEOUT (15 s) does not end it first."""
-    octet = uuid.uuid4().int % 200 + 20
-    with EmulatedHosts(2, gbps=1.0, prefix=prefix, latency_ms=0.5, subnet=f"10.{octet}.9.0/24") as hosts:
+    octet = uuid.uuid4().int % 200 + 20  # (EmulatedHosts removes its namespaces however it ends)
+    with EmulatedHosts(
+        2, gbps=1.0, prefix=f"d{uuid.uuid4().hex[:6]}", latency_ms=0.5, subnet=f"10.{octet}.9.0/24"
+    ) as hosts:
         env = child_env_in_tree()
         addr = f"{hosts[0].ip}:7412"
         serve = [sys.executable, "-m", "reducer.cli.main", "serve", "--host", hosts[0].ip, "--port", "7412"]

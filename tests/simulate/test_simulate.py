@@ -63,7 +63,11 @@ def test_ring_time_is_its_bound() -> None:
 def test_speedup_grows_with_the_job(mib: int) -> None:
     speedups = [simulate(w, w, [mib * MIB], QUIET)[0]["speedup"] for w in (4, 8, 16, 32)]
     assert speedups == sorted(speedups)
-    assert speedups[0] == pytest.approx(1.5, rel=0.05)
+    # W = 4 on emulated 1 Gbit/s links: 1.40-1.41x at 4 MiB, 1.48x at 16 MiB (theory 1.5x;
+    # docs/performance.md, 2026-11-28); within the calibration's 15%. A 4 MiB round keeps a window
+    # of 2 chunks (pipeline_for), which this model, every link in step, charges a round trip per
+    # chunk: it predicts 1.36x where the emulation measured 1.41x.
+    assert speedups[0] == pytest.approx(1.41 if mib == 4 else 1.48, rel=0.15)
     assert speedups[-1] > 1.75
 
 
@@ -81,15 +85,23 @@ def test_the_scale_model_is_exact(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_the_code_sets_chunks_and_windows() -> None:
     """Chunks come from the client's C++ rule (proto::pipeline_for: from the shard and the number
-    of workers), the window from the settings table; a smaller window is slower once its bytes in
-    flight no longer cover the round trip."""
+    of workers), the window from the settings table; without the path window a smaller window is
+    slower once its bytes in flight no longer cover the round trip. With it (proto::path_window
+    through reducer._core, from the link's share of the rate and the 20 ms round trip), even
+    RS_WINDOW=1 grows to what the path needs: near the link bound, where the configured window
+    alone took 4.4x longer."""
     row = simulate(4, 4, [16 * MIB], QUIET, ["rs"])[0]
-    chunk, _window = _core.pipeline_for(4 * MIB, 1 << 20, 4, 4, 4)
+    chunk, window = _core.pipeline_for(4 * MIB, 1 << 20, 4, 4, 4)
     assert row["shard"] == 4 * MIB and row["chunk"] == chunk < _core.chunk_for(4 * MIB, 1 << 20)
+    assert row["window"] == window  # a LAN's round trip needs no more
     far = Network(1.0, queue_s=None, latency=20e-3)
-    wide = simulate(4, 4, [16 * MIB], far, ["rs"])[0]["seconds"]
-    narrow = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(window=1))[0]["seconds"]
+    wide = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(path_window=False))[0]["seconds"]
+    narrow = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(window=1, path_window=False))[0]["seconds"]
     assert narrow > 1.2 * wide
+    path = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(window=1))[0]
+    share = int(0.956 * 1e9 / 8 / 4)  # one link's share of the worker's and the reducer's links
+    assert path["window"] == _core.path_window(1, chunk, 20000, share) > window
+    assert path["seconds"] < min(0.3 * wide, 1.2 * path["bound_seconds"])
 
 
 def test_small_rounds_use_fewer_reducers() -> None:
