@@ -7,7 +7,7 @@
 W + R emulated hosts (reducer/bench/emulate.py: one network namespace per host, a rate-limited
 full-duplex link each, as `reduction-server bench --emulate-gbps`; needs root). Reducers are the
 bench's reducer processes (reducer.bench.rank), workers are processes of this file
-(`--worker`, started by reducer.bench.runner._spawn), each with the worker library's
+(`--worker`, started by reducer.bench.procs.spawn), each with the worker library's
 Communicator. Every all-reduce is timed between two barriers (a one-element all-reduce), so every
 worker starts it at (nearly) the same moment; time = the slowest worker's (median) time.
 
@@ -54,7 +54,7 @@ import numpy as np
 
 from reducer import config as rs_config
 from reducer.addresses import format_address
-from reducer.bench import emulate, report, runner
+from reducer.bench import emulate, options, procs, report
 from reducer.bench.rank import _read_json_line, cpu_seconds, emit
 from reducer.communicator import Communicator
 
@@ -285,7 +285,7 @@ def note(text: str) -> None:
 
 
 class _Inbox:
-    """runner._wait_all for phases that follow each other: a message of a later phase that arrives
+    """procs.wait_all for phases that follow each other: a message of a later phase that arrives
     while an earlier one is awaited (a fast worker) is kept for its own wait, not dropped. Every
     event name is used once per process."""
 
@@ -302,9 +302,7 @@ class _Inbox:
         rest = [p for p in procs if p not in got]
         if rest:
             got.update(
-                runner._wait_all(
-                    self.events, rest, event, self.timeout, on_other=self._keep, watch=self.procs, idle=True
-                )
+                procs.wait_all(self.events, rest, event, self.timeout, on_other=self._keep, watch=self.procs, idle=True)
             )
         return [got[p] for p in procs]
 
@@ -357,7 +355,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         for k in range(R):
             h = W + k
             rprocs.append(
-                runner._spawn(
+                procs.spawn(
                     hosts,
                     h,
                     f"reducer {k}",
@@ -366,16 +364,14 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
                 )
             )
         procs += rprocs
-        rready = runner._wait_all(events, rprocs, "ready", args.connect_timeout, watch=procs)
+        rready = procs.wait_all(events, rprocs, "ready", args.connect_timeout, watch=procs)
         addrs = [format_address(hosts.bind_host(W + k), rready[p]["port"]) for k, p in enumerate(rprocs)]
         group = f"failover-{uuid.uuid4().hex[:8]}"
         wprocs = []
         for i in range(W):
             job = _worker_job(args, i, addrs, group)
             wprocs.append(
-                runner._spawn(
-                    hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover", args=["--worker"]
-                )
+                procs.spawn(hosts, i, f"worker {i}", job, events, module="benchmarks.bench_failover", args=["--worker"])
             )
         procs += wprocs
         inbox = _Inbox(events, procs, phase_timeout)
@@ -392,7 +388,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
 
         victim = rprocs[args.victim]
         if not _pid_is_reducer(victim.p.pid):
-            raise runner.BenchError(f"pid {victim.p.pid} is not the reducer process: cannot kill it precisely")
+            raise procs.BenchError(f"pid {victim.p.pid} is not the reducer process: cannot kill it precisely")
         victim.finished = True  # its exit is expected from now on
         after_s = args.kill_at * normal_s
         for i, p in enumerate(wprocs):
@@ -406,7 +402,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         for p in rprocs:
             if p is not victim:
                 p.close_stdin()
-        runner._wait_all(events, [p for p in rprocs if p is not victim], "done", 30.0)
+        procs.wait_all(events, [p for p in rprocs if p is not victim], "done", 30.0)
 
         failover_s = max(m["seconds"] for m in fmsgs)
         following_s = slowest([m["samples"] for m in lmsgs])
@@ -436,9 +432,9 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         }
         out.update(verdicts(normal_s, failover_s, following_s, bound_s))
         return out
-    except runner.BenchError as exc:
+    except procs.BenchError as exc:
         tails = "\n".join(f"--- {p.name}:\n{p.stderr_tail(8)}" for p in procs)
-        raise runner.BenchError(f"{exc}\n{tails}") from None
+        raise procs.BenchError(f"{exc}\n{tails}") from None
     finally:
         for p in procs:
             p.kill()
@@ -492,8 +488,8 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
 
 
 def _parse_sizes(text: str) -> list[int]:
-    """runner.parse_sizes, whole float32 elements; '' = none."""
-    return [s - s % 4 for s in runner.parse_sizes(text)] if text.strip() else []
+    """options.parse_sizes, whole float32 elements; '' = none."""
+    return [s - s % 4 for s in options.parse_sizes(text)] if text.strip() else []
 
 
 def _run_and_print(args: argparse.Namespace, hosts: Any, k: int) -> dict[str, Any]:
@@ -541,7 +537,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# reducer failover: {args.gbps:g} Gbit/s emulated hosts, W={W} R={R}, {args.size} B float32 sum, "
         f"reducer {args.victim} SIGKILLed {args.kill_at:g} x a normal round into the failover round; "
-        f"rounds={args.rounds}; {runner.machine_description()}"
+        f"rounds={args.rounds}; {options.machine_description()}"
     )
     print(
         f"# link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s): R={R} "
@@ -549,7 +545,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{1e3 * report.rs_bound_seconds(args.size, W, R - 1, args.gbps):.1f} ms"
     )
     with emulate.EmulatedHosts(W + R, args.gbps, prefix=args.prefix) as emu:
-        runs = [_run_and_print(args, runner._EmulatedHosts(emu), k) for k in range(args.repeat)]
+        runs = [_run_and_print(args, procs.NamespaceHosts(emu), k) for k in range(args.repeat)]
     if len(runs) > 1:
         fo = statistics.median(r["failover_ratio"] for r in runs)
         fl = statistics.median(r["following_ratio"] for r in runs)

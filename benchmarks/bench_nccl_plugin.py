@@ -38,7 +38,7 @@ from typing import Any
 
 from reducer import config as rs_config
 from reducer.addresses import format_address
-from reducer.bench import emulate, report, runner
+from reducer.bench import emulate, options, procs, report, runner
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TESTS = os.path.join(ROOT, "tests")  # the heads import tests/nccl_harness.py (their PYTHONPATH, below)
@@ -77,7 +77,7 @@ def run_plugin(
         for k in range(reducers):
             h = workers + k
             rprocs.append(
-                runner._spawn(
+                procs.spawn(
                     hosts,
                     h,
                     f"reducer {k}",
@@ -86,7 +86,7 @@ def run_plugin(
                     extra_env=reducer_env,
                 )
             )
-        ready = runner._wait_all(events, rprocs, "ready", 120.0, watch=rprocs)
+        ready = procs.wait_all(events, rprocs, "ready", 120.0, watch=rprocs)
         addrs = ",".join(format_address(hosts.bind_host(workers + k), ready[p]["port"]) for k, p in enumerate(rprocs))
         with tempfile.TemporaryDirectory(prefix="rs-nccl-bench-") as rdv:
             heads = []
@@ -121,7 +121,7 @@ def run_plugin(
                 results.append(json.loads(line[len("RESULT ") :]))
         for p in rprocs:
             p.close_stdin()
-        rdone = runner._wait_all(events, rprocs, "done", 30.0)
+        rdone = procs.wait_all(events, rprocs, "done", 30.0)
         reducer_cpu = sum(rdone[p]["cpu_s"] - ready[p]["cpu_s"] for p in rprocs)
         for r in results:
             r["reducer_cpu_s"] = reducer_cpu
@@ -179,7 +179,7 @@ def run_once(args: argparse.Namespace, hosts: Any) -> dict[str, Any]:
         args.idle_sleep,
     )
     rows["plugin"] = plugin_row(results, args.warmup, args)
-    cfg = runner.BenchConfig(
+    cfg = options.BenchConfig(
         workers=args.workers,
         reducers=args.reducers,
         sizes=[args.size],
@@ -224,7 +224,7 @@ def format_run(run: dict[str, Any], args: argparse.Namespace) -> str:
 
 def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
     """--loopback: for each size, the plugin's stream and rs's Communicator on 127.0.0.1, in turn."""
-    hosts = runner._LoopbackHosts()
+    hosts = procs.LoopbackHosts()
     head_env = {
         k: v for k, v in (("RS_WINDOW", args.window), ("RS_STREAMS", args.streams), ("RS_CHUNK_BYTES", args.chunk)) if v
     }
@@ -245,7 +245,7 @@ def run_loopback(args: argparse.Namespace) -> list[dict[str, Any]]:
             args.idle_sleep,
             ifname="lo",
         )
-        cfg = runner.BenchConfig(
+        cfg = options.BenchConfig(
             workers=args.workers,
             reducers=args.reducers,
             sizes=[size],
@@ -284,7 +284,7 @@ def loopback_main(args: argparse.Namespace) -> int:
     print(
         f"# NCCL plugin stream vs the worker library (rs), loopback, W={args.workers} heads/workers, "
         f"R={args.reducers} reducers, float32 sum, plugin calls of {args.call} B (up to 64 outstanding); "
-        f"iters={args.iters} warmup={args.warmup}; {runner.machine_description()}"
+        f"iters={args.iters} warmup={args.warmup}; {options.machine_description()}"
     )
     print(f"# load average before: {lb[0]:.2f} {lb[1]:.2f} {lb[2]:.2f}")
     print(
@@ -338,7 +338,7 @@ def main(argv: list[str] | None = None) -> int:
     args.workers = args.workers or default_hosts
     args.reducers = args.reducers or default_hosts
     if args.loopback:
-        args.sizes = runner.parse_sizes(args.sizes)
+        args.sizes = options.parse_sizes(args.sizes)
         return loopback_main(args)
     args.baselines = [b for b in args.baselines.split(",") if b]
     reason = emulate.unavailable_reason()
@@ -348,7 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"# NCCL plugin vs ring: {args.gbps:g} Gbit/s emulated hosts, W={args.workers} heads, R={args.reducers} "
         f"reducers, {args.size} B float32 sum as {args.call} B iallreduce calls (up to 64 outstanding); "
-        f"iters={args.iters} warmup={args.warmup}; {runner.machine_description()}"
+        f"iters={args.iters} warmup={args.warmup}; {options.machine_description()}"
     )
     print(
         f"# rs link bound = S x max(1, W/R) / ({report.TCP_PAYLOAD_FRACTION} x {args.gbps:g} Gbit/s) = "
@@ -356,7 +356,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     runs = []
     with emulate.EmulatedHosts(args.workers + args.reducers, args.gbps, prefix=args.prefix) as emu:
-        hosts = runner._EmulatedHosts(emu)
+        hosts = procs.NamespaceHosts(emu)
         for k in range(args.repeat):
             run = run_once(args, hosts)
             runs.append(run)

@@ -1,14 +1,20 @@
-"""ReducerServer: a reducer node in this process (the C++ event loops run without the GIL)."""
+"""ReducerServer: a reducer node in this process (the C++ event loops run without the GIL), and
+where a served node listens (resolve_listen: the flags, RS_HOST / RS_PORT, the cluster description;
+docs/deploy.md, "serve")."""
 
 from __future__ import annotations
 
 import logging
+import os
+import socket
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
-from . import config
+from . import cluster, config
 from ._native import core
-from .addresses import connect_host, format_address
+from .addresses import DEFAULT_PORT, check_port, connect_host, format_address
 from .errors import ConfigError
 
 log = logging.getLogger(__name__)
@@ -147,3 +153,123 @@ class ReducerServer:
     def __repr__(self) -> str:
         state = "running" if self._started else "stopped"
         return f"ReducerServer({self.host}:{self.port}, {state})"
+
+
+# -- where a served node listens -----------------------------------------------------------------
+
+DEFAULT_DRAIN_TIMEOUT = 10.0  # seconds a served node gives the rounds in flight when it stops
+DEFAULT_STATS_INTERVAL = 60.0  # seconds between a served node's stats lines (DEBUG)
+
+
+@dataclass(frozen=True)
+class ListenPlan:
+    """Where a served reducer listens, and why (resolve_listen)."""
+
+    host: str
+    port: int
+    origin: str  # where the port came from, for the log
+    cluster: Any = None  # reducer.cluster.ClusterInfo when a cluster description was read
+    warning: str | None = None
+
+
+def resolve_listen(
+    host: str | None = None, port: int | None = None, env: Mapping[str, str] | None = None
+) -> ListenPlan:
+    """Decide the address to bind from the flags, RS_HOST/RS_PORT and CLUSTER_SPEC/TF_CONFIG.
+
+    Raises ConfigError when the cluster description is invalid or does not describe a reducer
+    (only when the port has to come from it, i.e. without --port).
+    """
+    env = os.environ if env is None else env
+    bind_host = config.get("host", host, env)
+    has_cluster = bool(env.get("CLUSTER_SPEC", "").strip() or env.get("TF_CONFIG", "").strip())
+
+    if port is not None:
+        port = check_port(port, "--port", any_port=True)
+        info = None
+        warning = None
+        if has_cluster:
+            try:
+                found = cluster.discover(env)
+            except ConfigError as exc:
+                warning = f"ignoring the cluster description ({exc}); serving on --port {port}"
+            else:
+                if found.role == cluster.REDUCER:
+                    info = found
+                else:
+                    warning = (
+                        f"{found.source} describes this process as {found.task_type} (a {found.role}), "
+                        f"not a reducer; serving anyway on --port {port}"
+                    )
+        return ListenPlan(bind_host, port, "--port", info, warning)
+
+    if has_cluster:
+        info = cluster.discover_reducer(env)  # ConfigError unless workerpool2 / ps
+        assert info.bind_port is not None
+        origin = (
+            "RS_PORT"
+            if config.env_text("port", env) is not None
+            else f"{info.source} entry {info.task_type}[{info.node_rank}]"
+        )
+        return ListenPlan(bind_host, info.bind_port, origin, info)
+
+    rs_port = config.get("port", None, env)
+    if rs_port is not None:
+        return ListenPlan(bind_host, check_port(rs_port, "RS_PORT", any_port=True), "RS_PORT")
+    return ListenPlan(bind_host, DEFAULT_PORT, "default (no CLUSTER_SPEC or TF_CONFIG)")
+
+
+def resolve_advertise(
+    flag: str | None, plan: ListenPlan, env: Mapping[str, str] | None = None
+) -> tuple[str, str] | None:
+    """The data address GetStats reports and where it comes from: --advertise-address, else
+    RS_ADVERTISE_ADDRESS ("advertise"), else this reducer's own entry of the cluster description when
+    it listens on that entry's port ("cluster"); None: the address it binds (the control plane's
+    default). ConfigError names the flag or the variable."""
+    if flag is not None:
+        try:
+            return config.SETTINGS["advertise_address"].parse(flag), "advertise"
+        except ValueError as exc:
+            raise ConfigError(f"--advertise-address {flag!r} is not valid: {exc}") from None
+    advertised = config.get("advertise_address", None, env)
+    if advertised is not None:
+        return advertised, "advertise"
+    info = plan.cluster
+    if info is not None and 0 <= info.node_rank < len(info.reducers):
+        entry = info.reducers[info.node_rank]
+        if cluster.parse_address(entry)[1] == plan.port:
+            return entry, "cluster"
+    return None
+
+
+def _short_list(addrs: list[str], limit: int = 6) -> str:
+    if not addrs:
+        return "(none)"
+    if len(addrs) <= limit:
+        return ", ".join(addrs)
+    return ", ".join(addrs[: limit - 2]) + f", ... ({len(addrs) - limit + 2} more), " + addrs[-1]
+
+
+def describe_cluster(info: Any) -> str:
+    """One log line about the cluster a reducer sees."""
+    return (
+        f"{info.source}: this is reducer {info.node_rank} of {len(info.reducers)} "
+        f"({info.task_type} index {info.node_rank}); job {info.job_id}; "
+        f"{len(info.workers)} worker node(s): {_short_list(info.workers)}; "
+        f"reducers: {_short_list(info.reducers)}"
+    )
+
+
+# Settings every data connection reads when it is set up (net/socket.cc), not when the reducer is made.
+DATA_SOCKET_SETTINGS = ("keepalive_idle", "keepalive_interval", "keepalive_count", "tcp_user_timeout")
+
+
+def check_listen_host(host: str) -> None:
+    """A listen address that does not resolve is a bad argument (exit 2), found before anything starts."""
+    try:
+        socket.getaddrinfo(host or None, 0, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except (socket.gaierror, UnicodeError) as exc:
+        reason = exc.strerror if isinstance(exc, socket.gaierror) else str(exc)
+        raise ConfigError(
+            f"--host {host!r} (or RS_HOST) is not an address this machine can listen on: {reason}"
+        ) from None

@@ -5,9 +5,10 @@
 
 See docs/performance.md for what it measures and how to read the tables.
 
-The names below come from .runner on first use: a benchmark rank (``python -m reducer.bench.rank``,
-one per emulated host, 64 at W = R = 32 on 2 cores) imports this package but needs none of the
-runner, whose imports were most of a rank's start-up.
+The names below come from the modules that define them (.options, .procs, .runner) on first
+use: a benchmark rank (``python -m reducer.bench.rank``, one per emulated host, 64 at W = R = 32
+on 2 cores) imports this package but needs none of the runner, whose imports were most of a
+rank's start-up.
 """
 
 from __future__ import annotations
@@ -16,12 +17,24 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from .runner import ALL_ALGOS, EXTRA_ALGOS, BenchConfig, BenchError, available_algos, parse_sizes, run
+    from .options import ALL_ALGOS, EXTRA_ALGOS, BenchConfig, available_algos, parse_sizes
+    from .procs import BenchError
+    from .runner import run
 
+# name -> the module defining it
+_HOMES = {
+    "ALL_ALGOS": ".options",
+    "EXTRA_ALGOS": ".options",
+    "BenchConfig": ".options",
+    "available_algos": ".options",
+    "parse_sizes": ".options",
+    "BenchError": ".procs",
+    "run": ".runner",
+}
 __all__ = ["ALL_ALGOS", "EXTRA_ALGOS", "BenchConfig", "BenchError", "available_algos", "parse_sizes", "run"]
 
 
 def __getattr__(name: str) -> Any:
-    if name in __all__:
-        return getattr(importlib.import_module(".runner", __name__), name)
+    if name in _HOMES:
+        return getattr(importlib.import_module(_HOMES[name], __name__), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

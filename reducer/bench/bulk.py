@@ -44,7 +44,7 @@ s.shutdown(socket.SHUT_WR); print(sent / (time.monotonic() - ts))
 
 def measure(hosts: Any, src: int, dst: int, seconds: float = 4.0, warm: float = 2.0) -> float:
     """Bytes per second of one bulk TCP stream from host `src` to host `dst` (after `warm` seconds
-    of slow start), on the emulated hosts `hosts` (procs._EmulatedHosts)."""
+    of slow start), on the emulated hosts `hosts` (procs.NamespaceHosts)."""
     env: dict[str, str] = {}
     server = hosts.popen(dst, [sys.executable, "-c", _SERVER], env, stdout=subprocess.DEVNULL)
     try:

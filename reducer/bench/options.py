@@ -1,6 +1,5 @@
 """What a benchmark run is asked to do (BenchConfig) and the checks and facts it is built from:
-the sizes, the algorithms available here, the wire dtype of each, the machine's description.
-Re-exported by reducer.bench.runner."""
+the sizes, the algorithms available here, the wire dtype of each, the machine's description."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """The benchmark's process plumbing: the hosts a process runs on (loopback or an emulated host's
 network namespace), starting a process that speaks reducer.bench.rank's JSON-lines protocol
-(`_spawn`, a `_Proc` reading its messages on a thread), and waiting for a message from every
-process of a set (`_wait_all`), naming the process that died first when something fails.
+(`spawn`, a `_Proc` reading its messages on a thread), and waiting for a message from every
+process of a set (`wait_all`), naming the process that died first when something fails.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding r
 
 
 # ------------------------------------------------------------------------ hosts
-class _LoopbackHosts:
+class LoopbackHosts:
+    """Every process on this machine's loopback."""
+
     emulated = False
 
     def bind_host(self, i: int) -> str:
@@ -46,7 +48,9 @@ class _LoopbackHosts:
         return subprocess.Popen(list(argv), env=full, **kw)
 
 
-class _EmulatedHosts:
+class NamespaceHosts:
+    """Process i in the network namespace of emulated host i (a started reducer.bench.emulate.EmulatedHosts)."""
+
     emulated = True
 
     def __init__(self, hosts: Any):
@@ -149,7 +153,7 @@ class BenchError(RuntimeError):
     pass
 
 
-def _spawn(
+def spawn(
     hosts: Any,
     host_index: int,
     name: str,
@@ -183,7 +187,7 @@ def _spawn(
     return proc
 
 
-def _wait_all(
+def wait_all(
     events: queue.Queue,
     procs: list[_Proc],
     event: str,

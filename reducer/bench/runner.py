@@ -25,33 +25,19 @@ from ..addresses import format_address
 from ..dtypes import check_op, numpy_dtype
 from ..errors import ConfigError
 from . import bulk, control_ab, cpu_monitor, emulate, plot, report, steps, tcp_counters
-
-# re-exported: imported from here by reducer.cli.bench, tests/ and benchmarks/
-from .congestion import (  # noqa: F401
-    DEFAULT_CONGESTION,
-    check_congestion,
-    congestion_label,
-    describe_congestion,
-    kernel_congestion,
-    parse_congestion,
-    use_congestion,
-)
-from .congestion import check_congestion as _check_congestion  # noqa: F401
-
-# re-exported: BenchConfig and its helpers are imported from here by reducer.cli.bench and tests/
-from .options import (  # noqa: F401
+from .congestion import check_congestion, congestion_label, describe_congestion, use_congestion
+from .options import (
     ALL_ALGOS,
     EXTRA_ALGOS,
     BenchConfig,
     _check_compression,
     available_algos,
     machine_description,
-    parse_sizes,
     wire_dtype,
 )
 from .plot import _pyplot
 from .poller import merge_counts
-from .procs import _PACKAGE_PARENT, BenchError, _dead_peer, _EmulatedHosts, _LoopbackHosts, _Proc, _spawn, _wait_all  # noqa: F401 (re-exported, as the names above)
+from .procs import BenchError, LoopbackHosts, NamespaceHosts, _Proc, spawn, wait_all
 from .report import uses_reducers
 
 log = logging.getLogger("reducer.bench")
@@ -85,10 +71,10 @@ class _Pass:
         return i if self.hosts.emulated else 0
 
     def _spawn(self, i: int, name: str, job: dict[str, Any]) -> _Proc:
-        return _spawn(self.hosts, self._host(i), name, job, self.events, self.extra_env)
+        return spawn(self.hosts, self._host(i), name, job, self.events, self.extra_env)
 
     def _wait_started(self, procs: list[_Proc], event: str) -> dict[_Proc, dict[str, Any]]:
-        return _wait_all(self.events, procs, event, self.cfg.start_timeout(), watch=self.procs)
+        return wait_all(self.events, procs, event, self.cfg.start_timeout(), watch=self.procs)
 
     def start_reducers(self) -> None:
         """The reducers, if the algorithm uses them, up and listening: their addresses."""
@@ -200,7 +186,7 @@ class _Pass:
             t_wall = time.monotonic()
 
         stall_timeout = max(600.0, 4 * self.cfg.timeout)
-        return _wait_all(
+        return wait_all(
             self.events, self.wprocs, "done", stall_timeout, on_other=on_result, watch=self.procs, idle=True
         )
 
@@ -215,14 +201,14 @@ class _Pass:
         cores = worker_cpu_s / wall if wall > 0 else 0.0
         if self.poller is not None:
             self.poller.close_stdin()
-            pdone = _wait_all(self.events, [self.poller], "done", 60.0)[self.poller]
+            pdone = wait_all(self.events, [self.poller], "done", 60.0)[self.poller]
             cores += (pdone["cpu_s"] - self.pready[self.poller]["cpu_s"]) / max(1e-3, time.monotonic() - self.t_pready)
             if polls is not None:
                 polls.append(pdone["polls"])
         if self.rprocs:
             for p in self.rprocs:
                 p.close_stdin()
-            rdone = _wait_all(self.events, self.rprocs, "done", 30.0)
+            rdone = wait_all(self.events, self.rprocs, "done", 30.0)
             reducer_cpu_s = sum(rdone[p]["cpu_s"] - self.rready[p]["cpu_s"] for p in self.rprocs)
             cores += reducer_cpu_s / max(1e-3, time.monotonic() - self.t_rready)
             for r in self.rows:
@@ -523,7 +509,7 @@ def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float,
 def _open_hosts(cfg: BenchConfig, n_hosts: int) -> Iterator[Any]:
     """The hosts the processes run on: n_hosts emulated ones (torn down after), or loopback."""
     if not cfg.emulate_gbps:
-        yield _LoopbackHosts()
+        yield LoopbackHosts()
         return
 
     emu_ctx = None
@@ -537,7 +523,7 @@ def _open_hosts(cfg: BenchConfig, n_hosts: int) -> Iterator[Any]:
                 jitter_ms=cfg.emulate_jitter_ms,
                 loss=cfg.emulate_loss,
             )
-            hosts = _EmulatedHosts(emu_ctx.__enter__())
+            hosts = NamespaceHosts(emu_ctx.__enter__())
         except emulate.EmulationError as exc:
             emu_ctx = None
             raise ConfigError(f"--emulate-gbps: {exc}") from None

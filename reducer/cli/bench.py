@@ -9,9 +9,9 @@ from typing import TypeVar
 
 from reducer.bench import BenchConfig, BenchError, parse_sizes
 from reducer.bench import run as run_bench
+from reducer.bench.congestion import parse_congestion
 from reducer.bench.models import MODELS
 from reducer.bench.poller import DEFAULT_INTERVAL_S
-from reducer.bench.runner import parse_congestion
 from reducer.config import COMPRESSION_NAMES, parse_size
 from reducer.dtypes import OPS, SUPPORTED
 from reducer.errors import ConfigError

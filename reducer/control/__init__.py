@@ -5,7 +5,9 @@
 - reducer.control.metrics: Prometheus metrics of a reducer; worker_metrics: of a Communicator;
 - reducer.control.front, http, loop: the control port's accepting front (connection caps and
   timeouts before the grpc.aio server), the metrics port's bounded HTTP server, the shared event loop;
-- reducer.control.lifecycle, rows, auth, limits: pure Python parts the above share.
+- reducer.control.lifecycle: a served reducer's life (Lifecycle: serving -> draining -> drained;
+  serve_node: `reduction-server serve`, the data plane with the above beside it);
+- reducer.control.rows, auth, limits: pure Python parts the above share.
 
 Nothing here is imported by `import reducer`: a worker that never asks for metrics never loads
 grpc or prometheus_client.

@@ -238,16 +238,16 @@ def test_report_issue12_targets_and_verdicts():
 
 
 def test_parse_congestion():
-    from reducer.bench.runner import _check_congestion, parse_congestion
+    from reducer.bench.congestion import check_congestion, parse_congestion
     from reducer.errors import ConfigError
 
     assert parse_congestion("cubic, BBR,cubic") == ["cubic", "bbr"]
     assert parse_congestion("default") == ["default"]
     with pytest.raises(ConfigError):
         parse_congestion(" , ")
-    _check_congestion(["reno", "default"])
+    check_congestion(["reno", "default"])
     with pytest.raises(ConfigError, match="nosuchcc: not available"):
-        _check_congestion(["reno", "nosuchcc"])
+        check_congestion(["reno", "nosuchcc"])
 
 
 # ------------------------------------------------------------------ end to end

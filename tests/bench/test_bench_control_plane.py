@@ -50,7 +50,7 @@ def test_which_reducers_run_the_control_plane():
 
 
 def test_rs_cp_measures_rs_with_the_same_settings():
-    from reducer.bench.runner import BenchConfig, wire_dtype
+    from reducer.bench.options import BenchConfig, wire_dtype
 
     assert control_ab.base_algo("rs+cp") == "rs" and control_ab.base_algo("ring") == "ring"
     cfg = BenchConfig(compression="bf16")

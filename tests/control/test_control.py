@@ -307,7 +307,7 @@ def test_control_addresses_from_cluster_spec() -> None:
 
 def test_side_ports() -> None:
     from reducer import config
-    from reducer.cli.serve import resolve_side_ports
+    from reducer.control.lifecycle import resolve_side_ports
 
     with pytest.MonkeyPatch.context() as mp:
         mp.delenv("RS_CONTROL_PORT", raising=False)

@@ -470,7 +470,7 @@ def test_kubernetes_cluster_matches_objects() -> None:
 
     # Control plane and metrics: the ports `serve` uses with this environment are the ones declared
     # and probed (native gRPC probes; tests/control/test_control.py asks a real control plane the services).
-    from reducer.cli.serve import resolve_side_ports
+    from reducer.control.lifecycle import resolve_side_ports
 
     env = {k: v for k, v in _env(reducer_c).items() if isinstance(v, str)}
     with pytest.MonkeyPatch.context() as mp:

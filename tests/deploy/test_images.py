@@ -61,7 +61,7 @@ def _instruction(dockerfile: Path, name: str) -> list[str]:
 def test_dockerfiles_name_the_commands_tested_here():
     text = REDUCER_DOCKERFILE.read_text()
     assert _instruction(REDUCER_DOCKERFILE, "ENTRYPOINT") == ["reduction-server", "serve"]
-    # The data port and the control plane's default port (data port + 1, reducer/cli/serve.py).
+    # The data port and the control plane's default port (data port + 1, reducer/control/lifecycle.py).
     expose = re.findall(r"^EXPOSE\s+(.+)$", text, re.M)
     assert expose and set(expose[-1].split()) == {"2222", "2223"}, expose
     user = re.findall(r"^USER\s+(\S+)", text, re.M)

@@ -16,7 +16,7 @@ from conftest import CHILD_ENV_DROP, child_env, serve_argv, start_serve
 from paths import ROOT
 
 import reducer
-from reducer.cli import serve
+from reducer import config, server
 from reducer.cli.main import main
 from reducer.errors import AuthError, ConfigError
 from reducer.launch import free_ports
@@ -152,24 +152,24 @@ def test_no_cluster_uses_rs_port_and_ready_file(served, tmp_path):
 def test_rs_port_and_flags_override(tmp_path):
     pools = {"workerpool0": ["w:2222"], "workerpool2": ["r0:2222", "r1:3333"]}
     env = {"CLUSTER_SPEC": vertex_spec(pools, "workerpool2", 1)}
-    plan = serve.resolve_listen(env=env)
+    plan = server.resolve_listen(env=env)
     assert (plan.host, plan.port, plan.cluster.node_rank) == ("0.0.0.0", 3333, 1)
-    plan = serve.resolve_listen(env={**env, "RS_PORT": "4444", "RS_HOST": "127.0.0.1"})
+    plan = server.resolve_listen(env={**env, "RS_PORT": "4444", "RS_HOST": "127.0.0.1"})
     assert (plan.host, plan.port, plan.origin) == ("127.0.0.1", 4444, "RS_PORT")
-    plan = serve.resolve_listen(host="::", port=5555, env={**env, "RS_PORT": "4444", "RS_HOST": "127.0.0.1"})
+    plan = server.resolve_listen(host="::", port=5555, env={**env, "RS_PORT": "4444", "RS_HOST": "127.0.0.1"})
     assert (plan.host, plan.port, plan.origin) == ("::", 5555, "--port")
     assert plan.cluster is not None and plan.warning is None
     # No cluster at all: RS_PORT, else 2222 (Vertex AI's port).
-    assert serve.resolve_listen(env={}).port == 2222
-    assert serve.resolve_listen(env={"RS_PORT": "7777"}).port == 7777
+    assert server.resolve_listen(env={}).port == 2222
+    assert server.resolve_listen(env={"RS_PORT": "7777"}).port == 7777
     # --port serves anyway when the cluster says this is not a reducer (with a warning).
     worker = {"CLUSTER_SPEC": vertex_spec(pools, "workerpool0", 0)}
-    plan = serve.resolve_listen(port=6000, env=worker)
+    plan = server.resolve_listen(port=6000, env=worker)
     assert plan.port == 6000 and plan.cluster is None and "workerpool0 (a worker), not a reducer" in plan.warning
     with pytest.raises(ConfigError, match="RS_PORT"):
-        serve.resolve_listen(env={"RS_PORT": "http"})
+        server.resolve_listen(env={"RS_PORT": "http"})
     with pytest.raises(ConfigError, match="--port"):
-        serve.resolve_listen(port=70000, env={})
+        server.resolve_listen(port=70000, env={})
 
 
 _WORKERS = {"workerpool0": ["10.0.0.1:2222"], "workerpool1": ["10.0.0.2:2222"], "workerpool2": ["10.0.0.3:2222"]}
@@ -242,6 +242,30 @@ def test_port_in_use_exits_1(served):
         s = served(["--host", "127.0.0.1", "--port", str(port)], _env())
         assert s.proc.wait(timeout=30) == 1
         s.wait_for(rf"error: cannot listen on 127\.0\.0\.1:{port}")
+
+
+def test_serve_node_says_why_it_cannot_start(monkeypatch):
+    """The node's life without the command (reducer.control.lifecycle): a setting the core refuses
+    is status 2 and names its variable, a taken port is status 1; nothing is left listening."""
+    from reducer.control.lifecycle import NodeError, NodeOptions, prepare_node, serve_node
+
+    for k in CHILD_ENV_DROP:
+        monkeypatch.delenv(k, raising=False)
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        port = sock.getsockname()[1]
+        node = prepare_node(NodeOptions(host="127.0.0.1", port=port, control_port=config.OFF))
+        assert (node.plan.port, node.plan.origin, node.token) == (port, "--port", None)
+        with pytest.raises(NodeError, match=rf"cannot listen on 127\.0\.0\.1:{port}") as taken:
+            serve_node(node)
+        assert taken.value.status == 1
+    monkeypatch.setenv("RS_GROUP_TIMEOUT", "1e10")
+    with pytest.raises(NodeError, match="RS_GROUP_TIMEOUT") as refused:
+        serve_node(prepare_node(NodeOptions(host="127.0.0.1", port=0)))
+    assert refused.value.status == 2
+    with pytest.raises(ConfigError, match="RS_HOST"):
+        prepare_node(NodeOptions(host="999.1.1.1", port=0))
 
 
 # -- authentication ------------------------------------------------------------------------------
