@@ -5,7 +5,7 @@
 // common/defaults.h constants; reducer.ReducerServer and `reduction-server serve` read these rows),
 // and reducer/config.py, which builds its rows for these settings from the bound copy
 // (reducer._core.SETTINGS) and parses their text with the same parse_setting(); serve's --help
-// and docs/configuration.md show these defaults (tests/test_reducer_settings.py checks them all).
+// and docs/configuration.md show these defaults (tests/config/test_reducer_settings.py checks them all).
 //
 // Text rules, one per kind: blank (empty or only whitespace) = unset; surrounding whitespace is
 // ignored; Bool: 1/true/yes/on, 0/false/no/off (any case); Int: a decimal integer within

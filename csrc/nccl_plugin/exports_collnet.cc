@@ -187,7 +187,7 @@ ncclResult_t coll_close_listen(void* listen_comm) {
 // plugin is built with the core's -std=c++17 flags, so the tables are not a C++20 island; a
 // constexpr builder keeps them constant-initialized (in .data before any code runs) all the same:
 // each exported table is copied from a constexpr value, which must be a constant expression.
-// nccl_abi.h's static_asserts pin the members' offsets; tests/test_nccl_plugin_tables.py checks,
+// nccl_abi.h's static_asserts pin the members' offsets; tests/nccl_plugin/test_nccl_plugin_tables.py checks,
 // member by member, what every exported table holds.
 
 // The members every CollNet version has, in every version's types.

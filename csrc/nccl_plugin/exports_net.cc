@@ -250,7 +250,7 @@ ncclResult_t net_finalize(void*) { return ncclSuccess; }
 // the core's -std=c++17), and each exported table is copied from a constexpr value, so it stays
 // constant-initialized. Every member but name and init forwards to a delegate table of the same
 // version when one is adopted (Fwd). nccl_abi.h's static_asserts pin the offsets;
-// tests/test_nccl_plugin_tables.py checks what every exported table holds, member by member.
+// tests/nccl_plugin/test_nccl_plugin_tables.py checks what every exported table holds, member by member.
 
 template <class T>
 constexpr void set_net_common(T& t) {

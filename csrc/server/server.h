@@ -21,7 +21,7 @@ const char* integrity_mode_name(IntegrityMode m);
 
 // The defaults are common/defaults.h's, which the settings table (common/settings.h: RS_HOST,
 // RS_THREADS, RS_GROUP_SLOTS, ...) states too; reducer._core.SERVER_DEFAULTS is a default-made copy
-// (tests/test_reducer_settings.py checks the two agree).
+// (tests/config/test_reducer_settings.py checks the two agree).
 struct ServerOptions {
   std::string host = kDefaultReducerHost;
   uint16_t port = 0;                     // 0: any free port (the API's default; serve's: docs/deploy.md)

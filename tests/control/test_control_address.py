@@ -4,7 +4,7 @@ cluster entry by default, and status's note when it shows only the reducer's own
 
 A port mapping (`podman run -p 17001:2223`) is played by TCP forwarders on loopback
 (test_control_security.Forwarder): real reducer processes, real connections through another
-port. tests/test_container_job.py does it with a container (opt-in).
+port. tests/deploy/test_container_job.py does it with a container (opt-in).
 """
 
 from __future__ import annotations
