@@ -249,11 +249,14 @@ class Job:
     def start_reducers(self) -> None:
         self.engine("network", "create", "--internal", self.network)
         for i, name in enumerate(self.reducers):
-            self.engine(
-                *self.engine.run_cmd(name, self.network, self.spec("workerpool2", i), "-d", REDUCER_IMAGE)[
-                    len(self.engine.command) :
-                ]
-            )
+            args = self.engine.run_cmd(name, self.network, self.spec("workerpool2", i), "-d", REDUCER_IMAGE)
+            proc = self.engine(*args[len(self.engine.command) :], check=i > 0)
+            if proc.returncode != 0 and "netavark" in proc.stderr:
+                # podman's network backend cannot set up a container network on this machine
+                # (netavark needs iptables or nftables): no engine for a job, not a failure of it.
+                pytest.skip(f"container networks do not work here: {proc.stderr.strip().splitlines()[-1]}")
+            if proc.returncode != 0:
+                self.engine(*args[len(self.engine.command) :])  # raises with the engine's words
         for i, name in enumerate(self.reducers):  # serve's last start-up line
             self.wait_for_log(name, f"listening on 0.0.0.0:{PORT} (port from CLUSTER_SPEC entry workerpool2[{i}]", 180)
 
