@@ -69,6 +69,10 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
     const uint64_t depth = std::min(shard_bytes / (kFillChunks * p.chunk), kFanInBytes / (w * p.chunk));
     window = std::min(window, std::max(depth, kMinDepth));
+    // Halved for R < W, but not below two (see plan.h): the cap above already bounds the bytes
+    // every worker keeps in flight toward one reducer, whatever R.
+    p.window = reducers < workers && window > kMinDepth ? std::max(window / 2, kMinDepth) : window;
+    return p;
   }
   p.window = reducers < workers && window > 1 ? window / 2 : window;
   return p;

@@ -88,7 +88,7 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 //  - window halved when fewer reducers than workers serve the round (after a failover from
 //    R = W each reducer's link is oversubscribed W/R times: half the window keeps the bytes
 //    queued toward it within a switch queue's reach; docs/performance.md "Reducer failover":
-//    1.04x the R = W - 1 bound instead of 1.07x).
+//    1.04x the R = W - 1 bound instead of 1.07x), from 128 KiB shards not below kMinDepth.
 constexpr uint64_t kFanInBytes = 512 << 10;
 constexpr uint64_t kFanInDepth = 4;
 constexpr uint64_t kMinFanInChunk = 8 << 10;

@@ -59,7 +59,9 @@ def test_pipeline_bounds_the_fan_in_and_keeps_the_pipeline_deep():
             assert core.pipeline_for(64 * KiB, 1 * MiB, workers, workers, 4)[1] == 4  # small shards: RS_WINDOW
             chunk, window = core.pipeline_for(256 * MiB, 1 * MiB, workers, workers, 64)  # large ones: up to it
             assert window == max(2, min(256 * MiB // (32 * chunk), 512 * KiB // (workers * chunk), 64))
-    assert core.pipeline_for(4 * MiB, 1 * MiB, 8, 4, 4)[1] == 2
+    assert core.pipeline_for(4 * MiB, 1 * MiB, 8, 4, 4)[1] == 2  # 4, halved for R < W
+    assert core.pipeline_for(256 * KiB, 1 * MiB, 16, 15, 4)[1] == 2  # 2: large shards not below 2
+    assert core.pipeline_for(64 * KiB, 1 * MiB, 8, 4, 4)[1] == 2  # small shards: RS_WINDOW halved
     assert core.pipeline_for(1 * MiB, 1 * MiB, 8, 4, 1)[1] == 1
     assert core.pipeline_for(256 * KiB, 1 * MiB, 16, 16, 1)[1] == 1  # RS_WINDOW=1 stays 1
 
