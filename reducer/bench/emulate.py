@@ -530,6 +530,23 @@ class EmulatedHosts:
         p = _run(["ip", "netns", "exec", self.hosts[i].netns, ss, "-tin"], check=False)
         return parse_ss_congestion(p.stdout) if p.returncode == 0 else {}
 
+    def tcp_counters(self) -> dict[str, int] | None:
+        """TCP counters (reducer.bench.tcp_counters.COUNTERS) summed over every host's namespace now;
+        None if one cannot be read."""
+        from . import tcp_counters  # noqa: PLC0415 (this file also runs as a script: measure_tcp's peers)
+
+        total: dict[str, int] = {}
+        for h in self.hosts:
+            try:
+                p = _run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp", "/proc/net/netstat"], check=False)
+            except (OSError, subprocess.SubprocessError):
+                return None
+            if p.returncode != 0:
+                return None
+            for k, v in tcp_counters.parse(p.stdout).items():
+                total[k] = total.get(k, 0) + v
+        return total
+
     def close(self) -> None:
         """Kill processes inside the namespaces and delete everything. Idempotent."""
         with self._lock:

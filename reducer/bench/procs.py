@@ -18,8 +18,6 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from . import tcp_counters
-
 _PACKAGE_PARENT = Path(__file__).resolve().parents[2]  # the directory holding reducer/: the ranks import it
 
 
@@ -66,7 +64,7 @@ class NamespaceHosts:
         return self.hosts.flow_congestion(i)
 
     def tcp_counters(self) -> dict[str, int] | None:
-        return tcp_counters.read([h.netns for h in self.hosts.hosts])
+        return self.hosts.tcp_counters()
 
     def popen(self, i: int, argv: Sequence[str], env: dict[str, str], **kw) -> subprocess.Popen:
         return self.hosts.popen(i, argv, env=env, **kw)

@@ -1,12 +1,11 @@
 """The emulated hosts' TCP counters over a pass: segments sent and retransmitted, retransmission
 timeouts and tail-loss probes, summed over every host's network namespace (the kernel's
-/proc/net/snmp and /proc/net/netstat as seen inside it). Incast shows here first: a lost burst
-becomes retransmissions, and a lost tail a timeout of at least 200 ms (docs/performance.md,
-"Fan-in")."""
+/proc/net/snmp and /proc/net/netstat as seen inside it, read by EmulatedHosts.tcp_counters).
+Incast shows here first: a lost burst becomes retransmissions, and a lost tail a timeout of at
+least 200 ms (docs/performance.md, "Fan-in")."""
 
 from __future__ import annotations
 
-import subprocess
 from typing import Any
 
 # (file's table, counter) -> the name rows and the report use
@@ -33,26 +32,6 @@ def parse(text: str) -> dict[str, int]:
             if name is not None and val.lstrip("-").isdigit():
                 got[name] = int(val)
     return got
-
-
-def read(netnses: list[str], timeout: float = 10.0) -> dict[str, int] | None:
-    """The COUNTERS summed over the network namespaces `netnses`; None if one cannot be read."""
-    total: dict[str, int] = {}
-    for ns in netnses:
-        try:
-            p = subprocess.run(
-                ["ip", "netns", "exec", ns, "cat", "/proc/net/snmp", "/proc/net/netstat"],
-                capture_output=True,
-                text=True,
-                timeout=timeout,
-            )
-        except (OSError, subprocess.SubprocessError):
-            return None
-        if p.returncode != 0:
-            return None
-        for k, v in parse(p.stdout).items():
-            total[k] = total.get(k, 0) + v
-    return total
 
 
 def delta(before: dict[str, int] | None, after: dict[str, int] | None) -> dict[str, int] | None:

@@ -109,6 +109,22 @@ def test_throughput_is_shaped(prefix):
 @pytest.mark.netns
 @pytest.mark.timeout(20)
 @needs_netns
+def test_tcp_counters_count_the_hosts_own_segments(prefix):
+    """EmulatedHosts.tcp_counters sums the namespaces' own counters: a TCP stream between the two
+    hosts shows up in them (at least its bytes' worth of segments)."""
+    with EmulatedHosts(2, gbps=0.2, prefix=prefix) as hosts:
+        before = hosts.tcp_counters()
+        assert before is not None and set(before) == {"sent", "retransmitted", "timeouts", "loss_probes"}
+        (rate,) = emulate.measure_tcp(hosts, [(0, 1)], seconds=0.5)
+        after = hosts.tcp_counters()
+    assert after is not None
+    assert after["sent"] - before["sent"] >= rate * 0.5 / 8 / 65536  # GSO segments count once each
+    assert hosts.tcp_counters() is None  # the namespaces are gone
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(20)
+@needs_netns
 @pytest.mark.parametrize("exc", [RuntimeError, KeyboardInterrupt])
 def test_cleanup_on_exception_with_running_children(prefix, exc):
     with pytest.raises(exc):
