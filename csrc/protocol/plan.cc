@@ -63,18 +63,18 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
   Pipeline p;
   p.chunk = chunk_for(shard_bytes, max_chunk);
   window = std::max<uint64_t>(window, 1);
+  uint64_t floor = 1;  // the least a halving leaves
   if (shard_bytes >= kSmallChunkShardMin) {
     const uint64_t w = std::max<uint64_t>(workers, 1);
     const uint64_t fan_in = kFanInBytes / (w * kFanInDepth) / 4096 * 4096;
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
     const uint64_t depth = std::min(shard_bytes / (kFillChunks * p.chunk), kFanInBytes / (w * p.chunk));
     window = std::min(window, std::max(depth, kMinDepth));
-    // Halved for R < W, but not below two (see plan.h): the cap above already bounds the bytes
-    // every worker keeps in flight toward one reducer, whatever R.
-    p.window = reducers < workers && window > kMinDepth ? std::max(window / 2, kMinDepth) : window;
-    return p;
+    // Not below two when halved (see plan.h): the cap above already bounds the bytes every worker
+    // keeps in flight toward one reducer, whatever R.
+    floor = kMinDepth;
   }
-  p.window = reducers < workers && window > 1 ? window / 2 : window;
+  p.window = reducers < workers && window > floor ? std::max(window / 2, floor) : window;
   return p;
 }
 
