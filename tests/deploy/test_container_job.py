@@ -68,12 +68,17 @@ class Engine:
 
     def __call__(self, *args: str, timeout: float = 120, check: bool = True) -> subprocess.CompletedProcess:
         proc = subprocess.run(self.command + list(args), capture_output=True, text=True, timeout=timeout)
-        if check and proc.returncode != 0:
-            raise AssertionError(
-                f"{' '.join(self.command + list(args))[:300]} -> {proc.returncode}\n"
-                f"{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-            )
+        if check:
+            self.check(proc)
         return proc
+
+    @staticmethod
+    def check(proc: subprocess.CompletedProcess) -> None:
+        """AssertionError with the command and the engine's words unless it succeeded."""
+        if proc.returncode != 0:
+            raise AssertionError(
+                f"{' '.join(proc.args)[:300]} -> {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
+            )
 
     def run_cmd(self, name: str, network: str, cluster_spec: str, *rest: str) -> list[str]:
         """`run` of a container named and resolvable as `name`, its only setting CLUSTER_SPEC."""
@@ -255,8 +260,7 @@ class Job:
                 # podman's network backend cannot set up a container network on this machine
                 # (netavark needs iptables or nftables): no engine for a job, not a failure of it.
                 pytest.skip(f"container networks do not work here: {proc.stderr.strip().splitlines()[-1]}")
-            if proc.returncode != 0:
-                self.engine(*args[len(self.engine.command) :])  # raises with the engine's words
+            self.engine.check(proc)
         for i, name in enumerate(self.reducers):  # serve's last start-up line
             self.wait_for_log(name, f"listening on 0.0.0.0:{PORT} (port from CLUSTER_SPEC entry workerpool2[{i}]", 180)
 
