@@ -150,6 +150,7 @@ py::dict stats_dict(const Client& c) {
   d["reducer_rejoins"] = st.reducer_rejoins;
   d["rejoin_probes"] = st.rejoin_probes;
   d["early_releases"] = st.early_releases;
+  d["link_window_max"] = st.link_window_max;
   return d;
 }
 

@@ -226,7 +226,7 @@ static void bind_paths(py::module_& m) {
   m.def("path_window", &rs::proto::path_window, py::arg("window"), py::arg("chunk"), py::arg("rtt_us"),
         py::arg("rate_Bps"),
         "Chunks a worker keeps in flight on a link whose path has round trip `rtt_us` (TCP_INFO tcpi_min_rtt) and "
-        "delivery rate `rate_Bps` (protocol/plan.h path_window): max(window, ceil(4 x rate x rtt / chunk)), bounded.");
+        "results rate `rate_Bps` (protocol/plan.h path_window): max(window, ceil(4 x rate x rtt / chunk)), bounded.");
   m.def(
       "delay_relay",
       [](const std::vector<std::string>& ifaces, uint64_t delay_us, uint64_t jitter_us, double loss, uint64_t seed,

@@ -83,7 +83,6 @@ Client::~Client() {
 }
 
 void Client::connect_all(std::vector<size_t>* lost, double refused_after_s) {
-  const auto now = Clock::now();
   // A failover session waits for the other workers like the first one (they notice the loss
   // when they next call in); a reducer that refuses the connection there is lost too, and so is
   // a peer at its address that does not speak the protocol (something else took the port).
@@ -294,6 +293,7 @@ ClientStats Client::stats() const {
   Lock lock = enter();
   ClientStats st = stats_;
   st.reducers_active = active_.size();
+  for (const auto& l : links_) st.link_window_max = std::max(st.link_window_max, l->window_used);
   return st;
 }
 
@@ -672,6 +672,8 @@ bool Client::on_frame(size_t li, const proto::FrameHeader& h) {
   if (r.comp != Compression::None) l.staging.widen(r.buf, r.dtype, p.shard_off + h.offset, h.length);
   p.received++;
   l.in_flight--;
+  l.got_bytes += uint64_t(h.length) * r.scale();
+  if (l.in_flight == 0) l.rate_from_ns = 0;  // ran dry: the next rate sample starts when it is window-bound
   if (p.received == p.expected) finish_part(li, r);
   return true;
 }

@@ -95,10 +95,17 @@ struct Link {
   bool corked = false;       // a DONE written with MSG_MORE may still wait there
   uint64_t cleared = 0;      // rounds below this one are cleared on this link
   Staging staging;           // compressed rounds' chunks
-  // The window its path needs (protocol/plan.h path_window, from TCP_INFO; Schedule::window_of),
-  // and when it was last measured (steady clock, ns).
+  // The window its path needs (protocol/plan.h path_window; Schedule::window_of), and when it was
+  // last measured (steady clock, ns); the window when it last was the limit (stats: link_window_max).
   uint64_t path_window = 0;
   int64_t path_checked_ns = 0;
+  uint64_t window_used = 0;
+  // The rate its results come back at (buffer bytes per second; 0: not measured yet): `got_bytes`
+  // of results since `rate_from_ns` (0: no sample running), measured while the window is the
+  // limit and restarted when the link runs dry (Schedule::window_of, Client::on_frame).
+  uint64_t got_bytes = 0;
+  int64_t rate_from_ns = 0;
+  uint64_t rate_Bps = 0;
 };
 
 }  // namespace rs::client

@@ -47,6 +47,7 @@ struct ClientStats {
   uint64_t reducer_rejoins = 0;    // lost reducers taken back (restarted at their address)
   uint64_t rejoin_probes = 0;      // non-blocking connects to lost reducers started by rejoin checks
   uint64_t early_releases = 0;     // small rounds handed back before their CLEARs (a copy stands in)
+  uint64_t link_window_max = 0;    // chunks in flight the session's widest link last allowed (0: none yet)
 };
 
 // Identifies a round for test()/wait(); unique for the life of the Client (not reset when

@@ -30,7 +30,6 @@ TcpPath tcp_path(int fd) {
   // on 50 Mbit/s links fell from 97% of the link bound to 76% that way. Jitter is covered by the
   // headroom (protocol/plan.h kPathHeadroom), not by the round trip.
   p.rtt_us = p.min_rtt_us;
-  if (RS_TCPI_HAS(tcpi_delivery_rate)) p.rate_Bps = ti.tcpi_delivery_rate;
   // The stall state (tcpi_total_retrans and all before it are in every kernel this builds on).
   p.known = true;
   p.unacked = ti.tcpi_unacked;

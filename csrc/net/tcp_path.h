@@ -1,6 +1,6 @@
-// What TCP has measured of a connection (TCP_INFO): the round trip without queueing and the
-// delivery rate, which the worker client sizes its windows from (protocol/plan.h path_window), and
-// the state that says why a connection stopped moving (a stalled round's message and warning).
+// What TCP has measured of a connection (TCP_INFO): the round trip without queueing, which the
+// worker client sizes its windows from (protocol/plan.h path_window), and the state that says why a
+// connection stopped moving (a stalled round's message and warning).
 #pragma once
 
 #include <cstdint>
@@ -11,7 +11,6 @@ namespace rs::net {
 struct TcpPath {
   uint64_t min_rtt_us = 0;  // tcpi_min_rtt (0: unknown)
   uint64_t rtt_us = 0;      // the round trip a window covers: tcpi_min_rtt (0: unknown); see tcp_path.cc
-  uint64_t rate_Bps = 0;    // tcpi_delivery_rate, bytes per second (0: unknown, nothing delivered yet)
   // Why bytes do not move (all 0 when `known` is false: the socket is closed or not TCP).
   bool known = false;
   uint32_t unacked = 0;        // tcpi_unacked: segments sent and not acknowledged

@@ -438,7 +438,14 @@ def _size_loop(algo: _Algo, job: dict[str, Any]) -> None:
             if it >= warm:
                 samples.append((t1 - t0) * 1e6)
                 wrong = max(wrong, count_wrong(buf, expected, tol))
-        emit(event="result", key=size, samples_us=samples, wrong=wrong, cpu_percent=cpu.percent(samples))
+        emit(
+            event="result",
+            key=size,
+            samples_us=samples,
+            wrong=wrong,
+            cpu_percent=cpu.percent(samples),
+            link_window_max=algo.stats().get("link_window_max"),
+        )
         if hasattr(algo, "release"):
             algo.release(buf)
         del inp, expected, buf, fn

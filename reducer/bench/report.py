@@ -447,6 +447,15 @@ def format_variance(rows: list[dict[str, Any]]) -> str:
     return "\n".join(lines)
 
 
+def format_windows(rows: list[dict[str, Any]]) -> str:
+    """The chunks in flight rs's widest link allowed at each size (any worker, as of its last round):
+    pipeline_for's window, widened where a path needs more (Communicator.stats() link_window_max)."""
+    cells = [f"{r['algo']} {_size_name(r['size'])}: {r['link_window_max']}" for r in rows if r.get("link_window_max")]
+    if not cells:
+        return ""
+    return "# windows (chunks in flight on the widest link, widened where the path needs more): " + ", ".join(cells)
+
+
 def _fmt_ms(ms: float) -> str:
     return f"{ms:.2f}" if ms < 10 else (f"{ms:.1f}" if ms < 1000 else f"{ms:.0f}")
 

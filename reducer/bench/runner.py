@@ -315,6 +315,7 @@ def _size_row_maker(cfg: BenchConfig) -> RowMaker:
             streams=int(rs_config.get("streams")) if is_rs else 1,
             wire_dtype=wire_dtype(algo, cfg) or cfg.dtype,
             **({"window": int(rs_config.get("window")), "compression": cfg.compression} if is_rs else {}),
+            **({"link_window_max": max(int(m.get("link_window_max") or 0) for m in msgs)} if is_rs else {}),
         )
 
     return make
@@ -640,6 +641,9 @@ def _report_congestion(spec: _RunSpec, res: _Results, cc: str | None, out: Calla
         out(report.format_summary(mine_rows, cfg.workers, cfg.reducers, cfg.emulate_gbps))
         out("")
         out(report.format_variance(mine_rows))
+        windows = report.format_windows(mine_rows)
+        if windows:
+            out(windows)
     if cfg.emulate_gbps:
         _warn_cpu_bound(cfg, spec.algos, mine_rows, out)
 

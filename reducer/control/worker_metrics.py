@@ -66,6 +66,10 @@ CLIENT_COUNTERS = {
 # Communicator.stats() key -> (gauge name without prefix, help).
 CLIENT_GAUGES = {
     "reducers_active": ("reducers_active", "Reducers the worker's current session uses."),
+    "link_window_max": (
+        "link_window_max",
+        "Chunks in flight the widest link of the session last allowed (the pipeline's window, widened by the path).",
+    ),
 }
 
 

@@ -125,7 +125,8 @@ def simulate_rs(
     pipe = rs_pipeline(nbytes, workers, reducers, s)
     used = [sh for sh in pipe.shards if sh[0]]
     reducer_gbps = net.reducer_gbps or net.worker_gbps
-    # A link's delivery rate: its share of the worker's link and of the reducer's.
+    # The rate a link's results come back at (what its path window is sized from: client/schedule.cc
+    # sample_rate): its share of the worker's link and of the reducer's.
     share = net.efficiency * GBPS * min(net.worker_gbps / len(used), reducer_gbps / workers)
     pipe = with_path_window(pipe, net.latency, share, s)
     if net.topology == "fat-tree":

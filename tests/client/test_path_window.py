@@ -5,11 +5,21 @@ group slots."""
 
 from __future__ import annotations
 
+import json
+import subprocess
 import sys
+import threading
+import time
+import uuid
 
+import numpy as np
 import pytest
+from conftest import child_env_in_tree
 from exact_rounds import run_exact_rounds
+from mitm_proxy import TO_REDUCER, Proxy
+from paths import ROOT
 
+import reducer
 from reducer._native import core
 from reducer.bench import bulk, emulate
 from reducer.bench.options import BenchConfig
@@ -113,3 +123,80 @@ def test_emulated_delay_shows_in_the_round_trip():
         assert len(rtts) == 10, out.stderr
         assert rtts[0] >= 19.0, rtts  # 2 x (15 - 5) ms, less timer slack
         assert rtts[len(rtts) // 2] < 200.0, rtts
+
+
+def _slowed(seconds: float):
+    """A proxy tamper that holds every frame toward the reducer for `seconds`: a slow worker."""
+
+    def tamper(direction: str, _conn: int, _index: int, frame: bytes) -> list[bytes]:
+        if direction == TO_REDUCER:
+            time.sleep(seconds)
+        return [frame]
+
+    return tamper
+
+
+@pytest.mark.timeout(120)
+def test_the_path_window_follows_the_results_not_tcps_rate(reducers):
+    """Rank 0 is on loopback (TCP measures GB/s over a 10-50 us round trip), rank 1's chunks cross
+    a proxy that holds each 8 KiB frame 2 ms: rank 0's results come back at rank 1's 4 MB/s. Its
+    window is sized from that rate (4 x 4 MB/s x 50 us is under one chunk: pipeline_for's window
+    stands); sized from TCP's delivery rate (the rule before) it grew to tens of chunks, all of them
+    waiting in the reducer for rank 1. Sums exact."""
+    chunk, n, rounds = 8 * KiB, MiB // 4, 3  # 1 MiB of float32 per round, one reducer
+    srv = reducers(1)[0]
+    want = core.pipeline_for(n * 4, chunk, 2, 1, 4)[1]
+    out: list = [None, None]
+    with Proxy(srv.port, tags=False, tamper=_slowed(0.002)) as proxy:
+
+        def rank_main(rank: int) -> None:
+            try:
+                addr = srv.address if rank == 0 else proxy.address
+                with reducer.Communicator(
+                    [addr], rank, 2, group="pathrate", timeout=60, connect_timeout=30, chunk_bytes=chunk, window=4
+                ) as comm:
+                    for k in range(rounds):
+                        a = np.arange(n, dtype=np.int64) * (rank + 1) + k
+                        comm.allreduce(a)
+                        assert np.array_equal(a, np.arange(n, dtype=np.int64) * 3 + 2 * k), f"round {k}"
+                    out[rank] = comm.stats()["link_window_max"]
+            except BaseException as exc:  # reported below
+                out[rank] = exc
+
+        threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(2)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(90)
+    assert not any(isinstance(o, BaseException) for o in out), out
+    assert want == 2 and out[0] == want, (out, want)
+
+
+@pytest.mark.netns
+@needs_netns
+@pytest.mark.timeout(300)
+def test_a_long_path_widens_the_window(tmp_path):
+    """W = 2 workers and R = 1 reducer 10 ms apart each way on 0.3 Gbit/s links, through the bench:
+    the window widens beyond pipeline_for's (2 chunks of 64 KiB carry 6.5 MB/s over 20 ms; the link
+    needs about 8 for its share) and sums stay exact."""
+    prefix = "p" + uuid.uuid4().hex[:6]
+    out_json = tmp_path / "path.json"
+    args = ["--workers", "2", "--reducers", "1", "--sizes", "4M", "--algos", "rs", "--emulate-gbps", "0.3"]
+    args += ["--emulate-delay-ms", "10", "--iters", "2", "--warmup", "1", "--iters-bytes", "0", "--warmup-bytes", "0"]
+    cmd = [sys.executable, "-m", "reducer.cli.main", "bench", *args, "--no-progress", "--netns-prefix", prefix]
+    try:
+        res = subprocess.run(
+            [*cmd, "--json", str(out_json)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            cwd=ROOT,
+            env=child_env_in_tree(),
+        )
+    finally:
+        emulate.cleanup_stale(prefix)
+    assert res.returncode == 0, (res.stdout + res.stderr)[-4000:]
+    (row,) = json.loads(out_json.read_text())
+    base = core.pipeline_for(4 * MiB, int(row["chunk_bytes"]), 2, 1, int(row["window"]))[1]
+    assert row["wrong"] == 0, row
+    assert row["link_window_max"] > base, (row["link_window_max"], base)
