@@ -49,6 +49,11 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         default="20",
         help="a port's queue in ms of its rate, for incast losses ('none': no losses; default 20, the emulation's)",
     )
+    net.add_argument(
+        "--queue-burst",
+        default="256K",
+        help="bytes a port queues beyond --queue-ms (default 256K, the emulation's tbf bucket; 0 for a switch)",
+    )
     net.add_argument("--rto-ms", type=float, default=200.0, help="retransmission timeout after a loss (default 200)")
     knobs = p.add_argument_group("pipeline (default: the code's defaults)")
     knobs.add_argument("--chunk-bytes", default=None, help="RS_CHUNK_BYTES")
@@ -81,6 +86,7 @@ def _settings(args: argparse.Namespace) -> Any:
         leaf=args.leaf,
         uplinks=args.uplinks,
         queue_s=queue,
+        queue_burst=config.parse_size(args.queue_burst),
         rto=args.rto_ms / 1e3,
     )
     chunk = config.parse_size(args.chunk_bytes) if args.chunk_bytes else None

@@ -41,12 +41,12 @@ def _from_pct(workers: int, gbps: float, nbytes: int, pct: float, ratio: float, 
 
 W4 = "docs/performance.md, W=4 R=4 1 Gbit/s sweep 2026-11-25 15:22 (M3)"
 W8 = "docs/performance.md, W=R=8 0.5 Gbit/s 2026-11-25 21:31 (M3): % of the bound and rs/ring"
-W16 = "issue 31, W=R=16 0.05 Gbit/s: % of the bound (mean of two runs) and rs/ring"
 # Run for this table, not fitted on (2026-11-28 07:07 UTC, AMD EPYC with AVX-512, loaded: load average 12 from other
 # work): `reduction-server bench --workers W --reducers R --sizes ... --algos rs,ring
 # --emulate-gbps 0.2 --iters 3 --warmup 1 --iters-bytes 0 --warmup-bytes 0`
 HERE = "this table's own runs, 2026-11-28, load average 12"
 NOW = "docs/performance.md, 'Many workers', 2026-11-28 10:48-10:53 UTC, quiet"
+FIXED = "docs/performance.md, 'Many workers', 2026-11-28 13:05-13:10 UTC, quiet"
 CASES: list[Measured] = [
     Measured(4, 1.0, 4 * MIB, 36.3, 51.3, W4),
     Measured(4, 1.0, 16 * MIB, 146.0, 210.0, W4),
@@ -55,21 +55,23 @@ CASES: list[Measured] = [
     _from_pct(8, 0.5, 4 * MIB, 83.7, 1.44, W8),
     _from_pct(8, 0.5, 16 * MIB, 93.4, 1.64, W8),
     _from_pct(8, 0.5, 64 * MIB, 96.2, 1.70, W8),
-    _from_pct(16, 0.05, 4 * MIB, (67.6 + 69.2) / 2, 1.26, W16),
-    _from_pct(16, 0.05, 16 * MIB, (87.9 + 88.1) / 2, 1.64, W16),
     Measured(4, 0.2, 4 * MIB, 172.7, 260.3, HERE),
     Measured(4, 0.2, 16 * MIB, 717.4, 1056.0, HERE),
     Measured(8, 0.2, 16 * MIB, 1437.7, 1230.7, HERE, reducers=4),
-    Measured(16, 0.05, 4 * MIB, 1029.7, 1343.4, HERE + " (--emulate-gbps 0.05)"),
-    Measured(16, 0.05, 16 * MIB, 3252.0, 5232.8, HERE + " (--emulate-gbps 0.05)"),
     # With the window from the shard and the 8 KiB fan-in floor (protocol/plan.h; the rows above ran
     # the code before it: a window of 4 everywhere, 4 KiB chunks at W = 32), quiet machine (load
     # average 1.3-2.6 before each run), same commands (W=32: --iters 2):
     Measured(4, 1.0, 4 * MIB, 36.6, 51.5, NOW),
     Measured(4, 1.0, 16 * MIB, 142.4, 210.3, NOW),
     Measured(4, 1.0, 64 * MIB, 565.1, 843.6, NOW),
-    Measured(16, 0.05, 16 * MIB, 2918.2, 5230.9, NOW + " (--emulate-gbps 0.05)"),
-    Measured(32, 0.025, 16 * MIB, 6112.7, 10825.8, NOW + " (--emulate-gbps 0.025)"),
+    # W = R = 16 and 32 with the path window sized from the results' rate (client/schedule.cc
+    # sample_rate), mean of two runs each. The W = 16 and 32 rows measured before it are gone: their
+    # windows grew to 6-14 chunks from TCP delivery-rate samples that read bursts as the link's rate,
+    # the workers' own queues dropped, and a round lost 0.1-0.3 s (docs/performance.md, "The path
+    # window and bursts"): a defect of the code then, not the network the simulator models.
+    Measured(16, 0.05, 4 * MIB, 701.6, 1303.8, FIXED + " (--emulate-gbps 0.05)"),
+    Measured(16, 0.05, 16 * MIB, 2895.5, 5230.5, FIXED + " (--emulate-gbps 0.05)"),
+    Measured(32, 0.025, 16 * MIB, 5822.0, 10821.7, FIXED + " (--emulate-gbps 0.025, --iters 2)"),
 ]
 # W=32 R=32 0.025 Gbit/s 16 MiB (issue 31): only "rs >= 1.75x the ring" in a quiet run.
 W32_MIN_SPEEDUP = 1.75

@@ -39,12 +39,14 @@ class Network:
     topology: str = "star"  # "star": per-host links into a non-blocking switch; "fat-tree"
     leaf: int = 16  # fat tree: hosts per leaf switch
     uplinks: int = 16  # fat tree: spines (uplinks < leaf oversubscribes leaf:uplinks)
-    # Incast: a port queues `queue_s` seconds of its line rate (the emulation's tbf: 20 ms); a
-    # round's first burst into a reducer (W connections x their initial window, the smaller of
-    # TCP's 10 segments after idle and the chunks of the window) beyond it is lost, and the
-    # connections that lost it resend after the minimum retransmission timeout. None: no losses
-    # (fan-in kept within the queue: receiver-driven credits or paced sends).
+    # Incast: a port queues `queue_s` seconds of its line rate and `queue_burst` bytes more (the
+    # emulation's tbf: 20 ms, and its 256 KiB bucket, which a burst fills first); a round's first
+    # burst into a reducer (W connections x their initial window, the smaller of TCP's 10 segments
+    # after idle and the chunks of the window) beyond it is lost, and the connections that lost it
+    # resend after the minimum retransmission timeout. None: no losses (fan-in kept within the
+    # queue: receiver-driven credits or paced sends). A switch port: queue_burst 0.
     queue_s: float | None = 0.020
+    queue_burst: int = 256 * 1024
     init_window: int = 10 * 1448
     rto: float = 0.200
 
@@ -109,7 +111,7 @@ def late_links(net: Network, workers: int, w_s: int, r_s: int, burst: int, reduc
     late: list[list[int]] = [[] for _ in range(w_s)]
     if net.queue_s is None:
         return late
-    fit = int(reducer_gbps * GBPS * net.queue_s // max(burst, 1))
+    fit = int((reducer_gbps * GBPS * net.queue_s + net.queue_burst) // max(burst, 1))
     if workers <= fit:
         return late
     lost = math.ceil(w_s * (workers - fit) / workers)
