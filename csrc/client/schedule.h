@@ -43,7 +43,7 @@ class Schedule {
  private:
   void queue_chunk(Link& l, Round& r, Round::Part& p);
   uint64_t window_of(Link& l, const Round::Part& p) const;
-  static void sample_rate(Link& l, uint64_t window_bytes, int64_t now);
+  static bool sample_rate(Link& l, uint64_t window_bytes, int64_t now);
   void queue_done(Link& l, size_t li, bool copies_short);
   const ClientOptions& opts_;
 };
