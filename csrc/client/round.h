@@ -2,6 +2,7 @@
 // with its progress on every link, and a link (one connection to one stream of one reducer).
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -24,6 +25,8 @@ namespace rs::client {
 // memory at once. Larger rounds wait for the CLEAR: the trip is a small share of their time, and
 // the copy would cost memory (docs/protocol.md section 6, "Early release of small rounds").
 constexpr uint64_t kEarlyReleaseBytes = 512u << 10;
+// A link's path window follows the largest of its last results-rate samples (Schedule::sample_rate).
+constexpr size_t kRateSamples = 8;
 
 // A round: its buffer, and its progress on every link.
 struct Round {
@@ -105,7 +108,9 @@ struct Link {
   // limit and restarted when the link runs dry (Schedule::window_of, Client::on_frame).
   uint64_t got_bytes = 0;
   int64_t rate_from_ns = 0;
-  uint64_t rate_Bps = 0;
+  uint64_t rate_Bps = 0;                         // the largest of `rates`
+  std::array<uint64_t, kRateSamples> rates{};   // the last samples (a ring)
+  size_t rate_next = 0;
 };
 
 }  // namespace rs::client

@@ -94,7 +94,8 @@ bool Schedule::sample_rate(Link& l, uint64_t window_bytes, int64_t now) {
     return false;
   }
   if (l.got_bytes < window_bytes || now <= l.rate_from_ns) return false;
-  l.rate_Bps = uint64_t(double(l.got_bytes) * 1e9 / double(now - l.rate_from_ns));
+  l.rates[l.rate_next++ % l.rates.size()] = uint64_t(double(l.got_bytes) * 1e9 / double(now - l.rate_from_ns));
+  l.rate_Bps = *std::max_element(l.rates.begin(), l.rates.end());
   l.rate_from_ns = now;
   l.got_bytes = 0;
   return true;
