@@ -104,8 +104,8 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
 //   max(window, ceil(kPathHeadroom x rate x rtt / chunk)), at most kMaxPathBytes / chunk and kMaxPathWindow,
 // `window` being pipeline_for's; rtt_us the path's round trip without queueing (TCP_INFO tcpi_min_rtt)
 // and rate_Bps the rate the link's results come back at (buffer bytes per second over at least a window's
-// worth of them: client/schedule.cc sample_rate; not tcpi_delivery_rate, whose single samples read bursts
-// as the link's rate), 0 when unknown (then `window`).
+// worth of them, the largest of the last few such samples: client/schedule.cc sample_rate; not
+// tcpi_delivery_rate, whose single samples read bursts as the link's rate), 0 when unknown (then `window`).
 // A window of N chunks carries at most N x chunk / rtt' (rtt' the round trip packets really take:
 // at least the minimum): with the window the limit the measured rate is that, and kPathHeadroom = 4
 // makes the next window 4 x rtt_min / rtt' times this one, so it grows while the typical round trip
