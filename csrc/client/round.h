@@ -108,8 +108,8 @@ struct Link {
   // limit and restarted when the link runs dry (Schedule::window_of, Client::on_frame).
   uint64_t got_bytes = 0;
   int64_t rate_from_ns = 0;
-  uint64_t rate_Bps = 0;                         // the largest of `rates`
-  std::array<uint64_t, kRateSamples> rates{};   // the last samples (a ring)
+  uint64_t rate_Bps = 0;                       // the largest of `rates`
+  std::array<uint64_t, kRateSamples> rates{};  // the last samples (a ring)
   size_t rate_next = 0;
 };
 
