@@ -64,6 +64,15 @@ def check_seconds(value: float, what: str, zero: bool = False) -> float:
 OFF = -1  # control_port / metrics_port: the listener is disabled
 
 
+def _seconds_or_zero(text: str) -> float:
+    """A number of seconds >= 0 (0: 'never' / 'none'), at most MAX_SECONDS (a ValueError saying why:
+    get() names the variable)."""
+    try:
+        return check_seconds(float(text), "seconds", zero=True)
+    except ConfigError as exc:
+        raise ValueError(str(exc).split(" is not valid: ", 1)[-1]) from None
+
+
 def _port_or_off(text: str) -> int | None:
     """A port 0-65535 (0 = any free port), 'off' (or -1) = disabled, '' = unset (the default)."""
     t = text.strip().lower()
@@ -175,6 +184,20 @@ _PYTHON_ONLY = [
         100,
         _int,
         "Reducer: groups with their own series on /metrics (job and group labels); 0 = no per-group series.",
+    ),
+    Setting(
+        "drain_timeout",
+        "RS_DRAIN_TIMEOUT",
+        10.0,
+        _seconds_or_zero,
+        "Reducer node (`serve`): on SIGTERM/SIGINT, seconds the rounds in flight get to finish before it closes.",
+    ),
+    Setting(
+        "stats_interval",
+        "RS_STATS_INTERVAL",
+        60.0,
+        _seconds_or_zero,
+        "Reducer node (`serve`): seconds between its stats lines, logged at DEBUG level; 0 = never.",
     ),
     # -- general ---------------------------------------------------------------
     Setting("log_level", "RS_LOG_LEVEL", "INFO", str, "Logging level of the library and the CLI."),

@@ -157,8 +157,8 @@ class ReducerServer:
 
 # -- where a served node listens -----------------------------------------------------------------
 
-DEFAULT_DRAIN_TIMEOUT = 10.0  # seconds a served node gives the rounds in flight when it stops
-DEFAULT_STATS_INTERVAL = 60.0  # seconds between a served node's stats lines (DEBUG)
+DEFAULT_DRAIN_TIMEOUT: float = config.SETTINGS["drain_timeout"].default  # RS_DRAIN_TIMEOUT's default
+DEFAULT_STATS_INTERVAL: float = config.SETTINGS["stats_interval"].default  # RS_STATS_INTERVAL's default
 
 
 @dataclass(frozen=True)

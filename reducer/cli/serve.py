@@ -32,7 +32,6 @@ from dataclasses import fields
 from reducer import config
 from reducer.addresses import DEFAULT_PORT
 from reducer.errors import ConfigError
-from reducer.server import DEFAULT_DRAIN_TIMEOUT, DEFAULT_STATS_INTERVAL
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -64,18 +63,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "that ask, required = workers that do not ask are refused; unset: on with a secret, off without",
         ),
     )
-    p.add_argument(
-        "--drain-timeout",
-        type=float,
-        default=DEFAULT_DRAIN_TIMEOUT,
-        help="on SIGTERM/SIGINT, seconds to let rounds in flight finish (default %(default)s)",
-    )
-    p.add_argument(
-        "--stats-interval",
-        type=float,
-        default=DEFAULT_STATS_INTERVAL,
-        help="seconds between stats lines, logged at DEBUG level; 0 = never (default %(default)s)",
-    )
+    p.add_argument("--drain-timeout", type=float, default=None, help=config.flag_help("drain_timeout"))
+    p.add_argument("--stats-interval", type=float, default=None, help=config.flag_help("stats_interval"))
     p.add_argument(
         "--control-port",
         type=_port_arg,
@@ -151,7 +140,10 @@ def run(args: argparse.Namespace) -> int:
     from reducer.control.lifecycle import NodeError, NodeOptions, prepare_node, serve_node
 
     try:
-        config.check_seconds(args.drain_timeout, "--drain-timeout", zero=True)
+        for name, flag in (("drain_timeout", "--drain-timeout"), ("stats_interval", "--stats-interval")):
+            if getattr(args, name) is not None:
+                config.check_seconds(getattr(args, name), flag, zero=True)
+            setattr(args, name, config.get(name, getattr(args, name)))  # else RS_*, else the default
         if args.memory_idle_timeout is not None:
             config.check_seconds(args.memory_idle_timeout, "--memory-idle-timeout", zero=True)
         if args.threads is not None and args.threads < 1:

@@ -105,8 +105,17 @@ def test_reducer_seconds_above_the_bound_are_refused(name, monkeypatch):
         (["--memory-idle-timeout", "1e10"], {}, "--memory-idle-timeout=10000000000"),
         ([], {"RS_GROUP_TIMEOUT": "1e10"}, "RS_GROUP_TIMEOUT='1e10'"),
         ([], {"RS_HANDSHAKE_TIMEOUT": "1e10"}, "RS_HANDSHAKE_TIMEOUT='1e10'"),
+        ([], {"RS_DRAIN_TIMEOUT": "1e10"}, "RS_DRAIN_TIMEOUT='1e10'"),
+        (["--stats-interval", "1e10"], {}, "--stats-interval=10000000000"),
     ],
-    ids=["drain-timeout", "memory-idle-timeout", "RS_GROUP_TIMEOUT", "RS_HANDSHAKE_TIMEOUT"],
+    ids=[
+        "drain-timeout",
+        "memory-idle-timeout",
+        "RS_GROUP_TIMEOUT",
+        "RS_HANDSHAKE_TIMEOUT",
+        "RS_DRAIN_TIMEOUT",
+        "stats-interval",
+    ],
 )
 def test_serve_refuses_seconds_above_the_bound(args, env, named):
     """serve exits 2 at once with one line naming the flag or variable (it used to start, and

@@ -114,14 +114,14 @@ def test_cluster_spec_workerpool2_binds_its_own_port(served):
         "workerpool1": [f"127.0.0.1:{w1}"],
         "workerpool2": [f"127.0.0.1:{p0}", f"127.0.0.1:{p1}"],
     }
-    s = served([], _env(CLUSTER_SPEC=vertex_spec(pools, "workerpool2", 1)))
+    s = served([], _env(CLUSTER_SPEC=vertex_spec(pools, "workerpool2", 1), RS_DRAIN_TIMEOUT="3.5"))
     s.wait_for(rf"listening on 0\.0\.0\.0:{p1} \(port from CLUSTER_SPEC entry workerpool2\[1\]")
     log = s.log
     assert "this is reducer 1 of 2 (workerpool2 index 1)" in log
     assert f"2 worker node(s): 127.0.0.1:{w0}, 127.0.0.1:{w1}" in log
     np.testing.assert_array_equal(_allreduce_one(f"127.0.0.1:{p1}"), np.arange(10, dtype=np.float32))
     assert s.stop(signal.SIGTERM) == 0
-    assert "received SIGTERM: stopping (draining rounds in flight" in s.log
+    assert "received SIGTERM: stopping (draining rounds in flight for up to 3.5s)" in s.log  # RS_DRAIN_TIMEOUT
     assert "stopped after 1 round" in s.log
 
 
