@@ -112,6 +112,8 @@ BAD: dict[str, str | None] = {
     "control_max_connections_per_peer": "x",
     "control_rate": "x",
     "metrics_groups": "x",
+    "drain_timeout": "-1",
+    "stats_interval": "soon",
     "log_level": None,
     "advertise_address": "reducer-0",
 }
