@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "common/error.h"
+#include "net/tcp_path.h"
 #include "protocol/plan.h"
 #include "protocol/wire.h"
 
@@ -187,12 +188,13 @@ void RingRound::reduce_chunk(int64_t s, uint64_t off_in_seg, uint64_t len) {
 
 void RingRound::wait() {
   if (timer_.expired()) {
-    throw Error(ErrorKind::Timeout, "ring all-reduce round " + std::to_string(round_) + " on rank " +
-                                        std::to_string(r_) + " made no progress for " + std::to_string(opts_.timeout) +
-                                        " s: sent " + std::to_string(sent_steps_) + "/" + std::to_string(T_) +
-                                        " steps to the " + links_.right_name + ", received " + std::to_string(rs_) +
-                                        "/" + std::to_string(T_) + " steps from the " + links_.left_name +
-                                        " (a rank may be missing, slow or reducing something else)");
+    throw Error(ErrorKind::Timeout,
+                "ring all-reduce round " + std::to_string(round_) + " on rank " + std::to_string(r_) +
+                    " made no progress for " + net::duration_text(uint64_t(opts_.timeout * 1e6)) + ": sent " +
+                    std::to_string(sent_steps_) + "/" + std::to_string(T_) + " steps to the " + links_.right_name +
+                    ", received " + std::to_string(rs_) + "/" + std::to_string(T_) + " steps from the " +
+                    links_.left_name + " (a rank may be missing, slow or reducing something else); to the right, " +
+                    net::tcp_stall_text(net::tcp_path(links_.right), "the right neighbour"));
   }
   // While we still have to send, watch the right link for input too: it never carries data to
   // us, so readable means the neighbour closed or failed (recv_some then throws PeerLost). Once
