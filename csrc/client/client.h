@@ -136,6 +136,9 @@ class Client {
   bool inherited() const { return inherited_.load(std::memory_order_relaxed); }
   bool connected() const;
   ClientStats stats() const;
+  // What the oldest round owed results waits for, link by link with its TCP state, as a round that
+  // made no progress for `seconds` reports it (describe_stall); "" with no round in flight.
+  std::string stall_text(double seconds) const;
   const ClientOptions& options() const { return opts_; }
 
   // Any error fails every round in flight: the session is out of step with the group then,

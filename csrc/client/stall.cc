@@ -11,6 +11,12 @@
 
 namespace rs::client {
 
+std::string Client::stall_text(double seconds) const {
+  if (inherited()) return "";
+  Lock lock = enter();
+  return sched_->rounds.empty() ? "" : describe_stall(seconds);
+}
+
 std::string Client::describe_stall(double seconds) const {
   // The oldest round still owed results on some link; else the oldest (owed only CLEARs).
   const Round* r = sched_->rounds.front();

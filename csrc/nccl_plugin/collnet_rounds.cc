@@ -2,6 +2,8 @@
 
 #include <cstring>
 
+#include "net/tcp_path.h"
+
 namespace rs::nccl {
 
 struct CollNetRounds::Round {
@@ -149,8 +151,11 @@ bool CollNetRounds::stalled() {
 }
 
 void CollNetRounds::time_out(const std::string& what) {
-  const std::string why = "all-reduce made no progress for " + std::to_string(stall_.seconds()) +
-                          " s (RS_TIMEOUT; a head of the group may be missing or slow, or a reducer stalled): " + what;
+  // The client's own account of the stall: each link that owes results, with its TCP state.
+  const std::string links = client_.stall_text(stall_.seconds());
+  const std::string why = "all-reduce made no progress for " + net::duration_text(uint64_t(stall_.seconds() * 1e6)) +
+                          " (RS_TIMEOUT; a head of the group may be missing or slow, or a reducer stalled): " + what +
+                          (links.empty() ? "" : "; " + links);
   failed_ = true;
   fail_kind_ = ErrorKind::Timeout;
   fail_text_ = why;

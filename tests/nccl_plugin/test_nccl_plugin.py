@@ -550,6 +550,8 @@ def test_collnet_peer_stalled_beyond_timeout_fails_every_head(pool, reducers, tm
     assert stalled_at > 0
     assert timeout - 0.5 < results[0]["error_at"] - stalled_at < timeout + 3.0
     assert "made no progress" in results[0]["log"]
+    # the client's account of its links: the reducers owe results, and what TCP says of each
+    assert re.search(r"got \d+/\d+ results, tcp: unacked \d+ segs", results[0]["log"]), results[0]["log"]
 
 
 def test_collnet_close_abandons_rounds_in_flight(pool, reducers, tmp_path):
