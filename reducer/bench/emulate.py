@@ -138,6 +138,26 @@ def _mac(ip: str) -> str:
     return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.ip_address(ip).packed)
 
 
+def _write_etc_netns(hosts: Sequence[Host]) -> None:
+    """Per-host /etc/hosts (names resolve locally: no reverse-DNS stalls or warnings from gloo/c10d)
+    and a resolv.conf without name server, so nothing inside a host ever tries to reach a resolver
+    outside."""
+    hosts_txt = "127.0.0.1 localhost\n" + "".join(f"{h.ip} {h.netns}\n::ffff:{h.ip} {h.netns}\n" for h in hosts)
+    for h in hosts:
+        d = os.path.join(_ETC_NETNS, h.netns)
+        for attempt in range(5):  # a concurrent run may rmdir an empty /etc/netns
+            try:
+                os.makedirs(d, exist_ok=True)
+                with open(os.path.join(d, "hosts"), "w") as f:
+                    f.write(hosts_txt)
+                with open(os.path.join(d, "resolv.conf"), "w") as f:
+                    f.write("# emulated host: no DNS (isolated network)\n")
+                break
+            except FileNotFoundError:
+                if attempt == 4:
+                    raise
+
+
 def _neighbours(hosts: Sequence[Host], h: Host) -> list[str]:
     """`ip` commands for host h's permanent ARP entries of every other host. The kernel's neighbour
     table is one for all namespaces (gc_thresh3, default 1024 entries, counts every namespace's
@@ -449,25 +469,7 @@ class EmulatedHosts:
                 f"link set {v} up",
             ]
         _ip_batch(sw_cmds, netns=sw)
-        # Per-host /etc/hosts (names resolve locally: no reverse-DNS stalls or
-        # warnings from gloo/c10d) and a resolv.conf without name server, so
-        # nothing inside a host ever tries to reach a resolver outside.
-        hosts_txt = "127.0.0.1 localhost\n" + "".join(
-            f"{h.ip} {h.netns}\n::ffff:{h.ip} {h.netns}\n" for h in self.hosts
-        )
-        for h in self.hosts:
-            d = os.path.join(_ETC_NETNS, h.netns)
-            for attempt in range(5):  # a concurrent run may rmdir an empty /etc/netns
-                try:
-                    os.makedirs(d, exist_ok=True)
-                    with open(os.path.join(d, "hosts"), "w") as f:
-                        f.write(hosts_txt)
-                    with open(os.path.join(d, "resolv.conf"), "w") as f:
-                        f.write("# emulated host: no DNS (isolated network)\n")
-                    break
-                except FileNotFoundError:
-                    if attempt == 4:
-                        raise
+        _write_etc_netns(self.hosts)
         plen = self.subnet.prefixlen
         for i, h in enumerate(self.hosts):
             _ip_batch(
