@@ -61,6 +61,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     knobs.add_argument("--group-slots", type=int, default=None, help="RS_GROUP_SLOTS")
     knobs.add_argument("--reducer-threads", type=int, default=8, help="reducer threads (default 8)")
     knobs.add_argument("--reducer-core-gbps", type=float, default=None, help="Gbit/s one reducer thread sums")
+    knobs.add_argument(
+        "--worker-frame-us",
+        type=float,
+        default=0.0,
+        help="CPU a worker spends per frame sent or received, us (a chunk and its result: two); caps a worker "
+        "at chunk / (2 x this) each way (default 0: not modelled; this project's loopback: about 5)",
+    )
     vx = p.add_argument_group("Vertex AI predictions")
     vx.add_argument(
         "--vertex",
@@ -91,8 +98,14 @@ def _settings(args: argparse.Namespace) -> Any:
     )
     chunk = config.parse_size(args.chunk_bytes) if args.chunk_bytes else None
     knobs = Settings(chunk_bytes=chunk, window=args.window, group_slots=args.group_slots)
-    cpu = Reducers(args.reducer_threads, args.reducer_core_gbps or REDUCER_CORE_GBPS)
-    for name, v in (("--latency-us", args.latency_us), ("--rto-ms", args.rto_ms)):
+    cpu = Reducers(
+        args.reducer_threads, args.reducer_core_gbps or REDUCER_CORE_GBPS, worker_frame_us=args.worker_frame_us
+    )
+    for name, v in (
+        ("--latency-us", args.latency_us),
+        ("--rto-ms", args.rto_ms),
+        ("--worker-frame-us", args.worker_frame_us),
+    ):
         if v < 0:
             raise ConfigError(f"{name} must be >= 0")
     if not 0 < args.efficiency <= 1:
@@ -117,7 +130,7 @@ def _print(rows: list[dict[str, Any]]) -> None:
 def _vertex(args: argparse.Namespace, size: int) -> list[dict[str, Any]]:
     from reducer.simulate.vertex import sweep  # noqa: PLC0415 (the simulator and SimGrid load only when this command runs)
 
-    rows = sweep(size)
+    rows = sweep(size, worker_frame_us=args.worker_frame_us)
     print(f"{'workers':<28} {'reducers':<24} {'W':>5} {'R':>5} {'rs ms':>9} {'ring ms':>9} {'speed-up':>9}")
     for r in rows:
         print(

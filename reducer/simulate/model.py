@@ -62,6 +62,10 @@ class Reducers:
     threads: int = 8
     core_gbps: float = 8 * 1.9  # reducer.deploy.planner.REDUCER_CORE_GBPS
     ring_core_gbps: float | None = None  # the ring's summing rate per rank; None: not a limit (NCCL sums on the GPU)
+    # CPU a worker's one communication thread spends per frame it sends or receives (a chunk out,
+    # its result back: two per chunk), microseconds; 0: not modelled. It caps what a worker moves
+    # each way at chunk / (2 x frame): 8 KiB chunks at 5 us, 0.82 GB/s (docs/performance.md).
+    worker_frame_us: float = 0.0
 
 
 DEFAULT_CPU = Reducers()
@@ -76,6 +80,15 @@ class Result:
     simulated_hosts: int
     events: int
     extra: dict[str, Any] = field(default_factory=dict)
+
+
+def worker_line_bps(net: Network, cpu: Reducers, chunk: int) -> float:
+    """A worker's link rate as the engine takes it (line rate, bytes/s), capped by its CPU's
+    chunk / (2 x worker_frame_us) of payload each way when that is modelled."""
+    line = net.worker_gbps * GBPS
+    if cpu.worker_frame_us <= 0:
+        return line
+    return min(line, chunk / (2 * cpu.worker_frame_us * 1e-6) / net.efficiency)
 
 
 def _common(net: Network, socket_buffer: int) -> dict[str, Any]:
@@ -149,7 +162,7 @@ def simulate_rs(
         "shards": [list(sh) for sh in used[:r_s]] + [list(used[0])] * max(0, r_s - len(used)),
         "window": pipe.window,
         "slots": pipe.slots,
-        "worker_bps": net.worker_gbps * GBPS * r_s / len(used),
+        "worker_bps": worker_line_bps(net, cpu, used[0][1]) * r_s / len(used),
         "reducer_bps": reducer_bps,
         "sum_bps": sum_bps / threads if cpu_bound else 0,
         "threads": threads,
@@ -188,7 +201,7 @@ def simulate_ring(nbytes: int, ranks: int, net: Network, cpu: Reducers = DEFAULT
         "steps": pipe.steps,
         "segment": pipe.segment,
         "chunk": pipe.chunk,
-        "worker_bps": net.worker_gbps * GBPS,
+        "worker_bps": worker_line_bps(net, cpu, pipe.chunk),
         "sum_bps": cpu.ring_core_gbps * GBPS if cpu.ring_core_gbps else 0,
     }
     out = engine.run(spec)

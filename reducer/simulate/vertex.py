@@ -43,22 +43,23 @@ def network_for(plan: Plan, latency: float = 100e-6) -> Network:
     return Network(plan.worker_gbps, plan.reducer_nic_gbps, latency=latency, efficiency=0.95, queue_s=None)
 
 
-def predict(plan: Plan, nbytes: int) -> Prediction:
-    """rs on the plan's pool against the ring among its workers, one all-reduce of `nbytes`."""
-    cpu = Reducers(threads=plan.reducer_threads or 8, core_gbps=plan.core_gbps)
+def predict(plan: Plan, nbytes: int, worker_frame_us: float = 0.0) -> Prediction:
+    """rs on the plan's pool against the ring among its workers, one all-reduce of `nbytes`
+    (`worker_frame_us`: Reducers.worker_frame_us, 0 = the workers' CPU not modelled)."""
+    cpu = Reducers(threads=plan.reducer_threads or 8, core_gbps=plan.core_gbps, worker_frame_us=worker_frame_us)
     rows = simulate(plan.workers, plan.reducers, [nbytes], network_for(plan), ("rs", "ring"), cpu)
     rs, ring = rows
     return Prediction(plan, nbytes, rs["seconds"], ring["seconds"], rs["pct_of_bound"])
 
 
-def sweep(nbytes: int, workers: list[int] | None = None) -> list[dict[str, Any]]:
+def sweep(nbytes: int, workers: list[int] | None = None, worker_frame_us: float = 0.0) -> list[dict[str, Any]]:
     """Predictions over worker counts, worker types and reducer types (rows for JSON and the plot)."""
     out = []
     for label, machine, acc, count in WORKERS:
         gbps = worker_bandwidth(machine, acc, count).gbps
         for reducer, tier1 in REDUCERS:
             for w in workers or SIZES_W:
-                p = predict(plan_reducers(w, gbps, reducer_machine=reducer, tier1=tier1), nbytes)
+                p = predict(plan_reducers(w, gbps, reducer_machine=reducer, tier1=tier1), nbytes, worker_frame_us)
                 out.append(
                     {
                         "worker": label,
