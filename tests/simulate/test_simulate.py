@@ -229,14 +229,12 @@ def test_engine_unavailable_is_its_own_error(tmp_path: Path, monkeypatch: pytest
 def test_the_workers_cpu_per_frame_caps_rs() -> None:
     """--worker-frame-us: a worker's thread moves at most chunk / (2 x frame) each way. 8 KiB chunks
     (W = 32: pipeline_for's fan-in floor) at 5 us per frame cap a 100 Gbit/s worker at 0.82 GB/s;
-    the ring's 1 MiB chunks are not held back; 0 (the default) changes nothing."""
+    the ring's 1 MiB chunks are not held back; the default (0) does not model it."""
     fast = Network(100.0, queue_s=None)
-    base = simulate(32, 32, [64 * MIB], fast)
-    capped = simulate(32, 32, [64 * MIB], fast, cpu=model.Reducers(worker_frame_us=5.0))
-    rs, ring = capped
-    assert rs["chunk"] == 8 * 1024
+    base = simulate(32, 32, [16 * MIB], fast)
+    rs, ring = simulate(32, 32, [16 * MIB], fast, cpu=model.Reducers(worker_frame_us=5.0))
+    assert rs["chunk"] == 8 * 1024 and model.DEFAULT_CPU.worker_frame_us == 0
     cap = 8 * 1024 / (2 * 5e-6)  # payload bytes per second each way
-    assert rs["seconds"] >= 64 * MIB / cap
+    assert rs["seconds"] >= 16 * MIB / cap
     assert rs["seconds"] > 5 * base[0]["seconds"]
     assert ring["seconds"] == pytest.approx(base[1]["seconds"], rel=0.01)
-    assert simulate(32, 32, [64 * MIB], fast, cpu=model.Reducers(worker_frame_us=0.0)) == base
