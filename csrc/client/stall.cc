@@ -26,7 +26,7 @@ std::string Client::describe_stall(double seconds) const {
       break;
     }
   std::string waiting;
-  for (size_t li = 0; li < links_.size(); ++li) {
+  for (size_t li = 0; li < links_.size() && li < r->parts.size(); ++li) {
     const Round::Part& p = r->parts[li];
     const bool results = p.received < p.expected;
     if (!results && !(opts_.failover && p.expected > 0 && !p.cleared)) continue;
