@@ -138,6 +138,25 @@ def _mac(ip: str) -> str:
     return "02:00:" + ":".join(f"{b:02x}" for b in ipaddress.ip_address(ip).packed)
 
 
+def _sum_counters(reads: list[tuple[str, list[str], str]]) -> dict[str, int] | None:
+    """EmulatedHosts.tcp_counters: each (namespace, command, key) run in its namespace, its output
+    parsed as TCP counters (key '') or as qdisc drops counted under key; None if one fails."""
+    from . import tcp_counters  # noqa: PLC0415 (this file also runs as a script: measure_tcp's peers)
+
+    total: dict[str, int] = {}
+    for netns, argv, drops in reads:
+        try:
+            p = _run(["ip", "netns", "exec", netns, *argv], check=False)
+        except (OSError, subprocess.SubprocessError):
+            return None
+        if p.returncode != 0:
+            return None
+        got = {drops: tcp_counters.parse_drops(p.stdout)} if drops else tcp_counters.parse(p.stdout)
+        for k, v in got.items():
+            total[k] = total.get(k, 0) + v
+    return total
+
+
 def _write_etc_netns(hosts: Sequence[Host]) -> None:
     """Per-host /etc/hosts (names resolve locally: no reverse-DNS stalls or warnings from gloo/c10d)
     and a resolv.conf without name server, so nothing inside a host ever tries to reach a resolver
@@ -533,21 +552,13 @@ class EmulatedHosts:
         return parse_ss_congestion(p.stdout) if p.returncode == 0 else {}
 
     def tcp_counters(self) -> dict[str, int] | None:
-        """TCP counters (reducer.bench.tcp_counters.COUNTERS) summed over every host's namespace now;
-        None if one cannot be read."""
-        from . import tcp_counters  # noqa: PLC0415 (this file also runs as a script: measure_tcp's peers)
-
-        total: dict[str, int] = {}
-        for h in self.hosts:
-            try:
-                p = _run(["ip", "netns", "exec", h.netns, "cat", "/proc/net/snmp", "/proc/net/netstat"], check=False)
-            except (OSError, subprocess.SubprocessError):
-                return None
-            if p.returncode != 0:
-                return None
-            for k, v in tcp_counters.parse(p.stdout).items():
-                total[k] = total.get(k, 0) + v
-        return total
+        """TCP counters (reducer.bench.tcp_counters.COUNTERS) summed over every host's namespace now,
+        with the packets the hosts' own queues (host_drops) and the switch's ports (switch_drops)
+        dropped; None if one cannot be read."""
+        reads = [(h.netns, ["cat", "/proc/net/snmp", "/proc/net/netstat"], "") for h in self.hosts]
+        reads += [(h.netns, ["tc", "-s", "qdisc", "show", "dev", h.ifname], "host_drops") for h in self.hosts]
+        reads.append((self.switch_netns, ["tc", "-s", "qdisc", "show"], "switch_drops"))
+        return _sum_counters(reads)
 
     def close(self) -> None:
         """Kill processes inside the namespaces and delete everything. Idempotent."""

@@ -19,7 +19,7 @@ import uuid
 import pytest
 from paths import ROOT
 
-from reducer.bench import emulate
+from reducer.bench import emulate, tcp_counters
 from reducer.bench.cpu_monitor import CpuMonitor
 from reducer.bench.emulate import EmulatedHosts, EmulationError, cleanup_stale
 
@@ -114,12 +114,57 @@ def test_tcp_counters_count_the_hosts_own_segments(prefix):
     hosts shows up in them (at least its bytes' worth of segments)."""
     with EmulatedHosts(2, gbps=0.2, prefix=prefix) as hosts:
         before = hosts.tcp_counters()
-        assert before is not None and set(before) == {"sent", "retransmitted", "timeouts", "loss_probes"}
+        assert before is not None
+        assert set(before) == {"sent", "retransmitted", "timeouts", "loss_probes", "host_drops", "switch_drops"}
         (rate,) = emulate.measure_tcp(hosts, [(0, 1)], seconds=0.5)
         after = hosts.tcp_counters()
     assert after is not None
     assert after["sent"] - before["sent"] >= rate * 0.5 / 8 / 65536  # GSO segments count once each
     assert hosts.tcp_counters() is None  # the namespaces are gone
+
+
+_BLAST = """
+import socket, sys, time
+s = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 4 << 20)  # more than the queue: it overflows
+t = time.monotonic()
+while time.monotonic() - t < 0.3:
+    try:
+        s.sendto(b"x" * 1400, (sys.argv[1], 9))
+    except OSError:  # ENOBUFS: the host's own queue is full
+        pass
+"""
+
+
+@pytest.mark.netns
+@pytest.mark.timeout(20)
+@needs_netns
+def test_tcp_counters_say_where_packets_were_dropped(prefix):
+    """A host that sends faster than its link drops in its own queue (host_drops), not at the
+    switch: what found the path-window defect of 2026-11-28 (docs/performance.md)."""
+    with EmulatedHosts(2, gbps=0.01, prefix=prefix, burst_bytes=16384, latency_ms=2) as hosts:
+        before = hosts.tcp_counters()
+        hosts.run(0, [sys.executable, "-c", _BLAST, hosts[1].ip], timeout=15)
+        after = hosts.tcp_counters()
+    d = tcp_counters.delta(before, after)
+    assert d is not None and d["host_drops"] > 0 and d["switch_drops"] == 0, d
+    line = tcp_counters.describe("rs", {**d, "sent": 1})
+    assert (
+        line is not None
+        and f"packets dropped by the hosts' own queues {d['host_drops']}, by the switch's ports 0" in line
+    )
+
+
+def test_parse_drops_sums_every_qdisc():
+    text = (
+        "qdisc tbf 8001: root refcnt 2 rate 50Mbit burst 256Kb lat 20ms\n"
+        " Sent 44627054 bytes 30000 pkt (dropped 13, overlimits 173 requeues 0)\n"
+        "qdisc noqueue 0: dev lo root refcnt 2\n"
+        " Sent 0 bytes 0 pkt (dropped 0, overlimits 0 requeues 0)\n"
+        "qdisc tbf 8002: dev rsb-v1 root\n"
+        " Sent 1 bytes 1 pkt (dropped 29, overlimits 0 requeues 0)\n"
+    )
+    assert tcp_counters.parse_drops(text) == 42
 
 
 @pytest.mark.netns
