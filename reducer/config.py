@@ -64,13 +64,19 @@ def check_seconds(value: float, what: str, zero: bool = False) -> float:
 OFF = -1  # control_port / metrics_port: the listener is disabled
 
 
+def _only_why(exc: ConfigError) -> ValueError:
+    """A ConfigError's "NAME=VALUE is not valid: WHY" as a ValueError saying only WHY (for a rule
+    whose caller names the variable or flag itself)."""
+    return ValueError(str(exc).split(" is not valid: ", 1)[-1])
+
+
 def _seconds_or_zero(text: str) -> float:
     """A number of seconds >= 0 (0: 'never' / 'none'), at most MAX_SECONDS (a ValueError saying why:
     get() names the variable)."""
     try:
         return check_seconds(float(text), "seconds", zero=True)
     except ConfigError as exc:
-        raise ValueError(str(exc).split(" is not valid: ", 1)[-1]) from None
+        raise _only_why(exc) from None
 
 
 def _port_or_off(text: str) -> int | None:
@@ -284,7 +290,7 @@ def parse_text(name: str, text: str) -> Any:
     try:
         return SETTINGS[name].parse(text)
     except ConfigError as exc:  # a C++-defined setting's message names its variable: keep the why
-        raise ValueError(str(exc).split(" is not valid: ", 1)[-1]) from None
+        raise _only_why(exc) from None
 
 
 def parse_size(text: str) -> int:
