@@ -98,9 +98,11 @@ struct Link {
   bool corked = false;       // a DONE written with MSG_MORE may still wait there
   uint64_t cleared = 0;      // rounds below this one are cleared on this link
   Staging staging;           // compressed rounds' chunks
-  // The window its path needs (protocol/plan.h path_window; Schedule::window_of), and when it was
-  // last measured (steady clock, ns); the window when it last was the limit (stats: link_window_max).
-  uint64_t path_window = 0;
+  // What its window is widened from (protocol/plan.h path_window; Schedule::window_of): the path's
+  // round trip without queueing (tcpi_min_rtt, read with each new rate sample; 0: not yet) and the
+  // rate below; when it was last checked (steady clock, ns); the window when it last was the limit
+  // (stats: link_window_max).
+  uint64_t rtt_us = 0;
   int64_t path_checked_ns = 0;
   uint64_t window_used = 0;
   // The rate its results come back at (buffer bytes per second; 0: not measured yet): `got_bytes`

@@ -104,12 +104,13 @@ bool Schedule::sample_rate(Link& l, uint64_t window_bytes, int64_t now) {
 }
 
 // The chunks link `l` may keep in flight while it queues part `p`: the round's window, or more
-// where the path needs them (proto::path_window: the round trip from the socket's TCP_INFO, the
-// rate its results come back at). Checked only while the window is the limit, at most every
+// where the path needs them (proto::path_window of this part's window and chunk, from the link's
+// last round trip and rate: so a round with another window or chunk than the last one's gets its
+// own at once). The path is measured again only while the window is the limit, at most every
 // kPathCheckNs, and TCP_INFO read only when a new rate sample is in: a getsockopt per window's worth
 // of results at most (every 2 ms per link was 9% of the CPU of a W = R = 32 bench on 2 cores).
 uint64_t Schedule::window_of(Link& l, const Round::Part& p) const {
-  const uint64_t w = std::max(p.window, l.path_window);
+  const uint64_t w = proto::path_window(p.window, p.chunk, l.rtt_us, l.rate_Bps);
   if (l.in_flight < w) return w;
   l.window_used = w;  // the window is the limit (what stats report: a small round's never is)
   const int64_t now =
@@ -117,8 +118,8 @@ uint64_t Schedule::window_of(Link& l, const Round::Part& p) const {
   if (now - l.path_checked_ns < kPathCheckNs) return w;
   l.path_checked_ns = now;
   if (!sample_rate(l, w * p.chunk, now)) return w;
-  l.path_window = proto::path_window(p.window, p.chunk, net::tcp_path(l.fd.get()).rtt_us, l.rate_Bps);
-  l.window_used = std::max(p.window, l.path_window);
+  l.rtt_us = net::tcp_path(l.fd.get()).rtt_us;
+  l.window_used = proto::path_window(p.window, p.chunk, l.rtt_us, l.rate_Bps);
   return l.window_used;
 }
 
