@@ -75,6 +75,13 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
     floor = kMinDepth;
   }
   p.window = reducers < workers && window > floor ? std::max(window / 2, floor) : window;
+  if (shard_bytes >= kSmallChunkShardMin) {  // the same bytes in flight in fewer frames (plan.h)
+    const uint64_t most = std::min(chunk_for(shard_bytes, max_chunk), max_chunk);
+    while (p.window >= 2 * kMinDepth && p.window % 2 == 0 && 2 * p.chunk <= most) {
+      p.chunk *= 2;
+      p.window /= 2;
+    }
+  }
   return p;
 }
 

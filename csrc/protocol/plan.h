@@ -89,6 +89,14 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk);
 //    R = W each reducer's link is oversubscribed W/R times: half the window keeps the bytes
 //    queued toward it within a switch queue's reach; docs/performance.md "Reducer failover":
 //    1.04x the R = W - 1 bound instead of 1.07x), from 128 KiB shards not below kMinDepth.
+//  - then, from kSmallChunkShardMin shards, the window's bytes in as few frames as they fit: while
+//    the window is an even number of at least 2 x kMinDepth chunks and twice the chunk is within
+//    chunk_for's size (and max_chunk), the chunk doubles and the window halves. The bytes in flight
+//    (what the fan-in and fill-and-drain rules above bound) stay what they were; the frames, each
+//    a send, a wake-up and a read on both hosts, halve (W = R = 8, 0.5 Gbit/s, 16-64 MiB: 16 KiB
+//    x 4 -> 32 KiB x 2, the 2 cores 93-97% -> 51-52% busy, 98.0-99.0% -> 99.5% of the bound;
+//    W = R = 16, 16 MiB: 8 KiB x 4 -> 16 KiB x 2, 49% -> 33%; docs/performance.md "Fewer frames
+//    for the same bytes"). Not below kMinDepth chunks: see the window above.
 constexpr uint64_t kFanInBytes = 512 << 10;
 constexpr uint64_t kFanInDepth = 4;
 constexpr uint64_t kMinFanInChunk = 8 << 10;

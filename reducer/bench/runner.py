@@ -493,7 +493,7 @@ def _print_header(spec: _RunSpec, n_hosts: int, background: float, load1: float,
         f"# rs: RS_CHUNK_BYTES={rs_config.get('chunk_bytes')} (largest chunk; a round uses about shard/64, at "
         f"least 16 KiB, 64 KiB for shards under 128 KiB, shard/128 for shards over 4 MiB; from 128 KiB shards at "
         f"most 512 KiB / (W x 4), at least 8 KiB; window RS_WINDOW, from 128 KiB shards at most shard / (32 x chunk) "
-        f"and 512 KiB / (W x chunk), at least 2; more where the path's bandwidth-delay product needs: "
+        f"and 512 KiB / (W x chunk), at least 2, those bytes in as few chunks as fit (at least 2); more where the path's bandwidth-delay product needs: "
         f"core.pipeline_for, path_window) "
         f"RS_WINDOW={rs_config.get('window')} RS_STREAMS={rs_config.get('streams')}; "
         f"ring chunk {cfg.chunk_bytes or rs_config.get('chunk_bytes')} B"

@@ -37,10 +37,13 @@ SOAK = pytest.mark.soak
 @pytest.mark.parametrize("mib", [16, pytest.param(256, marks=SOAK)], ids=lambda m: f"{m}M")
 def test_rs_reaches_the_link_bound_at_large_sizes(mib: int) -> None:
     """R = W: each worker sends and receives S, so T_rs -> S/B as the pipeline's fill and drain
-    shrink against the shard (within 1% at 16 MiB, 0.1% at 256 MiB)."""
+    shrink against the shard. Within 5%: the window is 2 chunks of 64 KiB (pipeline_for: the bytes
+    of 4 x 32 KiB in fewer frames), and this model, every link in step, pays the reducer's sum and
+    the path's latency once per chunk (96.3% of the bound at 16 MiB; the emulation measured 98.1%,
+    docs/performance.md "Fewer frames for the same bytes")."""
     rs = simulate(4, 4, [mib * MIB], QUIET, ["rs"])[0]
     assert rs["seconds"] >= _bound(mib * MIB, 1.0)
-    assert rs["seconds"] <= 1.03 * _bound(mib * MIB, 1.0)
+    assert rs["seconds"] <= 1.05 * _bound(mib * MIB, 1.0)
     assert rs["pct_of_bound"] == pytest.approx(100 * rs["bound_seconds"] / rs["seconds"])
 
 
@@ -92,7 +95,7 @@ def test_the_code_sets_chunks_and_windows() -> None:
     alone took 4.4x longer."""
     row = simulate(4, 4, [16 * MIB], QUIET, ["rs"])[0]
     chunk, window = _core.pipeline_for(4 * MIB, 1 << 20, 4, 4, 4)
-    assert row["shard"] == 4 * MIB and row["chunk"] == chunk < _core.chunk_for(4 * MIB, 1 << 20)
+    assert row["shard"] == 4 * MIB and row["chunk"] == chunk <= _core.chunk_for(4 * MIB, 1 << 20)
     assert row["window"] == window  # a LAN's round trip needs no more
     far = Network(1.0, queue_s=None, latency=20e-3)
     wide = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(path_window=False))[0]["seconds"]
@@ -100,7 +103,8 @@ def test_the_code_sets_chunks_and_windows() -> None:
     assert narrow > 1.2 * wide
     path = simulate(4, 4, [16 * MIB], far, ["rs"], settings=Settings(window=1))[0]
     share = int(0.956 * 1e9 / 8 / 4)  # one link's share of the worker's and the reducer's links
-    assert path["window"] == _core.path_window(1, chunk, 20000, share) > window
+    one = _core.pipeline_for(4 * MIB, 1 << 20, 4, 4, 1)[0]  # RS_WINDOW=1: no pair of chunks to join
+    assert path["window"] == _core.path_window(1, one, 20000, share) > window
     assert path["seconds"] < min(0.3 * wide, 1.2 * path["bound_seconds"])
 
 
