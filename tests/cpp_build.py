@@ -12,6 +12,10 @@ from pathlib import Path
 import pytest
 from paths import ROOT
 
+# AddressSanitizer + UndefinedBehaviorSanitizer, stopping at the first undefined behaviour: the
+# flags the sanitized unit tests are built with.
+SANITIZE = ("-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined")
+
 
 def kernel_sources() -> list:
     """The kernels and the dtype/op vocabulary they use."""

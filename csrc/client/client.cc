@@ -67,6 +67,7 @@ Client::Client(ClientOptions opts)
   wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   idle_wake_.reset(::eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC));
   if (!wake_.valid() || !idle_wake_.valid()) throw Error(ErrorKind::Internal, "eventfd failed: " + errno_text(errno));
+  ready_.watch_wake(wake_.get());
   interrupt_ = [this] { check_interrupt(); };
   connect_all();
 }
@@ -148,6 +149,7 @@ void Client::connect_all(std::vector<size_t>* lost, double refused_after_s) {
     l->out.reserve(size_t(opts_.window) + 2);  // the window's chunks, a DONE, a goodbye
     l->in.set_max_payload(opts_.chunk_bytes);
   }
+  ready_.forget_all();  // the old links' sockets (if any) close here
   links_ = std::move(links);
   sched_->next_wire = 0;
   session_gen_++;
@@ -220,6 +222,7 @@ void Client::disconnect(bool say_bye) {
       ::shutdown(l->fd.get(), SHUT_WR);
     }
   }
+  ready_.forget_all();  // while the sockets are still open
   links_.clear();
   recovery_->drop_probes();
   session_gen_++;
@@ -527,20 +530,6 @@ void Client::fill(size_t li) { sched_->fill(*links_[li], li, copies_short()); }
 
 bool Client::copies_short() const { return force_dones_ || released_open_ + 1 >= size_t(opts_.max_rounds_in_flight); }
 
-void Client::watch(std::vector<pollfd>* pfds) {
-  pfds->resize(links_.size());
-  const bool short_of_copies = copies_short();
-  for (size_t li = 0; li < links_.size(); ++li) {
-    Link& l = *links_[li];
-    if (l.corked && short_of_copies && !l.closed) {  // the DONEs waiting in the kernel go now
-      net::push_pending(l.fd.get());
-      l.corked = false;
-    }
-    fill(li);
-    (*pfds)[li] = {l.closed ? -1 : l.fd.get(), short(POLLIN | (l.out.empty() ? 0 : POLLOUT)), 0};
-  }
-}
-
 // One non-blocking pass over the links: each link that can move bytes takes its turn
 // (pump_link), then finished rounds retire and the recovery coordinator looks at losses and
 // stalls. Any error that is not a reducer's loss fails every round in flight.
@@ -560,17 +549,6 @@ bool Client::pump(const pollfd* ready, bool idle) {
   }
   if (moved) wake_waiters();
   return moved;
-}
-
-// A poll without waiting says which links can move bytes; only those are touched (no syscalls
-// that would only report EAGAIN).
-const pollfd* Client::poll_links() {
-  watch(&pfds_);
-  int pr = ::poll(pfds_.data(), pfds_.size(), 0);
-  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-  if (pr < 0)
-    for (pollfd& p : pfds_) p.revents = 0;
-  return pfds_.data();
 }
 
 // Link li's turn (poll said `rev`), up to kLinkBudget bytes: it writes, then reads; frames
@@ -616,6 +594,7 @@ net::IoResult Client::write_link(size_t li, net::IoBudget* budget) {
   Link& l = *links_[li];
   net::IoResult wr = l.out.flush(l.fd.get(), l.peer, budget, [&](uint64_t token) { on_written(li, token); }, l.cork);
   if (wr.bytes) l.corked = l.cork;
+  l.write_blocked = !l.out.empty() && !budget->spent();  // (a spent budget: the next pass writes on)
   return wr;
 }
 
@@ -685,56 +664,6 @@ bool Client::count_io(uint64_t sent, uint64_t got) {
   if (!sent && !got) return false;
   timer_.progress();
   return true;
-}
-
-void Client::poll_and_pump(std::vector<pollfd>* pfds, int ms) {
-  watch(pfds);
-  int pr = net::poll_interruptible(pfds->data(), pfds->size(), ms, interrupt_);  // close() ends the wait
-  if (pr < 0 && errno != EINTR) throw Error(ErrorKind::Internal, std::string("poll failed: ") + errno_text(errno));
-  pump(pr > 0 ? pfds->data() : nullptr);
-}
-
-void Client::wake_waiters() {
-  if (pollers_ == 0) return;
-  uint64_t one = 1;
-  ssize_t n = ::write(wake_.get(), &one, sizeof one);
-  (void)n;
-}
-
-void Client::drive(Lock& lk, RoundId id, bool until_slot) {
-  std::vector<pollfd> pfds;
-  for (;;) {
-    if (until_slot) {
-      if (running_ < size_t(opts_.max_rounds_in_flight)) return;
-    } else {
-      auto it = rounds_.find(id);
-      if (it == rounds_.end() || it->second->state != Round::State::Running || it->second->released) return;
-    }
-    // Sleep until a socket is ready (at once if one is), another thread changed the state
-    // (wake_), or the no-progress timer needs a look. I/O happens only with the lock held
-    // (in pump); the poll is only a wake-up, so it runs unlocked and other threads keep going.
-    watch(&pfds);
-    pfds.push_back({wake_.get(), POLLIN, 0});
-    const uint64_t gen = session_gen_;
-    const int ms = recovery_->poll_ms();
-    pollers_++;
-    lk.unlock();
-    int pr = ::poll(pfds.data(), pfds.size(), ms);
-    int err = errno;
-    lk.lock();
-    pollers_--;
-    if (pr < 0 && err != EINTR) {
-      fail_all(ErrorKind::Internal, std::string("poll failed: ") + errno_text(err));
-      continue;
-    }
-    if (pr > 0 && (pfds.back().revents & POLLIN)) {
-      uint64_t v;
-      ssize_t n = ::read(wake_.get(), &v, sizeof v);
-      (void)n;
-    }
-    // The readiness applies only if the links are still the ones polled.
-    pump(pr > 0 && gen == session_gen_ ? pfds.data() : nullptr);
-  }
 }
 
 bool Client::collect(RoundId id) {

@@ -11,8 +11,9 @@
 // parts: client.cc (rounds, links, the pump over them), schedule.{h,cc} (which chunk goes next on
 // which connection), staging.{h,cc} (compression), recovery.{h,cc} (failover and rejoin; its
 // pure decisions are failover.{h,cc}; it sees the client only through recovery_host.h, which
-// host.cc implements), idle.cc (passes while no call drives the client), round.h (the state they
-// share), types.h (the options, counters and names every part uses).
+// host.cc implements), idle.cc (passes while no call drives the client), waits.cc (the waits for
+// the links: an epoll set in step with them, net::ReadySet), round.h (the state they share),
+// types.h (the options, counters and names every part uses).
 //
 // Compressed rounds (Compression::BF16 / F16, float32 buffers only): the wire carries the
 // buffer as 16-bit values. Each chunk is narrowed (kernels::narrow, round to nearest even)
@@ -59,6 +60,7 @@
 #include "kernels/kernels.h"
 #include "net/deadline.h"
 #include "net/frame_io.h"
+#include "net/ready_set.h"
 #include "net/socket.h"
 #include "protocol/auth.h"
 #include "protocol/plan.h"
@@ -175,7 +177,10 @@ class Client {
   bool on_frame(size_t li, const proto::FrameHeader& h);  // a complete ERROR, CLEAR or RESULT
   bool count_io(uint64_t sent, uint64_t got);             // stats and the no-progress timer
   void watch(std::vector<pollfd>* pfds);                  // fill every link, then the poll set (one per link)
-  void fill(size_t li);                                   // queue the frames the window allows on link li (Schedule)
+  // watch(), the epoll set in step with the links, then a wait up to ms (unlocked with `lk`): waits.cc
+  // (`events`: the caller's buffer for the set's answer)
+  int wait_ready(std::vector<pollfd>* pfds, std::vector<epoll_event>* events, int ms, Lock* lk, bool* woke);
+  void fill(size_t li);                               // queue the frames the window allows on link li (Schedule)
   bool copies_short() const;                          // no DONE may wait: a drain, or the pool of copies (nearly) full
   void drive(Lock& lk, RoundId id, bool until_slot);  // blocking progress
   void fail_all(ErrorKind kind, const std::string& why);
@@ -229,10 +234,12 @@ class Client {
   int callers_ = 0;  // threads inside start/test/wait
   net::Clock::time_point idle_since_ = net::Clock::now();
   ClientStats stats_;
-  net::Fd wake_;              // eventfd: wakes threads blocked in wait()'s poll when state changes
-  int pollers_ = 0;           // threads inside that poll
-  std::vector<pollfd> pfds_;  // pump()'s readiness check (reused)
-  uint64_t session_gen_ = 0;  // changes whenever links_ does
+  net::Fd wake_;                     // eventfd: wakes threads blocked in wait()'s poll when state changes
+  int pollers_ = 0;                  // threads inside that poll
+  std::vector<pollfd> pfds_;         // pump()'s readiness check (reused)
+  net::ReadySet ready_;              // the links' sockets and wake_, for the waits (client/waits.cc)
+  std::vector<epoll_event> events_;  // poll_links()'s answer from it (reused; under mu_)
+  uint64_t session_gen_ = 0;         // changes whenever links_ does
   mutable std::timed_mutex mu_;
   // progress_while_idle(): its thread, period and stop flag (under mu_), the eventfd that wakes it
   // (period changed, stop), and the error one of its passes met (the next start() raises it).

@@ -92,12 +92,13 @@ struct Link {
   // Releases (failover): DONE sent, CLEAR received.
   uint64_t done_next = 0;  // rounds below this one are complete on this link
   uint64_t done_sent = 0;
-  bool done_owed = false;    // a round with a part on this link completed since the last DONE
-  bool done_queued = false;  // a DONE is in `out`, not yet written (one at a time: they are cumulative)
-  bool cork = false;         // `out` holds only a DONE that may wait in the kernel (Schedule::fill)
-  bool corked = false;       // a DONE written with MSG_MORE may still wait there
-  uint64_t cleared = 0;      // rounds below this one are cleared on this link
-  Staging staging;           // compressed rounds' chunks
+  bool done_owed = false;      // a round with a part on this link completed since the last DONE
+  bool done_queued = false;    // a DONE is in `out`, not yet written (one at a time: they are cumulative)
+  bool cork = false;           // `out` holds only a DONE that may wait in the kernel (Schedule::fill)
+  bool corked = false;         // a DONE written with MSG_MORE may still wait there
+  bool write_blocked = false;  // the last write left frames queued, not for the byte budget: wait until writable
+  uint64_t cleared = 0;        // rounds below this one are cleared on this link
+  Staging staging;             // compressed rounds' chunks
   // What its window is widened from (protocol/plan.h path_window; Schedule::window_of): the path's
   // round trip without queueing (tcpi_min_rtt, read with each new rate sample; 0: not yet) and the
   // rate below; when it was last checked (steady clock, ns); the window when it last was the limit

@@ -113,7 +113,7 @@ def test_worker_checks_unit_tests_in_cpp(tmp_path):
     """tests/cpp/test_worker_lies.cc: summary rows with wrapped, 2^63, negative and out-of-window
     counts and rounds, entries out of their rows, the old wrapped table width (a heap overflow
     there), plan() against the old algorithm on random tables, RESULT/CLEAR checks, peer_text."""
-    from cpp_build import build_and_run
+    from cpp_build import SANITIZE, build_and_run
 
     sources = [
         "tests/cpp/test_worker_lies.cc",
@@ -123,8 +123,7 @@ def test_worker_checks_unit_tests_in_cpp(tmp_path):
         "csrc/common/common.cc",
         "csrc/common/text.cc",
     ]
-    san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
-    build_and_run(tmp_path, "test_worker_lies", sources, flags=san)
+    build_and_run(tmp_path, "test_worker_lies", sources, flags=SANITIZE)
 
 
 # ---- the failover exchange ----------------------------------------------------------------------

@@ -363,7 +363,7 @@ def test_frame_reader_unit_tests_in_cpp(tmp_path):
     # random read budgets and pauses, driven only as poll/epoll drive the reader (pump when
     # readable): every payload intact, no frame left complete in the reader's memory with nothing
     # in the socket to wake anyone, for every budget; a peer that leaves mid-header is lost.
-    from cpp_build import build_and_run, kernel_sources
+    from cpp_build import SANITIZE, build_and_run, kernel_sources
 
     sources = [
         "tests/cpp/test_frame_io.cc",
@@ -378,5 +378,4 @@ def test_frame_reader_unit_tests_in_cpp(tmp_path):
         "csrc/common/common.cc",
         "csrc/common/text.cc",
     ]
-    san = ["-g", "-fsanitize=address,undefined", "-fno-sanitize-recover=undefined"]
-    build_and_run(tmp_path, "test_frame_io", sources + kernel_sources(), libs=["crypto"], flags=san)
+    build_and_run(tmp_path, "test_frame_io", sources + kernel_sources(), libs=["crypto"], flags=SANITIZE)
