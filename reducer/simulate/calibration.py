@@ -47,6 +47,7 @@ W8 = "docs/performance.md, W=R=8 0.5 Gbit/s 2026-11-25 21:31 (M3): % of the boun
 HERE = "this table's own runs, 2026-11-28, load average 12"
 NOW = "docs/performance.md, 'Many workers', 2026-11-28 10:48-10:53 UTC, quiet"
 FIXED = "docs/performance.md, 'Many workers', 2026-11-28 13:05-13:10 UTC, quiet"
+FEWER = "docs/performance.md, 'Fewer frames for the same bytes', 2026-11-29 06:00-06:35 UTC, quiet"
 CASES: list[Measured] = [
     Measured(4, 1.0, 4 * MIB, 36.3, 51.3, W4),
     Measured(4, 1.0, 16 * MIB, 146.0, 210.0, W4),
@@ -72,6 +73,20 @@ CASES: list[Measured] = [
     Measured(16, 0.05, 4 * MIB, 701.6, 1303.8, FIXED + " (--emulate-gbps 0.05)"),
     Measured(16, 0.05, 16 * MIB, 2895.5, 5230.5, FIXED + " (--emulate-gbps 0.05)"),
     Measured(32, 0.025, 16 * MIB, 5822.0, 10821.7, FIXED + " (--emulate-gbps 0.025, --iters 2)"),
+    # A window's bytes in as few chunks as fit (protocol/plan.h pipeline_for; W = 4 and 8: 2 chunks
+    # of twice the size where the rows above had 4; W = 16 16 MiB: 16 KiB x 2 for 8 KiB x 4; W = 32
+    # unchanged), and the epoll waits; quiet, one run each, the commands above with W = 8 at 0.5 and
+    # W = 4 at 1 Gbit/s (AMD EPYC with AVX2 only).
+    Measured(8, 0.5, 4 * MIB, 70.5, 120.4, FEWER),
+    Measured(8, 0.5, 16 * MIB, 283.7, 489.2, FEWER),
+    Measured(8, 0.5, 64 * MIB, 1128.6, 1970.7, FEWER),
+    Measured(4, 1.0, 4 * MIB, 34.6, 51.0, FEWER),
+    Measured(4, 1.0, 16 * MIB, 143.1, 210.1, FEWER),
+    Measured(4, 1.0, 64 * MIB, 564.8, 842.9, FEWER),
+    Measured(4, 1.0, 256 * MIB, 2262.2, 3373.7, FEWER),
+    Measured(16, 0.05, 4 * MIB, 699.4, 1303.7, FEWER),
+    Measured(16, 0.05, 16 * MIB, 2881.3, 5229.2, FEWER),
+    Measured(32, 0.025, 16 * MIB, 5806.7, 10818.9, FEWER + " (--iters 2)"),
 ]
 # W=32 R=32 0.025 Gbit/s 16 MiB (issue 31): only "rs >= 1.75x the ring" in a quiet run.
 W32_MIN_SPEEDUP = 1.75
