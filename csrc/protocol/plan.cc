@@ -61,10 +61,12 @@ uint64_t chunk_for(uint64_t shard_bytes, uint64_t max_chunk) {
 
 Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers, uint64_t reducers, uint64_t window) {
   Pipeline p;
-  p.chunk = chunk_for(shard_bytes, max_chunk);
+  const uint64_t shard_chunk = chunk_for(shard_bytes, max_chunk);  // (within max_chunk)
+  const bool large = shard_bytes >= kSmallChunkShardMin;
+  p.chunk = shard_chunk;
   window = std::max<uint64_t>(window, 1);
   uint64_t floor = 1;  // the least a halving leaves
-  if (shard_bytes >= kSmallChunkShardMin) {
+  if (large) {
     const uint64_t w = std::max<uint64_t>(workers, 1);
     const uint64_t fan_in = kFanInBytes / (w * kFanInDepth) / 4096 * 4096;
     p.chunk = std::min({p.chunk, std::max(fan_in, kMinFanInChunk), max_chunk});
@@ -75,9 +77,8 @@ Pipeline pipeline_for(uint64_t shard_bytes, uint64_t max_chunk, uint64_t workers
     floor = kMinDepth;
   }
   p.window = reducers < workers && window > floor ? std::max(window / 2, floor) : window;
-  if (shard_bytes >= kSmallChunkShardMin) {  // the same bytes in flight in fewer frames (plan.h)
-    const uint64_t most = std::min(chunk_for(shard_bytes, max_chunk), max_chunk);
-    while (p.window >= 2 * kMinDepth && p.window % 2 == 0 && 2 * p.chunk <= most) {
+  if (large) {  // the same bytes in flight in fewer frames (plan.h)
+    while (p.window >= 2 * kMinDepth && p.window % 2 == 0 && 2 * p.chunk <= shard_chunk) {
       p.chunk *= 2;
       p.window /= 2;
     }
