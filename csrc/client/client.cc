@@ -551,7 +551,8 @@ bool Client::pump(const pollfd* ready, bool idle) {
   return moved;
 }
 
-// Link li's turn (poll said `rev`), up to kLinkBudget bytes: it writes, then reads; frames
+// Link li's turn (`rev`: the wait said it is readable, or writable; frames queued count as
+// writable until a write would block), up to kLinkBudget bytes: it writes, then reads; frames
 // written or results read make room, so it queues and writes more before the next link's turn.
 // True if bytes moved.
 bool Client::pump_link(size_t li, short rev) {

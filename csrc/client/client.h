@@ -164,12 +164,13 @@ class Client {
   void reconnect();  // a fresh session from the state every worker can derive (client.cc)
   bool start_locked(Lock& lk, const iovec* segs, size_t nsegs, DType dtype, Op op, uint64_t tag, Compression comp,
                     bool may_wait, RoundId* out);
-  // One non-blocking pass: moves bytes on every link that is ready (`ready`: the revents of a
-  // poll over watch()'s set; null: poll here without waiting). True if anything moved.
+  // One non-blocking pass: moves bytes on every link that is ready (`ready`: a revents per link,
+  // from wait_ready() or the recovery's poll; null: ask the epoll set here without waiting). True
+  // if anything moved.
   bool pump(const pollfd* ready = nullptr, bool idle = false);  // idle: also with no round open (idle.cc)
   void poll_and_pump(std::vector<pollfd>* pfds, int ms);        // waits up to ms for a link (lock held), then pump()
   // pump()'s handlers, in the order a pass meets them:
-  const pollfd* poll_links();            // which links can move bytes now (poll, no wait)
+  const pollfd* poll_links();            // which links can move bytes now (wait_ready, no wait)
   bool pump_link(size_t li, short rev);  // link li's turn: write, read, queue more
   net::IoResult write_link(size_t li, net::IoBudget* budget);
   void on_written(size_t li, uint64_t token);  // a frame is written: its staging slot is free
@@ -234,8 +235,8 @@ class Client {
   int callers_ = 0;  // threads inside start/test/wait
   net::Clock::time_point idle_since_ = net::Clock::now();
   ClientStats stats_;
-  net::Fd wake_;                     // eventfd: wakes threads blocked in wait()'s poll when state changes
-  int pollers_ = 0;                  // threads inside that poll
+  net::Fd wake_;                     // eventfd: wakes threads blocked in wait()'s epoll_wait when state changes
+  int pollers_ = 0;                  // threads inside that wait
   std::vector<pollfd> pfds_;         // pump()'s readiness check (reused)
   net::ReadySet ready_;              // the links' sockets and wake_, for the waits (client/waits.cc)
   std::vector<epoll_event> events_;  // poll_links()'s answer from it (reused; under mu_)

@@ -3,7 +3,6 @@
 #include <cerrno>
 #include <string>
 
-#include <cstring>
 #include "common/error.h"
 
 namespace rs::net {
