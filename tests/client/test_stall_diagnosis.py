@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 import uuid
 
 import numpy as np
@@ -85,6 +86,28 @@ def test_a_stopped_reducer_is_named_with_its_tcp_state(tmp_path, caplog, window,
             assert warned[0].startswith("rank 0, still waiting (RS_TIMEOUT 3.0 s): all-reduce round"), warned
             # The reducer reads again: the next round (a new session) is exact.
             exact_round(comm, elements)
+        finally:
+            comm.close()
+
+
+def test_a_reducer_that_stops_reading_is_waited_for_without_spinning(tmp_path):
+    """A hostile or frozen reducer stops reading while the worker has frames queued (64 chunks of
+    128 KiB, 64 KiB socket buffers): the worker's writes would block. It then waits for the socket
+    to become writable (the epoll set asks for it: client/waits.cc) instead of retrying at once,
+    so the stalled round costs this process almost no CPU until its ReductionTimeout (a worker that
+    retried the write in a loop would burn the whole 3 s). After the reducer reads again, the next
+    round is exact."""
+    sized = {"socket_buffer": 64 << 10}
+    with ReducerProcess(str(tmp_path), threads=1, **sized) as red:
+        comm = reducer.Communicator([red.address], 0, 1, group="spin", timeout=TIMEOUT, window=64, **sized)
+        try:
+            exact_round(comm, 4096)
+            cpu = time.process_time()
+            text = stalled_round(comm, red.pid, 16 << 20)
+            used = time.process_time() - cpu
+            assert "the peer's receive window is zero" in text, text
+            assert used < 1.0, f"{used:.2f} s of CPU in a {TIMEOUT} s stall: the worker spun on a blocked socket"
+            exact_round(comm, 16 << 20)
         finally:
             comm.close()
 
